@@ -1,0 +1,43 @@
+"""Privacy core: Gaussian calibration, accounting, CAPE delta, noise draws."""
+
+from .cape_delta import (
+    cape_delta,
+    cape_delta_asymmetric,
+    cape_mu_z,
+    check_collusion,
+    delta_from_mu_z,
+    max_colluding,
+    mu_z_numeric,
+)
+from .gaussian import (
+    gaussian_epsilon,
+    gaussian_sigma,
+    gdp_delta,
+    gdp_epsilon,
+    gdp_mu,
+    moments_accountant_epsilon,
+    rdp_closed_form_epsilon,
+)
+from .ledger import PrivacyLedger, Release
+from .noise import default_rng, gaussian
+
+__all__ = [
+    "PrivacyLedger",
+    "Release",
+    "cape_delta",
+    "cape_delta_asymmetric",
+    "cape_mu_z",
+    "check_collusion",
+    "default_rng",
+    "delta_from_mu_z",
+    "gaussian",
+    "gaussian_epsilon",
+    "gaussian_sigma",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "max_colluding",
+    "moments_accountant_epsilon",
+    "mu_z_numeric",
+    "rdp_closed_form_epsilon",
+]

@@ -1,0 +1,165 @@
+"""CAPE's (eps, delta) against colluding sites (003 Theorem 1 and Sec. III-C).
+
+The adversary sees every honest site's release a_s = f_s + e_s + g_s and, by
+pooling the aggregator's broadcast sum with the colluders' own draws, the
+honest sites' partial sum of e_hat. Its privacy-loss variable is Gaussian
+N(mu_z, 2 mu_z) with mu_z = v^T Sigma^-1 v / 2, where Sigma is the covariance of
+what it sees and v the change a neighbouring dataset makes. Then
+
+    delta = 2 sigma_z / (eps - mu_z) * phi((eps - mu_z) / sigma_z).
+
+Erratum: the proof of 003 Thm. 1 treats the colluders' draws e_hat_c as unknown
+to the adversary although the colluders hand them over, and its printed
+closed form (eq. 1) also mis-inverts the honest sites' covariance. We use the
+adversary that knows the colluders' draws (it subtracts them from every
+release); then, with S_H = S - S_C honest sites, per-site sensitivity Delta and
+local std tau,
+
+    mu_z = S (S + S_H) Delta^2 / (2 (S + 1) S_H tau^2),
+
+which grows with S_C as it should and equals the numeric v^T Sigma^-1 v / 2.
+The paper's eq. (1) is kept as :func:`cape_mu_z_paper` for comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from scipy import stats
+
+
+def max_colluding(n_sites: int) -> int:
+    """The collusion bound of 003: S_C = ceil(S/3) - 1."""
+    return math.ceil(n_sites / 3) - 1
+
+
+def check_collusion(n_sites: int, n_colluding: int | None) -> int:
+    """Validate the collusion assumption; return S_C (default: the bound)."""
+    if n_sites < 3:
+        raise ValueError(
+            f"CAPE needs at least 3 sites (got {n_sites}): with fewer, one site can subtract its own "
+            "noise from the broadcast zero-sum and learn the other's; use plan='conv' instead"
+        )
+    bound = max_colluding(n_sites)
+    if n_colluding is None:
+        return bound
+    if n_colluding < 0 or n_colluding > bound:
+        raise ValueError(
+            f"CAPE's guarantee holds for at most ceil(S/3) - 1 = {bound} colluding sites when S = {n_sites} "
+            f"(003 Thm. 1); {n_colluding} were assumed. Add sites or use plan='conv'"
+        )
+    return int(n_colluding)
+
+
+def delta_from_mu_z(epsilon: float, mu_z: float) -> float:
+    """delta = 2 sigma_z/(eps - mu_z) phi((eps - mu_z)/sigma_z), sigma_z^2 = 2 mu_z."""
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    sigma_z = math.sqrt(2 * mu_z)
+    if epsilon <= mu_z:
+        raise ValueError(
+            f"epsilon={epsilon:g} is not above mu_z={mu_z:.4g}: the CAPE bound gives no delta < 1 here; "
+            "increase the noise or epsilon"
+        )
+    x = (epsilon - mu_z) / sigma_z
+    return float(min(1.0, 2 * sigma_z / (epsilon - mu_z) * stats.norm.pdf(x)))
+
+
+def cape_mu_z(tau: float, sensitivity: float, n_sites: int, n_colluding: int) -> float:
+    """mu_z for the symmetric plan (every site local std ``tau``).
+
+    Equivalent observations: b_s = e_hat_s + g_s for each honest s (the known
+    mean term removed) and E = sum_H e_hat_s; block inversion of their
+    covariance gives [Sigma^-1]_11 = S (S + S_H) / ((S + 1) S_H tau^2).
+    """
+    S, S_H = n_sites, n_sites - n_colluding
+    return S * (S + S_H) * sensitivity**2 / (2 * (S + 1) * S_H * tau * tau)
+
+
+def cape_mu_z_paper(tau: float, n_total: int, n_sites: int, n_colluding: int) -> float:
+    """003 eq. (1) as printed (see the erratum in the module docstring)."""
+    S, S_C, N = n_sites, n_colluding, n_total
+    return S**3 / (2 * tau**2 * N**2 * (1 + S)) * (
+        (S - S_C + 2) / (S - S_C) + (9 / (S - S_C)) * S_C**2 / (S * (1 + S) - 3 * S_C**2)
+    )
+
+
+def cape_delta(
+    epsilon: float, tau: float, n_total: int, n_sites: int, n_colluding: int | None = None,
+    *, sensitivity: float | None = None,
+) -> float:
+    """CAPE delta for the symmetric setting of 003 Theorem 1.
+
+    ``sensitivity`` defaults to the theorem's 1/N_s = S/N (one sample per person);
+    pass the subject-level sensitivity for fMRI.
+    """
+    S_C = check_collusion(n_sites, n_colluding)
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    delta_s = n_sites / n_total if sensitivity is None else sensitivity
+    return delta_from_mu_z(epsilon, cape_mu_z(tau, delta_s, n_sites, S_C))
+
+
+def _observation_matrix(weights: np.ndarray, honest: list[int]) -> np.ndarray:
+    """Rows: honest releases a_s, then sum_{i in H} w_i e_hat_i; columns: honest [e_hat, g].
+
+    The colluders' draws are known to the adversary, so they are subtracted
+    from every release and do not appear.
+    """
+    S, n = len(weights), len(honest)
+    w = weights[honest]
+    L = np.zeros((n + 1, 2 * n))
+    for row, s in enumerate(honest):
+        L[row, :n] -= w / (weights[s] * S)
+        L[row, row] += 1.0
+        L[row, n + row] = 1.0
+    L[-1, :n] = w
+    return L
+
+
+def mu_z_numeric(
+    sensitivity: float, e_var: np.ndarray, g_var: np.ndarray, weights: np.ndarray,
+    site: int, colluding: list[int],
+) -> float:
+    """mu_z = v^T Sigma^-1 v / 2 for ``site`` when the ``colluding`` sites join the aggregator."""
+    S = len(weights)
+    honest = [site] + [s for s in range(S) if s != site and s not in colluding]
+    L = _observation_matrix(np.asarray(weights, float), honest)
+    var = np.r_[np.asarray(e_var, float)[honest], np.asarray(g_var, float)[honest]]
+    Sigma = L @ np.diag(var) @ L.T
+    v = np.zeros(len(honest) + 1)
+    v[0] = sensitivity
+    return float(v @ np.linalg.solve(Sigma, v) / 2)
+
+
+def cape_delta_asymmetric(
+    epsilon: float, sensitivities, e_var, g_var, weights=None, *,
+    n_colluding: int | None = None, colluding=None, max_subsets: int = 20000,
+) -> np.ndarray:
+    """Per-site CAPE delta for the weighted/asymmetric plan of 003 Sec. III-C.
+
+    ``e_var`` are the variances of each site's zero-sum draw e_hat_s and
+    ``g_var`` of its local draw g_s (see :func:`dpneuro.cape.asymmetric_plan`).
+    Without an explicit ``colluding`` set, the worst case over every set of
+    ``n_colluding`` other sites is taken for each site.
+    """
+    sens = np.asarray(sensitivities, float)
+    S = len(sens)
+    S_C = check_collusion(S, n_colluding if colluding is None else len(colluding))
+    w = np.full(S, 1.0 / S) if weights is None else np.asarray(weights, float)
+    out = np.empty(S)
+    for s in range(S):
+        if colluding is not None:
+            sets = [[c for c in colluding if c != s]]
+        else:
+            others = [i for i in range(S) if i != s]
+            if math.comb(len(others), S_C) > max_subsets:
+                raise ValueError(
+                    f"{math.comb(len(others), S_C)} colluding sets to check for site {s}; pass colluding= explicitly"
+                )
+            sets = [list(c) for c in itertools.combinations(others, S_C)]
+        mu = max(mu_z_numeric(sens[s], e_var, g_var, w, s, c) for c in sets)
+        out[s] = delta_from_mu_z(epsilon, mu)
+    return out

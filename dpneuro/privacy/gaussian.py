@@ -1,0 +1,129 @@
+"""Gaussian mechanism: calibration and the exact Gaussian privacy curve.
+
+A Gaussian mechanism with L2 sensitivity ``Delta`` and noise std ``sigma`` is
+``mu``-GDP with ``mu = Delta / sigma`` (Dong, Roth & Su 2019); its exact
+(eps, delta) curve is the analytic Gaussian curve of Balle & Wang (2018):
+
+    delta(eps) = Phi(-eps/mu + mu/2) - exp(eps) * Phi(-eps/mu - mu/2).
+
+Composition of Gaussians is exact in GDP: ``mu^2 = sum_i (Delta_i/sigma_i)^2``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import optimize, special
+
+
+def _log_ndtr(x: float) -> float:
+    return float(special.log_ndtr(x))
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(eps) of a ``mu``-GDP mechanism (exact; computed in log space)."""
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return 1.0
+    a = _log_ndtr(-epsilon / mu + mu / 2)
+    b = epsilon + _log_ndtr(-epsilon / mu - mu / 2)
+    if b >= a:
+        return 0.0
+    return float(math.exp(a) * -math.expm1(b - a))
+
+
+def gdp_epsilon(delta: float, mu: float) -> float:
+    """Smallest eps with ``gdp_delta(eps, mu) <= delta``."""
+    _check_delta(delta)
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    if gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    lo, hi = 0.0, max(1.0, mu * mu)
+    while gdp_delta(hi, mu) > delta:
+        lo, hi = hi, hi * 2
+    log_d = math.log(delta)
+    f = lambda e: math.log(max(gdp_delta(e, mu), 1e-300)) - log_d  # noqa: E731
+    return float(optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """The ``mu`` whose GDP curve passes through (eps, delta)."""
+    _check_epsilon(epsilon)
+    _check_delta(delta)
+    log_d = math.log(delta)
+    lo, hi = 1e-6, 1.0
+    while gdp_delta(epsilon, hi) < delta:
+        lo, hi = hi, hi * 2
+    f = lambda m: math.log(max(gdp_delta(epsilon, m), 1e-300)) - log_d  # noqa: E731
+    return float(optimize.brentq(f, lo, hi, xtol=1e-14, rtol=1e-13))
+
+
+def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "analytic") -> float:
+    """Noise std for an (eps, delta)-DP Gaussian mechanism.
+
+    ``method="analytic"`` (Balle & Wang 2018) is optimal for every eps > 0.
+    ``method="classic"`` is ``sqrt(2 ln(1.25/delta)) * sensitivity / eps``,
+    the Dwork & Roth bound, which holds only for eps < 1 and is refused otherwise.
+    """
+    _check_epsilon(epsilon)
+    _check_delta(delta)
+    if sensitivity < 0 or not math.isfinite(sensitivity):
+        raise ValueError(f"sensitivity must be finite and >= 0, got {sensitivity}")
+    if method == "classic":
+        if epsilon >= 1:
+            raise ValueError(
+                f"the classic Gaussian formula sqrt(2 ln(1.25/delta))/eps holds only for eps < 1 "
+                f"(got eps={epsilon}); use method='analytic' (Balle & Wang 2018), valid for any eps"
+            )
+        return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
+    if method != "analytic":
+        raise ValueError(f"unknown method {method!r}; use 'analytic' or 'classic'")
+    return sensitivity / gdp_mu(epsilon, delta)
+
+
+def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """eps of one Gaussian release (exact analytic curve)."""
+    return gdp_epsilon(delta, sensitivity / sigma if sigma > 0 else math.inf)
+
+
+def rdp_closed_form_epsilon(rounds: int, sensitivity: float, sigma: float, delta: float) -> float:
+    """Closed-form RDP bound for ``rounds`` Gaussian releases.
+
+    With rho = J Delta^2 / (2 sigma^2) (the RDP slope), optimising the classic
+    conversion eps = rho*alpha + log(1/delta)/(alpha - 1) over alpha gives
+    eps = rho + 2 sqrt(rho log(1/delta)).
+    """
+    _check_delta(delta)
+    rho = rounds * sensitivity**2 / (2 * sigma**2)
+    return rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+def moments_accountant_epsilon(rounds: int, sensitivity: float, sigma: float, delta: float) -> float:
+    """Positive root of the moments-accountant quadratic of 003 App. G, corrected.
+
+    The paper's quadratic has its linear term off by a factor 2; the correct form is
+    (sigma^2/(2 J Delta^2)) eps^2 - eps/2 + J Delta^2/(8 sigma^2) + log(delta) = 0,
+    whose positive root is :func:`rdp_closed_form_epsilon`.
+    """
+    _check_delta(delta)
+    a = sigma**2 / (2 * rounds * sensitivity**2)
+    b = -0.5
+    c = rounds * sensitivity**2 / (8 * sigma**2) + math.log(delta)
+    roots = np.roots([a, b, c])
+    real = roots[np.isreal(roots)].real
+    return float(real.max())
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (epsilon > 0) or math.isnan(epsilon):
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+
+
+def _check_delta(delta: float) -> None:
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta}")

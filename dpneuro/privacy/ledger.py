@@ -1,0 +1,159 @@
+"""Privacy ledger: every Gaussian release a party makes, and what it adds up to."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .gaussian import gdp_epsilon
+
+UNITS = ("subject", "sample")
+METHODS = ("exact", "rdp", "pld")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Gaussian release, repeated ``count`` times with the same calibration."""
+
+    name: str
+    sensitivity: float
+    sigma: float
+    count: int = 1
+    unit: str = "subject"
+    stage: str = ""
+    note: str = ""
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.sigma / self.sensitivity if self.sensitivity > 0 else math.inf
+
+    @property
+    def mu_squared(self) -> float:
+        if self.sensitivity == 0:
+            return 0.0
+        if self.sigma == 0:
+            return math.inf
+        return self.count * (self.sensitivity / self.sigma) ** 2
+
+
+@dataclass
+class PrivacyLedger:
+    """The releases of one party (one site) over a run, and their composition.
+
+    ``epsilon(delta, "exact")`` composes the Gaussians exactly as mu-GDP with
+    mu^2 = sum count * (sensitivity/sigma)^2 and converts with the analytic
+    Gaussian curve; ``"rdp"`` and ``"pld"`` use Google's dp-accounting.
+    ``notes`` carries statements the report must show (e.g. what is public).
+    """
+
+    owner: str = ""
+    releases: list[Release] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    draws: int = 0  # number of noise arrays drawn (see dpneuro.privacy.noise)
+
+    def record(
+        self, name: str, sensitivity: float, sigma: float, count: int = 1, *,
+        unit: str = "subject", stage: str = "", note: str = "",
+    ) -> Release:
+        """Add a Gaussian release of L2 ``sensitivity`` with noise std ``sigma``."""
+        if not (sensitivity >= 0 and math.isfinite(sensitivity)):
+            raise ValueError(f"release {name!r}: sensitivity must be finite and >= 0, got {sensitivity}")
+        if not (sigma >= 0) or math.isnan(sigma):
+            raise ValueError(f"release {name!r}: sigma must be >= 0, got {sigma}")
+        if int(count) != count or count < 1:
+            raise ValueError(f"release {name!r}: count must be a positive integer, got {count}")
+        if unit not in UNITS:
+            raise ValueError(f"release {name!r}: unit must be one of {UNITS}, got {unit!r}")
+        rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note)
+        self.releases.append(rel)
+        return rel
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # -- composition ---------------------------------------------------------------
+    @property
+    def mu(self) -> float:
+        """GDP parameter of everything released so far."""
+        return math.sqrt(sum(r.mu_squared for r in self.releases))
+
+    def epsilon(self, delta: float, method: str = "exact") -> float:
+        """Total eps at ``delta`` for the whole ledger."""
+        if method not in METHODS:
+            raise ValueError(f"unknown accounting method {method!r}; use one of {METHODS}")
+        if not self.releases or self.mu == 0:
+            return 0.0
+        if math.isinf(self.mu):
+            return math.inf
+        if method == "exact":
+            return gdp_epsilon(delta, self.mu)
+        return self._dp_accounting(method).get_epsilon(delta)
+
+    def _dp_accounting(self, method: str):
+        import dp_accounting
+
+        if method == "rdp":
+            acc = dp_accounting.rdp.RdpAccountant()
+        else:
+            acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+        for r in self.releases:
+            if r.mu_squared == 0:
+                continue
+            acc.compose(dp_accounting.GaussianDpEvent(r.noise_multiplier), int(r.count))
+        return acc
+
+    def by_stage(self) -> dict[str, float]:
+        """mu of each stage alone (stages compose: total mu^2 is the sum)."""
+        out: dict[str, float] = {}
+        for r in self.releases:
+            out[r.stage] = out.get(r.stage, 0.0) + r.mu_squared
+        return {k: math.sqrt(v) for k, v in out.items()}
+
+    def summary(self, delta: float) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "delta": delta,
+            "mu": self.mu,
+            "epsilon_exact": self.epsilon(delta, "exact"),
+            "epsilon_rdp": self.epsilon(delta, "rdp"),
+            "releases": sum(r.count for r in self.releases),
+            "units": sorted({r.unit for r in self.releases}),
+        }
+
+    # -- persistence ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "releases": [asdict(r) for r in self.releases],
+            "notes": list(self.notes),
+            "draws": self.draws,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PrivacyLedger:
+        led = cls(owner=d.get("owner", ""), notes=list(d.get("notes", [])), draws=int(d.get("draws", 0)))
+        for r in d.get("releases", []):
+            led.releases.append(Release(**r))
+        return led
+
+    def merge(self, *others: PrivacyLedger) -> PrivacyLedger:
+        """A new ledger holding this ledger's releases followed by the others'."""
+        out = PrivacyLedger.from_dict(self.to_dict())
+        for o in others:
+            if o.owner and self.owner and o.owner != self.owner:
+                raise ValueError(f"cannot merge ledgers of different parties ({self.owner!r}, {o.owner!r})")
+            out.releases.extend(o.releases)
+            for n in o.notes:
+                out.note(n)
+            out.draws += o.draws
+        return out
+
+    @staticmethod
+    def merge_all(ledgers: Iterable[PrivacyLedger]) -> PrivacyLedger:
+        ledgers = list(ledgers)
+        if not ledgers:
+            return PrivacyLedger()
+        return ledgers[0].merge(*ledgers[1:])

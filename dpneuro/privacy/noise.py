@@ -1,0 +1,46 @@
+"""The one place where privacy noise is drawn.
+
+Every Gaussian array a party adds for privacy comes from :func:`gaussian`, which
+counts the draw in the party's ledger, and every release is recorded with
+:meth:`PrivacyLedger.record`. Production runs seed their generator from OS
+entropy (:func:`default_rng`); fixed seeds are for tests and simulations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ledger import PrivacyLedger
+
+
+def default_rng(seed: int | np.random.SeedSequence | None = None) -> np.random.Generator:
+    """A generator seeded from OS entropy unless a seed is given."""
+    return np.random.default_rng(seed)
+
+
+def gaussian(
+    rng: np.random.Generator, shape, std: float, ledger: PrivacyLedger, *,
+    symmetric: bool = False, dtype=np.float64,
+) -> np.ndarray:
+    """Draw N(0, std^2) noise of ``shape`` and count the draw in ``ledger``.
+
+    ``symmetric=True`` draws only the unique entries of a symmetric matrix
+    (upper triangle incl. diagonal, each with variance std^2) and mirrors them,
+    so the noise matrix is symmetric as the quantity it protects.
+    """
+    if not (std >= 0) or not np.isfinite(std):
+        raise ValueError(f"noise std must be finite and >= 0, got {std}")
+    shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
+    ledger.draws += 1
+    if not symmetric:
+        return (rng.standard_normal(shape) * std).astype(dtype, copy=False)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(f"symmetric noise needs a square trailing shape, got {shape}")
+    n = shape[-1]
+    iu = np.triu_indices(n)
+    batch = shape[:-2]
+    vals = rng.standard_normal(batch + (len(iu[0]),)) * std
+    out = np.zeros(shape, dtype=np.float64)
+    out[..., iu[0], iu[1]] = vals
+    out[..., iu[1], iu[0]] = vals
+    return out.astype(dtype, copy=False)

@@ -1,0 +1,280 @@
+"""The generic protocol driver.
+
+A protocol is written once as explicit *phases*. In each phase every active
+site computes a message from its private state and the aggregator's previous
+broadcast (:attr:`Phase.site`), and the aggregator turns the gathered messages
+into one broadcast (:attr:`Phase.aggregator`). A round is the protocol's list
+of phases; rounds repeat until the aggregator's broadcast carries
+``meta["stop"] = True`` or ``max_rounds`` is reached.
+
+The same :func:`run_site` and :func:`run_aggregator` loops run in a simulation
+(threads over an in-process exchange), in separate site processes (directory
+exchange) and inside the COINSTAC entry point. Algorithms never see a backend.
+
+Control flags in a broadcast's ``meta``:
+
+``stop``      end the run after this phase.
+``goto``      next phase index within the same round (used to redo a phase
+              among survivors after a dropout).
+``active``    list of site ids that take part from now on.
+
+State is a plain dict. Keys starting with ``_`` are transient: the site's data
+and anything derived from it. They are never checkpointed; ``site_init``
+rebuilds them when a party restarts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol as TypingProtocol
+
+from tqdm.auto import tqdm
+
+from .exchange.base import Exchange, MessageSpec, Payload, SiteTimeout
+
+State = dict[str, Any]
+SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One message exchange: every active site -> aggregator -> every site."""
+
+    topic: str
+    site: Callable[[State, int, Payload | None], Payload]
+    aggregator: Callable[[State, int, dict[int, Payload]], Payload]
+    # what the aggregator accepts from a site, and what a site accepts back
+    site_spec: SpecLike = None
+    broadcast_spec: SpecLike = None
+    # when True, sites that miss the timeout are dropped from ``state["active"]``
+    # and the aggregator step runs on the survivors' messages
+    allow_dropout: bool = False
+
+
+class Protocol(TypingProtocol):
+    """What the driver needs from an algorithm."""
+
+    name: str
+    max_rounds: int
+
+    def phases(self, round: int) -> Sequence[Phase]: ...
+
+    def site_init(self, site: int, data: Any) -> State: ...
+
+    def aggregator_init(self) -> State: ...
+
+
+class Checkpoint(TypingProtocol):
+    """Durable store for one party's progress (see ``dpneuro.exchange``)."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, record: dict[str, Any]) -> None: ...
+
+
+class SimulatedDropout(Exception):
+    """Raised by a site step in tests and simulations to make that site vanish.
+
+    :func:`simulate` treats it as the site's process dying: the site stops
+    without an error and the others carry on.
+    """
+
+
+@dataclass
+class RunOptions:
+    timeout: float | None = 600.0  # seconds to wait for any one message
+    progress: bool = False
+    description: str = ""
+    on_dropout: Callable[[State, int, int, list[int], dict[int, Payload]], Payload] | None = None
+
+
+def _spec(spec: SpecLike, state: State, round: int) -> MessageSpec | None:
+    return spec(state, round) if callable(spec) else spec
+
+
+def run_site(
+    protocol: Protocol,
+    site: int,
+    data: Any,
+    exchange: Exchange,
+    *,
+    checkpoint: Checkpoint | None = None,
+    timeout: float | None = 600.0,
+) -> State:
+    """Run one site's side of ``protocol`` to completion; return its final state.
+
+    With a ``checkpoint`` the site writes its state and the outgoing message
+    *before* sending (write-ahead), so a restarted site re-sends the very same
+    message instead of computing (and drawing noise for) it again.
+    """
+    record = checkpoint.load() if checkpoint is not None else None
+    if record is None:
+        state = protocol.site_init(site, data)
+        rnd, idx, pending, incoming = 0, 0, None, None
+    else:
+        # transient keys ("_"-prefixed: data and what is derived from it) are
+        # never checkpointed, so rebuild them and lay the saved state on top
+        state = protocol.site_init(site, data)
+        state.update(record["state"])
+        rnd, idx = record["round"], record["phase"]
+        pending, incoming = record.get("pending"), record.get("incoming")
+        if record.get("done"):
+            return state
+
+    while rnd < protocol.max_rounds:
+        phases = protocol.phases(rnd)
+        while idx < len(phases):
+            ph = phases[idx]
+            if pending is None:
+                pending = ph.site(state, rnd, incoming)
+                if checkpoint is not None:
+                    checkpoint.save({"state": state, "round": rnd, "phase": idx,
+                                     "pending": pending, "incoming": incoming})
+            if not exchange.has_sent(site, rnd, ph.topic):
+                exchange.send(site, rnd, ph.topic, pending)
+            incoming = exchange.receive(site, rnd, ph.topic, timeout=timeout,
+                                        expect=_spec(ph.broadcast_spec, state, rnd))
+            pending = None
+            meta = incoming.meta
+            if meta.get("stop"):
+                if checkpoint is not None:
+                    checkpoint.save({"state": state, "round": rnd, "phase": idx, "done": True,
+                                     "pending": None, "incoming": incoming})
+                state["final"] = incoming
+                return state
+            if "active" in meta and site not in meta["active"]:
+                raise RuntimeError(f"site {site} was dropped from the run at round {rnd}, topic {ph.topic!r}")
+            idx = int(meta["goto"]) if "goto" in meta else idx + 1
+            if checkpoint is not None:
+                nxt_r, nxt_i = (rnd, idx) if idx < len(phases) else (rnd + 1, 0)
+                checkpoint.save({"state": state, "round": nxt_r, "phase": nxt_i,
+                                 "pending": None, "incoming": incoming})
+        rnd, idx = rnd + 1, 0
+    state["final"] = incoming
+    return state
+
+
+def run_aggregator(
+    protocol: Protocol,
+    exchange: Exchange,
+    *,
+    checkpoint: Checkpoint | None = None,
+    options: RunOptions | None = None,
+) -> State:
+    """Run the aggregator's side of ``protocol``; return its final state.
+
+    A restarted aggregator resumes from its checkpoint and re-broadcasts a
+    reply it had already computed rather than recomputing it.
+    """
+    opts = options or RunOptions()
+    record = checkpoint.load() if checkpoint is not None else None
+    if record is None:
+        state = protocol.aggregator_init()
+        state.setdefault("active", list(range(exchange.n_sites)))
+        rnd, idx, pending = 0, 0, None
+    else:
+        state, rnd, idx, pending = record["state"], record["round"], record["phase"], record.get("pending")
+        if record.get("done"):
+            return state
+
+    bar = tqdm(total=protocol.max_rounds, initial=rnd, disable=not opts.progress,
+               desc=opts.description or protocol.name, unit="round", leave=False)
+    try:
+        while rnd < protocol.max_rounds:
+            phases = protocol.phases(rnd)
+            while idx < len(phases):
+                ph = phases[idx]
+                if pending is None:
+                    try:
+                        msgs = exchange.gather(rnd, ph.topic, state["active"], timeout=opts.timeout,
+                                               expect=_spec(ph.site_spec, state, rnd))
+                        pending = ph.aggregator(state, rnd, msgs)
+                    except SiteTimeout as exc:
+                        if ph.allow_dropout:
+                            state["active"] = [s for s in state["active"] if s not in exc.missing]
+                            state.setdefault("dropped", []).extend(exc.missing)
+                            pending = ph.aggregator(state, rnd, exc.received)
+                        elif opts.on_dropout is not None:
+                            pending = opts.on_dropout(state, rnd, idx, exc.missing, exc.received)
+                        else:
+                            raise
+                    if checkpoint is not None:
+                        checkpoint.save({"state": state, "round": rnd, "phase": idx, "pending": pending})
+                if not exchange.has_broadcast(rnd, ph.topic):
+                    exchange.broadcast(rnd, ph.topic, pending)
+                meta = pending.meta
+                pending = None
+                if meta.get("stop"):
+                    if checkpoint is not None:
+                        checkpoint.save({"state": state, "round": rnd, "phase": idx, "done": True, "pending": None})
+                    state["rounds"] = rnd + 1
+                    return state
+                idx = int(meta["goto"]) if "goto" in meta else idx + 1
+                if checkpoint is not None:
+                    nxt_r, nxt_i = (rnd, idx) if idx < len(phases) else (rnd + 1, 0)
+                    checkpoint.save({"state": state, "round": nxt_r, "phase": nxt_i, "pending": None})
+            rnd, idx = rnd + 1, 0
+            bar.update(1)
+    finally:
+        bar.close()
+    state["rounds"] = rnd
+    return state
+
+
+@dataclass
+class SimulationResult:
+    aggregator: State
+    sites: list[State | None] = field(default_factory=list)  # None for a site that dropped
+    exchange: Exchange | None = None
+
+
+def simulate(
+    protocol: Protocol,
+    site_data: Sequence[Any],
+    *,
+    exchange: Exchange | None = None,
+    options: RunOptions | None = None,
+) -> SimulationResult:
+    """Run every party of ``protocol`` in this process: one thread per site.
+
+    ``exchange`` defaults to a fresh :class:`~dpneuro.exchange.InProcessExchange`.
+    Any party's exception stops the run and is re-raised here.
+    """
+    from .exchange import InProcessExchange
+
+    n = len(site_data)
+    ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
+    if ex.n_sites != n:
+        raise ValueError(f"exchange is for {ex.n_sites} sites but {n} sites' data were given")
+    opts = options or RunOptions()
+    results: list[State | None] = [None] * n
+    errors: list[BaseException] = []
+
+    def worker(s: int) -> None:
+        try:
+            results[s] = run_site(protocol, s, site_data[s], ex, timeout=opts.timeout)
+        except SimulatedDropout:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+            ex.close()
+
+    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        agg = run_aggregator(protocol, ex, options=opts)
+    except BaseException:
+        ex.close()
+        for t in threads:
+            t.join(timeout=5)
+        if errors:
+            raise errors[0] from None
+        raise
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return SimulationResult(aggregator=agg, sites=results, exchange=ex)
