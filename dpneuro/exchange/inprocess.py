@@ -7,6 +7,7 @@ multi-process run does.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -43,9 +44,9 @@ class ExchangeStats:
 
 def check_site(n_sites: int, site: int) -> int:
     """Return ``site`` if it is a valid site id for ``n_sites`` sites, else raise ``ValueError``."""
-    if isinstance(site, bool) or not isinstance(site, int) and not hasattr(site, "__index__"):
+    if isinstance(site, bool) or not hasattr(site, "__index__"):
         raise ValueError(f"site id must be an integer, got {site!r}")
-    site = int(site)
+    site = operator.index(site)
     if not 0 <= site < n_sites:
         raise ValueError(f"site id {site} out of range for {n_sites} sites")
     return site
@@ -53,9 +54,9 @@ def check_site(n_sites: int, site: int) -> int:
 
 def check_round(round: int) -> int:
     """Return ``round`` as an int if it is a non-negative integer, else raise ``ValueError``."""
-    if isinstance(round, bool) or not hasattr(round, "__index__") or int(round) < 0:
+    if isinstance(round, bool) or not hasattr(round, "__index__") or operator.index(round) < 0:
         raise ValueError(f"round must be a non-negative integer, got {round!r}")
-    return int(round)
+    return operator.index(round)
 
 
 def gather_timeout_message(round: int, topic: str, missing: Iterable[int], timeout: float | None) -> str:
