@@ -67,6 +67,12 @@ class PrivacyLedger:
         if unit not in UNITS:
             raise ValueError(f"release {name!r}: unit must be one of {UNITS}, got {unit!r}")
         rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note)
+        key = (rel.name, rel.sensitivity, rel.sigma, rel.unit, rel.stage, rel.note)
+        for i, r in enumerate(self.releases):
+            if (r.name, r.sensitivity, r.sigma, r.unit, r.stage, r.note) == key:
+                # repeated rounds with one calibration: one entry with a count keeps ledgers small
+                self.releases[i] = rel = Release(*key[:3], r.count + rel.count, *key[3:])
+                return rel
         self.releases.append(rel)
         return rel
 

@@ -1,0 +1,21 @@
+"""CAPE: correlated-noise protocol for decentralized differential privacy."""
+
+from .packing import n_unique, pack, unpack
+from .plans import NoisePlan, Variances, asymmetric_plan, plan_variances, symmetric_plan
+from .protocol import CapeAlgorithm, ReleaseSpec, cape_protocol, ledgers, run_cape
+
+__all__ = [
+    "CapeAlgorithm",
+    "NoisePlan",
+    "ReleaseSpec",
+    "Variances",
+    "asymmetric_plan",
+    "cape_protocol",
+    "ledgers",
+    "n_unique",
+    "pack",
+    "plan_variances",
+    "run_cape",
+    "symmetric_plan",
+    "unpack",
+]

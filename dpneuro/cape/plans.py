@@ -1,0 +1,130 @@
+"""Noise plans: how much of each kind of noise every site adds.
+
+A site that alone must release f(x_s) with std ``tau_s`` draws a zero-sum part
+e_s (whose sum over sites is zero) and a local part g_s (003 Alg. 1-2). The
+symmetric plan sets var(e_hat_s) = tau^2 and var(g_s) = tau^2 / S; the
+weighted/asymmetric plan of 003 Sec. III-C solves an S x S system for the
+e_hat variances so that each release still has variance tau_s^2 while the
+weighted average has the pooled variance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..privacy.cape_delta import check_collusion
+
+PLAN_KINDS = ("cape", "conv", "none")
+
+
+@dataclass(frozen=True)
+class NoisePlan:
+    """Which protocol adds the privacy noise.
+
+    ``"cape"``: correlated noise (zero-sum part through secure aggregation plus
+    local part); ``"conv"``: independent local noise of the full std at every
+    site (the conventional decentralized scheme); ``"none"``: no noise (the
+    non-private baseline; nothing it releases is private).
+    ``n_colluding`` is the collusion assumption CAPE is run under (default
+    ceil(S/3) - 1, the most 003 Thm. 1 allows).
+    """
+
+    kind: str = "cape"
+    n_colluding: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in PLAN_KINDS:
+            raise ValueError(f"unknown noise plan {self.kind!r}; use one of {PLAN_KINDS}")
+
+    def check(self, n_sites: int) -> None:
+        """Refuse a run outside CAPE's assumptions before anything is released."""
+        if self.kind == "cape":
+            check_collusion(n_sites, self.n_colluding)
+
+    @classmethod
+    def coerce(cls, plan: NoisePlan | str) -> NoisePlan:
+        return plan if isinstance(plan, NoisePlan) else cls(kind=plan)
+
+
+@dataclass(frozen=True)
+class Variances:
+    """Per-site noise variances for one released quantity."""
+
+    e_hat: np.ndarray  # variance of each site's zero-sum draw e_hat_s
+    g: np.ndarray  # variance of each site's local draw g_s
+    weights: np.ndarray  # aggregation weights mu_s (sum to 1)
+
+    def release_variance(self) -> np.ndarray:
+        """Marginal variance of e_s + g_s at each site (what one release alone carries)."""
+        S = len(self.weights)
+        mu, sig2 = self.weights, self.e_hat
+        tau_e2 = (1 - 2 / S) * sig2 + np.sum(mu**2 * sig2) / (mu**2 * S**2)
+        return tau_e2 + self.g
+
+    def combined_variance(self) -> float:
+        """Variance of the weighted average's noise (the zero-sum part cancels)."""
+        return float(np.sum(self.weights**2 * self.g))
+
+
+def symmetric_plan(tau: float, n_sites: int) -> Variances:
+    """003 Lemma 1: var(e_hat) = tau^2 (so var(e) = (1 - 1/S) tau^2), var(g) = tau^2 / S."""
+    S = n_sites
+    return Variances(np.full(S, tau**2), np.full(S, tau**2 / S), np.full(S, 1.0 / S))
+
+
+def asymmetric_plan(taus, weights, tau_pool: float | None = None, site_names=None) -> Variances:
+    """003 Sec. III-C: site s needs release std ``taus[s]``; the aggregator averages with ``weights``.
+
+    ``tau_pool`` is the std the weighted average should carry, as if the data
+    were pooled; by default sqrt(sum_s mu_s^2 tau_s^2 / S), which is tau / S
+    for equal sites. Raises ValueError naming the site when the plan is infeasible.
+    """
+    taus = np.asarray(taus, float)
+    mu = np.asarray(weights, float)
+    S = len(taus)
+    names = site_names or [f"site {s}" for s in range(S)]
+    if len(mu) != S:
+        raise ValueError(f"{S} site stds but {len(mu)} weights")
+    if np.any(mu <= 0) or not np.isclose(mu.sum(), 1.0):
+        raise ValueError(f"weights must be positive and sum to 1, got {mu.tolist()}")
+    if np.any(taus <= 0):
+        bad = int(np.argmin(taus))
+        raise ValueError(f"{names[bad]}: release std must be > 0, got {taus[bad]}")
+    if tau_pool is None:
+        # the weighted average of independent releases has variance sum mu^2 tau^2;
+        # pooling removes the cross-site independence: S times less (exact when symmetric)
+        tau_pool = float(np.sqrt(np.sum(mu**2 * taus**2) / S))
+    g = tau_pool**2 / (mu**2 * S)
+    rhs = taus**2 - g
+    # (1 - 1/S)^2 sigma_s^2 + sum_{i != s} mu_i^2 sigma_i^2 / (mu_s^2 S^2) = rhs_s
+    M = (mu[None, :] ** 2) / (mu[:, None] ** 2 * S**2)
+    np.fill_diagonal(M, (1 - 1 / S) ** 2)
+    sig2 = np.linalg.solve(M, rhs)
+    for s in range(S):
+        if rhs[s] <= 0:
+            raise ValueError(
+                f"infeasible CAPE plan: {names[s]} would need local noise var {g[s]:.3g} above its whole "
+                f"budget tau_s^2 = {taus[s] ** 2:.3g}; lower its weight or give it a looser privacy target"
+            )
+        if sig2[s] < 0:
+            raise ValueError(
+                f"infeasible CAPE plan: {names[s]} would need a negative zero-sum variance ({sig2[s]:.3g}); "
+                "its weight or std is too far from the others'"
+            )
+    return Variances(sig2, g, mu)
+
+
+def plan_variances(kind: str, taus, weights) -> Variances:
+    """The variances a plan uses for one quantity, given every site's release std."""
+    taus = np.asarray(taus, float)
+    w = np.asarray(weights, float)
+    S = len(taus)
+    if kind == "none":
+        return Variances(np.zeros(S), np.zeros(S), w)
+    if kind == "conv":
+        return Variances(np.zeros(S), taus**2, w)
+    if np.allclose(taus, taus[0]) and np.allclose(w, 1.0 / S):
+        return symmetric_plan(float(taus[0]), S)
+    return asymmetric_plan(taus, w)

@@ -1,0 +1,322 @@
+"""CAPE as phases of the generic driver (003 Alg. 1-2).
+
+An algorithm says, per round, what each site wants to release
+(:meth:`CapeAlgorithm.site_compute`) and what the aggregator does with the
+weighted average of the noisy releases (:meth:`CapeAlgorithm.aggregator_update`).
+:func:`cape_protocol` wraps it into driver phases for a :class:`NoisePlan`:
+
+round 0   ``cape-setup``       sites announce their public release parameters (weight, std per
+                               quantity); the aggregator checks them, fixes the variance plan and
+                               broadcasts it with the algorithm's first message
+          secure-aggregation key set-up (``cape`` plan only)
+each round ``zs-masked``,       sites compute f(x_s), draw e_hat_s and secure-sum mu_s e_hat_s;
+          ``zs-unmask``         the aggregator learns only the sum and broadcasts it (``cape`` only)
+          ``release``          sites release f(x_s) + e_s + g_s; the aggregator averages and updates
+
+If a site disappears after the zero-sum step, the survivors' e_s no longer
+cancel: the aggregator sends everyone back to ``zs-masked`` with a plan for
+the survivors and fresh draws. Every release already made stays in the
+releasing site's ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol as TypingProtocol
+
+import numpy as np
+
+from .. import privacy
+from ..exchange.base import Payload
+from ..privacy import PrivacyLedger
+from ..protocol import Phase, RunOptions, SimulationResult, State, simulate
+from .packing import n_unique, unpack
+from .plans import NoisePlan, Variances, plan_variances
+
+CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """One quantity a site releases every round.
+
+    ``sensitivity`` is its L2 sensitivity at this site for the privacy unit
+    ``unit``; ``noise_multiplier`` is the std per unit of sensitivity that the
+    site's (eps, delta) target calls for (``gaussian_sigma(eps, delta)``), so the
+    release std is tau_s = noise_multiplier * sensitivity.
+    """
+
+    shape: tuple[int, ...]
+    sensitivity: float
+    noise_multiplier: float
+    symmetric: bool = False
+    unit: str = "subject"
+    stage: str = ""
+
+    @property
+    def tau(self) -> float:
+        return self.noise_multiplier * self.sensitivity
+
+    @property
+    def size(self) -> int:
+        return n_unique(tuple(self.shape), self.symmetric)
+
+
+class CapeAlgorithm(TypingProtocol):
+    """What an algorithm supplies to run under CAPE (or a baseline plan)."""
+
+    name: str
+    max_rounds: int
+
+    def site_init(self, site: int, data: Any) -> State: ...
+
+    def site_releases(self, state: State) -> dict[str, ReleaseSpec]: ...
+
+    def site_weight(self, state: State) -> float: ...
+
+    def site_compute(self, state: State, round: int, broadcast: Payload) -> dict[str, np.ndarray]: ...
+
+    def aggregator_init(self) -> State: ...
+
+    def aggregator_first(self, state: State) -> Payload: ...
+
+    def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload: ...
+
+
+def _plan_payload(kind: str, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
+                  active: list[int]) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
+    """Variances for the active sites; arrays to broadcast them."""
+    w = weights[active] / weights[active].sum()
+    arrays = {"cape/sites": np.asarray(active, np.int64), "cape/weights": w}
+    plans = {}
+    for name in specs:
+        v = plan_variances(kind, taus[name][active], w)
+        plans[name] = v
+        arrays[f"cape/e_var/{name}"] = v.e_hat
+        arrays[f"cape/g_var/{name}"] = v.g
+    return arrays, plans
+
+
+class _CapeProtocol:
+    """The driver-facing protocol built by :func:`cape_protocol`."""
+
+    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, secagg_config=None):
+        self.alg = algorithm
+        self.plan = plan
+        self.name = f"{algorithm.name}[{plan.kind}]"
+        self.max_rounds = algorithm.max_rounds
+        self.secagg = secagg_config
+        self._setup = [Phase("cape-setup", self._site_setup, self._agg_setup)]
+        self._round: list[Phase] = []
+        if plan.kind == "cape":
+            from .. import secagg
+
+            self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
+            masked, unmask = secagg.sum_phases(secagg_config, "zs", self._zero_sum_input, self._agg_zero_sum)
+            self._round += [self._wrap(masked, record_summed=True), self._wrap(unmask)]
+        self._round.append(Phase("release", self._site_release, self._agg_release, allow_dropout=True))
+
+    # -- driver interface ------------------------------------------------------------
+    def phases(self, round: int) -> Sequence[Phase]:
+        return self._setup + self._round if round == 0 else self._round
+
+    def site_init(self, site: int, data: Any) -> State:
+        state = self.alg.site_init(site, data)
+        state.setdefault("ledger", PrivacyLedger(owner=f"site-{site}"))
+        state.setdefault("rng", privacy.default_rng())
+        state.setdefault("site", site)
+        return state
+
+    def aggregator_init(self) -> State:
+        return self.alg.aggregator_init()
+
+    def _restart_index(self, round: int) -> int:
+        return (len(self._setup) if round == 0 else 0)
+
+    def _wrap(self, phase: Phase, record_summed: bool = False) -> Phase:
+        site_fn, agg_fn = phase.site, phase.aggregator
+
+        def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
+            self._absorb(state, incoming)
+            return site_fn(state, rnd, incoming)
+
+        def agg(state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+            if record_summed:
+                state["cape"]["summed"] = sorted(msgs)
+            return agg_fn(state, rnd, msgs)
+
+        return Phase(phase.topic, site, agg, phase.site_spec, phase.broadcast_spec, phase.allow_dropout)
+
+    @staticmethod
+    def _absorb(state: State, incoming: Payload | None) -> None:
+        """Keep the algorithm's broadcast and the current plan from whatever phase brought them."""
+        if incoming is None:
+            return
+        if incoming.meta.get("cape_alg"):
+            state["cape"]["alg_in"] = incoming
+        if "cape/sites" in incoming.arrays:
+            state["cape"]["plan"] = {k: np.asarray(v) for k, v in incoming.arrays.items() if k.startswith("cape/")}
+
+    # -- set-up ----------------------------------------------------------------------
+    def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        specs = self.alg.site_releases(state)
+        state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric} for k, v in specs.items()},
+                         "f_round": -1}
+        arrays = {"weight": np.array([float(self.alg.site_weight(state))])}
+        for name, spec in specs.items():
+            if not (spec.sensitivity > 0 and spec.noise_multiplier > 0) and self.plan.kind != "none":
+                raise ValueError(f"site {state['site']}: release {name!r} needs positive sensitivity and noise")
+            arrays[f"tau/{name}"] = np.array([spec.tau])
+        meta = {"releases": state["cape"]["specs"]}
+        return Payload(arrays, meta, carries={k: "public" for k in arrays})
+
+    def _agg_setup(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        sites = sorted(msgs)
+        self.plan.check(len(sites))
+        first = msgs[sites[0]].meta["releases"]
+        for s in sites[1:]:
+            if msgs[s].meta["releases"] != first:
+                raise ValueError(f"site {s} declares releases {msgs[s].meta['releases']} but site {sites[0]} "
+                                 f"declares {first}: all sites must run the same configuration")
+        n = max(sites) + 1
+        weights = np.zeros(n)
+        taus = {name: np.zeros(n) for name in first}
+        for s, m in msgs.items():
+            weights[s] = float(m.arrays["weight"][0])
+            for name in first:
+                taus[name][s] = float(m.arrays[f"tau/{name}"][0])
+        state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
+        plan_arrays, _ = _plan_payload(self.plan.kind, first, taus, weights, sites)
+        alg = self.alg.aggregator_first(state)
+        return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
+
+    # -- zero-sum noise ----------------------------------------------------------------
+    def _compute(self, state: State, rnd: int) -> None:
+        """f(x_s) once per round (kept across a redo after a dropout)."""
+        cs = state["cape"]
+        if cs["f_round"] != rnd:
+            f = self.alg.site_compute(state, rnd, cs.get("alg_in"))
+            for name, spec in cs["specs"].items():
+                if name not in f or tuple(np.shape(f[name])) != tuple(spec["shape"]):
+                    raise ValueError(f"site {state['site']}: {name!r} must have shape {tuple(spec['shape'])}")
+            cs["f"] = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
+            cs["f_round"] = rnd
+
+    def _my_plan(self, state: State) -> tuple[int, int, np.ndarray]:
+        plan = state["cape"]["plan"]
+        sites = [int(x) for x in plan["cape/sites"]]
+        me = sites.index(state["site"])
+        return me, len(sites), plan["cape/weights"]
+
+    def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
+        self._compute(state, rnd)
+        cs = state["cape"]
+        me, _, w = self._my_plan(state)
+        parts, e_hat = [], {}
+        for name, spec in cs["specs"].items():
+            std = float(np.sqrt(cs["plan"][f"cape/e_var/{name}"][me]))
+            size = n_unique(tuple(spec["shape"]), spec["symmetric"])
+            e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
+            parts.append(w[me] * e_hat[name])
+        cs["e_hat"] = e_hat
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _agg_zero_sum(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        cs = state["cape"]
+        active = sorted(state["active"])
+        if cs["summed"] != active or cs["plan_sites"] != active:
+            return self._redo(state, rnd, active)
+        return Payload({"cape/esum": np.asarray(total, np.float64)}, {"active": active})
+
+    def _redo(self, state: State, rnd: int, active: list[int]) -> Payload:
+        """Send the survivors back to the zero-sum step with a plan for them."""
+        cs = state["cape"]
+        self.plan.check(len(active))
+        plan_arrays, _ = _plan_payload(self.plan.kind, cs["specs"], cs["taus"], cs["weights"], active)
+        cs["plan_sites"] = active
+        cs["redos"] = cs.get("redos", 0) + 1
+        return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
+
+    # -- release ---------------------------------------------------------------------
+    def _site_release(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        self._absorb(state, incoming)
+        self._compute(state, rnd)
+        cs = state["cape"]
+        me, S, w = self._my_plan(state)
+        kind = self.plan.kind
+        specs = self.alg.site_releases(state)
+        arrays, carries = {}, {}
+        offset = 0
+        for name, spec in cs["specs"].items():
+            shape, sym = tuple(spec["shape"]), spec["symmetric"]
+            size = n_unique(shape, sym)
+            g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
+            noise = np.zeros(size)
+            if kind == "cape":
+                esum = incoming.arrays["cape/esum"][offset:offset + size]
+                noise = cs["e_hat"][name] - esum / (w[me] * S)
+            if kind != "none":
+                noise = noise + privacy.gaussian(state["rng"], (size,), g_std, state["ledger"])
+            offset += size
+            arrays[name] = cs["f"][name] + unpack(noise, shape, sym)
+            carries[name] = CARRIES[kind]
+            if kind != "none":
+                var = _release_variance(cs["plan"], name, me)
+                rs = specs[name]
+                state["ledger"].record(name, rs.sensitivity, float(np.sqrt(var)), unit=rs.unit,
+                                       stage=rs.stage or self.alg.name)
+            else:
+                state["ledger"].note("plan 'none': releases carry no noise and are not private")
+        cs.pop("e_hat", None)
+        return Payload(arrays, {}, carries)
+
+    def _agg_release(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        cs = state["cape"]
+        active = sorted(state["active"])
+        planned = cs["plan_sites"]
+        if self.plan.kind == "cape" and active != planned:
+            return self._redo(state, rnd, active)
+        w = cs["weights"][active] / cs["weights"][active].sum()
+        combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active)) for name in cs["specs"]}
+        alg = self.alg.aggregator_update(state, rnd, combined)
+        if self.plan.kind != "cape" and active != planned:
+            cs["plan_sites"] = active
+            plan_arrays, _ = _plan_payload(self.plan.kind, cs["specs"], cs["taus"], cs["weights"], active)
+            alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
+        return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+def _release_variance(plan: dict[str, np.ndarray], name: str, me: int) -> float:
+    v = Variances(plan[f"cape/e_var/{name}"], plan[f"cape/g_var/{name}"], plan["cape/weights"])
+    return float(v.release_variance()[me])
+
+
+def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n_sites: int,
+                  secagg_config=None):
+    """Wrap ``algorithm`` into a driver protocol under ``plan``.
+
+    Refuses a plan outside CAPE's assumptions (fewer than 3 sites, too many
+    colluders) before anything runs.
+    """
+    plan = NoisePlan.coerce(plan)
+    plan.check(n_sites)
+    if plan.kind == "cape" and secagg_config is None:
+        from ..secagg import SecAggConfig
+
+        secagg_config = SecAggConfig(n_sites=n_sites)
+    return _CapeProtocol(algorithm, plan, secagg_config)
+
+
+def run_cape(algorithm: CapeAlgorithm, site_data: Sequence[Any], plan: NoisePlan | str = "cape", *,
+             exchange=None, options: RunOptions | None = None, secagg_config=None) -> SimulationResult:
+    """Simulate ``algorithm`` under ``plan`` with every party in this process."""
+    proto = cape_protocol(algorithm, plan, n_sites=len(site_data), secagg_config=secagg_config)
+    return simulate(proto, site_data, exchange=exchange, options=options)
+
+
+def ledgers(result: SimulationResult) -> list[PrivacyLedger | None]:
+    """Each site's ledger from a simulation (None for a site that dropped out)."""
+    return [s["ledger"] if s is not None else None for s in result.sites]
+
+
