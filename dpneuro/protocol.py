@@ -32,7 +32,7 @@ from typing import Any, Protocol as TypingProtocol
 
 from tqdm.auto import tqdm
 
-from .exchange.base import Exchange, MessageSpec, Payload, SiteTimeout
+from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None
@@ -72,6 +72,10 @@ class Checkpoint(TypingProtocol):
     def load(self) -> dict[str, Any] | None: ...
 
     def save(self, record: dict[str, Any]) -> None: ...
+
+
+class SiteDropped(RuntimeError):
+    """The aggregator continued without this site (it missed a deadline)."""
 
 
 class SimulatedDropout(Exception):
@@ -121,6 +125,7 @@ def run_site(
         rnd, idx = record["round"], record["phase"]
         pending, incoming = record.get("pending"), record.get("incoming")
         if record.get("done"):
+            state["final"] = incoming
             return state
 
     while rnd < protocol.max_rounds:
@@ -145,7 +150,7 @@ def run_site(
                 state["final"] = incoming
                 return state
             if "active" in meta and site not in meta["active"]:
-                raise RuntimeError(f"site {site} was dropped from the run at round {rnd}, topic {ph.topic!r}")
+                raise SiteDropped(f"site {site} was dropped from the run at round {rnd}, topic {ph.topic!r}")
             idx = int(meta["goto"]) if "goto" in meta else idx + 1
             if checkpoint is not None:
                 nxt_r, nxt_i = (rnd, idx) if idx < len(phases) else (rnd + 1, 0)
@@ -175,7 +180,9 @@ def run_aggregator(
         state.setdefault("active", list(range(exchange.n_sites)))
         rnd, idx, pending = 0, 0, None
     else:
-        state, rnd, idx, pending = record["state"], record["round"], record["phase"], record.get("pending")
+        state = protocol.aggregator_init()
+        state.update(record["state"])
+        rnd, idx, pending = record["round"], record["phase"], record.get("pending")
         if record.get("done"):
             return state
 
@@ -207,9 +214,9 @@ def run_aggregator(
                 meta = pending.meta
                 pending = None
                 if meta.get("stop"):
+                    state["rounds"] = rnd + 1
                     if checkpoint is not None:
                         checkpoint.save({"state": state, "round": rnd, "phase": idx, "done": True, "pending": None})
-                    state["rounds"] = rnd + 1
                     return state
                 idx = int(meta["goto"]) if "goto" in meta else idx + 1
                 if checkpoint is not None:
@@ -255,7 +262,7 @@ def simulate(
     def worker(s: int) -> None:
         try:
             results[s] = run_site(protocol, s, site_data[s], ex, timeout=opts.timeout)
-        except SimulatedDropout:
+        except (SimulatedDropout, SiteDropped):
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             errors.append(exc)
@@ -274,7 +281,13 @@ def simulate(
             raise errors[0] from None
         raise
     for t in threads:
-        t.join()
+        t.join(timeout=5)
+    if any(t.is_alive() for t in threads):
+        # a site the aggregator no longer waits for: wake it so the run can end
+        ex.close()
+        for t in threads:
+            t.join(timeout=30)
+        errors = [e for e in errors if not isinstance(e, ExchangeError)]
     if errors:
         raise errors[0]
     return SimulationResult(aggregator=agg, sites=results, exchange=ex)

@@ -29,6 +29,7 @@ resolved to absolute paths.
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -79,6 +80,13 @@ def load_space(space: str) -> tuple[np.ndarray, np.ndarray]:
     mask : ndarray of bool, 3-D
     affine : ndarray, shape (4, 4)
     """
+    mask, affine = _load_space_cached(space)
+    return mask.copy(), affine.copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_space_cached(space: str) -> tuple[np.ndarray, np.ndarray]:
+    # nilearn's import and the mask read take ~2 s: do them once per process
     if space == "grid30":
         return np.ones((30, 30, 1), dtype=bool), np.eye(4)
     if space not in ("mni4mm", "mni6mm"):
@@ -215,7 +223,8 @@ def _nifti(data: np.ndarray, affine: np.ndarray, space: str, tr: float | None) -
 
 def _to_volume(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Paint D x T values into a float32 volume of shape mask.shape + (T,)."""
-    vol = np.zeros(mask.shape + values.shape[1:], dtype=np.float32)
+    # Fortran order is NIfTI's on-disk order: saves a transposed copy when writing
+    vol = np.zeros(mask.shape + values.shape[1:], dtype=np.float32, order="F")
     vol[mask] = values
     return vol
 

@@ -246,18 +246,19 @@ class _CapeProtocol:
         me, S, w = self._my_plan(state)
         kind = self.plan.kind
         specs = self.alg.site_releases(state)
-        arrays, carries = {}, {}
+        arrays, carries, kept = {}, {}, {}
         offset = 0
         for name, spec in cs["specs"].items():
             shape, sym = tuple(spec["shape"]), spec["symmetric"]
             size = n_unique(shape, sym)
             g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
-            noise = np.zeros(size)
+            e = np.zeros(size)
             if kind == "cape":
                 esum = incoming.arrays["cape/esum"][offset:offset + size]
-                noise = cs["e_hat"][name] - esum / (w[me] * S)
-            if kind != "none":
-                noise = noise + privacy.gaussian(state["rng"], (size,), g_std, state["ledger"])
+                e = cs["e_hat"][name] - esum / (w[me] * S)
+            g = privacy.gaussian(state["rng"], (size,), g_std, state["ledger"]) if kind != "none" else 0.0
+            noise = e + g
+            kept[name] = (e, g)
             offset += size
             arrays[name] = cs["f"][name] + unpack(noise, shape, sym)
             carries[name] = CARRIES[kind]
@@ -269,6 +270,7 @@ class _CapeProtocol:
             else:
                 state["ledger"].note("plan 'none': releases carry no noise and are not private")
         cs.pop("e_hat", None)
+        state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
         return Payload(arrays, {}, carries)
 
     def _agg_release(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:

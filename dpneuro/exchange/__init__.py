@@ -10,8 +10,13 @@ from .base import (
     Payload,
     SiteTimeout,
 )
+from ..privacy import PrivacyLedger
+from .codec import register_state_type
+from .directory import DirectoryCheckpoint, DirectoryExchange
 from .inprocess import InProcessExchange
-from .directory import DirectoryExchange, DirectoryCheckpoint
+
+# ledgers live in checkpointed party state
+register_state_type(PrivacyLedger)
 
 __all__ = [
     "AGGREGATOR",

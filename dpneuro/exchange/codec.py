@@ -121,7 +121,7 @@ def _wire_array(name: str, arr: Any, where: str) -> np.ndarray:
     dt = a.dtype.newbyteorder("<")  # the wire is little endian whatever the host
     if dt.str not in ALLOWED_DTYPES:
         raise ValueError(f"cannot send {where}: array {name!r} has unsupported dtype {a.dtype}")
-    return np.ascontiguousarray(a, dtype=dt)
+    return np.asarray(a, dtype=dt, order="C")  # not ascontiguousarray: it turns 0-d into 1-d
 
 
 def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, topic: str, key: bytes) -> bytes:

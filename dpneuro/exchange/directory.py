@@ -1,0 +1,412 @@
+"""Directory exchange: parties share a folder (local disk or a shared file system).
+
+Each site and the aggregator may be a separate OS process, or a separate
+machine mounting the same folder. Layout under ``root``::
+
+    <run_id>/run.json                               n_sites and a key check
+    <run_id>/round-000012/<topic>/site-003.msg       site 3 -> aggregator
+    <run_id>/round-000012/<topic>/aggregator.msg     aggregator -> every site
+    <run_id>/egress/site-003.jsonl                   site 3's egress log
+    <run_id>/alive/site-003                          site 3's heartbeat (mtime)
+
+A message is written to a temporary file in its final directory, fsynced and
+then hard-linked to its name, so readers only ever see complete files and the
+first writer of an address wins; a second, different message for the same
+address is an error. Readers poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    AGGREGATOR,
+    Exchange,
+    ExchangeError,
+    MessageRejected,
+    MessageSpec,
+    Payload,
+    SiteTimeout,
+    describe,
+    egress_record,
+    validate,
+)
+from .codec import (
+    blob_limit,
+    check_name,
+    decode_payload,
+    encode_payload,
+    load_state_file,
+    save_state_file,
+)
+from .inprocess import (
+    DEFAULT_MAX_BYTES,
+    ExchangeStats,
+    check_round,
+    check_site,
+    gather_timeout_message,
+    receive_timeout_message,
+)
+
+_KEY_CHECK = b"dpneuro directory exchange: key check"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not every file system lets a directory be fsynced
+    finally:
+        os.close(fd)
+
+
+def _publish(path: Path, blob: bytes) -> bool:
+    """Atomically create ``path`` holding ``blob``.
+
+    Returns
+    -------
+    bool
+        True if this call created the file, False if it already existed (its
+        content is left untouched).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic create-if-absent: never overwrites
+            created = True
+        except FileExistsError:
+            created = False
+        except OSError:
+            # a file system without hard links: a rename is still atomic, but
+            # two concurrent first writers could race (one party per address
+            # makes that a protocol error anyway)
+            created = not path.exists()
+            if created:
+                os.replace(tmp, path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    if created:
+        _fsync_dir(path.parent)
+    return created
+
+
+class DirectoryExchange(Exchange):
+    """An :class:`Exchange` over a shared folder.
+
+    Parameters
+    ----------
+    root : path-like
+        The shared folder; the run lives in ``root / run_id``.
+    n_sites : int
+        Number of sites. Must agree with the run's ``run.json`` if another
+        party created it first.
+    run_id : str
+        Identifies the run (letters, digits, ``_ . -``).
+    key : bytes
+        The run's HMAC key (at least 16 bytes); every party must use the same.
+    poll_interval : float
+        Seconds between looks at the folder while waiting.
+    max_bytes : int
+        Largest array payload accepted on receipt.
+    liveness_timeout : float
+        Seconds after which a silent site is no longer reported by :meth:`alive`.
+    heartbeat_interval : float
+        While a site waits in :meth:`receive` its heartbeat is refreshed this often.
+
+    Notes
+    -----
+    The egress log line is written *before* the message is published and at
+    most once per address, so a crash can never leave a sent message out of
+    the log (at worst the log lists a message whose sender crashed before
+    publishing it, and which it re-sends on restart).
+
+    A receive that times out raises :class:`SiteTimeout` with
+    ``missing == [AGGREGATOR]``. :meth:`close` only affects this process.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], n_sites: int, *, run_id: str, key: bytes,
+        poll_interval: float = 0.01, max_bytes: int = DEFAULT_MAX_BYTES,
+        liveness_timeout: float = 60.0, heartbeat_interval: float = 1.0,
+    ) -> None:
+        if int(n_sites) < 1:
+            raise ValueError(f"n_sites must be >= 1, got {n_sites}")
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+            raise ValueError("the run key must be bytes of length >= 16")
+        self.n_sites = int(n_sites)
+        self.run_id = check_name("run id", run_id)
+        self.root = Path(root)
+        self.run_dir = self.root / self.run_id
+        self.poll_interval = float(poll_interval)
+        self.max_bytes = int(max_bytes)
+        self.liveness_timeout = float(liveness_timeout)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.stats = ExchangeStats()
+        self._key = bytes(key)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # several parties may share one instance (threads)
+        self._logged: dict[int, set[tuple[int, str]]] = {}
+        self._log_needs_newline: dict[int, bool] = {}
+        for sub in ("egress", "alive"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self._check_run_file()
+
+    # -- paths -------------------------------------------------------------------
+    @staticmethod
+    def _party(sender: int) -> str:
+        return "aggregator" if sender == AGGREGATOR else f"site-{sender:03d}"
+
+    def message_path(self, sender: int, round: int, topic: str) -> Path:
+        """Where the message from ``sender`` (a site id or ``AGGREGATOR``) for ``(round, topic)`` lives."""
+        return self.run_dir / f"round-{round:06d}" / check_name("topic", topic) / f"{self._party(sender)}.msg"
+
+    def _egress_path(self, sender: int) -> Path:
+        return self.run_dir / "egress" / f"{self._party(sender)}.jsonl"
+
+    def _alive_path(self, site: int) -> Path:
+        return self.run_dir / "alive" / self._party(site)
+
+    def _check_run_file(self) -> None:
+        check = hmac.new(self._key, _KEY_CHECK + self.run_id.encode(), hashlib.sha256).hexdigest()
+        info = {"format": 1, "run_id": self.run_id, "n_sites": self.n_sites, "key_check": check}
+        path = self.run_dir / "run.json"
+        _publish(path, json.dumps(info, sort_keys=True).encode())
+        have = json.loads(path.read_text())
+        if have.get("n_sites") != self.n_sites:
+            raise ExchangeError(f"run {self.run_id!r} in {self.run_dir} has {have.get('n_sites')} sites, "
+                                f"not {self.n_sites}")
+        if not hmac.compare_digest(str(have.get("key_check")), check):
+            raise ExchangeError(f"the key does not match run {self.run_id!r} in {self.run_dir}")
+
+    # -- helpers -----------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise ExchangeError("exchange closed")
+
+    def _limit(self, expect: MessageSpec | None) -> int:
+        return min(self.max_bytes, expect.max_bytes) if expect is not None else self.max_bytes
+
+    def _read(self, path: Path, sender: int, round: int, topic: str, limit: int) -> bytes | None:
+        """The bytes at ``path``, or None if nothing was published there yet."""
+        try:
+            size = path.stat().st_size
+            if size > blob_limit(limit):  # don't read a huge file into memory
+                raise MessageRejected(f"rejected message from {describe(sender, round, topic)}: "
+                                      f"oversized: {size} bytes, limit {limit} bytes of array data")
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
+        payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
+                                 key=self._key, max_bytes=self._limit(expect))
+        return validate(payload, expect, sender, round, topic)
+
+    def _wait(self, deadline: float | None) -> None:
+        delay = self.poll_interval
+        if deadline is not None:
+            delay = max(0.0, min(delay, deadline - time.monotonic()))
+        self._closed.wait(delay)  # close() cuts the sleep short
+
+    def _logged_set(self, sender: int) -> set[tuple[int, str]]:
+        """(round, topic) pairs already in ``sender``'s egress log (lock held)."""
+        if sender not in self._logged:
+            path = self._egress_path(sender)
+            raw = path.read_bytes() if path.exists() else b""
+            self._logged[sender] = {(r["round"], r["topic"]) for r in self._parse_log(raw)}
+            # a crash mid-append may leave a torn last line: start on a fresh one
+            self._log_needs_newline[sender] = bool(raw) and not raw.endswith(b"\n")
+        return self._logged[sender]
+
+    @staticmethod
+    def _parse_log(raw: bytes) -> list[dict[str, Any]]:
+        out = []
+        for line in raw.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # torn line from a crash: that append never completed
+        return out
+
+    def _log_egress(self, sender: int, round: int, topic: str, payload: Payload) -> None:
+        with self._lock:
+            logged = self._logged_set(sender)
+            if (round, topic) in logged:
+                return
+            line = json.dumps(egress_record(self.run_id, sender, round, topic, payload), sort_keys=True) + "\n"
+            if self._log_needs_newline[sender]:
+                line = "\n" + line
+            with open(self._egress_path(sender), "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self._log_needs_newline[sender] = False
+            logged.add((round, topic))
+
+    def _deliver(self, sender: int, round: int, topic: str, payload: Payload) -> bool:
+        """Publish a message; False if the identical message was already there."""
+        self._check_open()
+        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key)
+        path = self.message_path(sender, round, topic)
+        created = False
+        if not path.exists():
+            self._log_egress(sender, round, topic, payload)  # write-ahead: see class notes
+            created = _publish(path, blob)
+        if not created and path.read_bytes() != blob:
+            raise ExchangeError(f"{describe(sender, round, topic)} already sent a different message "
+                                "for this address; a party must never send two different messages")
+        if created:
+            with self._lock:
+                if sender == AGGREGATOR:
+                    self.stats.broadcasts += 1
+                    self.stats.broadcast_bytes += len(blob)
+                else:
+                    self.stats.messages += 1
+                    self.stats.bytes += len(blob)
+        return created
+
+    # -- site side ---------------------------------------------------------------
+    def send(self, site: int, round: int, topic: str, payload: Payload) -> None:
+        site, round, topic = check_site(self.n_sites, site), check_round(round), check_name("topic", topic)
+        self._deliver(site, round, topic, payload)
+        self.heartbeat(site)
+
+    def receive(
+        self, site: int, round: int, topic: str, *, timeout: float | None = None,
+        expect: MessageSpec | None = None,
+    ) -> Payload:
+        site, round, topic = check_site(self.n_sites, site), check_round(round), check_name("topic", topic)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        path = self.message_path(AGGREGATOR, round, topic)
+        limit = self._limit(expect)
+        self.heartbeat(site)
+        last_beat = time.monotonic()
+        while True:
+            self._check_open()
+            blob = self._read(path, AGGREGATOR, round, topic, limit)
+            if blob is not None:
+                return self._decode(blob, AGGREGATOR, round, topic, expect)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise SiteTimeout(receive_timeout_message(site, round, topic, timeout),
+                                  missing=[AGGREGATOR], received={})
+            if now - last_beat >= self.heartbeat_interval:
+                self.heartbeat(site)
+                last_beat = now
+            self._wait(deadline)
+
+    def has_sent(self, site: int, round: int, topic: str) -> bool:
+        return self.message_path(check_site(self.n_sites, site), check_round(round), topic).exists()
+
+    # -- aggregator side ---------------------------------------------------------
+    def gather(
+        self, round: int, topic: str, sites: Iterable[int], *, timeout: float | None = None,
+        expect: MessageSpec | None = None,
+    ) -> dict[int, Payload]:
+        round, topic = check_round(round), check_name("topic", topic)
+        waiting = sorted({check_site(self.n_sites, s) for s in sites})
+        deadline = None if timeout is None else time.monotonic() + timeout
+        limit = self._limit(expect)
+        received: dict[int, Payload] = {}
+        while True:
+            self._check_open()
+            for s in list(waiting):
+                blob = self._read(self.message_path(s, round, topic), s, round, topic, limit)
+                if blob is not None:
+                    received[s] = self._decode(blob, s, round, topic, expect)
+                    waiting.remove(s)
+            if not waiting:
+                return dict(sorted(received.items()))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SiteTimeout(gather_timeout_message(round, topic, waiting, timeout),
+                                  missing=waiting, received=received)
+            self._wait(deadline)
+
+    def broadcast(self, round: int, topic: str, payload: Payload) -> None:
+        self._deliver(AGGREGATOR, check_round(round), check_name("topic", topic), payload)
+
+    def has_broadcast(self, round: int, topic: str) -> bool:
+        return self.message_path(AGGREGATOR, check_round(round), topic).exists()
+
+    # -- liveness and audit ------------------------------------------------------
+    def heartbeat(self, site: int) -> None:
+        path = self._alive_path(check_site(self.n_sites, site))
+        with open(path, "a"):
+            pass
+        os.utime(path)
+
+    def alive(self) -> set[int]:
+        """Sites whose heartbeat (refreshed on every send and while waiting) is recent.
+
+        Compares file modification times with this machine's clock, so parties
+        on different machines need roughly synchronised clocks.
+        """
+        now, out = time.time(), set()
+        for s in range(self.n_sites):
+            try:
+                if now - self._alive_path(s).stat().st_mtime <= self.liveness_timeout:
+                    out.add(s)
+            except FileNotFoundError:
+                pass
+        return out
+
+    def egress_log(self, site: int) -> list[dict[str, Any]]:
+        """Records of every message ``site`` sent, oldest first (``AGGREGATOR``: the broadcasts)."""
+        if site != AGGREGATOR:
+            site = check_site(self.n_sites, site)
+        path = self._egress_path(site)
+        return self._parse_log(path.read_bytes()) if path.exists() else []
+
+    def close(self) -> None:
+        self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+
+class DirectoryCheckpoint:
+    """A party's checkpoint as one ``.npz`` file (see :func:`~dpneuro.exchange.codec.save_state_file`).
+
+    Parameters
+    ----------
+    path : path-like
+        The checkpoint file; its folder is created on the first save.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        """The last saved record, or None if nothing was saved yet."""
+        if not self.path.exists():
+            return None
+        return load_state_file(self.path)
+
+    def save(self, record: dict[str, Any]) -> None:
+        """Replace the checkpoint with ``record`` atomically."""
+        save_state_file(self.path, record)
+
+    def __repr__(self) -> str:
+        return f"DirectoryCheckpoint({str(self.path)!r})"

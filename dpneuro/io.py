@@ -1,0 +1,572 @@
+"""NIfTI discovery, validation and masking into per-site data matrices.
+
+A site's data become one D x N float32 matrix (features = mask voxels in
+``mask[mask]`` order, columns = time points, subjects concatenated in time),
+read one subject at a time and optionally written straight into a
+memory-mapped ``.npy`` file so that no more than one subject's 4-D image is
+ever in memory.
+
+Every input file is checked from its header *before* any image data is read
+(existence, readability, gzip integrity, 4-D, grid and affine equal to the
+mask's, enough volumes, consistent TR); problems raise
+:class:`DataValidationError` naming the file and the problem. Non-finite
+values can only be found while reading and are reported the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import nibabel as nib
+import numpy as np
+
+__all__ = [
+    "DataValidationError",
+    "SiteData",
+    "load_site",
+    "open_site_data",
+    "load_mask",
+    "mask_to_image",
+    "find_nifti",
+    "subject_id_from_path",
+]
+
+_NIFTI_SUFFIXES = (".nii", ".nii.gz")
+_AFFINE_ATOL = 1e-3
+_TR_RTOL = 1e-3
+_TIME_UNIT_SECONDS = {"sec": 1.0, "msec": 1e-3, "usec": 1e-6}
+
+
+class DataValidationError(ValueError):
+    """An input file is missing, unreadable or does not fit the analysis."""
+
+
+# ---------------------------------------------------------------------------
+# result container
+# ---------------------------------------------------------------------------
+
+@dataclass
+class SiteData:
+    """One site's masked, concatenated data matrix and its bookkeeping.
+
+    Attributes
+    ----------
+    X : ndarray, shape (D, N), float32
+        Voxels x time points, subjects concatenated along the columns. A
+        read-only ``numpy.memmap`` when loaded with ``memmap_path``.
+    subject_ids : list of str
+        One id per subject, from the file names (``sub-01_bold.nii.gz`` ->
+        ``sub-01``).
+    boundaries : list of (int, int)
+        ``(start, stop)`` column range of each subject in `X`.
+    paths : list of str
+        The source files, in the order of `subject_ids`.
+    tr : float or None
+        Repetition time in seconds, common to all subjects (None if the
+        headers leave it unset, i.e. 0).
+    mask_path : str or None
+        The mask file, if the mask was given as (or loaded from) a file.
+    standardize, detrend : bool
+        The per-subject preprocessing applied.
+    memmap_path : str or None
+        The ``.npy`` file backing `X`, if any.
+    """
+
+    X: np.ndarray
+    subject_ids: list[str]
+    boundaries: list[tuple[int, int]]
+    paths: list[str]
+    tr: float | None = None
+    mask_path: str | None = None
+    standardize: bool = True
+    detrend: bool = False
+    memmap_path: str | None = None
+
+    @property
+    def n_subjects(self) -> int:
+        """Number of subjects M."""
+        return len(self.subject_ids)
+
+    @property
+    def n_features(self) -> int:
+        """Number of features D (mask voxels)."""
+        return int(self.X.shape[0])
+
+    @property
+    def n_samples(self) -> int:
+        """Number of columns N (time points of all subjects)."""
+        return int(self.X.shape[1])
+
+    @property
+    def subject_slices(self) -> list[slice]:
+        """Column slice of each subject in `X`."""
+        return [slice(a, b) for a, b in self.boundaries]
+
+    def subject_block(self, i: int) -> np.ndarray:
+        """D x N_i view of subject `i`'s columns."""
+        a, b = self.boundaries[i]
+        return self.X[:, a:b]
+
+    def iter_subjects(self) -> Iterator[np.ndarray]:
+        """Yield each subject's D x N_m block of `X` (views, no copies)."""
+        for a, b in self.boundaries:
+            yield self.X[:, a:b]
+
+    def metadata(self) -> dict:
+        """JSON-serialisable description of everything but `X`."""
+        return {
+            "subject_ids": list(self.subject_ids),
+            "boundaries": [list(b) for b in self.boundaries],
+            "paths": list(self.paths),
+            "tr": self.tr,
+            "mask_path": self.mask_path,
+            "standardize": self.standardize,
+            "detrend": self.detrend,
+            "shape": [self.n_features, self.n_samples],
+        }
+
+
+# ---------------------------------------------------------------------------
+# mask helpers
+# ---------------------------------------------------------------------------
+
+def _load_image(path: Path, what: str = "file"):
+    if not path.exists():
+        raise DataValidationError(f"{path}: {what} not found")
+    if path.is_dir():
+        raise DataValidationError(f"{path}: is a folder, expected a NIfTI {what}")
+    try:
+        return nib.load(str(path))
+    except Exception as exc:  # nibabel raises many types for bad files
+        raise DataValidationError(
+            f"{path}: unreadable or corrupted NIfTI ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def load_mask(mask) -> tuple[np.ndarray, np.ndarray]:
+    """Load a mask as a boolean 3-D array and its affine.
+
+    Parameters
+    ----------
+    mask : str, Path or nibabel image
+        Mask image; voxels with a value > 0 are in the mask. A 4-D image
+        with a single volume is accepted.
+
+    Returns
+    -------
+    mask_bool : ndarray of bool, 3-D
+    affine : ndarray, shape (4, 4)
+
+    Raises
+    ------
+    DataValidationError
+        If the file is missing or unreadable, the image is not 3-D, or the
+        mask is empty.
+    """
+    if isinstance(mask, (str, os.PathLike)):
+        name = str(mask)
+        img = _load_image(Path(mask), "mask file")
+    elif hasattr(mask, "dataobj") and hasattr(mask, "affine"):
+        img = mask
+        name = img.get_filename() or "mask image"
+    else:
+        raise TypeError(f"mask must be a path or a nibabel image, got {type(mask).__name__}")
+    try:
+        data = np.asanyarray(img.dataobj)
+    except Exception as exc:
+        raise DataValidationError(
+            f"{name}: unreadable or corrupted mask ({type(exc).__name__}: {exc})"
+        ) from exc
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise DataValidationError(f"{name}: mask must be 3-D, got shape {data.shape}")
+    with np.errstate(invalid="ignore"):
+        mask_bool = np.asarray(data > 0)  # NaN counts as outside
+    if not mask_bool.any():
+        raise DataValidationError(f"{name}: mask is empty (no voxel > 0)")
+    return mask_bool, np.asarray(img.affine, dtype=np.float64)
+
+
+def mask_to_image(values, mask) -> nib.Nifti1Image:
+    """Paint mask-voxel values back into a 3-D or 4-D NIfTI image.
+
+    Parameters
+    ----------
+    values : array_like, shape (D,) or (D, K)
+        One value per mask voxel (``mask[mask]`` order), or K maps as columns.
+    mask : str, Path or nibabel image
+        The mask the values were extracted with.
+
+    Returns
+    -------
+    nibabel.Nifti1Image
+        float32 image on the mask's grid, 0 outside the mask; 3-D for a
+        vector, 4-D (one volume per column) for a matrix.
+    """
+    if isinstance(mask, (str, os.PathLike)):
+        mask = _load_image(Path(mask), "mask file")
+    mask_bool, affine = load_mask(mask)
+    vals = np.asarray(values)
+    D = int(mask_bool.sum())
+    if vals.ndim not in (1, 2):
+        raise ValueError(f"values must be a D-vector or a D x K matrix, got shape {vals.shape}")
+    if vals.shape[0] != D:
+        raise ValueError(f"values have {vals.shape[0]} rows but the mask has {D} voxels")
+    vol = np.zeros(mask_bool.shape + vals.shape[1:], dtype=np.float32, order="F")
+    vol[mask_bool] = vals
+    img = nib.Nifti1Image(vol, affine)
+    src = getattr(mask, "header", None)
+    if isinstance(src, nib.Nifti1Header):  # keep the mask's space codes (e.g. MNI)
+        img.header.set_sform(affine, code=int(src["sform_code"]) or "aligned")
+        img.header.set_qform(affine, code=int(src["qform_code"]) or "aligned")
+        img.header.set_xyzt_units(*src.get_xyzt_units())
+    return img
+
+
+# ---------------------------------------------------------------------------
+# discovery and header validation
+# ---------------------------------------------------------------------------
+
+def _is_nifti(p: Path) -> bool:
+    return p.is_file() and not p.name.startswith(".") and p.name.endswith(_NIFTI_SUFFIXES)
+
+
+def find_nifti(paths_or_dir) -> list[Path]:
+    """Resolve a folder, a file or a list of files to a list of NIfTI paths.
+
+    A folder is searched for ``*.nii`` / ``*.nii.gz`` (hidden files skipped),
+    sorted by name; if it holds none directly it is searched recursively
+    (BIDS-like ``sub-*/func/`` layouts). Listed paths are kept in the given
+    order and are checked later, when validated.
+    """
+    if isinstance(paths_or_dir, (str, os.PathLike)):
+        p = Path(paths_or_dir)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if _is_nifti(f))
+            if not files:
+                files = sorted(f for f in p.rglob("*.nii*") if _is_nifti(f))
+            if not files:
+                raise DataValidationError(f"{p}: no NIfTI files (*.nii, *.nii.gz) found")
+            return files
+        if not p.exists():
+            raise DataValidationError(f"{p}: file or folder not found")
+        return [p]
+    files = [Path(f) for f in paths_or_dir]
+    if not files:
+        raise DataValidationError("no input files given")
+    return files
+
+
+def subject_id_from_path(path) -> str:
+    """Subject id from a file name: extension and a ``_bold`` suffix removed."""
+    name = Path(path).name
+    for suffix in (".nii.gz", ".nii"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    if name.endswith("_bold") and len(name) > len("_bold"):
+        name = name[: -len("_bold")]
+    return name
+
+
+def _expected_bytes(img) -> int | None:
+    """Uncompressed size (header + data) a single-file NIfTI must have."""
+    try:
+        # the array proxy knows the real offset (nibabel zeroes the header's
+        # vox_offset on load)
+        offset = int(img.dataobj.offset)
+        n = int(np.prod(img.shape, dtype=np.int64)) * img.header.get_data_dtype().itemsize
+    except Exception:  # unusual header: skip the size check
+        return None
+    return offset + n
+
+
+def _check_complete(path: Path, img) -> None:
+    """Detect truncated files cheaply, before the data are read.
+
+    For ``.nii`` compare the file size with what the header needs. For
+    ``.nii.gz`` compare the gzip trailer's uncompressed size (ISIZE, mod
+    2**32) with it; only if they differ (truncation, or a legitimate
+    multi-member / padded gzip) decompress the file to decide.
+    """
+    expected = _expected_bytes(img)
+    if expected is None:
+        return
+    if not path.name.endswith(".gz"):
+        size = path.stat().st_size
+        if size < expected:
+            raise DataValidationError(
+                f"{path}: truncated file ({size} bytes, the header needs {expected})"
+            )
+        return
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() < 18:
+            raise DataValidationError(f"{path}: corrupted gzip file (too short)")
+        f.seek(-4, os.SEEK_END)
+        isize = struct.unpack("<I", f.read(4))[0]
+    if isize == expected % 2**32:
+        return
+    n = 0
+    try:
+        with gzip.open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                n += len(chunk)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DataValidationError(
+            f"{path}: corrupted or truncated gzip file ({type(exc).__name__}: {exc})"
+        ) from exc
+    if n < expected:
+        raise DataValidationError(
+            f"{path}: truncated data ({n} bytes uncompressed, the header needs {expected})"
+        )
+
+
+def _tr_seconds(img) -> float:
+    zooms = img.header.get_zooms()
+    tr = float(zooms[3]) if len(zooms) > 3 else 0.0
+    try:
+        unit = img.header.get_xyzt_units()[1]
+    except Exception:
+        unit = "unknown"
+    return tr * _TIME_UNIT_SECONDS.get(unit, 1.0)
+
+
+def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int, float]:
+    """Header-level checks of one subject file; returns (n_volumes, tr)."""
+    img = _load_image(path)
+    shape = tuple(int(s) for s in img.shape)
+    if len(shape) != 4:
+        raise DataValidationError(
+            f"{path}: is {len(shape)}-D with shape {shape}, expected a 4-D time series"
+        )
+    dtype = img.header.get_data_dtype()
+    if dtype.fields is not None or not np.issubdtype(dtype, np.number) or np.issubdtype(
+        dtype, np.complexfloating
+    ):
+        raise DataValidationError(f"{path}: unsupported data type {dtype}")
+    if shape[:3] != tuple(mask_shape):
+        raise DataValidationError(
+            f"{path}: grid mismatch: image grid {shape[:3]} differs from the mask grid "
+            f"{tuple(mask_shape)}"
+        )
+    diff = np.abs(np.asarray(img.affine) - mask_affine).max()
+    if not diff <= _AFFINE_ATOL:
+        raise DataValidationError(
+            f"{path}: affine mismatch: the image affine differs from the mask's by up to "
+            f"{diff:.4g} (tolerance {_AFFINE_ATOL}); resample it to the mask grid first"
+        )
+    if shape[3] < min_volumes:
+        raise DataValidationError(
+            f"{path}: only {shape[3]} volumes, fewer than min_volumes={min_volumes}"
+        )
+    _check_complete(path, img)
+    return shape[3], _tr_seconds(img)
+
+
+# ---------------------------------------------------------------------------
+# per-subject reading
+# ---------------------------------------------------------------------------
+
+def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool) -> np.ndarray:
+    """Masked D x T float32 block of one subject, preprocessed."""
+    try:
+        data = np.asanyarray(nib.load(str(path)).dataobj)
+    except Exception as exc:
+        raise DataValidationError(
+            f"{path}: unreadable or corrupted data ({type(exc).__name__}: {exc})"
+        ) from exc
+    block = data[mask]
+    del data  # only one subject's full image at a time
+    finite = np.isfinite(block)
+    if not finite.all():
+        n_bad = int((~finite.all(axis=1)).sum())
+        raise DataValidationError(
+            f"{path}: non-finite values (NaN/inf) in {n_bad} mask voxel(s)"
+        )
+    if not (standardize or detrend):
+        return block.astype(np.float32, copy=False)
+    y = block.astype(np.float64)
+    if detrend:
+        from scipy.signal import detrend as _detrend
+
+        y = _detrend(y, axis=1, type="linear")
+    if standardize:
+        mean = y.mean(axis=1, keepdims=True)
+        y -= mean
+        std = y.std(axis=1, keepdims=True)
+        # constant to float32 precision: no signal to scale, set to 0
+        const = std <= 10 * np.finfo(np.float32).eps * np.maximum(np.abs(mean), 1.0)
+        std[const] = 1.0
+        y /= std
+        y[const[:, 0]] = 0.0
+    return y.astype(np.float32)
+
+
+def load_site(
+    paths_or_dir,
+    mask,
+    *,
+    standardize: bool = True,
+    detrend: bool = False,
+    min_volumes: int = 10,
+    memmap_path=None,
+    progress: bool = False,
+) -> SiteData:
+    """Validate, mask and concatenate one site's 4-D fMRI files.
+
+    Parameters
+    ----------
+    paths_or_dir : str, Path or sequence of paths
+        A folder (its ``*.nii`` / ``*.nii.gz`` files, sorted by name), one
+        file, or a list of files (kept in the given order). One file per
+        subject.
+    mask : str, Path or nibabel image
+        Consortium mask (voxels > 0); every file must be on its grid.
+    standardize : bool, default True
+        Per subject, scale each voxel time course to zero mean and unit
+        variance (population variance); constant voxels become 0.
+    detrend : bool, default False
+        Per subject, remove a linear trend (and the mean) from each voxel
+        time course, before standardising.
+    min_volumes : int, default 10
+        Files with fewer volumes are rejected.
+    memmap_path : str or Path, optional
+        Write `X` into this ``.npy`` file (memory-mapped, filled subject by
+        subject) and return it opened read-only; a ``.json`` sidecar with
+        the same stem records the metadata (see :func:`open_site_data`).
+        Default: `X` is an in-memory array.
+    progress : bool, default False
+        Show a tqdm progress bar while reading.
+
+    Returns
+    -------
+    SiteData
+
+    Raises
+    ------
+    DataValidationError
+        Naming the file and the problem: not found, unreadable/corrupted
+        (incl. truncated gzip), not 4-D, grid or affine different from the
+        mask's (affine tolerance 1e-3), fewer than `min_volumes` volumes,
+        TR different from the first file's, duplicate subject id, or
+        non-finite values inside the mask (found while reading; a partly
+        written `memmap_path` is then removed).
+    """
+    if isinstance(min_volumes, bool) or not isinstance(min_volumes, (int, np.integer)) or min_volumes < 1:
+        raise ValueError(f"min_volumes must be a positive integer, got {min_volumes!r}")
+    mask_bool, mask_affine = load_mask(mask)
+    if isinstance(mask, (str, os.PathLike)):
+        mask_path = str(Path(mask).absolute())
+    else:
+        mask_path = mask.get_filename() if hasattr(mask, "get_filename") else None
+    files = find_nifti(paths_or_dir)
+
+    # ---- pass 1: headers only
+    ids, n_vols, trs = [], [], []
+    seen: dict[str, Path] = {}
+    for path in files:
+        n, tr = _inspect(path, mask_bool.shape, mask_affine, min_volumes)
+        sid = subject_id_from_path(path)
+        if sid in seen:
+            raise DataValidationError(
+                f"{path}: duplicate subject id {sid!r} (also from {seen[sid]})"
+            )
+        seen[sid] = path
+        if trs and not np.isclose(tr, trs[0], rtol=_TR_RTOL, atol=1e-6):
+            raise DataValidationError(
+                f"{path}: TR {tr:g} s differs from {trs[0]:g} s of {files[0]}"
+            )
+        ids.append(sid)
+        n_vols.append(n)
+        trs.append(tr)
+
+    stops = np.cumsum(n_vols)
+    boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_vols)]
+    D, N = int(mask_bool.sum()), int(stops[-1])
+
+    # ---- pass 2: read subject by subject into the output
+    if memmap_path is not None:
+        memmap_path = Path(memmap_path)
+        memmap_path.parent.mkdir(parents=True, exist_ok=True)
+        X = np.lib.format.open_memmap(memmap_path, mode="w+", dtype=np.float32, shape=(D, N))
+    else:
+        X = np.empty((D, N), dtype=np.float32)
+
+    from tqdm.auto import tqdm
+
+    try:
+        for path, (a, b) in tqdm(
+            list(zip(files, boundaries)), desc="load", unit="subject", disable=not progress
+        ):
+            X[:, a:b] = _read_subject(path, mask_bool, standardize, detrend)
+    except BaseException:
+        if memmap_path is not None:
+            del X
+            memmap_path.unlink(missing_ok=True)
+        raise
+
+    site = SiteData(
+        X=X,
+        subject_ids=ids,
+        boundaries=boundaries,
+        paths=[str(p) for p in files],
+        tr=trs[0] if trs[0] > 0 else None,
+        mask_path=mask_path,
+        standardize=standardize,
+        detrend=detrend,
+        memmap_path=str(memmap_path) if memmap_path is not None else None,
+    )
+    if memmap_path is not None:
+        X.flush()
+        del X
+        site.X = np.load(memmap_path, mmap_mode="r")
+        with open(memmap_path.with_suffix(".json"), "w") as f:
+            json.dump(site.metadata(), f, indent=1)
+    return site
+
+
+def open_site_data(npy_path) -> SiteData:
+    """Reopen a site matrix written by ``load_site(..., memmap_path=...)``.
+
+    Parameters
+    ----------
+    npy_path : str or Path
+        The ``.npy`` file; its ``.json`` sidecar must sit next to it.
+
+    Returns
+    -------
+    SiteData
+        With `X` memory-mapped read-only.
+    """
+    npy_path = Path(npy_path)
+    meta_path = npy_path.with_suffix(".json")
+    for p in (npy_path, meta_path):
+        if not p.is_file():
+            raise DataValidationError(f"{p}: file not found")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    X = np.load(npy_path, mmap_mode="r")
+    if list(X.shape) != meta["shape"]:
+        raise DataValidationError(
+            f"{npy_path}: shape {X.shape} does not match its sidecar {meta['shape']}"
+        )
+    return SiteData(
+        X=X,
+        subject_ids=meta["subject_ids"],
+        boundaries=[tuple(b) for b in meta["boundaries"]],
+        paths=meta["paths"],
+        tr=meta["tr"],
+        mask_path=meta["mask_path"],
+        standardize=meta["standardize"],
+        detrend=meta["detrend"],
+        memmap_path=str(npy_path),
+    )

@@ -1,0 +1,36 @@
+"""Secure aggregation: sums over sites in which the aggregator sees only the total.
+
+Bonawitz et al. (2017) for honest-but-curious parties, as used by CAPE
+(003 App. B-A): X25519 key agreement, ChaCha20 pairwise and self masks in the
+ring Z_{2^64}, Shamir t-of-S shares over GF(2^521 - 1) so that up to S - t
+sites may drop out, and fixed-point encoding with stochastic rounding.
+
+Typical use inside a protocol::
+
+    cfg = SecAggConfig(n_sites=S)
+    phases = setup_phases(cfg)                           # once per run
+    phases += sum_phases(cfg, "noise", get_input, on_sum)  # per secure sum
+"""
+
+from .config import DEFAULT_FRAC_BITS, DEFAULT_VALUE_RANGE, SecAggConfig, min_threshold
+from .errors import SecAggDropped, SecAggError, SecAggWarning
+from .fixedpoint import check_no_wrap, decode, encode
+from .protocol import setup_phases, sum_phases
+from .shamir import PRIME, ShamirError
+
+__all__ = [
+    "DEFAULT_FRAC_BITS",
+    "DEFAULT_VALUE_RANGE",
+    "PRIME",
+    "SecAggConfig",
+    "SecAggDropped",
+    "SecAggError",
+    "SecAggWarning",
+    "ShamirError",
+    "check_no_wrap",
+    "decode",
+    "encode",
+    "min_threshold",
+    "setup_phases",
+    "sum_phases",
+]
