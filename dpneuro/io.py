@@ -280,8 +280,8 @@ def subject_id_from_path(path) -> str:
 def _expected_bytes(img) -> int | None:
     """Uncompressed size (header + data) a single-file NIfTI must have."""
     try:
-        # the array proxy knows the real offset (nibabel zeroes the header's
-        # vox_offset on load)
+        # the array proxy holds the offset actually used for reading (the
+        # header field can read 0 after nibabel loads a file)
         offset = int(img.dataobj.offset)
         n = int(np.prod(img.shape, dtype=np.int64)) * img.header.get_data_dtype().itemsize
     except Exception:  # unusual header: skip the size check
@@ -461,7 +461,11 @@ def load_site(
         non-finite values inside the mask (found while reading; a partly
         written `memmap_path` is then removed).
     """
-    if isinstance(min_volumes, bool) or not isinstance(min_volumes, (int, np.integer)) or min_volumes < 1:
+    if (
+        isinstance(min_volumes, bool)
+        or not isinstance(min_volumes, (int, np.integer))
+        or min_volumes < 1
+    ):
         raise ValueError(f"min_volumes must be a positive integer, got {min_volumes!r}")
     mask_bool, mask_affine = load_mask(mask)
     if isinstance(mask, (str, os.PathLike)):

@@ -94,6 +94,18 @@ class RunOptions:
     on_dropout: Callable[[State, int, int, list[int], dict[int, Payload]], Payload] | None = None
 
 
+def _address(topic: str, attempt: int) -> str:
+    """Topic on the wire: a redone phase gets a fresh address, so it never meets its old messages."""
+    return topic if attempt == 0 else f"{topic}.retry{attempt}"
+
+
+def _advance(meta: dict, idx: int, attempt: int) -> tuple[int, int]:
+    """Next phase index and attempt number after a broadcast."""
+    if "goto" in meta:
+        return int(meta["goto"]), attempt + 1
+    return idx + 1, attempt
+
+
 def _spec(spec: SpecLike, state: State, round: int) -> MessageSpec | None:
     return spec(state, round) if callable(spec) else spec
 
@@ -114,6 +126,7 @@ def run_site(
     message instead of computing (and drawing noise for) it again.
     """
     record = checkpoint.load() if checkpoint is not None else None
+    attempt = 0  # how often the current round has been sent back (``goto``)
     if record is None:
         state = protocol.site_init(site, data)
         rnd, idx, pending, incoming = 0, 0, None, None
@@ -122,7 +135,7 @@ def run_site(
         # never checkpointed, so rebuild them and lay the saved state on top
         state = protocol.site_init(site, data)
         state.update(record["state"])
-        rnd, idx = record["round"], record["phase"]
+        rnd, idx, attempt = record["round"], record["phase"], record.get("attempt", 0)
         pending, incoming = record.get("pending"), record.get("incoming")
         if record.get("done"):
             state["final"] = incoming
@@ -132,14 +145,15 @@ def run_site(
         phases = protocol.phases(rnd)
         while idx < len(phases):
             ph = phases[idx]
+            topic = _address(ph.topic, attempt)
             if pending is None:
                 pending = ph.site(state, rnd, incoming)
                 if checkpoint is not None:
-                    checkpoint.save({"state": state, "round": rnd, "phase": idx,
+                    checkpoint.save({"state": state, "round": rnd, "phase": idx, "attempt": attempt,
                                      "pending": pending, "incoming": incoming})
-            if not exchange.has_sent(site, rnd, ph.topic):
-                exchange.send(site, rnd, ph.topic, pending)
-            incoming = exchange.receive(site, rnd, ph.topic, timeout=timeout,
+            if not exchange.has_sent(site, rnd, topic):
+                exchange.send(site, rnd, topic, pending)
+            incoming = exchange.receive(site, rnd, topic, timeout=timeout,
                                         expect=_spec(ph.broadcast_spec, state, rnd))
             pending = None
             meta = incoming.meta
@@ -150,13 +164,13 @@ def run_site(
                 state["final"] = incoming
                 return state
             if "active" in meta and site not in meta["active"]:
-                raise SiteDropped(f"site {site} was dropped from the run at round {rnd}, topic {ph.topic!r}")
-            idx = int(meta["goto"]) if "goto" in meta else idx + 1
+                raise SiteDropped(f"site {site} was dropped from the run at round {rnd}, topic {topic!r}")
+            idx, attempt = _advance(meta, idx, attempt)
             if checkpoint is not None:
-                nxt_r, nxt_i = (rnd, idx) if idx < len(phases) else (rnd + 1, 0)
-                checkpoint.save({"state": state, "round": nxt_r, "phase": nxt_i,
+                nxt = (rnd, idx, attempt) if idx < len(phases) else (rnd + 1, 0, 0)
+                checkpoint.save({"state": state, "round": nxt[0], "phase": nxt[1], "attempt": nxt[2],
                                  "pending": None, "incoming": incoming})
-        rnd, idx = rnd + 1, 0
+        rnd, idx, attempt = rnd + 1, 0, 0
     state["final"] = incoming
     return state
 
@@ -178,11 +192,12 @@ def run_aggregator(
     if record is None:
         state = protocol.aggregator_init()
         state.setdefault("active", list(range(exchange.n_sites)))
-        rnd, idx, pending = 0, 0, None
+        rnd, idx, attempt, pending = 0, 0, 0, None
     else:
         state = protocol.aggregator_init()
         state.update(record["state"])
         rnd, idx, pending = record["round"], record["phase"], record.get("pending")
+        attempt = record.get("attempt", 0)
         if record.get("done"):
             return state
 
@@ -193,9 +208,10 @@ def run_aggregator(
             phases = protocol.phases(rnd)
             while idx < len(phases):
                 ph = phases[idx]
+                topic = _address(ph.topic, attempt)
                 if pending is None:
                     try:
-                        msgs = exchange.gather(rnd, ph.topic, state["active"], timeout=opts.timeout,
+                        msgs = exchange.gather(rnd, topic, state["active"], timeout=opts.timeout,
                                                expect=_spec(ph.site_spec, state, rnd))
                         pending = ph.aggregator(state, rnd, msgs)
                     except SiteTimeout as exc:
@@ -208,9 +224,10 @@ def run_aggregator(
                         else:
                             raise
                     if checkpoint is not None:
-                        checkpoint.save({"state": state, "round": rnd, "phase": idx, "pending": pending})
-                if not exchange.has_broadcast(rnd, ph.topic):
-                    exchange.broadcast(rnd, ph.topic, pending)
+                        checkpoint.save({"state": state, "round": rnd, "phase": idx, "attempt": attempt,
+                                         "pending": pending})
+                if not exchange.has_broadcast(rnd, topic):
+                    exchange.broadcast(rnd, topic, pending)
                 meta = pending.meta
                 pending = None
                 if meta.get("stop"):
@@ -218,11 +235,12 @@ def run_aggregator(
                     if checkpoint is not None:
                         checkpoint.save({"state": state, "round": rnd, "phase": idx, "done": True, "pending": None})
                     return state
-                idx = int(meta["goto"]) if "goto" in meta else idx + 1
+                idx, attempt = _advance(meta, idx, attempt)
                 if checkpoint is not None:
-                    nxt_r, nxt_i = (rnd, idx) if idx < len(phases) else (rnd + 1, 0)
-                    checkpoint.save({"state": state, "round": nxt_r, "phase": nxt_i, "pending": None})
-            rnd, idx = rnd + 1, 0
+                    nxt = (rnd, idx, attempt) if idx < len(phases) else (rnd + 1, 0, 0)
+                    checkpoint.save({"state": state, "round": nxt[0], "phase": nxt[1], "attempt": nxt[2],
+                                     "pending": None})
+            rnd, idx, attempt = rnd + 1, 0, 0
             bar.update(1)
     finally:
         bar.close()
@@ -261,7 +279,9 @@ def simulate(
 
     def worker(s: int) -> None:
         try:
-            results[s] = run_site(protocol, s, site_data[s], ex, timeout=opts.timeout)
+            # a site waits for the aggregator, which may itself wait out a slow site
+            site_timeout = None if opts.timeout is None else 3 * opts.timeout
+            results[s] = run_site(protocol, s, site_data[s], ex, timeout=site_timeout)
         except (SimulatedDropout, SiteDropped):
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
@@ -273,12 +293,15 @@ def simulate(
         t.start()
     try:
         agg = run_aggregator(protocol, ex, options=opts)
-    except BaseException:
+    except BaseException as exc:
         ex.close()
         for t in threads:
             t.join(timeout=5)
-        if errors:
-            raise errors[0] from None
+        # whoever failed first closed the exchange; the others then fail with
+        # ExchangeError, so the first error of another kind is the cause
+        causes = [e for e in errors if not isinstance(e, ExchangeError)]
+        if causes and isinstance(exc, ExchangeError):
+            raise causes[0] from None
         raise
     for t in threads:
         t.join(timeout=5)

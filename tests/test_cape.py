@@ -1,0 +1,227 @@
+"""CAPE: variance plans, the protocol over the driver, dropouts, refusals."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpneuro.cape import (
+    NoisePlan,
+    ReleaseSpec,
+    asymmetric_plan,
+    cape_protocol,
+    ledgers,
+    n_unique,
+    run_cape,
+    symmetric_plan,
+)
+from dpneuro.exchange import InProcessExchange, Payload
+from dpneuro.protocol import Phase, RunOptions, SimulatedDropout
+
+
+class Zeros:
+    """Each site releases f = 0 (so a release is pure noise) for ``rounds`` rounds."""
+
+    name = "zeros"
+
+    def __init__(self, shape=(4000,), taus=None, symmetric=False, rounds=1, seed=0):
+        self.shape, self.taus, self.symmetric, self.max_rounds, self.seed = shape, taus, symmetric, rounds, seed
+
+    def site_init(self, site, data):
+        return {"rng": np.random.default_rng([self.seed, site]), "_n": data}
+
+    def site_releases(self, state):
+        tau = 1.0 if self.taus is None else self.taus[state["site"]]
+        return {"f": ReleaseSpec(self.shape, sensitivity=0.5, noise_multiplier=2 * tau, symmetric=self.symmetric)}
+
+    def site_weight(self, state):
+        return state["_n"]
+
+    def site_compute(self, state, round, broadcast):
+        return {"f": np.zeros(self.shape)}
+
+    def aggregator_init(self):
+        return {"combined": []}
+
+    def aggregator_first(self, state):
+        return Payload()
+
+    def aggregator_update(self, state, round, combined):
+        state["combined"].append(combined["f"])
+        return Payload(meta={"stop": round == self.max_rounds - 1})
+
+
+def _releases(result, round=0, topic="release"):
+    ex = result.exchange
+    return ex.gather(round, topic, sorted(result.aggregator["active"]), timeout=1)
+
+
+def _chi2_var_ok(x, var, alpha=1e-3):
+    """Two-sided chi-square test that zero-mean ``x`` has variance ``var``."""
+    n = x.size
+    q = float(np.sum(x**2) / var)
+    lo, hi = stats.chi2.ppf([alpha / 2, 1 - alpha / 2], n)
+    return lo < q < hi
+
+
+# -- plans ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("S", [3, 4, 10])
+def test_symmetric_plan_constraints(S):
+    v = symmetric_plan(0.7, S)
+    assert np.allclose(v.release_variance(), 0.49)
+    assert v.combined_variance() == pytest.approx(0.49 / S**2)
+    assert np.allclose(v.e_hat, 0.49) and np.allclose(v.g, 0.49 / S)
+
+
+def test_asymmetric_plan_meets_both_constraints():
+    taus = np.array([0.5, 0.6, 0.8, 1.0, 0.7])
+    w = np.array([0.3, 0.25, 0.2, 0.1, 0.15])
+    v = asymmetric_plan(taus, w, tau_pool=0.12)
+    assert np.allclose(v.release_variance(), taus**2, rtol=1e-10)
+    assert v.combined_variance() == pytest.approx(0.12**2, rel=1e-10)
+    assert np.all(v.e_hat > 0)
+
+
+def test_asymmetric_plan_reduces_to_symmetric_and_rejects_infeasible():
+    S = 6
+    v = asymmetric_plan(np.full(S, 0.3), np.full(S, 1 / S))
+    s = symmetric_plan(0.3, S)
+    assert np.allclose(v.e_hat, s.e_hat) and np.allclose(v.g, s.g)
+    # a tiny weight forces a local variance above that site's whole budget
+    w = np.array([0.01, 0.33, 0.33, 0.33])
+    with pytest.raises(ValueError, match="site 0"):
+        asymmetric_plan(np.full(4, 0.3), w / w.sum(), tau_pool=0.3 / 4)
+
+
+def test_plan_refuses_outside_assumptions():
+    with pytest.raises(ValueError, match="at least 3 sites"):
+        cape_protocol(Zeros(), "cape", n_sites=2)
+    with pytest.raises(ValueError, match="colluding"):
+        cape_protocol(Zeros(), NoisePlan("cape", n_colluding=2), n_sites=6)
+    with pytest.raises(ValueError, match="unknown noise plan"):
+        NoisePlan("pooled")
+    cape_protocol(Zeros(), "conv", n_sites=2)  # conv has no collusion assumption
+
+
+# -- the protocol -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("S", [3, 4])
+def test_cape_release_variances_and_zero_sum(S):
+    n = 20_000
+    res = run_cape(Zeros(shape=(n,)), [100] * S, "cape")
+    tau2 = 1.0  # noise multiplier 2 * sensitivity 0.5
+    rel = _releases(res)
+    for s, msg in rel.items():
+        assert _chi2_var_ok(msg.arrays["f"], tau2), f"site {s} release variance"
+    # zero-sum part cancels to float precision (fixed-point quantisation of the secure sum)
+    e = np.stack([res.sites[s]["_last_noise"]["f"][0] for s in range(S)])
+    assert np.abs(e.mean(axis=0)).max() < 1e-8
+    assert _chi2_var_ok(e[0], (1 - 1 / S) * tau2)
+    # the aggregator's average carries the pooled variance tau^2 / S^2, not conv's tau^2 / S
+    comb = res.aggregator["combined"][0]
+    assert _chi2_var_ok(comb, tau2 / S**2)
+    assert not _chi2_var_ok(comb, tau2 / S)
+    # every site's ledger holds one release at std tau_s
+    for led in ledgers(res):
+        (r,) = led.releases
+        assert (r.sensitivity, r.sigma, r.count) == (0.5, pytest.approx(1.0), 1)
+
+
+def test_conv_and_none_plans_use_the_same_path():
+    S, n = 3, 20_000
+    conv = run_cape(Zeros(shape=(n,)), [10] * S, "conv")
+    assert _chi2_var_ok(conv.aggregator["combined"][0], 1.0 / S)
+    none = run_cape(Zeros(shape=(n,)), [10] * S, "none")
+    assert np.all(none.aggregator["combined"][0] == 0)
+    assert all(not led.releases and led.notes for led in ledgers(none))
+
+
+def test_asymmetric_cape_through_protocol():
+    # unequal site sizes: sensitivity ~ 1/N_s, so tau_s ~ 1/N_s and mu_s tau_s is the same
+    weights = [100, 300, 200, 400]
+    taus = [100 / n for n in weights]
+    res = run_cape(Zeros(shape=(20_000,), taus=taus), weights, "cape")
+    rel = _releases(res)
+    for s, msg in rel.items():
+        assert _chi2_var_ok(msg.arrays["f"], taus[s] ** 2), f"site {s}"
+    w = np.array(weights) / sum(weights)
+    e = np.stack([res.sites[s]["_last_noise"]["f"][0] for s in range(4)])
+    assert np.abs(w @ e).max() < 1e-8
+    # the combined noise is the weighted local part only
+    g_var = sum(w[s] ** 2 * np.var(res.sites[s]["_last_noise"]["f"][1]) for s in range(4))
+    assert np.var(res.aggregator["combined"][0]) == pytest.approx(g_var, rel=0.05)
+
+
+def test_symmetric_matrix_release_is_symmetric_with_planned_variance():
+    D, S = 60, 3
+    res = run_cape(Zeros(shape=(D, D), symmetric=True), [5] * S, "cape")
+    for msg in _releases(res).values():
+        a = msg.arrays["f"]
+        assert np.array_equal(a, a.T)
+        assert _chi2_var_ok(a[np.triu_indices(D)], 1.0)
+    assert n_unique((D, D), True) == D * (D + 1) // 2
+
+
+def test_noise_is_fresh_every_round_and_ledger_counts_rounds():
+    res = run_cape(Zeros(shape=(500,), rounds=3), [10] * 3, "cape")
+    c = res.aggregator["combined"]
+    assert not np.allclose(c[0], c[1]) and not np.allclose(c[1], c[2])
+    for led in ledgers(res):
+        assert led.releases[0].count == 3
+        assert led.draws == 6  # one zero-sum and one local draw per round
+
+
+def test_dropout_after_zero_sum_redoes_round_among_survivors():
+    S = 4
+    alg = Zeros(shape=(5000,))
+    proto = cape_protocol(alg, "cape", n_sites=S)
+    rel = proto._round[-1]
+
+    def flaky_site(state, rnd, incoming):
+        if state["site"] == 3 and rnd == 0:
+            raise SimulatedDropout
+        return rel.site(state, rnd, incoming)
+
+    proto._round[-1] = Phase(rel.topic, flaky_site, rel.aggregator, rel.site_spec, rel.broadcast_spec, True)
+    from dpneuro.protocol import simulate
+
+    res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
+    assert res.sites[3] is None
+    assert res.aggregator["active"] == [0, 1, 2]
+    assert res.aggregator["cape"]["redos"] == 1
+    survivors = [res.sites[s] for s in range(3)]
+    e = np.stack([st["_last_noise"]["f"][0] for st in survivors])
+    assert np.abs(e.mean(axis=0)).max() < 1e-8  # cancels among the 3 survivors
+    assert _chi2_var_ok(res.aggregator["combined"][0], 1.0 / 9)
+    for st in survivors:  # the release made before the redo stays in the ledger
+        assert st["ledger"].releases[0].count == 2
+
+
+def test_mismatched_site_configuration_is_refused():
+    class Odd(Zeros):
+        def site_releases(self, state):
+            shape = (5,) if state["site"] == 1 else (4,)
+            return {"f": ReleaseSpec(shape, 0.5, 2.0)}
+
+    with pytest.raises(ValueError, match="site 1"):
+        run_cape(Odd(), [1, 1, 1], "conv", options=RunOptions(timeout=5))
+
+
+def test_egress_carries_only_noised_masked_or_public():
+    res = run_cape(Zeros(shape=(50,), rounds=2), [10] * 3, "cape")
+    allowed = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}
+    for s in range(3):
+        log = res.exchange.egress_log(s)
+        assert log, "site sent nothing?"
+        for rec in log:
+            for name, arr in rec["arrays"].items():
+                assert arr["carries"] in allowed, (s, rec["topic"], name, arr["carries"])
+        released = [r for r in log if r["topic"] == "release"]
+        assert len(released) == 2 and released[0]["arrays"]["f"]["carries"] == "cape-noise"
+
+
+def test_inprocess_rounds_are_reproducible_with_seeds():
+    a = run_cape(Zeros(shape=(64,), rounds=2, seed=5), [10] * 3, "cape")
+    b = run_cape(Zeros(shape=(64,), rounds=2, seed=5), [10] * 3, "cape",
+                 exchange=InProcessExchange(3))
+    assert np.array_equal(a.aggregator["combined"][1], b.aggregator["combined"][1])
