@@ -337,12 +337,17 @@ def test_exact_sum_no_dropout(n_sites):
         assert st_["secagg"]["epoch"] == 2 and st_["secagg"]["open"] is None
 
 
+# S - t dropouts for every S in 4..10 (S = 3 tolerates none), plus intermediate counts for S = 7, 10
+DROPOUT_CASES = [(n, n - min_threshold(n)) for n in range(4, 11)] + [(7, 1), (10, 1), (10, 2)]
+
+
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("n_sites", range(4, 11))
-def test_exact_sum_with_max_dropouts(n_sites, stage):
-    """S - t sites vanish at one stage of round 0; both sums still come out right."""
+@pytest.mark.parametrize("n_sites, n_drop", DROPOUT_CASES)
+def test_exact_sum_with_dropouts(n_sites, n_drop, stage):
+    """``n_drop`` sites vanish at one stage of round 0; both sums still come out right."""
     cfg = SecAggConfig(n_sites)
-    gone = drop_sites(n_sites, cfg.max_dropouts)
+    assert 1 <= n_drop <= cfg.max_dropouts
+    gone = drop_sites(n_sites, n_drop)
     inputs = site_inputs(n_sites, seed=100 + n_sites)
     proto, result = run(cfg, inputs, drops={(s, 0, stage) for s in gone})
     log = check_sums(cfg, inputs, proto, result)
@@ -355,6 +360,7 @@ def test_exact_sum_with_max_dropouts(n_sites, stage):
         assert log[0]["included"] == survivors
     assert log[1]["included"] == survivors
     assert all(result.sites[s] is None for s in gone)
+    assert_never_both_share_kinds(proto)
 
 
 def test_dropouts_spread_over_stages_and_rounds():
