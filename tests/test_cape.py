@@ -121,10 +121,14 @@ def test_cape_release_variances_and_zero_sum(S):
     comb = res.aggregator["combined"][0]
     assert _chi2_var_ok(comb, tau2 / S**2)
     assert not _chi2_var_ok(comb, tau2 / S)
-    # every site's ledger holds one release at std tau_s
+    # every site's ledger holds one release at std tau_s, and what it is worth to the aggregator
+    # colluding with ceil(S/3) - 1 sites: mu^2 = 2 mu_z = S (S + S_H) / ((S + 1) S_H) (Delta/tau)^2
+    S_H = S - (-(-S // 3) - 1)
     for led in ledgers(res):
         (r,) = led.releases
         assert (r.sensitivity, r.sigma, r.count) == (0.5, pytest.approx(1.0), 1)
+        assert r.mu_collusion**2 == pytest.approx(S * (S + S_H) / ((S + 1) * S_H) * 0.25, rel=1e-6)
+        assert led.epsilon(1e-5, collusion=True) > led.epsilon(1e-5)
 
 
 def test_conv_and_none_plans_use_the_same_path():
@@ -194,7 +198,7 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
     assert np.abs(e.mean(axis=0)).max() < 1e-8  # cancels among the 3 survivors
     assert _chi2_var_ok(res.aggregator["combined"][0], 1.0 / 9)
     for st in survivors:  # the release made before the redo stays in the ledger
-        assert st["ledger"].releases[0].count == 2
+        assert sum(r.count for r in st["ledger"].releases) == 2
 
 
 def test_mismatched_site_configuration_is_refused():

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import privacy
 from ..exchange.base import Payload
-from ..privacy import PrivacyLedger
+from ..privacy import PrivacyLedger, max_colluding
 from ..protocol import Phase, RunOptions, SimulationResult, State, simulate
 from .packing import n_unique, unpack
 from .plans import NoisePlan, Variances, plan_variances
@@ -64,7 +64,18 @@ class ReleaseSpec:
 
 
 class CapeAlgorithm(TypingProtocol):
-    """What an algorithm supplies to run under CAPE (or a baseline plan)."""
+    """What an algorithm supplies to run under CAPE (or a baseline plan).
+
+    Optional: ``site_postprocess(state, name, noisy) -> ndarray``. If the
+    algorithm defines it, a site applies it to each noisy release
+    f(x_s) + e_s + g_s before sending, and the aggregator averages the
+    post-processed arrays (e.g. capeAGN sends (M3_s + noise)(W, W, W),
+    K x K x K, instead of the D x D x D tensor). It must be a *linear* map,
+    the *same* at every site (a function of public, broadcast values only):
+    then sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0 and CAPE's cancellation
+    holds. Privacy is that of the noisy release (post-processing); the ledger
+    records the release as declared in ``site_releases``.
+    """
 
     name: str
     max_rounds: int
@@ -250,6 +261,7 @@ class _CapeProtocol:
         kind = self.plan.kind
         specs = self.alg.site_releases(state)
         arrays, carries, kept = {}, {}, {}
+        post = getattr(self.alg, "site_postprocess", None)
         offset = 0
         for name, spec in cs["specs"].items():
             shape, sym = tuple(spec["shape"]), spec["symmetric"]
@@ -264,17 +276,35 @@ class _CapeProtocol:
             kept[name] = (e, g)
             offset += size
             arrays[name] = cs["f"][name] + unpack(noise, shape, sym)
+            if post is not None:
+                # linear map applied identically at every site (see CapeAlgorithm): the
+                # zero-sum parts still cancel, sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0
+                arrays[name] = np.asarray(post(state, name, arrays[name]), dtype=np.float64)
             carries[name] = CARRIES[kind]
             if kind != "none":
                 var = _release_variance(cs["plan"], name, me)
                 rs = specs[name]
                 state["ledger"].record(name, rs.sensitivity, float(np.sqrt(var)), unit=rs.unit,
-                                       stage=rs.stage or self.alg.name)
+                                       stage=rs.stage or self.alg.name,
+                                       mu_collusion=self._mu_collusion(state, name, rs.sensitivity, me, S))
             else:
                 state["ledger"].note("plan 'none': releases carry no noise and are not private")
         cs.pop("e_hat", None)
         state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
         return Payload(arrays, {}, carries)
+
+    def _mu_collusion(self, state: State, name: str, sensitivity: float, me: int, S: int) -> float:
+        """GDP mu of this release against the aggregator and the assumed colluders (cached per plan)."""
+        if self.plan.kind != "cape":
+            return 0.0
+        plan = state["cape"]["plan"]
+        key = f"{name}:{sensitivity!r}:{plan['cape/sites'].tolist()}"
+        cache = state["cape"].setdefault("mu_collusion", {})
+        if key not in cache:
+            n_c = max_colluding(S) if self.plan.n_colluding is None else self.plan.n_colluding
+            cache[key] = privacy.cape_release_mu(sensitivity, plan[f"cape/e_var/{name}"],
+                                                 plan[f"cape/g_var/{name}"], plan["cape/weights"], me, n_c)
+        return cache[key]
 
     def _agg_release(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
         cs = state["cape"]

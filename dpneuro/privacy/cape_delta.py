@@ -163,3 +163,24 @@ def cape_delta_asymmetric(
         mu = max(mu_z_numeric(sens[s], e_var, g_var, w, s, c) for c in sets)
         out[s] = delta_from_mu_z(epsilon, mu)
     return out
+
+
+def cape_release_mu(
+    sensitivity: float, e_var, g_var, weights, site: int, n_colluding: int, *, max_subsets: int = 20000,
+) -> float:
+    """GDP mu of one CAPE release of ``site`` against the aggregator with ``n_colluding`` sites.
+
+    The adversary's privacy loss is N(mu_z, 2 mu_z), i.e. that of a Gaussian
+    mechanism with mu = sqrt(2 mu_z); releases compose in GDP like any other.
+    Symmetric plans use the closed form; others the worst colluding set.
+    """
+    e_var, g_var, w = (np.asarray(x, float) for x in (e_var, g_var, weights))
+    S = len(w)
+    if np.allclose(w, 1 / S) and np.allclose(e_var, e_var[0]) and np.allclose(g_var, e_var[0] / S):
+        return math.sqrt(2 * cape_mu_z(math.sqrt(e_var[0]), sensitivity, S, n_colluding))
+    others = [i for i in range(S) if i != site]
+    if math.comb(len(others), n_colluding) > max_subsets:
+        raise ValueError(f"too many colluding sets to check ({math.comb(len(others), n_colluding)})")
+    mu_z = max(mu_z_numeric(sensitivity, e_var, g_var, w, site, list(c))
+               for c in itertools.combinations(others, n_colluding))
+    return math.sqrt(2 * mu_z)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .gaussian import gdp_epsilon
@@ -24,6 +24,10 @@ class Release:
     unit: str = "subject"
     stage: str = ""
     note: str = ""
+    # GDP mu of one release against the aggregator colluding with the assumed
+    # number of sites (CAPE, 003 Thm. 1); 0 when that adversary sees no more
+    # than the release itself
+    mu_collusion: float = 0.0
 
     @property
     def noise_multiplier(self) -> float:
@@ -36,6 +40,12 @@ class Release:
         if self.sigma == 0:
             return math.inf
         return self.count * (self.sensitivity / self.sigma) ** 2
+
+    @property
+    def mu_squared_collusion(self) -> float:
+        if self.mu_collusion <= 0:
+            return self.mu_squared
+        return self.count * self.mu_collusion**2
 
 
 @dataclass
@@ -55,7 +65,7 @@ class PrivacyLedger:
 
     def record(
         self, name: str, sensitivity: float, sigma: float, count: int = 1, *,
-        unit: str = "subject", stage: str = "", note: str = "",
+        unit: str = "subject", stage: str = "", note: str = "", mu_collusion: float = 0.0,
     ) -> Release:
         """Add a Gaussian release of L2 ``sensitivity`` with noise std ``sigma``."""
         if not (sensitivity >= 0 and math.isfinite(sensitivity)):
@@ -66,12 +76,11 @@ class PrivacyLedger:
             raise ValueError(f"release {name!r}: count must be a positive integer, got {count}")
         if unit not in UNITS:
             raise ValueError(f"release {name!r}: unit must be one of {UNITS}, got {unit!r}")
-        rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note)
-        key = (rel.name, rel.sensitivity, rel.sigma, rel.unit, rel.stage, rel.note)
+        rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note, float(mu_collusion))
         for i, r in enumerate(self.releases):
-            if (r.name, r.sensitivity, r.sigma, r.unit, r.stage, r.note) == key:
+            if replace(r, count=rel.count) == rel:
                 # repeated rounds with one calibration: one entry with a count keeps ledgers small
-                self.releases[i] = rel = Release(*key[:3], r.count + rel.count, *key[3:])
+                self.releases[i] = rel = replace(r, count=r.count + rel.count)
                 return rel
         self.releases.append(rel)
         return rel
@@ -83,22 +92,35 @@ class PrivacyLedger:
     # -- composition ---------------------------------------------------------------
     @property
     def mu(self) -> float:
-        """GDP parameter of everything released so far."""
+        """GDP parameter of everything released so far, against one observer of the releases."""
         return math.sqrt(sum(r.mu_squared for r in self.releases))
 
-    def epsilon(self, delta: float, method: str = "exact") -> float:
-        """Total eps at ``delta`` for the whole ledger."""
+    @property
+    def mu_collusion(self) -> float:
+        """GDP parameter against the aggregator with the assumed colluding sites (CAPE)."""
+        return math.sqrt(sum(r.mu_squared_collusion for r in self.releases))
+
+    def epsilon(self, delta: float, method: str = "exact", *, collusion: bool = False) -> float:
+        """Total eps at ``delta`` for the whole ledger.
+
+        ``collusion=True`` accounts against the aggregator colluding with the
+        assumed number of sites (exact GDP only: each CAPE release is a
+        Gaussian mechanism with mu = ``mu_collusion`` against that adversary).
+        """
         if method not in METHODS:
             raise ValueError(f"unknown accounting method {method!r}; use one of {METHODS}")
-        if not self.releases or self.mu == 0:
+        mu = self.mu_collusion if collusion else self.mu
+        if not self.releases or mu == 0:
             return 0.0
-        if math.isinf(self.mu):
+        if math.isinf(mu):
             return math.inf
         if method == "exact":
-            return gdp_epsilon(delta, self.mu)
+            return gdp_epsilon(delta, mu)
+        if collusion:
+            return self._dp_accounting(method, collusion=True).get_epsilon(delta)
         return self._dp_accounting(method).get_epsilon(delta)
 
-    def _dp_accounting(self, method: str):
+    def _dp_accounting(self, method: str, collusion: bool = False):
         import dp_accounting
 
         if method == "rdp":
@@ -108,7 +130,8 @@ class PrivacyLedger:
         for r in self.releases:
             if r.mu_squared == 0:
                 continue
-            acc.compose(dp_accounting.GaussianDpEvent(r.noise_multiplier), int(r.count))
+            z = 1 / r.mu_collusion if collusion and r.mu_collusion > 0 else r.noise_multiplier
+            acc.compose(dp_accounting.GaussianDpEvent(z), int(r.count))
         return acc
 
     def by_stage(self) -> dict[str, float]:
@@ -125,6 +148,8 @@ class PrivacyLedger:
             "mu": self.mu,
             "epsilon_exact": self.epsilon(delta, "exact"),
             "epsilon_rdp": self.epsilon(delta, "rdp"),
+            "mu_collusion": self.mu_collusion,
+            "epsilon_collusion": self.epsilon(delta, "exact", collusion=True),
             "releases": sum(r.count for r in self.releases),
             "units": sorted({r.unit for r in self.releases}),
         }

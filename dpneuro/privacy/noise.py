@@ -44,3 +44,24 @@ def gaussian(
     out[..., iu[0], iu[1]] = vals
     out[..., iu[1], iu[0]] = vals
     return out.astype(dtype, copy=False)
+
+
+def vector_laplace(rng: np.random.Generator, dim: int, beta: float, ledger: PrivacyLedger) -> np.ndarray:
+    """Draw b in R^dim from the density proportional to exp(-beta ||b||_2); count it in ``ledger``.
+
+    The norm-based ("vector Laplace", K-norm) mechanism of Chaudhuri et al.
+    (2011) used by AVN (004): with beta = eps / Delta_2 it is pure eps-DP.
+    Sampled exactly: the direction is uniform on the sphere S^{dim-1} and,
+    since the density of r = ||b|| is proportional to r^{dim-1} exp(-beta r),
+    the norm is Gamma(shape=dim, scale=1/beta). The release itself is pure
+    eps-DP, which the Gaussian-only ledger cannot compose: the caller records
+    it with :meth:`PrivacyLedger.note` and reports its eps separately.
+    """
+    if int(dim) != dim or dim < 1:
+        raise ValueError(f"dim must be a positive integer, got {dim}")
+    if not (beta > 0) or not np.isfinite(beta):
+        raise ValueError(f"beta must be finite and > 0, got {beta}")
+    ledger.draws += 1
+    direction = rng.standard_normal(int(dim))
+    direction /= np.linalg.norm(direction)
+    return direction * rng.gamma(shape=float(dim), scale=1.0 / beta)

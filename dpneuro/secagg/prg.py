@@ -48,13 +48,18 @@ def public_key(private: bytes) -> bytes:
     return X25519PrivateKey.from_private_bytes(bytes(private)).public_key().public_bytes_raw()
 
 
-def dh(private: bytes, peer_public: bytes) -> bytes:
-    """X25519 shared secret of our private key and a peer's public key."""
+def dh(private: bytes | X25519PrivateKey, peer_public: bytes) -> bytes:
+    """X25519 shared secret of our private key (raw bytes or loaded) and a peer's public key."""
+    key = private if isinstance(private, X25519PrivateKey) else X25519PrivateKey.from_private_bytes(bytes(private))
     try:
-        return X25519PrivateKey.from_private_bytes(bytes(private)).exchange(
-            X25519PublicKey.from_public_bytes(bytes(peer_public)))
+        return key.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
     except ValueError as exc:  # e.g. a low-order public key
         raise SecAggError(f"key agreement failed: {exc}") from exc
+
+
+def load_private(private: bytes) -> X25519PrivateKey:
+    """Parse a raw private key once, for many :func:`dh` calls."""
+    return X25519PrivateKey.from_private_bytes(bytes(private))
 
 
 def hkdf(secret: bytes, *info: object) -> bytes:
@@ -62,13 +67,13 @@ def hkdf(secret: bytes, *info: object) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=_info(*info)).derive(secret)
 
 
-def encryption_key(c_private: bytes, c_peer_public: bytes, tag: str, a: int, b: int) -> bytes:
+def encryption_key(c_private: bytes | X25519PrivateKey, c_peer_public: bytes, tag: str, a: int, b: int) -> bytes:
     """Symmetric key for shares exchanged between sites ``a`` and ``b`` (either order)."""
     lo, hi = sorted((int(a), int(b)))
     return hkdf(dh(c_private, c_peer_public), LABEL_ENC, tag, lo, hi)
 
 
-def mask_key(s_private: bytes, s_peer_public: bytes, tag: str, a: int, b: int,
+def mask_key(s_private: bytes | X25519PrivateKey, s_peer_public: bytes, tag: str, a: int, b: int,
              epoch: int, round: int, topic: str) -> bytes:
     """ChaCha20 key of the pairwise mask between sites ``a`` and ``b`` for one secure sum."""
     lo, hi = sorted((int(a), int(b)))

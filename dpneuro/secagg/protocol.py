@@ -190,15 +190,18 @@ def _share_keys_site(config: SecAggConfig, topic: str) -> Callable[[State, int, 
                 or s_pk[str(u)] != prg.public_key(sa["s_sk"]).hex()):
             raise SecAggError(f"site {u}: the keys broadcast does not carry this site's own public keys")
         tag = _run_tag(config, u0, c_pk, s_pk)
+        # the share-encryption keys are fixed for the run: derive them once
+        c_sk = prg.load_private(sa["c_sk"])
+        enc_keys = {str(v): prg.encryption_key(c_sk, bytes.fromhex(c_pk[str(v)]), tag, u, v) for v in u0 if v != u}
         shares = shamir.split(int.from_bytes(sa["s_sk"], "big"), config.n_sites, config.threshold)
         enc = np.zeros((config.n_sites, _ONE_SHARE), dtype=np.uint8)
         for v in u0:
             if v != u:
-                key = prg.encryption_key(sa["c_sk"], bytes.fromhex(c_pk[str(v)]), tag, u, v)
                 aad = prg.share_aad(tag, round, topic, u, v)
-                enc[v] = _u8(prg.encrypt(key, shamir.to_bytes(shares[v]), aad))
-        sa.update(tag=tag, c_pk=c_pk, s_pk=s_pk, own_s_share=hex(shares[u]),
+                enc[v] = _u8(prg.encrypt(enc_keys[str(v)], shamir.to_bytes(shares[v]), aad))
+        sa.update(tag=tag, c_pk=c_pk, s_pk=s_pk, enc_keys=enc_keys, own_s_share=hex(shares[u]),
                   setup={"round": int(round), "topic": topic})
+        del sa["c_sk"]  # only the derived pair keys are needed from now on
         return Payload(arrays={"enc": enc}, meta={"secagg": "share-keys"}, carries={"enc": "encrypted-share"})
     return step
 
@@ -235,10 +238,9 @@ def _absorb_setup(config: SecAggConfig, sa: State, incoming: Payload) -> None:
     for i, v in enumerate(u1):
         if v == u:
             continue
-        key = prg.encryption_key(sa["c_sk"], bytes.fromhex(sa["c_pk"][str(v)]), sa["tag"], u, v)
         try:
-            plain = prg.decrypt(key, table[i, u].tobytes(), prg.share_aad(sa["tag"], setup["round"],
-                                                                          setup["topic"], v, u))
+            aad = prg.share_aad(sa["tag"], setup["round"], setup["topic"], v, u)
+            plain = prg.decrypt(sa["enc_keys"][str(v)], table[i, u].tobytes(), aad)
         except SecAggError as exc:
             raise SecAggError(f"site {u}: the encrypted key share from site {v} failed authentication "
                               "(altered, misrouted, or encrypted under another key)") from exc
@@ -300,9 +302,10 @@ def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
 
         seed = os.urandom(SECRET_BYTES)
         prg.add_mask(y, seed, +1)
+        s_sk = prg.load_private(sa["s_sk"])
         for v in keyset:
             if v != u:
-                key = prg.mask_key(sa["s_sk"], bytes.fromhex(sa["s_pk"][str(v)]), tag, u, v, epoch, round, topic)
+                key = prg.mask_key(s_sk, bytes.fromhex(sa["s_pk"][str(v)]), tag, u, v, epoch, round, topic)
                 prg.add_mask(y, key, +1 if u < v else -1)  # lower index adds, higher subtracts
 
         next_sk = prg.new_private_key()
@@ -311,9 +314,9 @@ def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
         enc = np.zeros((config.n_sites, _TWO_SHARES), dtype=np.uint8)
         for v in keyset:
             if v != u:
-                key = prg.encryption_key(sa["c_sk"], bytes.fromhex(sa["c_pk"][str(v)]), tag, u, v)
                 plain = shamir.to_bytes(b_sh[v]) + shamir.to_bytes(s_sh[v])
-                enc[v] = _u8(prg.encrypt(key, plain, prg.share_aad(tag, round, phase_topic, u, v)))
+                aad = prg.share_aad(tag, round, phase_topic, u, v)
+                enc[v] = _u8(prg.encrypt(sa["enc_keys"][str(v)], plain, aad))
         sa["open"] = {"topic": topic, "round": int(round), "b_share": hex(b_sh[u]),
                       "next_s_sk": next_sk, "next_s_share": hex(s_sh[u])}
         return Payload(
@@ -420,9 +423,9 @@ def _unmask_site(config: SecAggConfig, topic: str) -> Callable[[State, int, Payl
         for i, w in enumerate(u2):
             if w == u:
                 continue
-            key = prg.encryption_key(sa["c_sk"], bytes.fromhex(sa["c_pk"][str(w)]), tag, u, w)
             try:
-                plain = prg.decrypt(key, enc[i, u].tobytes(), prg.share_aad(tag, round, masked_topic, w, u))
+                aad = prg.share_aad(tag, round, masked_topic, w, u)
+                plain = prg.decrypt(sa["enc_keys"][str(w)], enc[i, u].tobytes(), aad)
             except SecAggError as exc:
                 raise SecAggError(f"site {u}: the encrypted shares from site {w} for secure sum {topic!r}, "
                                   f"round {round} failed authentication (altered, misrouted, or encrypted "
@@ -514,7 +517,8 @@ def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum
                 sk = _secret_bytes(value)
                 return sk is not None and prg.public_key(sk).hex() == pk
 
-            s_sk = _recover(config, s_pts[v], check_s, f"the mask key of dropped site {v}", bad_log, topic, round)
+            s_sk = prg.load_private(
+                _recover(config, s_pts[v], check_s, f"the mask key of dropped site {v}", bad_log, topic, round))
             for u in u2:
                 key = prg.mask_key(s_sk, bytes.fromhex(sa["s_pk"][str(u)]), sa["tag"], u, v,
                                    int(sa["epoch"]), round, topic)

@@ -1,0 +1,825 @@
+"""capeDJICA: differentially private decentralized joint ICA (003 Sec. IV, Alg. 4).
+
+Temporal joint ICA of decentralized fMRI, solved by natural-gradient infomax
+on the R-dimensional whitened data Z_s = Lambda^{-1/2} V_R^T X_s of every site.
+Round j (one round = one release per site):
+
+site s       U = W Z_s + b 1^T,  Y = 1 - 2 sigmoid(U)  (= -tanh(U / 2))
+             G_n = (I + y_n u_n^T) W clipped to ||G_n||_F <= B_G,
+             h_n = y_n clipped to ||h_n||_2 <= B_h,
+             releases G_s = mean_n G_n (R x R) and h_s = mean_n h_n (R) with
+             CAPE noise; subject-level L2 sensitivities 2 B_G T_max / N_s and
+             2 B_h T_max / N_s (= 2 B / M_s for M_s subjects of equal length)
+aggregator   G, h = weighted average of the noisy releases (weights N_s),
+             W += rho G, b += rho h, learning-rate rules, broadcast W, b
+
+Note on u_n: the per-sample gradient multiplies y_n by the *source estimate*
+u_n = W x_n + b (a column of U; 003 Sec. IV writes it z_{s,n}, the djICA
+reference code ``u``), not by the data sample x_n: (I + y u^T) W is Amari's
+natural gradient of the infomax likelihood, whose fixed points are the
+unmixing matrices. With x_n instead the rule has the wrong fixed points.
+Its per-sample Frobenius norm needs no R x R matrix per sample:
+
+    ||(I + y u^T) W||_F^2 = ||W||_F^2 + 2 y^T W W^T u + ||y||^2 ||W^T u||^2
+
+and the clipped sum is sum_n c_n (I + y_n u_n^T) W = (sum_n c_n) W + (Y diag(c) U^T) W.
+
+Everything the aggregator does (learning-rate rules, stopping, restarts,
+averaging) works on the noisy averages only, so it is post-processing.
+
+Noise calibration (003 Sec. V, "Performance Index"): every round each of the
+two releases gets the classic Gaussian mechanism for (epsilon_i, delta_i),
+tau_s = Delta_s sqrt(2 ln(1.25 / delta_i)) / epsilon_i, with delta_i = 1e-2 in
+their experiments; a round is thus (2 eps_i, 2 delta_i)-DP by basic
+composition (003 Thm. 2), and the ledger composes the J rounds exactly
+(mu-GDP, mu^2 = 2 J / z^2 with z = sqrt(2 ln(1.25/delta_i)) / eps_i), or by
+RDP/PLD. ``calibration="analytic"`` uses Balle & Wang's calibration instead
+(less noise for the same (eps_i, delta_i), and valid for eps_i >= 1).
+
+The learning-rate rules follow the djICA reference code (Baker et al. 2019,
+``djica.m``, built on EEGLAB's runica), applied once per round:
+
+- initial rho = 0.015 / ln(R);
+- blow-up (any |W_ij| > 1e8 or a non-finite update): restart from W = I,
+  b = 0 with rho *= 0.9 (the releases already made stay in the ledgers and
+  the round limit counts every round, restarted or not);
+- annealing: rho *= 0.9 when the update turns by more than 60 degrees from
+  the reference update; as in the reference code, the reference is the
+  update of step 1 or of the last annealing step ("accumulate angledelta
+  until annealdeg is reached"), and the angle is checked from step 3 on;
+- ||delta W||_F^2 > 1e9: rho *= 0.8; rho < 1e-6 after a restart: give up;
+- stop when ||delta W||_F^2 < 1e-6 (from step 3 on) or at the round limit.
+
+``optimizer="fast"`` keeps those safety rules but starts at rho = 0.5 and
+reports an exponential moving average of the iterates; see :data:`OPTIMIZERS`
+and ``benchmarks/djica_utility.py`` for what it buys.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import privacy
+from ..cape import ReleaseSpec, cape_protocol, ledgers
+from ..exchange import DirectoryCheckpoint, Payload
+from ..exchange.codec import register_state_type
+from ..privacy import PrivacyLedger
+from ..protocol import RunOptions, SimulatedDropout, SimulationResult, run_aggregator, run_site, simulate
+
+__all__ = [
+    "DJICAResult",
+    "CapeDJICA",
+    "LearningRate",
+    "OPTIMIZERS",
+    "cape_djica",
+    "local_dp_ica",
+    "infomax_gradients",
+    "whiten",
+    "spatial_maps",
+    "time_courses",
+]
+
+# Site checkpoints hold the site's PrivacyLedger; the codec must know how to store it.
+# (Belongs next to PrivacyLedger in dpneuro.privacy; registering twice is harmless.)
+register_state_type(PrivacyLedger)
+
+#: columns per chunk in :func:`infomax_gradients`: R x 2048 working arrays stay in L2 cache
+DEFAULT_CHUNK = 2048
+
+
+# ---------------------------------------------------------------------------------------
+# learning-rate rules
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LearningRate:
+    """Learning-rate rules applied by the aggregator after every round.
+
+    Parameters
+    ----------
+    rho0 : float or None
+        Initial learning rate; None means the reference heuristic 0.015 / ln(R).
+    anneal_deg, anneal_factor : float
+        rho *= anneal_factor when the update turns by more than anneal_deg
+        degrees from the reference update (see the module docstring).
+    restart_factor : float
+        On a blow-up, restart from W = I, b = 0 with rho *= restart_factor.
+    max_weight : float
+        A blow-up is any |W_ij| above this (or a non-finite W).
+    tol : float
+        Stop when ||delta W||_F^2 < tol (checked from the third step on).
+    blowup_change, blowup_factor : float
+        rho *= blowup_factor when ||delta W||_F^2 > blowup_change.
+    min_rho : float
+        Give up (status ``"lr_underflow"``) if a restart takes rho below this.
+    average : float
+        0 reports the last iterate. ``a`` in (0, 1) reports the exponential
+        moving average W_avg <- a W_avg + (1 - a) W of the iterates since the
+        last restart (b likewise); a post-processing step that averages the
+        privacy noise out of the reported matrix.
+    """
+
+    rho0: float | None = None
+    anneal_deg: float = 60.0
+    anneal_factor: float = 0.9
+    restart_factor: float = 0.9
+    max_weight: float = 1e8
+    tol: float = 1e-6
+    blowup_change: float = 1e9
+    blowup_factor: float = 0.8
+    min_rho: float = 1e-6
+    average: float = 0.0
+
+    def __post_init__(self):
+        if self.rho0 is not None and not (self.rho0 > 0 and math.isfinite(self.rho0)):
+            raise ValueError(f"the learning rate must be a positive number, got {self.rho0}")
+        for name in ("anneal_factor", "restart_factor", "blowup_factor"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        if not 0 <= self.anneal_deg <= 180:
+            raise ValueError(f"anneal_deg must be in [0, 180], got {self.anneal_deg}")
+        if not 0 <= self.average < 1:
+            raise ValueError(f"average must be in [0, 1), got {self.average}")
+        if not (self.tol >= 0 and self.min_rho >= 0 and self.max_weight > 0 and self.blowup_change > 0):
+            raise ValueError("tol, min_rho, max_weight and blowup_change must be positive")
+
+    def initial_rho(self, R: int) -> float:
+        return float(self.rho0) if self.rho0 is not None else 0.015 / math.log(R)
+
+
+#: ``"paper"``: the reference rules exactly (003 Sec. V, djica.m). ``"fast"``: the same
+#: safety rules from a 100x larger step, reporting an EMA of the iterates
+#: (DESIGN.md sec. 7 measured rho = 0.3-0.5 as best on clean data).
+OPTIMIZERS: dict[str, LearningRate] = {
+    "paper": LearningRate(),
+    "fast": LearningRate(rho0=0.5, average=0.9),
+}
+
+
+def _coerce_optimizer(optimizer: str | LearningRate, lr: float | None) -> LearningRate:
+    if isinstance(optimizer, LearningRate):
+        opt = optimizer
+    elif optimizer in OPTIMIZERS:
+        opt = OPTIMIZERS[optimizer]
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZERS)} or a LearningRate")
+    return replace(opt, rho0=lr) if lr is not None else opt
+
+
+# ---------------------------------------------------------------------------------------
+# the site computation
+# ---------------------------------------------------------------------------------------
+
+def _as_bound(clip: float | None) -> float:
+    """A clipping bound as a float; None means no clipping (inf)."""
+    if clip is None:
+        return math.inf
+    clip = float(clip)
+    if not clip > 0:
+        raise ValueError(f"a clipping bound must be > 0 (or None for no clipping), got {clip}")
+    return clip
+
+
+def infomax_gradients(X: np.ndarray, W: np.ndarray, b: np.ndarray, clip_G: float | None = 30.0,
+                      clip_h: float | None = 30.0, *, chunk: int = DEFAULT_CHUNK,
+                      return_scales: bool = False):
+    """Means of the per-sample clipped infomax gradients of one site.
+
+    Parameters
+    ----------
+    X : ndarray, shape (R, N)
+        Whitened data, one sample per column. The computation runs in X's
+        dtype (float32 is about twice as fast); sums across chunks in float64.
+    W : ndarray, shape (R, R)
+        Current unmixing matrix.
+    b : ndarray, shape (R,)
+        Current bias.
+    clip_G, clip_h : float or None
+        Per-sample bounds B_G (Frobenius norm of G_n) and B_h (L2 norm of
+        h_n = y_n); None disables clipping.
+    chunk : int
+        Columns per chunk (cache blocking; does not change the result beyond
+        rounding).
+    return_scales : bool
+        Also return the per-sample clipping factors c_n and c^h_n (for tests).
+
+    Returns
+    -------
+    G : ndarray, shape (R, R), float64
+        (1/N) sum_n min(1, B_G / ||G_n||_F) G_n with G_n = (I + y_n u_n^T) W.
+    h : ndarray, shape (R,), float64
+        (1/N) sum_n min(1, B_h / ||y_n||) y_n.
+    c, ch : ndarray, shape (N,)
+        Only with ``return_scales``.
+
+    Notes
+    -----
+    u_n = W x_n + b and y_n = 1 - 2 sigmoid(u_n). Per-sample norms come from
+    ||G_n||_F^2 = ||W||_F^2 + 2 y_n^T P u_n + ||y_n||^2 u_n^T P u_n with
+    P = W W^T (P u_n = W (W^T u_n)), so one R x R x N product gives both
+    quadratic forms; the clipped sum is (sum c_n) W + (Y diag(c) U^T) W.
+    Three R x R x N products per call in all; no per-sample matrices.
+    """
+    X = np.asarray(X)
+    if X.dtype not in (np.float32, np.float64):
+        X = X.astype(np.float64)
+    R, N = X.shape
+    dt = X.dtype
+    W64 = np.asarray(W, np.float64)
+    Wc = W64.astype(dt)
+    bc = np.asarray(b, np.float64).astype(dt)[:, None]
+    P = (W64 @ W64.T).astype(dt)
+    w2 = float(np.sum(W64 * W64))
+    BG, Bh = _as_bound(clip_G), _as_bound(clip_h)
+    C = max(1, min(int(chunk), N))
+    U_buf, Y_buf, PU_buf, T_buf = (np.empty((R, C), dt) for _ in range(4))
+    csum = 0.0
+    M = np.zeros((R, R))
+    h = np.zeros(R)
+    if return_scales:
+        c_all, ch_all = np.empty(N), np.empty(N)
+    for lo in range(0, N, C):
+        hi = min(lo + C, N)
+        n = hi - lo
+        U, Y, PU, T = U_buf[:, :n], Y_buf[:, :n], PU_buf[:, :n], T_buf[:, :n]
+        np.matmul(Wc, X[:, lo:hi], out=U)
+        U += bc
+        np.multiply(U, -0.5, out=Y)
+        np.tanh(Y, out=Y)  # 1 - 2 sigmoid(u) = -tanh(u / 2)
+        np.multiply(Y, Y, out=T)
+        y2 = T.sum(axis=0, dtype=np.float64)
+        if math.isinf(BG):
+            c = np.ones(n)
+        else:
+            np.matmul(P, U, out=PU)
+            np.multiply(Y, PU, out=T)
+            cross = T.sum(axis=0, dtype=np.float64)
+            np.multiply(U, PU, out=T)
+            quad = T.sum(axis=0, dtype=np.float64)
+            norm2 = quad
+            norm2 *= y2
+            norm2 += 2.0 * cross
+            norm2 += w2
+            np.maximum(norm2, 0.0, out=norm2)  # rounding can dip below 0 only when the norm is ~0
+            np.sqrt(norm2, out=norm2)
+            np.maximum(norm2, BG, out=norm2)
+            c = np.divide(BG, norm2, out=norm2)  # min(1, B_G / ||G_n||)
+        if math.isinf(Bh):
+            ch = np.ones(n)
+        else:
+            ch = np.sqrt(y2)
+            np.maximum(ch, Bh, out=ch)
+            np.divide(Bh, ch, out=ch)
+        csum += float(c.sum())
+        np.multiply(Y, c.astype(dt, copy=False), out=T)
+        M += T @ U.T
+        h += Y @ ch.astype(dt, copy=False)
+        if return_scales:
+            c_all[lo:hi], ch_all[lo:hi] = c, ch
+    G = (csum * W64 + M @ W64) / N
+    h /= N
+    if return_scales:
+        return G, h, c_all, ch_all
+    return G, h
+
+
+# ---------------------------------------------------------------------------------------
+# whitening and back-projection
+# ---------------------------------------------------------------------------------------
+
+def _check_basis(basis, eigenvalues) -> tuple[np.ndarray, np.ndarray]:
+    V = np.asarray(basis, np.float64)
+    lam = np.asarray(eigenvalues, np.float64).reshape(-1)
+    if V.ndim != 2:
+        raise ValueError(f"basis must be a D x k matrix, got shape {V.shape}")
+    if lam.size < V.shape[1] and lam.size > 0:
+        V = V[:, : lam.size]
+    lam = lam[: V.shape[1]]
+    if lam.size != V.shape[1]:
+        raise ValueError(f"{V.shape[1]} basis vectors but {lam.size} eigenvalues")
+    if not (np.all(np.isfinite(lam)) and np.all(lam > 0)):
+        raise ValueError("whitening needs positive finite eigenvalues (the top-k of a noisy "
+                         "second-moment matrix can be <= 0: choose a smaller k)")
+    if not np.all(np.isfinite(V)):
+        raise ValueError("basis contains NaN or infinite values")
+    return V, lam
+
+
+def whiten(X, basis, eigenvalues) -> np.ndarray:
+    """Whitened data Z = Lambda^{-1/2} V^T X.
+
+    Parameters
+    ----------
+    X : ndarray, shape (D, N)
+        A site's data (features x samples).
+    basis : ndarray, shape (D, R)
+        Orthonormal columns V (capePCA's ``.basis``).
+    eigenvalues : ndarray, shape (R,)
+        The matching eigenvalues of the (consortium) second-moment matrix.
+
+    Returns
+    -------
+    ndarray, shape (R, N)
+        In X's floating dtype (float64 for integer input).
+    """
+    V, lam = _check_basis(basis, eigenvalues)
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[0] != V.shape[0]:
+        raise ValueError(f"X must be D x N with D = {V.shape[0]}, got shape {X.shape}")
+    dt = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
+    T = (V / np.sqrt(lam)).T.astype(dt)
+    return T @ X.astype(dt, copy=False)
+
+
+def spatial_maps(basis, eigenvalues, W) -> np.ndarray:
+    """Spatial maps A = V_R Lambda^{1/2} W^{-1} (D x R, one map per column)."""
+    V, lam = _check_basis(basis, eigenvalues)
+    W = np.asarray(W, np.float64)
+    if W.shape != (V.shape[1], V.shape[1]):
+        raise ValueError(f"W must be {V.shape[1]} x {V.shape[1]}, got shape {W.shape}")
+    return (V * np.sqrt(lam)) @ np.linalg.inv(W)
+
+
+def time_courses(W, Z, b=None) -> np.ndarray:
+    """Component time courses S = W Z + b 1^T (R x N) of whitened data Z."""
+    W = np.asarray(W, np.float64)
+    S = W @ np.asarray(Z, np.float64)
+    if b is not None:
+        S += np.asarray(b, np.float64).reshape(-1, 1)
+    return S
+
+
+# ---------------------------------------------------------------------------------------
+# the CAPE algorithm
+# ---------------------------------------------------------------------------------------
+
+def _subject_lengths(subjects, n_samples: int, site: int) -> tuple[int, ...]:
+    """Per-subject sample counts from an int (equal lengths) or a sequence of lengths."""
+    if isinstance(subjects, (bool, np.bool_)):
+        raise ValueError(f"site {site}: subjects must be a count or a list of lengths, got {subjects!r}")
+    if isinstance(subjects, (int, np.integer)):
+        m = int(subjects)
+        if m < 1:
+            raise ValueError(f"site {site}: needs at least one subject, got {m}")
+        if n_samples % m:
+            raise ValueError(f"site {site}: {n_samples} samples cannot be {m} subjects of equal length; "
+                             "pass the list of per-subject lengths")
+        return (n_samples // m,) * m
+    lengths = tuple(int(t) for t in subjects)
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"site {site}: subject lengths must be positive, got {list(subjects)}")
+    if sum(lengths) != n_samples:
+        raise ValueError(f"site {site}: subject lengths add up to {sum(lengths)} but the data "
+                         f"have {n_samples} samples")
+    return lengths
+
+
+def _check_privacy(plan: str, epsilon_i, delta_i, calibration: str) -> float:
+    """Noise multiplier z per release (0 for plan 'none')."""
+    if plan == "none":
+        return 0.0
+    if epsilon_i is None or delta_i is None:
+        raise ValueError(f"plan {plan!r} needs epsilon_i and delta_i (per-round privacy of each release)")
+    if calibration not in ("classic", "analytic"):
+        raise ValueError(f"calibration must be 'classic' (003 Sec. V) or 'analytic', got {calibration!r}")
+    return privacy.gaussian_sigma(float(epsilon_i), float(delta_i), 1.0, method=calibration)
+
+
+@dataclass
+class CapeDJICA:
+    """capeDJICA as a :class:`~dpneuro.cape.CapeAlgorithm` (run it with :func:`~dpneuro.cape.run_cape`).
+
+    Site data: a tuple ``(Z_s, subjects_s)`` with Z_s the R x N_s whitened data
+    and subjects_s the number of subjects (equal lengths) or their lengths in
+    samples, in column order. Subject lengths are public metadata (as in
+    003 Sec. IV, where N_m is "known a priori").
+
+    Parameters are those of :func:`cape_djica`. ``truth`` (R x R mixing in
+    the whitened space) only adds qNGI to the history of a simulation.
+    """
+
+    R: int
+    epsilon_i: float | None = None
+    delta_i: float | None = None
+    clip_G: float | None = 30.0
+    clip_h: float | None = 30.0
+    rounds: int = 1000
+    optimizer: LearningRate = field(default_factory=LearningRate)
+    plan: str = "cape"
+    calibration: str = "classic"
+    seed: Any = None
+    truth: np.ndarray | None = None
+    chunk: int = DEFAULT_CHUNK
+    name: str = "capedjica"
+
+    def __post_init__(self):
+        if isinstance(self.R, bool) or int(self.R) != self.R or self.R < 2:
+            raise ValueError(f"R must be an integer >= 2 (the learning rate uses ln R), got {self.R}")
+        self.R = int(self.R)
+        if isinstance(self.rounds, bool) or int(self.rounds) != self.rounds or self.rounds < 1:
+            raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
+        self.rounds = int(self.rounds)
+        if self.plan not in ("cape", "conv", "none"):
+            raise ValueError(f"unknown plan {self.plan!r}; use 'cape', 'conv' or 'none'")
+        self.z = _check_privacy(self.plan, self.epsilon_i, self.delta_i, self.calibration)
+        self.BG, self.Bh = _as_bound(self.clip_G), _as_bound(self.clip_h)
+        if self.plan != "none" and not (math.isfinite(self.BG) and math.isfinite(self.Bh)):
+            raise ValueError("a private run needs finite clipping bounds clip_G and clip_h "
+                             "(they set the sensitivity); only plan 'none' may run unclipped")
+        if self.truth is not None:
+            self.truth = np.asarray(self.truth, np.float64)
+            if self.truth.shape != (self.R, self.R):
+                raise ValueError(f"truth must be the {self.R} x {self.R} mixing matrix of the whitened data")
+        self.max_rounds = self.rounds
+
+    # -- sites ---------------------------------------------------------------------------
+    def site_init(self, site: int, data) -> dict:
+        try:
+            Z, subjects = data
+        except (TypeError, ValueError):
+            raise ValueError(f"site {site}: data must be a pair (Z_s, subjects_s)") from None
+        Z = np.asarray(Z)
+        if Z.dtype not in (np.float32, np.float64):
+            Z = Z.astype(np.float64)
+        if Z.ndim != 2 or Z.shape[0] != self.R:
+            raise ValueError(f"site {site}: whitened data must be R x N_s with R = {self.R}, got shape {Z.shape}")
+        if Z.shape[1] < 1:
+            raise ValueError(f"site {site}: no samples")
+        if not np.all(np.isfinite(Z)):
+            raise ValueError(f"site {site}: whitened data contain NaN or infinite values")
+        lengths = _subject_lengths(subjects, Z.shape[1], site)
+        state = {"_Z": Z, "n": int(Z.shape[1]), "subjects": len(lengths), "t_max": max(lengths)}
+        if self.seed is not None:
+            state["rng"] = np.random.default_rng(_site_seed(self.seed, site))
+        return state
+
+    def sensitivity(self, state) -> tuple[float, float]:
+        """Subject-level L2 sensitivities of the released means (G, h) at this site.
+
+        Replacing one subject changes at most t_max per-sample terms, each of
+        norm <= B, in a mean over N_s samples: 2 B t_max / N_s (= 2 B / M_s).
+        """
+        k = 2.0 * state["t_max"] / state["n"]
+        return k * self.BG, k * self.Bh
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        R = self.R
+        if self.plan == "none":
+            return {"G": ReleaseSpec((R, R), 0.0, 0.0, stage="ica"), "h": ReleaseSpec((R,), 0.0, 0.0, stage="ica")}
+        dG, dh = self.sensitivity(state)
+        return {"G": ReleaseSpec((R, R), dG, self.z, stage="ica"),
+                "h": ReleaseSpec((R,), dh, self.z, stage="ica")}
+
+    def site_weight(self, state) -> float:
+        return float(state["n"])  # the weighted average of the site means is the pooled mean
+
+    def site_compute(self, state, round: int, broadcast: Payload) -> dict[str, np.ndarray]:
+        W = np.asarray(broadcast.arrays["W"], np.float64)
+        b = np.asarray(broadcast.arrays["b"], np.float64)
+        if W.shape != (self.R, self.R) or b.shape != (self.R,) or not (np.all(np.isfinite(W))
+                                                                       and np.all(np.isfinite(b))):
+            raise ValueError(f"site {state.get('site')}: bad broadcast W {W.shape} / b {b.shape}")
+        G, h = infomax_gradients(state["_Z"], W, b, self.BG, self.Bh, chunk=self.chunk)
+        return {"G": G, "h": h}
+
+    # -- aggregator ----------------------------------------------------------------------
+    def aggregator_init(self) -> dict:
+        R = self.R
+        return {"ica": {
+            "W": np.eye(R), "b": np.zeros(R), "rho": self.optimizer.initial_rho(R),
+            "step": 0, "restarts": 0, "status": "running",
+            "olddelta": np.zeros(R * R), "oldchange": 0.0,
+            "W_avg": np.eye(R), "b_avg": np.zeros(R), "n_avg": 0,
+            "history": {k: [] for k in _HISTORY_KEYS + (("qngi",) if self.truth is not None else ())},
+        }}
+
+    def aggregator_first(self, state) -> Payload:
+        st = state["ica"]
+        return Payload({"W": st["W"], "b": st["b"]}, {})
+
+    def aggregator_update(self, state, round: int, combined: dict[str, np.ndarray]) -> Payload:
+        st = state["ica"]
+        _lr_step(st, self.optimizer, np.asarray(combined["G"], np.float64), np.asarray(combined["h"], np.float64))
+        hist = st["history"]
+        if "qngi" in hist:
+            hist["qngi"].append(_qngi(_reported(st)[0], self.truth))
+        stop = st["status"] != "running" or round >= self.rounds - 1
+        if stop and st["status"] == "running":
+            st["status"] = "max_rounds"
+        W, b = (st["W"], st["b"])
+        return Payload({"W": W, "b": b}, {"stop": bool(stop)})
+
+
+_HISTORY_KEYS = ("rho", "dW2", "angle", "restarts")
+
+
+def _site_seed(seed, site: int):
+    """Entropy for site ``site``'s generator from the run seed (an int, a sequence or a SeedSequence)."""
+    if isinstance(seed, np.random.SeedSequence):
+        return np.random.SeedSequence(seed.entropy, spawn_key=tuple(seed.spawn_key) + (site,))
+    if isinstance(seed, (list, tuple)):
+        return [*seed, site]
+    return [int(seed), site]
+
+
+def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
+    """One round of the reference djICA update and learning-rate rules, in place on ``st``."""
+    R = st["W"].shape[0]
+    rho = st["rho"]
+    hist = st["history"]
+    dW = rho * G
+    W_new = st["W"] + dW
+    b_new = st["b"] + rho * h
+    change = float(np.sum(dW * dW))
+    angle = 0.0
+    blowup = (not np.all(np.isfinite(W_new)) or not np.all(np.isfinite(b_new))
+              or float(np.max(np.abs(W_new))) > opt.max_weight or not math.isfinite(change))
+    if blowup:
+        # restart from the start point with a smaller rate (releases already made stay spent)
+        st.update(W=np.eye(R), b=np.zeros(R), step=0, olddelta=np.zeros(R * R), oldchange=0.0,
+                  W_avg=np.eye(R), b_avg=np.zeros(R), n_avg=0)
+        st["restarts"] += 1
+        st["rho"] = rho * opt.restart_factor
+        if st["rho"] < opt.min_rho:
+            st["status"] = "lr_underflow"
+        change = math.nan
+    else:
+        st["step"] += 1
+        delta = dW.reshape(-1)
+        if st["step"] > 2 and st["oldchange"] > 0 and change > 0:
+            cos = float(delta @ st["olddelta"]) / math.sqrt(change * st["oldchange"])
+            angle = math.degrees(math.acos(min(1.0, max(-1.0, cos))))
+        st["W"], st["b"] = W_new, b_new
+        if angle > opt.anneal_deg:
+            st["rho"] = rho * opt.anneal_factor
+            st["olddelta"], st["oldchange"] = delta.copy(), change
+        elif st["step"] == 1:
+            st["olddelta"], st["oldchange"] = delta.copy(), change
+        if opt.average > 0:
+            a = opt.average if st["n_avg"] > 0 else 0.0
+            st["W_avg"] = a * st["W_avg"] + (1 - a) * W_new
+            st["b_avg"] = a * st["b_avg"] + (1 - a) * b_new
+            st["n_avg"] += 1
+        if st["step"] > 2 and change < opt.tol:
+            st["status"] = "converged"
+        elif change > opt.blowup_change:
+            st["rho"] = st["rho"] * opt.blowup_factor
+    hist["rho"].append(rho)
+    hist["dW2"].append(change)
+    hist["angle"].append(angle)
+    hist["restarts"].append(st["restarts"])
+
+
+def _reported(st: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The (W, b) a run reports: the moving average if one is kept, else the last iterate."""
+    if st["n_avg"] > 0:
+        return st["W_avg"], st["b_avg"]
+    return st["W"], st["b"]
+
+
+def _qngi(W: np.ndarray, A: np.ndarray) -> float:
+    from ..metrics import qngi
+
+    P = W @ A
+    if not np.all(np.isfinite(P)):
+        return math.nan
+    try:
+        return qngi(P)
+    except ValueError:
+        return math.nan
+
+
+# ---------------------------------------------------------------------------------------
+# simulation entry points
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class DJICAResult:
+    """Outcome of a capeDJICA simulation.
+
+    Attributes
+    ----------
+    W : ndarray (R, R)
+        Unmixing matrix of the whitened data (the moving average of the
+        iterates when the optimizer keeps one, else the last iterate).
+    b : ndarray (R,)
+        Bias, reported like W.
+    W_last, b_last : ndarray
+        The last iterate.
+    history : dict of str to ndarray
+        Per round: ``rho`` (rate used), ``dW2`` (||delta W||_F^2, NaN on a
+        restart), ``angle`` (degrees, 0 before step 3), ``restarts``
+        (cumulative) and ``qngi`` when a truth was given.
+    ledgers : list of PrivacyLedger
+        One per site (None for a site that dropped out).
+    rounds : int
+        Rounds run (= releases per site and quantity).
+    status : str
+        ``"converged"``, ``"max_rounds"`` or ``"lr_underflow"``.
+    noise_multiplier : float
+        z = noise std / sensitivity of every release (0 for plan "none").
+    """
+
+    W: np.ndarray
+    b: np.ndarray
+    W_last: np.ndarray
+    b_last: np.ndarray
+    history: dict[str, np.ndarray]
+    ledgers: list[PrivacyLedger | None]
+    rounds: int
+    status: str
+    plan: str
+    optimizer: LearningRate
+    noise_multiplier: float
+    rho: float
+    restarts: int
+    simulation: SimulationResult | None = None
+
+    def epsilon(self, delta: float, method: str = "exact") -> float:
+        """Largest total epsilon over the sites at ``delta`` for this run's ICA releases."""
+        eps = [led.epsilon(delta, method) for led in self.ledgers if led is not None]
+        return max(eps) if eps else 0.0
+
+    def sources(self, Z, dtype=np.float64) -> np.ndarray:
+        """Time courses S = W Z + b of whitened data Z."""
+        return time_courses(self.W, Z, self.b).astype(dtype, copy=False)
+
+
+def _prepare(Z_sites, subjects_per_site) -> tuple[list, int]:
+    if isinstance(Z_sites, np.ndarray):
+        raise ValueError("Z_sites must be a list with one R x N_s array per site")
+    Z_sites = list(Z_sites)
+    subjects = list(subjects_per_site) if not isinstance(subjects_per_site, (int, np.integer)) \
+        else [subjects_per_site] * len(Z_sites)
+    if not Z_sites:
+        raise ValueError("no sites")
+    if len(subjects) != len(Z_sites):
+        raise ValueError(f"{len(Z_sites)} sites but subjects for {len(subjects)}")
+    shapes = [np.shape(z) for z in Z_sites]
+    if any(len(s) != 2 for s in shapes):
+        raise ValueError(f"every site's whitened data must be R x N_s, got shapes {shapes}")
+    Rs = {s[0] for s in shapes}
+    if len(Rs) != 1:
+        raise ValueError(f"sites have different numbers of components R: {[s[0] for s in shapes]}")
+    return list(zip(Z_sites, subjects)), Rs.pop()
+
+
+def cape_djica(
+    Z_sites: Sequence[np.ndarray],
+    subjects_per_site,
+    *,
+    epsilon_i: float | None = None,
+    delta_i: float | None = None,
+    clip_G: float | None = 30.0,
+    clip_h: float | None = 30.0,
+    rounds: int = 1000,
+    plan: str = "cape",
+    lr: float | None = None,
+    seed=None,
+    rng: np.random.Generator | None = None,
+    exchange=None,
+    optimizer: str | LearningRate = "paper",
+    checkpoint: str | os.PathLike | None = None,
+    calibration: str = "classic",
+    truth: np.ndarray | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    options: RunOptions | None = None,
+    secagg_config=None,
+) -> DJICAResult:
+    """Simulate capeDJICA (or a baseline) with every party in this process.
+
+    Parameters
+    ----------
+    Z_sites : list of ndarray, each (R, N_s)
+        Whitened data of every site (see :func:`whiten`), samples as columns,
+        subjects one after the other.
+    subjects_per_site : int or list
+        Per site: the number of subjects M_s (equal lengths) or the list of
+        subject lengths. A single int applies to every site.
+    epsilon_i, delta_i : float
+        Per-round privacy of *each* of the two releases (G and h), as in
+        003 Sec. V (which uses delta_i = 1e-2). Not needed for plan "none".
+    clip_G, clip_h : float or None
+        Per-sample clipping bounds B_G, B_h (003 Sec. V: B_G = 30). None
+        (no clipping) only with plan "none": plain infomax.
+    rounds : int
+        Round limit J (= releases per site per quantity at most).
+    plan : {"cape", "conv", "none"}
+        Correlated noise (needs >= 3 sites and secure aggregation),
+        independent noise at full std per site, or no noise (not private).
+    lr : float, optional
+        Initial learning rate; overrides the optimizer's.
+    seed, rng
+        Reproducible simulation: every site's noise generator is seeded from
+        (seed, site) (or spawned from ``rng``). Default: OS entropy.
+    exchange : Exchange, optional
+        Defaults to a fresh in-process exchange.
+    optimizer : {"paper", "fast"} or LearningRate
+    checkpoint : path, optional
+        Folder for per-party checkpoints (``aggregator.npz``,
+        ``site-XXX.npz``). Calling again with the same folder and a
+        persistent exchange (e.g. a DirectoryExchange over the same folder
+        and run id) resumes where the parties stopped without releasing any
+        round twice.
+    calibration : {"classic", "analytic"}
+        Per-release Gaussian calibration for (epsilon_i, delta_i).
+    truth : ndarray (R, R), optional
+        Mixing matrix in the whitened space; adds qNGI(W A) to the history.
+    chunk : int
+        Cache-blocking width of the site computation.
+    options : RunOptions, optional
+        Driver options (timeouts, progress bar).
+    secagg_config : SecAggConfig, optional
+        Secure-aggregation parameters for plan "cape".
+
+    Returns
+    -------
+    DJICAResult
+    """
+    site_data, R = _prepare(Z_sites, subjects_per_site)
+    if seed is not None and rng is not None:
+        raise ValueError("give seed or rng, not both")
+    if rng is not None:
+        seed = np.random.SeedSequence(int(rng.integers(2**63)))
+    opt = _coerce_optimizer(optimizer, lr)
+    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, clip_G=clip_G, clip_h=clip_h, rounds=rounds,
+                    optimizer=opt, plan=plan, calibration=calibration, seed=seed, truth=truth, chunk=chunk)
+    # validate every site before anything runs (and so before any release)
+    for s, data in enumerate(site_data):
+        alg.site_init(s, data)
+    proto = cape_protocol(alg, plan, n_sites=len(site_data), secagg_config=secagg_config)
+    if checkpoint is None:
+        sim = simulate(proto, site_data, exchange=exchange, options=options)
+    else:
+        sim = _simulate_checkpointed(proto, site_data, Path(checkpoint), exchange, options)
+    st = sim.aggregator["ica"]
+    W, b = _reported(st)
+    return DJICAResult(
+        W=np.array(W), b=np.array(b), W_last=np.array(st["W"]), b_last=np.array(st["b"]),
+        history={k: np.asarray(v, float) for k, v in st["history"].items()},
+        ledgers=ledgers(sim), rounds=len(st["history"]["rho"]), status=st["status"], plan=plan,
+        optimizer=opt, noise_multiplier=alg.z, rho=float(st["rho"]), restarts=int(st["restarts"]),
+        simulation=sim,
+    )
+
+
+def local_dp_ica(Z, subjects, **kwargs) -> DJICAResult:
+    """DP infomax ICA of one site's data alone (the paper's ``local DP-ICA`` baseline).
+
+    Same code path as :func:`cape_djica` with a single site; CAPE needs at
+    least 3 sites, so the noise is the site's own (plan ``"conv"``, or
+    ``"none"`` for the non-private local baseline). Keyword arguments are
+    those of :func:`cape_djica`.
+    """
+    plan = kwargs.pop("plan", "conv")
+    if plan == "cape":
+        raise ValueError("local DP-ICA runs on one site: plan 'cape' needs >= 3 sites; use 'conv'")
+    return cape_djica([Z], [subjects], plan=plan, **kwargs)
+
+
+def _simulate_checkpointed(proto, site_data, folder: Path, exchange, options) -> SimulationResult:
+    """:func:`dpneuro.protocol.simulate` with a DirectoryCheckpoint per party."""
+    from ..exchange import InProcessExchange
+
+    n = len(site_data)
+    ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
+    opts = options or RunOptions()
+    results: list = [None] * n
+    errors: list[BaseException] = []
+
+    def worker(s: int) -> None:
+        try:
+            results[s] = run_site(proto, s, site_data[s], ex, timeout=opts.timeout,
+                                  checkpoint=DirectoryCheckpoint(folder / f"site-{s:03d}.npz"))
+        except SimulatedDropout:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+            ex.close()
+
+    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        agg = run_aggregator(proto, ex, options=opts, checkpoint=DirectoryCheckpoint(folder / "aggregator.npz"))
+    except BaseException:
+        ex.close()
+        for t in threads:
+            t.join(timeout=5)
+        if errors:
+            raise errors[0] from None
+        raise
+    for t in threads:
+        t.join(timeout=opts.timeout)
+    if errors:
+        raise errors[0]
+    return SimulationResult(aggregator=agg, sites=results, exchange=ex)
