@@ -5,7 +5,8 @@ aggregation setup once (round 0, not timed) and then one secure sum per
 round. The time of a round is the wall time between the aggregator's results
 of consecutive rounds, i.e. both phases (masked input collection and
 unmasking) including the sites' work, message encoding and authentication.
-The baseline runs the same rounds with a plain (insecure) sum: every site
+CPU time is the process CPU (all parties' threads) per round, which is
+less sensitive to other load on the machine than wall time. The baseline runs the same rounds with a plain (insecure) sum: every site
 sends its float64 array and the aggregator adds them. Overhead = secure -
 plain, both medians over the timed rounds.
 
@@ -43,7 +44,7 @@ class _Bench:
         self.cfg = SecAggConfig(n_sites)
         self.max_rounds = rounds
         self.secure = secure
-        self.stamps: list[float] = []
+        self.stamps: list[tuple[float, float]] = []  # (wall, process CPU of all threads)
 
     def phases(self, round):
         if self.secure:
@@ -62,7 +63,7 @@ class _Bench:
         return state["_x"]
 
     def _on_sum(self, agg_state, round, total):
-        self.stamps.append(time.perf_counter())
+        self.stamps.append((time.perf_counter(), time.process_time()))
         return Payload(arrays={"total": total}, meta={"stop": round == self.max_rounds - 1},
                        carries={"total": "public"})
 
@@ -85,15 +86,17 @@ def _upload_bytes(exchange: InProcessExchange, site: int, round: int) -> int:
     return total
 
 
-def measure(n_sites: int, shape: tuple[int, ...], reps: int, secure: bool) -> tuple[list[float], int]:
-    """Round times (s) of ``reps`` timed rounds, and one site's upload bytes per round."""
+def measure(n_sites: int, shape: tuple[int, ...], reps: int, secure: bool
+            ) -> tuple[list[float], list[float], int]:
+    """Wall and CPU times (s) of ``reps`` timed rounds, and one site's upload bytes per round."""
     rng = np.random.default_rng(0)
     data = [rng.normal(size=shape) for _ in range(n_sites)]
     bench = _Bench(n_sites, reps + 1, secure)
     ex = InProcessExchange(n_sites)
     simulate(bench, data, exchange=ex, options=RunOptions(timeout=600))
-    times = list(np.diff(bench.stamps))  # round 0 (with setup) only serves as the start mark
-    return times, _upload_bytes(ex, 0, 1)
+    # round 0 (with setup) only serves as the start mark
+    wall, cpu = (list(np.diff([stamp[i] for stamp in bench.stamps])) for i in (0, 1))
+    return wall, cpu, _upload_bytes(ex, 0, 1)
 
 
 def main() -> None:
@@ -105,19 +108,22 @@ def main() -> None:
     rows = []
     for n_sites in SITES:
         for label, shape in PAYLOADS.items():
-            sec, sec_bytes = measure(n_sites, shape, args.reps, secure=True)
-            plain, plain_bytes = measure(n_sites, shape, args.reps, secure=False)
+            sec, sec_cpu, sec_bytes = measure(n_sites, shape, args.reps, secure=True)
+            plain, plain_cpu, plain_bytes = measure(n_sites, shape, args.reps, secure=False)
             row = {
                 "n_sites": n_sites, "payload": label, "n_values": int(np.prod(shape)), "reps": args.reps,
                 "secure_round_s_median": round(statistics.median(sec), 4),
                 "secure_round_s_min": round(min(sec), 4),
                 "plain_round_s_median": round(statistics.median(plain), 4),
                 "overhead_s_median": round(statistics.median(sec) - statistics.median(plain), 4),
+                "secure_cpu_s_median": round(statistics.median(sec_cpu), 4),
+                "plain_cpu_s_median": round(statistics.median(plain_cpu), 4),
                 "site_upload_bytes_secure": sec_bytes, "site_upload_bytes_plain": plain_bytes,
             }
             rows.append(row)
             print(f"S={n_sites:3d} payload={label:8s} secure {row['secure_round_s_median']:.4f} s  "
                   f"plain {row['plain_round_s_median']:.4f} s  overhead {row['overhead_s_median']:.4f} s  "
+                  f"(CPU {row['secure_cpu_s_median']:.3f} vs {row['plain_cpu_s_median']:.3f} s)  "
                   f"upload/site/round {sec_bytes} B vs {plain_bytes} B", flush=True)
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

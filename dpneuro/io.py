@@ -420,6 +420,7 @@ def load_site(
     min_volumes: int = 10,
     memmap_path=None,
     progress: bool = False,
+    parcels=None,
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
@@ -446,6 +447,10 @@ def load_site(
         Default: `X` is an in-memory array.
     progress : bool, default False
         Show a tqdm progress bar while reading.
+    parcels : dpneuro.parcellation.Parcellation, optional
+        Average each subject's (preprocessed) voxels into these parcels as it
+        is read, so `X` has one row per parcel; data-independent, so it costs
+        no privacy.
 
     Returns
     -------
@@ -496,6 +501,10 @@ def load_site(
     stops = np.cumsum(n_vols)
     boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_vols)]
     D, N = int(mask_bool.sum()), int(stops[-1])
+    if parcels is not None:
+        if len(parcels.labels) != D:
+            raise DataValidationError(f"the parcellation has {len(parcels.labels)} voxels but the mask has {D}")
+        D = parcels.n_parcels
 
     # ---- pass 2: read subject by subject into the output
     if memmap_path is not None:
@@ -511,7 +520,8 @@ def load_site(
         for path, (a, b) in tqdm(
             list(zip(files, boundaries)), desc="load", unit="subject", disable=not progress
         ):
-            X[:, a:b] = _read_subject(path, mask_bool, standardize, detrend)
+            block = _read_subject(path, mask_bool, standardize, detrend)
+            X[:, a:b] = block if parcels is None else parcels.reduce(block)
     except BaseException:
         if memmap_path is not None:
             del X

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpneuro.exchange import InProcessExchange, Payload
+from dpneuro.exchange import Payload
 from dpneuro.exchange.codec import decode_state, encode_state
 from dpneuro.protocol import Phase, RunOptions, SimulatedDropout, simulate
 from dpneuro.secagg import (
@@ -40,26 +40,12 @@ STAGES = ["secagg-keys", "secagg-share-keys", "sum-masked", "sum-unmask"]
 
 # -- a tiny protocol: setup, one secure sum per round, a final phase -------------------------
 
-class PatientExchange(InProcessExchange):
-    """In-process exchange whose *sites* wait 10x longer for a broadcast than the aggregator gathers.
-
-    ``simulate`` gives sites and aggregator the same timeout, so after a dropout
-    the survivors would time out waiting for the broadcast at the same moment as
-    the aggregator gives up on the missing site (a race).
-    """
-
-    def receive(self, site, round, topic, *, timeout=None, expect=None):
-        return super().receive(site, round, topic, timeout=None if timeout is None else 10 * timeout,
-                               expect=expect)
-
-
 class SumProtocol:
     """Secure sum of ``x_s * (round + 1)`` over the sites, ``n_sums`` rounds.
 
     ``drops``: ``{(site, round, topic)}`` where the site vanishes instead of sending.
     ``tamper(site, round, topic, payload) -> payload`` may alter what a site sends.
-    Every message the aggregator receives is kept in ``self.seen[(round, topic)]``
-    and every aggregator exception in ``self.agg_errors``.
+    Every message the aggregator receives is kept in ``self.seen[(round, topic)]``.
     """
 
     name = "secagg-test"
@@ -70,7 +56,6 @@ class SumProtocol:
         self.drops = set(drops)
         self.tamper = tamper
         self.seen: dict[tuple[int, str], dict[int, Payload]] = {}
-        self.agg_errors: list[BaseException] = []
 
     def phases(self, round):
         phases = setup_phases(self.config) if round == 0 else []
@@ -104,11 +89,7 @@ class SumProtocol:
 
         def aggregator(agg_state, rnd, msgs):
             self.seen[(rnd, phase.topic)] = dict(msgs)
-            try:
-                return phase.aggregator(agg_state, rnd, msgs)
-            except BaseException as exc:  # simulate() may report a site's "exchange closed" instead
-                self.agg_errors.append(exc)
-                raise
+            return phase.aggregator(agg_state, rnd, msgs)
 
         return dataclasses.replace(phase, site=site, aggregator=aggregator)
 
@@ -120,8 +101,7 @@ def site_inputs(n_sites, shape=(6, 5), seed=0):
 
 def run(config, inputs, **kw):
     proto = SumProtocol(config, **kw)
-    result = simulate(proto, inputs, exchange=PatientExchange(config.n_sites),
-                      options=RunOptions(timeout=TIMEOUT))
+    result = simulate(proto, inputs, options=RunOptions(timeout=TIMEOUT))
     return proto, result
 
 
@@ -403,14 +383,9 @@ def assert_never_both_share_kinds(proto):
 def test_too_few_survivors_is_a_clear_error(stage, pattern):
     cfg = SecAggConfig(5)  # t = 4: two dropouts are one too many
     proto = SumProtocol(cfg, n_sums=1, drops={(1, 0, stage), (3, 0, stage)})
-    with pytest.raises(Exception):
-        simulate(proto, site_inputs(5), exchange=PatientExchange(5), options=RunOptions(timeout=TIMEOUT))
-    # simulate() may re-raise a site's "exchange closed" instead of the root cause, so check
-    # the aggregator's own exception
-    assert len(proto.agg_errors) == 1
-    err = proto.agg_errors[0]
-    assert isinstance(err, SecAggError)
-    assert pattern in str(err) and "threshold t=4" in str(err)
+    with pytest.raises(SecAggError, match=pattern) as info:
+        simulate(proto, site_inputs(5), options=RunOptions(timeout=TIMEOUT))
+    assert "threshold t=4" in str(info.value)
 
 
 def _corrupt(kind, sender, owner):
@@ -447,11 +422,9 @@ def test_corrupted_s_share_detected_and_named():
 def test_corrupted_share_with_exactly_t_responders_is_an_error():
     cfg = SecAggConfig(5)  # t = 4; one dropout leaves exactly t responders
     proto = SumProtocol(cfg, n_sums=1, drops={(0, 0, "sum-unmask")}, tamper=_corrupt("b", sender=4, owner=2))
-    with pytest.raises(Exception):
-        simulate(proto, site_inputs(5), exchange=PatientExchange(5), options=RunOptions(timeout=TIMEOUT))
-    err = proto.agg_errors[0]
-    assert isinstance(err, SecAggError)
-    assert "could not reconstruct the self-mask seed of site 2 from the shares of sites 1, 2, 3, 4" in str(err)
+    with pytest.raises(SecAggError, match="could not reconstruct the self-mask seed of site 2 from the shares "
+                                          "of sites 1, 2, 3, 4"):
+        simulate(proto, site_inputs(5), options=RunOptions(timeout=TIMEOUT))
 
 
 def test_masked_input_independent_of_input():

@@ -21,9 +21,11 @@ from .gaussian import (
 )
 from .ledger import PrivacyLedger, Release
 from .noise import default_rng, gaussian
+from .summary import privacy_report
 
 __all__ = [
     "PrivacyLedger",
+    "privacy_report",
     "Release",
     "cape_delta",
     "cape_delta_asymmetric",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..protocol import SiteDropped
+
 
 class SecAggError(ValueError):
     """Secure aggregation cannot proceed safely or correctly.
@@ -13,8 +15,12 @@ class SecAggError(ValueError):
     """
 
 
-class SecAggDropped(SecAggError):
-    """This site was dropped from the run (its message arrived too late) and must stop."""
+class SecAggDropped(SecAggError, SiteDropped):
+    """This site was dropped from the run (its message arrived too late) and must stop.
+
+    Also a :class:`dpneuro.protocol.SiteDropped`, so the driver ends the site
+    quietly instead of failing the whole run.
+    """
 
 
 class SecAggWarning(UserWarning):

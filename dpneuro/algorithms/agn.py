@@ -1,0 +1,809 @@
+"""capeAGN: decentralized differentially private orthogonal tensor decomposition.
+
+Implements 000 Sec. V / Alg. 3 (capeAGN) on top of the CAPE wrapper, the
+centralized AGN and AVN mechanisms of 004 (Alg. 1), the local baseline (one
+site alone), and a brain-state helper for reduced fMRI time points.
+
+Models (000 App. B). Samples are columns.
+
+- ``"mog"``: spherical mixture of Gaussians, x = a_h + z, z ~ N(0, sigma^2 I).
+  Site data: a D x N_s matrix. M2 = E[x x^T] - sigma^2 I,
+  M3 = E[x (x) x (x) x] - sigma^2 sum_d (m e_d e_d + e_d m e_d + e_d e_d m), m = E[x].
+- ``"stm"``: single topic model. Site data: one-hot words, an L x D x N_s
+  array (L >= 3 words per document, t_l[:, n] one-hot); the first three words
+  are used. M2 = E[t1 t2^T], M3 = E[t1 (x) t2 (x) t3], both symmetrised (the
+  symmetric noise protects only a symmetric quantity; an unsymmetrised
+  empirical moment would leak its antisymmetric part without noise).
+
+Protocol (two CAPE runs, each one release per site):
+
+1. stage ``agn-m2``: each site releases its second moment (D x D, symmetric
+   noise on the D(D+1)/2 unique entries) with budget (eps_1, delta_1). The
+   aggregator averages, estimates sigma^2 if not given (post-processing),
+   forms M2 and broadcasts W = U_k D_k^{-1/2} and sigma^2.
+2. stage ``agn-m3``: each site computes its D x D x D M3_s, CAPE adds a
+   symmetric noise tensor drawn on its C(D+2, 3) unique entries, and the site
+   sends only (M3_s + noise)(W, W, W), k x k x k (``site_postprocess``). The
+   aggregator averages and runs the tensor power method; a_k = (W^T)^+ lambda_k u_k,
+   w_k = 1 / lambda_k^2.
+
+Privacy unit and sensitivities (L2, replace-one neighbours, ||x||_2 <= 1 for
+MOG; a site with N_s samples; 000 App. C):
+
+- M2, STM: sqrt(2)/N_s (000 App. C).
+- M2, MOG: sqrt(2)/N_s. 000 App. C gives 1/N_s, but that bound is on the
+  spectral norm; the Gaussian mechanism needs the L2 norm of the released
+  (unique) entries, and x = e_1 replaced by x' = e_2 changes two diagonal
+  entries by 1/N_s each, so the L2 sensitivity is sqrt(2)/N_s (and
+  ||x x^T - x' x'^T||_F <= sqrt(2) for unit vectors, so that is the max).
+- M3, STM: sqrt(2)/N_s; M3, MOG: 2/N_s + 6 D sigma^2/N_s (000 App. C; a bound
+  on the Frobenius norm, hence on the unique entries).
+
+The unit is one *sample* (one observation or document), as in the papers; the
+ledgers say so. :func:`brain_states` can use subject-level privacy: a subject
+owning m time points multiplies every sensitivity by m.
+
+MOG data must satisfy ||x||_2 <= 1. Pass ``scale`` (a public constant agreed
+beforehand, never computed from the data): samples are divided by it and any
+that still exceed the unit ball are projected onto it (per-sample, so the
+sensitivities hold); components are returned in the data's units.
+
+sigma^2: if not given, it is estimated at the aggregator from the noisy
+stage-1 release (mean of the D - k smallest eigenvalues of E[x x^T]), which is
+free post-processing, and broadcast. The reference code instead uses each
+site's smallest covariance eigenvalue, a statistic of private data that
+enters both the released moments and their sensitivities without any noise;
+we do not do that.
+
+Noise calibration is the analytic Gaussian mechanism (Balle & Wang 2018)
+through :func:`dpneuro.privacy.gaussian_sigma`; the papers' classic formula
+needs eps < 1 and adds more noise. ``split`` divides eps and delta between the
+stages (AVN: delta goes entirely to stage 1, stage 2 is pure eps_2-DP).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import privacy
+from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from ..cape.plans import NoisePlan
+from ..exchange import Payload
+from ..privacy import PrivacyLedger, gaussian_sigma
+from ..privacy.noise import vector_laplace
+from . import tensor as tz
+
+__all__ = [
+    "AGNResult",
+    "BrainStates",
+    "SiteData",
+    "agn",
+    "avn",
+    "brain_states",
+    "cape_agn",
+    "local_agn",
+    "otd",
+    "prepare_site",
+    "sensitivities",
+]
+
+MODELS = ("mog", "stm")
+SIMPLEX = ("euclidean", "clip")
+_UNIT_NOTE = {
+    "sample": "capeAGN privacy unit: one sample (one observation / document), replace-one "
+              "neighbours, sensitivities of 000 App. C (MOG M2: sqrt(2)/N_s, see dpneuro.algorithms.agn)",
+    "subject": "capeAGN privacy unit: one subject (all of its samples); sensitivities are the "
+               "per-sample ones times the samples a subject owns",
+}
+
+
+# -- results -----------------------------------------------------------------------------
+
+@dataclass
+class AGNResult:
+    """Recovered model and the privacy record of one OTD run.
+
+    Attributes
+    ----------
+    components : ndarray, shape (D, k)
+        Recovered a_k as columns, in the data's units (MOG) or as probability
+        vectors (STM, after projection onto the simplex).
+    weights : ndarray, shape (k,)
+        w_k = 1 / lambda_k^2 (estimates of the mixture / topic weights; not
+        renormalised).
+    eigenvalues : ndarray, shape (k,)
+        lambda_k of the whitened tensor.
+    whitening : ndarray, shape (D, k)
+        W = U D^{-1/2} (in the data's units), public after stage 1.
+    sigma2 : float or None
+        sigma^2 used (MOG; data units), given or estimated from the stage-1 release.
+    ledgers : list of PrivacyLedger
+        One per releasing party (sites; one ledger for centralized methods).
+    epsilon_pure : float
+        Pure-eps part not in the (Gaussian-only) ledgers: AVN's stage 2.
+    info : dict
+        Noise stds, sensitivities, timings (seconds) and other run details.
+    """
+
+    components: np.ndarray
+    weights: np.ndarray
+    eigenvalues: np.ndarray
+    whitening: np.ndarray
+    sigma2: float | None
+    ledgers: list[PrivacyLedger]
+    method: str
+    model: str
+    epsilon_pure: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class SiteData:
+    """One site's validated data (stays at the site)."""
+
+    model: str
+    D: int
+    n: int
+    X: np.ndarray | None = None  # MOG: scaled and clipped, D x n
+    words: np.ndarray | None = None  # STM: word ids of the first three words, 3 x n
+    raw: np.ndarray | None = None  # MOG: the samples as given (occupancies)
+    scale: float = 1.0
+    n_clipped: int = 0  # MOG samples projected onto the unit ball (not released)
+    cache: dict = field(default_factory=dict, repr=False)  # site-local derived moments
+
+
+# -- validation ---------------------------------------------------------------------------
+
+def prepare_site(samples, model: str = "mog", *, scale: float | None = None, site: int | str = 0) -> SiteData:
+    """Validate one site's samples and bring them to the form the moments use.
+
+    Raises ValueError (naming the site) for non-finite values, wrong shapes,
+    STM input that is not one-hot words, or MOG samples outside the unit
+    ball when no ``scale`` is given. Nothing is released.
+    """
+    if isinstance(samples, SiteData):
+        return samples
+    _check_model(model)
+    where = f"site {site}"
+    arr = np.asarray(samples)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"{where}: samples must be a numeric array, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise ValueError(f"{where}: samples must be real")
+    if model == "mog":
+        if arr.ndim != 2:
+            raise ValueError(f"{where}: MOG samples must be a D x N matrix (samples are columns), "
+                             f"got shape {arr.shape}")
+        arr = arr.astype(np.float64, copy=False)
+        D, n = arr.shape
+        if D < 1 or n < 1:
+            raise ValueError(f"{where}: empty data (shape {arr.shape})")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{where}: samples contain NaN or infinite values")
+        if scale is None:
+            if np.any(np.einsum("dn,dn->n", arr, arr) > 1.0 + 1e-9):
+                raise ValueError(
+                    f"{where}: some samples have ||x||_2 > 1, outside the sensitivity analysis of "
+                    "000 App. C; pass scale=zeta, a public bound agreed beforehand (samples are divided "
+                    "by it and projected onto the unit ball)")
+            X, n_clip = arr, 0
+        else:
+            if not (scale > 0) or not math.isfinite(scale):
+                raise ValueError(f"scale must be finite and > 0, got {scale}")
+            X = arr / scale
+            norms = np.sqrt(np.einsum("dn,dn->n", X, X))
+            over = norms > 1.0
+            n_clip = int(over.sum())
+            if n_clip:
+                X = X.copy()
+                X[:, over] /= norms[over]
+            if n_clip > 0.05 * n:
+                # local diagnostic only; the count is never released
+                warnings.warn(f"{where}: {n_clip} of {n} samples exceed the norm bound scale={scale} and "
+                              "were projected onto it; a larger scale would bias the moments less",
+                              stacklevel=2)
+        return SiteData("mog", D, n, X=X, raw=arr, scale=float(scale or 1.0), n_clipped=n_clip)
+    # STM: one-hot words
+    if arr.ndim != 3:
+        raise ValueError(f"{where}: STM samples must be one-hot words, an L x D x N array (L >= 3 words "
+                         f"per document, t_l[:, n] one-hot), got shape {arr.shape}")
+    L, D, n = arr.shape
+    if L < 3:
+        raise ValueError(f"{where}: STM needs at least 3 words per document, got L = {L}")
+    if D < 1 or n < 1:
+        raise ValueError(f"{where}: empty data (shape {arr.shape})")
+    t = arr[:3].astype(np.float64, copy=False)
+    if not np.all(np.isfinite(t)):
+        raise ValueError(f"{where}: samples contain NaN or infinite values")
+    if not np.all((t == 0) | (t == 1)) or not np.all(t.sum(axis=1) == 1):
+        raise ValueError(f"{where}: STM input must be one-hot words: every t_l[:, n] must have "
+                         "exactly one entry 1 and the others 0")
+    words = np.argmax(t, axis=1).astype(np.int64)  # 3 x n
+    return SiteData("stm", D, n, words=words)
+
+
+def _check_model(model: str) -> None:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; use one of {MODELS}")
+
+
+def _check_privacy(epsilon: float, delta: float) -> None:
+    if not (isinstance(epsilon, (int, float, np.floating, np.integer)) and epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+    if not (isinstance(delta, (int, float, np.floating)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+def _check_split(split, n_parts: int) -> tuple[float, ...]:
+    try:
+        parts = tuple(float(x) for x in split)
+    except TypeError:
+        raise ValueError(f"split must be a sequence of {n_parts} fractions, got {split!r}") from None
+    if len(parts) != n_parts:
+        raise ValueError(f"split must have {n_parts} entries (one per stage), got {len(parts)}: {split!r}")
+    if not all(math.isfinite(p) and p > 0 for p in parts):
+        raise ValueError(f"infeasible privacy split {split!r}: every stage needs a positive share")
+    if not math.isclose(sum(parts), 1.0, rel_tol=0, abs_tol=1e-9):
+        raise ValueError(f"infeasible privacy split {split!r}: the shares must sum to 1 (got {sum(parts)})")
+    return parts
+
+
+def _check_k(k, D: int, n_total: int, model: str, sigma2) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"k must be an integer, got {k!r}")
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k > D:
+        raise ValueError(f"k = {k} components exceed the dimension D = {D}: the whitened tensor is k x k x k "
+                         "and needs k <= D linearly independent components")
+    if k > n_total:
+        raise ValueError(f"k = {k} exceeds the number of samples ({n_total})")
+    if model == "mog" and sigma2 is None and k >= D:
+        raise ValueError(f"k = {k} = D: sigma^2 cannot be estimated from E[xx^T] without noise-only "
+                         "directions; pass sigma2 (public) or use k < D")
+    return k
+
+
+def _check_sigma2(sigma2, model: str) -> None:
+    if sigma2 is None:
+        return
+    if model != "mog":
+        raise ValueError("sigma2 applies to the MOG model only")
+    if not (isinstance(sigma2, (int, float, np.floating, np.integer)) and sigma2 >= 0 and math.isfinite(sigma2)):
+        raise ValueError(f"sigma2 must be finite and >= 0, got {sigma2}")
+
+
+def _check_tpm(n_restarts, n_iter, simplex) -> None:
+    for name, v in (("n_restarts", n_restarts), ("n_iter", n_iter)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if simplex not in SIMPLEX:
+        raise ValueError(f"simplex must be one of {SIMPLEX}, got {simplex!r}")
+
+
+def _groups(samples_per_unit, unit: str, n_sites: int) -> list[int]:
+    if unit not in ("sample", "subject"):
+        raise ValueError(f"unit must be 'sample' or 'subject', got {unit!r}")
+    g = samples_per_unit
+    groups = [g] * n_sites if np.isscalar(g) else list(g)
+    if len(groups) != n_sites:
+        raise ValueError(f"samples_per_unit has {len(groups)} entries for {n_sites} sites")
+    for s, m in enumerate(groups):
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ValueError(f"site {s}: samples_per_unit must be a positive integer, got {m!r}")
+    if unit == "sample" and any(m != 1 for m in groups):
+        raise ValueError("unit='sample' means one sample per privacy unit; use unit='subject' "
+                         "with samples_per_unit = samples a subject owns")
+    return [int(m) for m in groups]
+
+
+def sensitivities(model: str, D: int, n: int, sigma2: float = 0.0, group: int = 1) -> tuple[float, float]:
+    """L2 sensitivities (Delta_2, Delta_3) of a site's M2 and M3 (see the module docstring).
+
+    ``n`` is the site's sample count, ``sigma2`` the MOG noise variance in the
+    scaled units (||x|| <= 1), ``group`` the samples one privacy unit owns.
+    """
+    _check_model(model)
+    if model == "mog":
+        d2, d3 = math.sqrt(2.0), 2.0 + 6.0 * D * sigma2
+    else:
+        d2 = d3 = math.sqrt(2.0)
+    return d2 * group / n, d3 * group / n
+
+
+# -- per-site moments ----------------------------------------------------------------------
+
+def _second_moment(sd: SiteData) -> np.ndarray:
+    """E[x x^T] (MOG; sigma^2 I is subtracted at the aggregator) or symmetrised E[t1 t2^T] (STM)."""
+    if sd.model == "mog":
+        S = sd.X @ sd.X.T / sd.n
+        return (S + S.T) / 2.0
+    return tz.stm_second_moment(sd.words, sd.D)
+
+
+def _third_moment(sd: SiteData, sigma2: float) -> np.ndarray:
+    """Full D x D x D M3 of a site, exactly symmetric."""
+    if sd.model == "mog":
+        if "m3raw" not in sd.cache:  # E[x(x)x(x)x] is the costly part (N D^3 / 2); reused across runs
+            sd.cache["m3raw"] = tz.third_moment(sd.X)
+        m = sd.X.mean(axis=1)
+        return tz.symmetrize(sd.cache["m3raw"] - sigma2 * tz.mog_correction(m))
+    return tz.stm_third_moment(sd.words, sd.D)
+
+
+def _third_moment_whitened(sd: SiteData, W: np.ndarray, sigma2: float) -> np.ndarray:
+    """M3(W, W, W) without forming the D^3 tensor."""
+    if sd.model == "mog":
+        m = sd.X.mean(axis=1)
+        return tz.whitened_third_moment(sd.X, W) - sigma2 * tz.mog_correction_whitened(m, W)
+    return tz.stm_whitened_third_moment(sd.words, W)
+
+
+def _whiten(S_hat: np.ndarray, k: int, model: str, sigma2: float | None) -> tuple[np.ndarray, float | None]:
+    """Aggregator step after stage 1: sigma^2 (MOG) and W, both post-processing of the release."""
+    if model == "mog":
+        s2 = tz.estimate_sigma2(S_hat, k) if sigma2 is None else float(sigma2)
+        W, _ = tz.whitening(S_hat - s2 * np.eye(S_hat.shape[0]), k)
+        return W, s2
+    W, _ = tz.whitening(S_hat, k)
+    return W, None
+
+
+def _finish(T: np.ndarray, W: np.ndarray, k: int, model: str, scale: float, simplex: str,
+            n_restarts: int, n_iter: int, rng: np.random.Generator):
+    """Tensor power method on the whitened tensor and recovery of (a_k, w_k)."""
+    lambdas, U = tz.tensor_power(tz.symmetrize(T), k, n_restarts=n_restarts, n_iter=n_iter, rng=rng)
+    A, w = tz.recover(W, lambdas, U)
+    if model == "mog":
+        A = A * scale
+    elif simplex == "euclidean":
+        A = tz.project_simplex(A)
+    else:
+        A = np.maximum(A, 0.0)
+        tot = A.sum(axis=0)
+        A = np.where(tot > 0, A / np.where(tot > 0, tot, 1.0), 1.0 / A.shape[0])
+    return A, w, lambdas
+
+
+# -- CAPE stages ---------------------------------------------------------------------------
+
+class _Stage:
+    """Shared site-side plumbing of the CAPE stages."""
+
+    max_rounds = 1
+
+    def __init__(self, model: str, noise_multiplier: float, unit: str, groups: list[int],
+                 seed: int | None, stage_id: int, scale: float | None):
+        self.model, self.z, self.unit, self.groups = model, noise_multiplier, unit, groups
+        self.seed, self.stage_id, self.scale = seed, stage_id, scale
+
+    def site_init(self, site: int, data) -> dict:
+        sd = prepare_site(data, self.model, scale=self.scale, site=site)
+        state: dict[str, Any] = {"_data": sd, "n": sd.n, "D": sd.D, "group": self.groups[site]}
+        if self.seed is not None:
+            state["rng"] = np.random.default_rng([self.seed, self.stage_id, site])
+        return state
+
+    def site_weight(self, state) -> float:
+        return float(state["n"])
+
+    def aggregator_init(self) -> dict:
+        return {}
+
+    def aggregator_first(self, state) -> Payload:
+        return Payload()
+
+
+class _M2Stage(_Stage):
+    """Stage 1: sites release E[x x^T] (or sym E[t1 t2^T]); the aggregator broadcasts W and sigma^2."""
+
+    name = "capeagn-m2"
+
+    def __init__(self, *args, k: int, sigma2: float | None, **kw):
+        super().__init__(*args, **kw)
+        self.k, self.sigma2 = k, sigma2
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        d2, _ = sensitivities(self.model, state["D"], state["n"], 0.0, state["group"])
+        return {"m2": ReleaseSpec((state["D"], state["D"]), d2, self.z, symmetric=True,
+                                  unit=self.unit, stage="agn-m2")}
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        return {"m2": _second_moment(state["_data"])}
+
+    def aggregator_update(self, state, round, combined) -> Payload:
+        state["m2"] = combined["m2"]
+        W, s2 = _whiten(combined["m2"], self.k, self.model, self.sigma2)
+        state["W"], state["sigma2"] = W, s2
+        arrays = {"W": W} if s2 is None else {"W": W, "sigma2": np.array([s2])}
+        return Payload(arrays, {"stop": True}, carries={k: "public (post-processing)" for k in arrays})
+
+
+class _M3Stage(_Stage):
+    """Stage 2: sites release (M3_s + symmetric noise)(W, W, W)."""
+
+    name = "capeagn-m3"
+
+    def __init__(self, *args, W: np.ndarray, sigma2: float, **kw):
+        super().__init__(*args, **kw)
+        self.W, self.sigma2 = W, sigma2
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        D = state["D"]
+        _, d3 = sensitivities(self.model, D, state["n"], self.sigma2, state["group"])
+        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit, stage="agn-m3")}
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        return {"m3": _third_moment(state["_data"], self.sigma2)}
+
+    def site_postprocess(self, state, name: str, noisy: np.ndarray) -> np.ndarray:
+        # linear, identical at all sites (W is the public stage-1 broadcast)
+        return tz.multilinear(noisy, self.W)
+
+    def aggregator_update(self, state, round, combined) -> Payload:
+        state["m3w"] = combined["m3"]
+        return Payload(meta={"stop": True})
+
+
+class _OccupancyStage(_Stage):
+    """Optional stage 3 of :func:`brain_states`: fraction of time points nearest each centroid."""
+
+    name = "capeagn-occupancy"
+
+    def __init__(self, *args, centroids: np.ndarray, **kw):
+        super().__init__(*args, **kw)
+        self.C = centroids
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        # moving one unit's m samples between two states changes two fractions by m/N_s
+        sens = math.sqrt(2.0) * state["group"] / state["n"]
+        return {"occupancy": ReleaseSpec((self.C.shape[1],), sens, self.z, unit=self.unit, stage="agn-occupancy")}
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        X = state["_data"].raw
+        d2 = (np.einsum("dn,dn->n", X, X)[:, None] - 2 * X.T @ self.C
+              + np.einsum("dk,dk->k", self.C, self.C)[None, :])
+        counts = np.bincount(np.argmin(d2, axis=1), minlength=self.C.shape[1])
+        return {"occupancy": counts / X.shape[1]}
+
+    def aggregator_update(self, state, round, combined) -> Payload:
+        state["occupancy"] = combined["occupancy"]
+        return Payload(meta={"stop": True})
+
+
+# -- drivers -------------------------------------------------------------------------------
+
+def _prepare_all(site_samples, model: str, scale) -> list[SiteData]:
+    if isinstance(site_samples, np.ndarray) or not isinstance(site_samples, Sequence):
+        raise ValueError("site_samples must be a list with one data array per site")
+    if len(site_samples) < 1:
+        raise ValueError("no sites given")
+    sites = [prepare_site(x, model, scale=scale, site=s) for s, x in enumerate(site_samples)]
+    D0, sc0 = sites[0].D, sites[0].scale
+    for s, sd in enumerate(sites):
+        if sd.D != D0:
+            raise ValueError(f"site {s} has D = {sd.D} features but site 0 has D = {D0}: "
+                             "all sites must share the feature space")
+        if sd.scale != sc0 or (scale is not None and model == "mog" and sd.scale != scale):
+            raise ValueError(f"site {s} was prepared with scale {sd.scale}, not {scale if scale else sc0}: "
+                             "all sites must use the same public scale")
+    return sites
+
+
+def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, model: str = "mog",
+             plan: str | NoisePlan = "cape", split: Sequence[float] = (0.5, 0.5), sigma2: float | None = None,
+             scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
+             simplex: str = "euclidean", unit: str = "sample", samples_per_unit: int | Sequence[int] = 1,
+             secagg_config=None) -> AGNResult:
+    """Decentralized DP orthogonal tensor decomposition (capeAGN, 000 Alg. 3).
+
+    Parameters
+    ----------
+    site_samples : list
+        One entry per site: a D x N_s matrix (MOG, samples are columns) or an
+        L x D x N_s one-hot word array (STM).
+    k : int
+        Number of components (k <= D).
+    epsilon, delta : float
+        Total budget per site; ``split`` divides both between the stages.
+    model : {"mog", "stm"}
+    plan : {"cape", "conv", "none"} or NoisePlan
+        "cape": correlated noise (needs >= 3 sites); "conv": independent noise
+        of the full per-site std; "none": no noise (not private).
+    split : (float, float)
+        Shares of (eps, delta) for stage 1 (M2) and stage 2 (M3); positive, sum 1.
+    sigma2 : float, optional
+        MOG noise variance in the data's units (public). Default: estimated
+        from the stage-1 release at the aggregator.
+    scale : float, optional
+        Public norm bound for MOG samples (see module docstring).
+    seed : int, optional
+        Seeds the sites' noise and the power method's restarts (simulations
+        and tests only; production runs draw from OS entropy).
+    n_restarts, n_iter : int
+        Tensor power method's L and N.
+    simplex : {"euclidean", "clip"}
+        STM post-processing of the components onto probability vectors.
+    unit, samples_per_unit :
+        Privacy unit; "subject" with the samples each subject owns (per site).
+
+    Returns
+    -------
+    AGNResult
+        Components, weights, per-site merged ledgers (both stages).
+    """
+    _check_model(model)
+    _check_privacy(epsilon, delta)
+    eps_split = _check_split(split, 2)
+    _check_sigma2(sigma2, model)
+    _check_tpm(n_restarts, n_iter, simplex)
+    nplan = NoisePlan.coerce(plan)
+    sites = _prepare_all(site_samples, model, scale)
+    nplan.check(len(sites))
+    groups = _groups(samples_per_unit, unit, len(sites))
+    D = sites[0].D
+    k = _check_k(k, D, sum(sd.n for sd in sites), model, sigma2)
+    sc = sites[0].scale
+    s2_scaled = None if sigma2 is None else float(sigma2) / sc**2
+    (e1, e2), (d1, d2) = _stage_budget(epsilon, delta, eps_split)
+    z1, z2 = gaussian_sigma(e1, d1), gaussian_sigma(e2, d2)
+
+    t0 = time.perf_counter()
+    common = dict(unit=unit, groups=groups, seed=seed, scale=scale)
+    st1 = _M2Stage(model, z1, stage_id=1, k=k, sigma2=s2_scaled, **common)
+    r1 = run_cape(st1, sites, nplan, secagg_config=secagg_config)
+    W, s2 = r1.aggregator["W"], r1.aggregator["sigma2"]
+    t1 = time.perf_counter()
+    st2 = _M3Stage(model, z2, stage_id=2, W=W, sigma2=s2 or 0.0, **common)
+    r2 = run_cape(st2, sites, nplan, secagg_config=secagg_config)
+    t2 = time.perf_counter()
+    rng = np.random.default_rng(None if seed is None else [seed, 99])
+    A, w, lambdas = _finish(r2.aggregator["m3w"], W, k, model, sc, simplex, n_restarts, n_iter, rng)
+    t3 = time.perf_counter()
+
+    leds = []
+    for l1, l2 in zip(cape_ledgers(r1), cape_ledgers(r2)):
+        if l1 is None or l2 is None:
+            leds.append(l1 or l2)
+            continue
+        led = l1.merge(l2)
+        led.note(_UNIT_NOTE[unit])
+        if model == "mog":
+            led.note("sigma^2 " + ("given (public)" if sigma2 is not None else
+                                   "estimated at the aggregator from the stage-1 release (post-processing)"))
+        leds.append(led)
+    info = {
+        "plan": nplan.kind, "epsilon": (e1, e2), "delta": (d1, d2), "noise_multiplier": (z1, z2),
+        "sensitivity": [sensitivities(model, D, sd.n, s2 or 0.0, g) for sd, g in zip(sites, groups)],
+        "sigma2_scaled": s2, "scale": sc, "n_sites": len(sites),
+        "time": {"stage1": t1 - t0, "stage2": t2 - t1, "tpm": t3 - t2, "total": t3 - t0},
+    }
+    return AGNResult(A, w, lambdas, W / sc, None if s2 is None else s2 * sc**2, leds,
+                     f"capeagn[{nplan.kind}]", model, info=info)
+
+
+def _stage_budget(epsilon: float, delta: float, split: tuple[float, ...]):
+    eps = tuple(epsilon * p for p in split)
+    dels = tuple(delta * p for p in split)
+    return eps, dels
+
+
+def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None, delta: float | None,
+             split, sigma2, scale, seed, n_restarts, n_iter, simplex, unit, samples_per_unit,
+             owner: str) -> AGNResult:
+    """AGN / AVN / non-private OTD on one party's data (pooled or one site)."""
+    _check_model(model)
+    _check_sigma2(sigma2, model)
+    _check_tpm(n_restarts, n_iter, simplex)
+    private = mechanism != "none"
+    if private:
+        _check_privacy(epsilon, delta)
+        parts = _check_split(split, 2)
+    sd = prepare_site(data, model, scale=scale, site=owner)
+    group = _groups(samples_per_unit, unit, 1)[0]
+    D, n = sd.D, sd.n
+    k = _check_k(k, D, n, model, sigma2)
+    sc = sd.scale
+    s2_in = None if sigma2 is None else float(sigma2) / sc**2
+    rng = np.random.default_rng(seed)
+    ledger = PrivacyLedger(owner=owner)
+    info: dict[str, Any] = {"time": {}}
+    eps_pure = 0.0
+
+    t0 = time.perf_counter()
+    S = _second_moment(sd)
+    if private:
+        e1, e2 = epsilon * parts[0], epsilon * parts[1]
+        # AVN's stage 2 is pure eps: all of delta goes to stage 1
+        d1 = delta * parts[0] if mechanism == "agn" else delta
+        d2 = delta * parts[1]
+        d2_sens, _ = sensitivities(model, D, n, 0.0, group)
+        tau1 = gaussian_sigma(e1, d1, d2_sens)
+        S = S + privacy.gaussian(rng, (D, D), tau1, ledger, symmetric=True)
+        ledger.record("m2", d2_sens, tau1, unit=unit, stage="agn-m2")
+        info.update(epsilon=(e1, e2), delta=(d1, d2 if mechanism == "agn" else 0.0), tau_m2=tau1)
+    W, s2 = _whiten(S, k, model, s2_in)
+    t1 = time.perf_counter()
+    T = _third_moment_whitened(sd, W, s2 or 0.0)
+    t2 = time.perf_counter()
+    if private:
+        _, d3_sens = sensitivities(model, D, n, s2 or 0.0, group)
+        if mechanism == "agn":
+            tau2 = gaussian_sigma(e2, d2, d3_sens)
+            b = privacy.gaussian(rng, (tz.n_sym(D),), tau2, ledger)
+            ledger.record("m3", d3_sens, tau2, unit=unit, stage="agn-m3")
+            info["tau_m3"] = tau2
+        else:
+            beta = e2 / d3_sens
+            b = vector_laplace(rng, tz.n_sym(D), beta, ledger)
+            eps_pure = e2
+            ledger.note(f"AVN stage 'agn-m3': pure eps = {e2:.6g} release (vector Laplace, beta = "
+                        f"{beta:.6g}, sensitivity {d3_sens:.6g}); not in the Gaussian composition: "
+                        "add it to the ledger's eps (basic composition)")
+            info["beta"] = beta
+        E = tz.sym_from_unique(b, D)
+        t_noise = time.perf_counter()
+        T = T + tz.multilinear(E, W)
+        info["time"]["noise_tensor"] = t_noise - t2
+        info["time"]["noise_contract"] = time.perf_counter() - t_noise
+        ledger.note(_UNIT_NOTE[unit])
+    t3 = time.perf_counter()
+    A, w, lambdas = _finish(T, W, k, model, sc, simplex, n_restarts, n_iter, rng)
+    t4 = time.perf_counter()
+    info["time"].update(stage1=t1 - t0, m3_whitened=t2 - t1, tpm=t4 - t3, total=t4 - t0)
+    info.update(sigma2_scaled=s2, scale=sc)
+    return AGNResult(A, w, lambdas, W / sc, None if s2 is None else s2 * sc**2,
+                     [ledger] if private else [], mechanism, model, epsilon_pure=eps_pure, info=info)
+
+
+def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
+        sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
+        n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
+        samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
+    """Centralized AGN (004 Alg. 1) on one party's data (pooled data: the ideal capeAGN matches).
+
+    Same conventions as :func:`cape_agn`; ``samples`` is one data array.
+    """
+    return _central(samples, k, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
+                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
+
+
+def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
+        sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
+        n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
+        samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
+    """Centralized AVN (004 Alg. 1): stage 2 noise with density proportional to exp(-beta ||b||).
+
+    beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
+    The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
+    """
+    return _central(samples, k, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
+                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
+
+
+def otd(samples, k: int, *, model: str = "mog", sigma2: float | None = None, scale: float | None = None,
+        seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
+        simplex: str = "euclidean") -> AGNResult:
+    """Non-private method-of-moments OTD (Anandkumar et al. 2014) on one dataset. Not private."""
+    return _central(samples, k, model=model, mechanism="none", epsilon=None, delta=None, split=None,
+                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    simplex=simplex, unit="sample", samples_per_unit=1, owner="pooled")
+
+
+def local_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, site: int = 0,
+              **kwargs) -> AGNResult:
+    """AGN on one site's data alone (the papers' "local" baseline); kwargs as :func:`agn`."""
+    if not isinstance(site_samples, Sequence) or isinstance(site_samples, np.ndarray):
+        raise ValueError("site_samples must be a list with one data array per site")
+    if not 0 <= site < len(site_samples):
+        raise ValueError(f"site {site} out of range for {len(site_samples)} sites")
+    kwargs.setdefault("owner", f"site-{site}")
+    return agn(site_samples[site], k, epsilon, delta, **kwargs)
+
+
+# -- brain states --------------------------------------------------------------------------
+
+@dataclass
+class BrainStates:
+    """Recurring brain states from reduced fMRI time points.
+
+    Attributes
+    ----------
+    centroids : ndarray, shape (R, K)
+        State centroids (MOG component means) as columns.
+    occupancy : ndarray, shape (K,)
+        Fraction of time in each state (sums to 1).
+    occupancy_source : str
+        ``"weights"``: the MOG weights w_k renormalised (free post-processing
+        of capeAGN's output); ``"release"``: per-site fractions of time points
+        nearest each centroid released through CAPE with their own budget share.
+    otd : AGNResult
+        The capeAGN run (weights, ledgers, ...).
+    ledgers : list of PrivacyLedger
+        Per site, all releases (including the occupancy release if any).
+    """
+
+    centroids: np.ndarray
+    occupancy: np.ndarray
+    occupancy_source: str
+    otd: AGNResult
+    ledgers: list[PrivacyLedger]
+
+
+def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, plan: str = "cape",
+                 split: Sequence[float] | None = None, occupancy: str = "weights",
+                 timepoints_per_subject: int | Sequence[int] | None = None, sigma2: float | None = None,
+                 scale: float | None = None, seed: int | None = None, n_restarts: int = 30,
+                 n_iter: int = 50) -> BrainStates:
+    """K brain states (centroids and occupancies) with capeAGN on reduced time points.
+
+    Parameters
+    ----------
+    Z_sites : list of ndarray, each R x N_s
+        Per-site reduced data (e.g. PCA-whitened), time points as columns.
+    k : int
+        Number of states (k < R unless ``sigma2`` is given).
+    epsilon, delta : float
+        Total budget per site.
+    split : sequence of float, optional
+        Shares for (M2, M3) or, with ``occupancy="release"``, (M2, M3,
+        occupancy). Defaults: (0.5, 0.5) and (0.4, 0.4, 0.2).
+    occupancy : {"weights", "release"}
+        How occupancies are obtained (see :class:`BrainStates`).
+    timepoints_per_subject : int or list of int, optional
+        Subject-level privacy (recommended for fMRI, DESIGN.md section 4): the
+        number of time points a subject contributes at each site. ``None``
+        protects single time points only (sample level), as the ledgers note.
+    scale : float, optional
+        Public norm bound for time points; default 2 sqrt(R), suited to
+        whitened data (E||z||^2 = R). Points beyond it are projected onto it.
+    """
+    if occupancy not in ("weights", "release"):
+        raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
+    n_parts = 3 if occupancy == "release" else 2
+    split = ((0.4, 0.4, 0.2) if n_parts == 3 else (0.5, 0.5)) if split is None else split
+    parts = _check_split(split, n_parts)
+    _check_privacy(epsilon, delta)
+    if isinstance(Z_sites, np.ndarray) or not isinstance(Z_sites, Sequence) or not Z_sites:
+        raise ValueError("Z_sites must be a non-empty list of R x N_s arrays (time points as columns)")
+    R = np.shape(Z_sites[0])[0]
+    if scale is None:
+        scale = 2.0 * math.sqrt(R)
+    unit = "sample" if timepoints_per_subject is None else "subject"
+    groups = 1 if timepoints_per_subject is None else timepoints_per_subject
+    sites = _prepare_all(Z_sites, "mog", scale)
+    nplan = NoisePlan.coerce(plan)
+    nplan.check(len(sites))
+    groups_l = _groups(groups, unit, len(sites))
+    otd_share = sum(parts[:2])
+    res = cape_agn(sites, k, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
+                   split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale, seed=seed,
+                   n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
+    leds = res.ledgers
+    if occupancy == "weights":
+        occ = np.clip(np.nan_to_num(res.weights, nan=0.0, posinf=0.0), 0.0, None)
+    else:
+        z3 = gaussian_sigma(epsilon * parts[2], delta * parts[2])
+        st3 = _OccupancyStage("mog", z3, unit=unit, groups=groups_l, seed=seed, stage_id=3, scale=scale,
+                              centroids=res.components)
+        r3 = run_cape(st3, sites, nplan)
+        occ = np.clip(r3.aggregator["occupancy"], 0.0, None)
+        leds = [a.merge(b) if (a is not None and b is not None) else (a or b)
+                for a, b in zip(leds, cape_ledgers(r3))]
+    occ = occ / occ.sum() if occ.sum() > 0 else np.full(k, 1.0 / k)
+    if unit == "sample":
+        for led in leds:
+            if led is not None:
+                led.note("brain_states at sample level protects single time points only; pass "
+                         "timepoints_per_subject for subject-level privacy")
+    return BrainStates(res.components, occ, occupancy, res, leds)

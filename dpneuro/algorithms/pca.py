@@ -1,0 +1,830 @@
+"""capePCA and its baselines: private distributed dimension reduction.
+
+DESIGN.md section 7; 000 Sec. IV and Alg. 2, 003 Alg. 3 (capePCA), 001 Alg. 1
+(DPdisPCA), Dwork et al.'s Analyze Gauss (pooled DP and local baselines).
+
+Methods
+-------
+:func:`cape_pca`
+    Every site releases its second-moment matrix ``A_s = X_s X_s^T / N_s``
+    with noise under a :class:`~dpneuro.cape.NoisePlan`: ``"cape"``
+    (correlated noise: the weighted average carries the pooled noise
+    variance), ``"conv"`` (independent noise of the full std at every site)
+    or ``"none"`` (no noise: the pooled non-private answer). The aggregator
+    eigendecomposes the weighted average and releases the top-k eigenvectors
+    and eigenvalues (post-processing). ``mode="power"`` replaces the one-shot
+    D x D release by a noisy subspace iteration for voxel-level D (below).
+:func:`pooled_dp_pca`, :func:`local_pca`
+    Analyze Gauss on the pooled data (sensitivity 1/N) and on one site alone:
+    the same algorithm run with one "site" under plan ``"conv"``.
+:func:`dpdispca`
+    DPdisPCA (001 Alg. 1): each site adds conventional noise to ``A_s``,
+    eigendecomposes locally and sends ``P_s = U_R Sigma_R^{1/2}`` (D x R);
+    the aggregator takes the top-k left singular vectors of the stacked
+    ``[sqrt(w_1) P_1 ... sqrt(w_S) P_S]``. It reuses capePCA's site
+    computation and calibration; since its release is a *nonlinear*, site-
+    specific post-processing of the noisy matrix and the aggregator needs the
+    individual ``P_s`` (not their average), it is its own one-phase protocol
+    on the generic driver rather than a CAPE plan.
+
+Scaling (the consortium-agreed preprocessing)
+---------------------------------------------
+Every sensitivity below assumes each column (time point) has L2 norm <= 1.
+``scale`` says how that is ensured, at each site, column by column:
+
+``None``    the data already satisfy it (checked; an error otherwise). Whatever
+            preprocessing made it so is outside this ledger.
+``c``       a public constant agreed by the consortium (a float): columns are
+            divided by ``c`` and any still above norm 1 are clipped to norm 1.
+            The constant is public, not derived from the data privately.
+``"clip"``  ``x / max(1, ||x||)``.
+``"unit"``  ``x / ||x||`` (every time point on the unit sphere; zero columns stay 0).
+
+All four act on each column alone, so they cost no privacy; the ledger
+carries a note saying which one was used. The papers' preprocessing (divide
+by the largest norm in the pooled data) is *not* private; the benchmarks do it
+as the papers did, before calling these functions, and say so.
+
+Privacy unit and sensitivity
+----------------------------
+Neighbouring datasets add or remove one unit at one site, the site's counts
+``N_s`` (columns) and ``M_s`` (subjects) being public metadata used as the
+denominators -- the convention of the papers, which gives 1/N_s. With
+``neighbour="replace"`` (one unit swapped) every bound is sqrt(2) times larger.
+
+* Sample level (no subject boundaries): adding x (||x|| <= 1) changes the
+  released unique entries u(A_s) (upper triangle with diagonal, the entries
+  the symmetric noise is drawn on) by ||u(x x^T)||_2 <= ||x x^T||_F = ||x||^2 <= 1,
+  so Delta = 1 / N_s.
+* Subject level (``subjects`` given, or the site's data come as per-subject
+  blocks): a subject with n_m columns adds P = X_m X_m^T, PSD with
+  ||P||_F <= tr P <= n_m, so Delta = max_m n_m / N_s, i.e. 1/M_s for equal
+  scan lengths (DESIGN.md section 4).
+* Replacement: ||P - P'||_F^2 = ||P||_F^2 + ||P'||_F^2 - 2<P, P'> <= 2 n_m^2
+  (<P, P'> >= 0 for PSD matrices): Delta = sqrt(2) n_m / N_s.
+* Power mode releases A_s V with V (D x b) orthonormal and public:
+  ||x x^T V||_F = ||x|| ||V^T x|| <= 1 and ||(P - P') V||_F <= ||P - P'||_F,
+  so the sensitivities are exactly those of the covariance mode.
+
+Power mode (noisy subspace iteration)
+-------------------------------------
+For voxel-level D the D x D matrix cannot be formed. Round t: the aggregator
+broadcasts V_t (D x b, orthonormal; V_0 random and data-independent); each
+site streams its data subject by subject and releases
+``A_s V_t = sum_m X_m (X_m^T V_t) / N_s`` with noise; the aggregator
+orthonormalises the weighted average (QR). After ``n_iter`` releases the last
+one is used for a Rayleigh-Ritz step: with Y = (noisy) A V_{T-1},
+H = sym(V_{T-1}^T Y) = U diag(theta) U^T, the basis is V_{T-1} U (top k by
+theta) and theta are its Rayleigh quotients -- post-processing only. The T
+Gaussian releases compose exactly in GDP (mu^2 = T (Delta/sigma)^2), so each
+round uses the noise multiplier sqrt(T) * z(eps, delta) and the whole run is
+(eps, delta); the ledger records the T releases. Memory per site is
+O(D b + one subject).
+
+Eigenvectors are ordered by eigenvalue (descending), never by |eigenvalue|:
+a large negative noise eigenvalue is not signal. Returned eigenvalues are
+those of the noisy average; they can be small or negative at strong privacy,
+so whitening code must floor them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from .. import privacy
+from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from ..cape.plans import NoisePlan
+from ..exchange import Payload
+from ..privacy import PrivacyLedger
+from ..protocol import Phase, RunOptions, State, simulate
+
+__all__ = [
+    "CapePCA",
+    "DPdisPCA",
+    "PCAResult",
+    "SiteSource",
+    "cape_pca",
+    "dpdispca",
+    "local_pca",
+    "pca_sensitivity",
+    "pooled_dp_pca",
+    "top_eigh",
+]
+
+MODES = ("covariance", "power")
+NEIGHBOURS = ("add-remove", "replace")
+_NORM_TOL = 1e-6  # relative slack when checking ||x|| <= 1 on already-scaled data
+
+
+# -- linear algebra helpers ------------------------------------------------------------------
+
+def _fix_signs(V: np.ndarray) -> np.ndarray:
+    """Make the largest-magnitude entry of every column positive (a deterministic sign)."""
+    idx = np.argmax(np.abs(V), axis=0)
+    signs = np.sign(V[idx, np.arange(V.shape[1])])
+    signs[signs == 0] = 1.0
+    return V * signs
+
+
+def top_eigh(A: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` eigenpairs of a symmetric matrix, ordered by eigenvalue (descending).
+
+    Ordering is by value, not by |value| (the reference code's SVD orders by
+    magnitude, which promotes large negative noise eigenvalues). Signs follow
+    :func:`_fix_signs`.
+
+    Returns
+    -------
+    eigenvalues : ndarray, shape (k,)
+    V : ndarray, shape (D, k), orthonormal columns
+    """
+    A = np.asarray(A, dtype=np.float64)
+    A = (A + A.T) / 2
+    D = A.shape[0]
+    lam, U = scipy.linalg.eigh(A, subset_by_index=[D - k, D - 1])
+    order = np.argsort(lam)[::-1]
+    return lam[order], _fix_signs(U[:, order])
+
+
+def orthonormalize(Y: np.ndarray) -> np.ndarray:
+    """Q of the QR decomposition with diag(R) >= 0 (so Q is a deterministic function of Y)."""
+    Q, R = np.linalg.qr(Y)
+    d = np.sign(np.diag(R))
+    d[d == 0] = 1.0
+    return Q * d
+
+
+# -- site data ------------------------------------------------------------------------------
+
+def _subject_ranges(spec, n: int) -> list[tuple[int, int]]:
+    """Column ranges of the subjects from an int (equal split), ranges, or lengths."""
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        m = int(spec)
+        if m < 1:
+            raise ValueError(f"number of subjects must be >= 1, got {m}")
+        if n % m:
+            raise ValueError(f"{n} columns cannot be split into {m} subjects of equal length; "
+                             "give the subjects' column ranges instead")
+        L = n // m
+        return [(i * L, (i + 1) * L) for i in range(m)]
+    items = list(spec)
+    if not items:
+        raise ValueError("subjects: empty list")
+    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
+        lengths = [int(x) for x in items]
+        if min(lengths) < 1 or sum(lengths) != n:
+            raise ValueError(f"subject lengths {lengths} must be positive and sum to the {n} columns")
+        stops = np.cumsum(lengths)
+        return [(int(stop - length), int(stop)) for length, stop in zip(lengths, stops)]
+    ranges = [tuple(int(v) for v in r) for r in items]
+    if any(len(r) != 2 for r in ranges):
+        raise ValueError("subjects: give an int, a list of lengths, or a list of (start, stop) column ranges")
+    ranges.sort()
+    pos = 0
+    for a, b in ranges:
+        if a != pos or b <= a:
+            raise ValueError(f"subject column ranges must tile 0..{n} without gaps or overlaps; "
+                             f"got {ranges}")
+        pos = b
+    if pos != n:
+        raise ValueError(f"subject column ranges end at column {pos}, but the site has {n} columns")
+    return ranges
+
+
+class SiteSource:
+    """One site's data, read block by block so that at most one block is in memory.
+
+    Parameters
+    ----------
+    data
+        One of: a D x N array (in memory or a ``numpy.memmap``); the path of a
+        ``.npy`` file (memory-mapped); a :class:`dpneuro.io.SiteData` (its
+        subject boundaries are used); a sequence of D x N_m arrays (one per
+        subject); or a callable returning a fresh iterable of D x N_m blocks on
+        every call (e.g. ``site_data.iter_subjects``), one block per subject.
+    subjects
+        For array data only: the subjects' columns -- an int M (equal
+        lengths), a list of lengths, or a list of ``(start, stop)`` ranges.
+    chunk_columns
+        Block width when an array without subject boundaries is streamed.
+
+    Notes
+    -----
+    :meth:`validate` reads the data once (shape, finite values, column norms)
+    before anything is released; it is called by the algorithms' ``site_init``.
+    """
+
+    def __init__(self, data: Any, subjects: Any = None, *, chunk_columns: int = 4096):
+        self._array: np.ndarray | None = None
+        self._blocks_fn: Callable[[], Any] | None = None
+        self._ranges: list[tuple[int, int]] | None = None
+        self._subjects_spec = subjects
+        self.chunk_columns = int(chunk_columns)
+        self.validated = False
+        self.dim = self.n_samples = 0
+        self.lengths: list[int] | None = None
+        self.max_norm = 0.0
+        if isinstance(data, (str, os.PathLike)):
+            data = np.load(data, mmap_mode="r")
+        if hasattr(data, "X") and hasattr(data, "boundaries") and hasattr(data, "iter_subjects"):
+            if subjects is None:
+                self._subjects_spec = [tuple(b) for b in data.boundaries]
+            data = data.X
+        if isinstance(data, np.ndarray):
+            if data.ndim != 2:
+                raise ValueError(f"site data must be a D x N matrix, got shape {data.shape}")
+            if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)):
+                raise ValueError(f"site data must be real numbers, got dtype {data.dtype}")
+            self._array = data
+        elif callable(data):
+            self._blocks_fn = data
+        elif isinstance(data, (list, tuple)):
+            blocks = list(data)
+            self._blocks_fn = lambda: iter(blocks)
+        else:
+            raise TypeError(f"unsupported site data {type(data).__name__}: give an array, a .npy path, a "
+                            "SiteData, a list of blocks, or a callable returning an iterable of blocks "
+                            "(a one-shot generator cannot be read once per round)")
+        if self._blocks_fn is not None and subjects is not None:
+            raise ValueError("subjects can only be given for array data; a block source has one block per subject")
+
+    @property
+    def has_subjects(self) -> bool:
+        return self.lengths is not None
+
+    def blocks(self):
+        """Yield the site's data as D x n_b blocks (one subject each when subjects are known)."""
+        if self._array is not None:
+            if self._ranges is not None:
+                for a, b in self._ranges:
+                    yield self._array[:, a:b]
+            else:
+                n = self._array.shape[1]
+                for a in range(0, n, self.chunk_columns):
+                    yield self._array[:, a:a + self.chunk_columns]
+        else:
+            it = self._blocks_fn()
+            if it is None:
+                raise TypeError("the block source returned None instead of an iterable of blocks")
+            for blk in it:
+                yield blk
+
+    def validate(self, name: str = "site") -> SiteSource:
+        """Read the data once: common D, finite values, column norms. Idempotent."""
+        if self.validated:
+            return self
+        if self._array is not None:
+            n = self._array.shape[1]
+            if self._subjects_spec is not None:
+                self._ranges = _subject_ranges(self._subjects_spec, n)
+                self.lengths = [b - a for a, b in self._ranges]
+        dim, n_total, lengths, max_norm = None, 0, [], 0.0
+        for i, blk in enumerate(self.blocks()):
+            blk = np.asarray(blk)
+            if blk.ndim != 2:
+                raise ValueError(f"{name}: block {i} must be a D x N_m matrix, got shape {blk.shape}")
+            if not (np.issubdtype(blk.dtype, np.floating) or np.issubdtype(blk.dtype, np.integer)):
+                raise ValueError(f"{name}: block {i} must hold real numbers, got dtype {blk.dtype}")
+            if dim is None:
+                dim = blk.shape[0]
+            elif blk.shape[0] != dim:
+                raise ValueError(f"{name}: block {i} has {blk.shape[0]} features, the first block has {dim}")
+            if blk.shape[1] == 0:
+                raise ValueError(f"{name}: block {i} has no columns")
+            if not np.isfinite(blk).all():
+                raise ValueError(f"{name}: data contain NaN or infinite values (block {i}); "
+                                 "nothing was released")
+            norms = _col_norms(blk)
+            max_norm = max(max_norm, float(norms.max()))
+            n_total += blk.shape[1]
+            lengths.append(blk.shape[1])
+        if dim is None or n_total == 0:
+            raise ValueError(f"{name}: no data")
+        if dim < 1:
+            raise ValueError(f"{name}: data have no features (D = 0)")
+        self.dim, self.n_samples, self.max_norm = int(dim), int(n_total), max_norm
+        if self._blocks_fn is not None:
+            self.lengths = lengths
+        self.validated = True
+        return self
+
+
+def as_source(data: Any, subjects: Any = None) -> SiteSource:
+    if isinstance(data, SiteSource):
+        if subjects is not None:
+            raise ValueError("give subjects when building the SiteSource, not again")
+        return data
+    return SiteSource(data, subjects)
+
+
+def _col_norms(blk: np.ndarray) -> np.ndarray:
+    b = np.asarray(blk, dtype=np.float64) if blk.dtype != np.float64 and blk.dtype != np.float32 else blk
+    return np.sqrt(np.einsum("ij,ij->j", b, b, dtype=np.float64))
+
+
+def _scale_factors(norms: np.ndarray, scale) -> np.ndarray:
+    """Per-column multipliers that bring every column to norm <= 1 under ``scale``."""
+    if scale is None or scale == "clip":
+        return 1.0 / np.maximum(1.0, norms)
+    if scale == "unit":
+        out = np.zeros_like(norms)
+        nz = norms > 0
+        out[nz] = 1.0 / norms[nz]
+        return out
+    c = float(scale)
+    return (1.0 / c) / np.maximum(1.0, norms / c)
+
+
+def _check_scale(scale) -> None:
+    if scale is None or scale in ("clip", "unit"):
+        return
+    if isinstance(scale, str):
+        raise ValueError(f"scale must be None, a positive number, 'clip' or 'unit'; got {scale!r}")
+    c = float(scale)
+    if not (c > 0 and math.isfinite(c)):
+        raise ValueError(f"scale constant must be positive and finite, got {scale}")
+
+
+def _scale_note(scale) -> str:
+    if scale is None:
+        return ("data were given already scaled to column norm <= 1 (checked); the consortium-agreed "
+                "preprocessing that did so is public and is not covered by this ledger")
+    if scale == "clip":
+        return "each column clipped to norm <= 1 (x / max(1, ||x||)): per-sample, no data-dependent constant"
+    if scale == "unit":
+        return "each column scaled to unit norm (x / ||x||): per-sample, no data-dependent constant"
+    return (f"columns divided by the consortium-agreed constant c = {float(scale):.6g}, then clipped to "
+            "norm <= 1; c is public (agreed beforehand), not derived privately from the data")
+
+
+def second_moment(src: SiteSource, scale) -> np.ndarray:
+    """A_s = sum over blocks of (B F)(B F)^T / N_s with F the per-column scale factors."""
+    D = src.dim
+    A = np.zeros((D, D))
+    for blk in src.blocks():
+        B = np.asarray(blk, dtype=np.float64)
+        B = B * _scale_factors(_col_norms(B), scale)
+        A += B @ B.T
+    A /= src.n_samples
+    return (A + A.T) / 2
+
+
+def second_moment_times(src: SiteSource, scale, V: np.ndarray) -> np.ndarray:
+    """A_s V streamed: sum over blocks of B (f^2 * (B^T V)) / N_s, never forming A_s.
+
+    Float32 data are multiplied in float32 (half the memory and time of a
+    float64 copy of the block) and accumulated in float64.
+    """
+    Y = np.zeros((src.dim, V.shape[1]))
+    for blk in src.blocks():
+        B = np.asarray(blk)
+        if B.dtype not in (np.float32, np.float64):
+            B = B.astype(np.float64)
+        f2 = _scale_factors(_col_norms(B), scale) ** 2
+        C = B.T @ V.astype(B.dtype, copy=False)
+        C *= f2[:, None].astype(B.dtype, copy=False)
+        Y += B @ C
+    Y /= src.n_samples
+    return Y
+
+
+def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "add-remove") -> float:
+    """L2 sensitivity of A_s (and of A_s V) for one unit of ``max_subject_len`` columns.
+
+    ``max_subject_len=1`` is the sample level. See the module docstring for the derivation.
+    """
+    if neighbour not in NEIGHBOURS:
+        raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
+    base = max_subject_len / n_samples
+    return base * (math.sqrt(2.0) if neighbour == "replace" else 1.0)
+
+
+# -- parameter checks -----------------------------------------------------------------------
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _noise_multiplier(epsilon, delta, rounds: int = 1) -> float:
+    """Per-release std per unit sensitivity so that ``rounds`` releases compose to (eps, delta).
+
+    ``epsilon`` None or inf means no noise (only valid with plan "none").
+    """
+    if epsilon is None or (isinstance(epsilon, float) and math.isinf(epsilon) and epsilon > 0):
+        return 0.0
+    return privacy.gaussian_sigma(float(epsilon), float(delta)) * math.sqrt(rounds)
+
+
+def _check_privacy(epsilon, delta, plan_kind: str) -> None:
+    no_noise = epsilon is None or (isinstance(epsilon, (float, int)) and math.isinf(epsilon) and epsilon > 0)
+    if no_noise:
+        if plan_kind != "none":
+            raise ValueError(f"epsilon={epsilon!r} means no noise: only plan 'none' runs without noise; "
+                             f"give a finite epsilon > 0 for plan {plan_kind!r}")
+    else:
+        try:
+            e = float(epsilon)
+        except (TypeError, ValueError):
+            raise ValueError(f"epsilon must be a number > 0, got {epsilon!r}") from None
+        if not (e > 0) or not math.isfinite(e):
+            raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if plan_kind != "none" or not no_noise:
+        try:
+            d = float(delta)
+        except (TypeError, ValueError):
+            raise ValueError(f"delta must be a number in (0, 1), got {delta!r}") from None
+        if not (0 < d < 1):
+            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+# -- capePCA as a CAPE algorithm ----------------------------------------------------------------
+
+class CapePCA:
+    """capePCA (covariance mode) and the noisy subspace iteration (power mode) for :mod:`dpneuro.cape`.
+
+    Parameters
+    ----------
+    k : int
+        Number of components.
+    epsilon, delta : float
+        The whole run's (eps, delta) at each site (power mode splits it
+        over ``n_iter`` rounds by exact GDP composition). ``epsilon=None``
+        (or inf) only with plan "none".
+    mode : {"covariance", "power"}
+    n_iter : int
+        Power mode: number of releases (rounds), >= 2.
+    unit : {"sample", "subject"} or None
+        Privacy unit; None: "subject" when the site's data carry subject
+        boundaries, else "sample".
+    scale : None, float, "clip" or "unit"
+        How columns are brought to norm <= 1 (module docstring).
+    neighbour : {"add-remove", "replace"}
+    seed : int or None
+        Seeds every site's noise (``default_rng([seed, site])``) and the
+        power mode's V_0; None draws from OS entropy (production).
+    oversample : int
+        Power mode: iterate on k + oversample columns, return the top k.
+    dim : int or None
+        D if known to the aggregator in advance; otherwise read from the
+        sites' declared release shapes.
+    """
+
+    name = "capepca"
+
+    def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
+                 unit: str | None = None, scale=None, neighbour: str = "add-remove", seed: int | None = None,
+                 oversample: int = 0, dim: int | None = None):
+        self.k = _check_k(k)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if unit not in (None, "sample", "subject"):
+            raise ValueError(f"unit must be 'sample', 'subject' or None, got {unit!r}")
+        if neighbour not in NEIGHBOURS:
+            raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
+        _check_scale(scale)
+        if isinstance(oversample, bool) or not isinstance(oversample, (int, np.integer)) or oversample < 0:
+            raise ValueError(f"oversample must be an integer >= 0, got {oversample!r}")
+        self.mode, self.unit, self.scale, self.neighbour = mode, unit, scale, neighbour
+        self.seed, self.oversample, self.dim = seed, int(oversample), dim
+        if mode == "power":
+            n_iter = 20 if n_iter is None else n_iter
+            if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 2:
+                raise ValueError(f"power mode needs n_iter >= 2 (the last release is the Rayleigh-Ritz step), "
+                                 f"got {n_iter!r}")
+            self.max_rounds = int(n_iter)
+        else:
+            self.max_rounds = 1
+        self.n_iter = self.max_rounds
+        self.epsilon, self.delta = epsilon, delta
+        self.z = _noise_multiplier(epsilon, delta, self.max_rounds)
+
+    @property
+    def block(self) -> int:
+        return self.k + self.oversample
+
+    # -- site ----------------------------------------------------------------------------
+    def site_init(self, site: int, data: Any) -> State:
+        src = as_source(data).validate(f"site {site}")
+        if self.block > src.dim:
+            raise ValueError(f"site {site}: k = {self.k} (+ oversample {self.oversample}) exceeds the "
+                             f"number of features D = {src.dim}")
+        if self.dim is not None and src.dim != self.dim:
+            raise ValueError(f"site {site} has D = {src.dim} features, the run expects {self.dim}")
+        if self.scale is None and src.max_norm > 1 + _NORM_TOL:
+            raise ValueError(f"site {site}: a column has norm {src.max_norm:.4g} > 1; bring the data to the "
+                             "consortium-agreed norm bound (scale=c with the public constant c) or pass "
+                             "scale='clip' / 'unit'. Nothing was released")
+        unit = self.unit or ("subject" if src.has_subjects else "sample")
+        if unit == "subject" and not src.has_subjects:
+            raise ValueError(f"site {site}: unit='subject' needs subject boundaries (subjects=..., a SiteData, "
+                             "or one block per subject)")
+        max_len = max(src.lengths) if unit == "subject" else 1
+        sens = pca_sensitivity(src.n_samples, max_len, self.neighbour)
+        ledger = PrivacyLedger(owner=f"site-{site}")
+        ledger.note(_scale_note(self.scale))
+        what = "one subject (all its time points)" if unit == "subject" else "one sample (column)"
+        ledger.note(f"{self.name}: privacy unit = {what}, neighbours by {self.neighbour}, counts N_s (and M_s) "
+                    f"public; sensitivity {sens:.6g} = {'sqrt(2) * ' if self.neighbour == 'replace' else ''}"
+                    f"{max_len}/{src.n_samples}")
+        if self.mode == "power":
+            ledger.note(f"{self.name} power mode: {self.n_iter} releases of A_s V_t, per-release noise multiplier "
+                        f"sqrt({self.n_iter}) * z(eps, delta) so that their composition is the run's (eps, delta)")
+        state: State = {"_src": src, "site": site, "dim": src.dim, "n": src.n_samples, "unit": unit,
+                        "sensitivity": sens, "ledger": ledger}
+        if self.seed is not None:
+            state["rng"] = np.random.default_rng([int(self.seed), int(site)])
+        return state
+
+    def site_releases(self, state: State) -> dict[str, ReleaseSpec]:
+        D = int(state["dim"])
+        if self.mode == "covariance":
+            return {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
+                                     stage=self.name)}
+        return {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
+                                  stage=f"{self.name}-power")}
+
+    def site_weight(self, state: State) -> float:
+        return float(state["n"])
+
+    def site_compute(self, state: State, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
+        src = state["_src"]
+        if self.mode == "covariance":
+            return {"A": second_moment(src, self.scale)}
+        if broadcast is None or "V" not in broadcast.arrays:
+            raise RuntimeError(f"site {state['site']}: no subspace V received for round {round}")
+        V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
+        if V.shape != (src.dim, self.block):
+            raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected "
+                             f"{(src.dim, self.block)}")
+        return {"AV": second_moment_times(src, self.scale, V)}
+
+    # -- aggregator ----------------------------------------------------------------------
+    def aggregator_init(self) -> State:
+        return {}
+
+    def _public_dim(self, state: State) -> int:
+        specs = state.get("cape", {}).get("specs", {})
+        for spec in specs.values():
+            return int(spec["shape"][0])
+        if self.dim is None:
+            raise RuntimeError("the aggregator does not know D")
+        return int(self.dim)
+
+    def aggregator_first(self, state: State) -> Payload:
+        D = self._public_dim(state)
+        weights = np.asarray(state.get("cape", {}).get("weights", []), dtype=float)
+        if weights.size and self.k > min(D, weights.sum()):
+            raise ValueError(f"k = {self.k} exceeds min(D, N) = {min(D, int(weights.sum()))}")
+        if self.mode == "covariance":
+            return Payload()
+        # V_0: random and data-independent, so it costs no privacy
+        rng = np.random.default_rng(None if self.seed is None else [int(self.seed), 2**31 - 1])
+        V0 = orthonormalize(rng.standard_normal((D, self.block)))
+        state["V"] = V0
+        return Payload({"V": V0})
+
+    def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload:
+        if self.mode == "covariance":
+            A = combined["A"]
+            lam, V = top_eigh(A, self.k)
+            state.update(basis=V, eigenvalues=lam, A_hat=(A + A.T) / 2)
+            return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
+        Y = combined["AV"]
+        if round < self.max_rounds - 1:
+            V = orthonormalize(Y)
+            state["V"] = V
+            return Payload({"V": V})
+        # Rayleigh-Ritz on the last release: Ritz pairs of span(V_{T-1})
+        Vp = state["V"]
+        H = Vp.T @ Y
+        theta, U = np.linalg.eigh((H + H.T) / 2)
+        order = np.argsort(theta)[::-1][: self.k]
+        V = _fix_signs(Vp @ U[:, order])
+        state.update(basis=V, eigenvalues=theta[order])
+        return Payload({"V": V, "eigenvalues": theta[order]}, {"stop": True})
+
+
+# -- DPdisPCA: its own one-phase protocol, reusing capePCA's site computation -----------------
+
+class DPdisPCA:
+    """DPdisPCA (001 Alg. 1) as a protocol for the generic driver.
+
+    Site: the capePCA covariance computation and calibration, conventional
+    symmetric Gaussian noise of the full std (recorded in the ledger), then the
+    partial square root ``P_s = U_R diag(sqrt(max(lambda_R, 0)))`` of the
+    noisy matrix (top R eigenvalues by value; a negative one contributes 0).
+    Aggregator: top-k left singular vectors of ``[sqrt(w_1) P_1 ... sqrt(w_S) P_S]``
+    (= eigenvectors of ``sum_s w_s P_s P_s^T``; w_s = N_s / N, i.e. 1/S for equal sites).
+    """
+
+    name = "dpdispca"
+    max_rounds = 1
+
+    def __init__(self, k: int, epsilon, delta, R: int | None = None, **kw):
+        self.base = CapePCA(k, epsilon, delta, mode="covariance", **kw)
+        self.base.name = self.name
+        self.k = self.base.k
+        R = 2 * self.k if R is None else R
+        if isinstance(R, bool) or not isinstance(R, (int, np.integer)) or R < self.k:
+            raise ValueError(f"intermediate dimension R must be an integer >= k = {self.k}, got {R!r}")
+        self.R = int(R)
+        if self.base.z <= 0:
+            raise ValueError("DPdisPCA needs a finite epsilon > 0")
+
+    def phases(self, round: int) -> Sequence[Phase]:
+        return [Phase("dpdispca", self._site, self._agg)]
+
+    def site_init(self, site: int, data: Any) -> State:
+        state = self.base.site_init(site, data)
+        if self.R > state["dim"]:
+            raise ValueError(f"site {site}: R = {self.R} exceeds D = {state['dim']}")
+        state.setdefault("rng", privacy.default_rng())
+        return state
+
+    def aggregator_init(self) -> State:
+        return {}
+
+    def _site(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        spec = self.base.site_releases(state)["A"]
+        A = self.base.site_compute(state, rnd, None)["A"]
+        noise = privacy.gaussian(state["rng"], A.shape, spec.tau, state["ledger"], symmetric=True)
+        state["ledger"].record("A", spec.sensitivity, spec.tau, unit=spec.unit, stage=self.name)
+        lam, U = top_eigh(A + noise, self.R)
+        P = U * np.sqrt(np.maximum(lam, 0.0))  # post-processing of the noisy release
+        return Payload({"P": P, "weight": np.array([float(state["n"])])}, {},
+                       carries={"P": "gaussian-noise (post-processed)", "weight": "public"})
+
+    def _agg(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        sites = sorted(msgs)
+        n = np.array([float(msgs[s].arrays["weight"][0]) for s in sites])
+        w = n / n.sum()
+        dims = {msgs[s].arrays["P"].shape[0] for s in sites}
+        if len(dims) != 1:
+            raise ValueError(f"sites sent P_s with different numbers of features {sorted(dims)}")
+        if self.k > min(dims.pop(), n.sum()):
+            raise ValueError(f"k = {self.k} exceeds min(D, N)")
+        M = np.hstack([np.sqrt(wi) * msgs[s].arrays["P"] for wi, s in zip(w, sites)])
+        U, sv, _ = np.linalg.svd(M, full_matrices=False)
+        V, lam = _fix_signs(U[:, : self.k]), sv[: self.k] ** 2
+        state.update(basis=V, eigenvalues=lam)
+        return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
+
+
+# -- convenience entry points for simulations ---------------------------------------------------
+
+@dataclass
+class PCAResult:
+    """What a PCA run released, and each site's ledger.
+
+    Attributes
+    ----------
+    basis : ndarray, shape (D, k)
+        Orthonormal columns, ordered by eigenvalue (descending).
+    eigenvalues : ndarray, shape (k,)
+        The released top eigenvalues (of the noisy average; Ritz values in power mode).
+    ledgers : list of PrivacyLedger
+        One per site (None for a site that dropped out).
+    """
+
+    basis: np.ndarray
+    eigenvalues: np.ndarray
+    ledgers: list
+    method: str
+    plan: str
+    mode: str = "covariance"
+    unit: str = "sample"
+    rounds: int = 1
+    info: dict = field(default_factory=dict)
+
+
+def _seed_from(seed, rng) -> int | None:
+    if seed is not None and rng is not None:
+        raise ValueError("give seed or rng, not both")
+    if rng is not None:
+        return int(rng.integers(2**62))
+    return None if seed is None else int(seed)
+
+
+def _prepare_sites(X_sites, subjects, k: int) -> list[SiteSource]:
+    """Wrap and validate every site's data before the protocol starts (errors before any release)."""
+    if isinstance(X_sites, np.ndarray) or not isinstance(X_sites, Sequence) or len(X_sites) == 0:
+        raise ValueError("X_sites must be a non-empty list with one data matrix (or source) per site")
+    S = len(X_sites)
+    if subjects is not None and len(subjects) != S:
+        raise ValueError(f"subjects must have one entry per site ({S}), got {len(subjects)}")
+    srcs = []
+    for s, X in enumerate(X_sites):
+        src = as_source(X, None if subjects is None else subjects[s])
+        srcs.append(src.validate(f"site {s}"))
+    dims = [src.dim for src in srcs]
+    if len(set(dims)) != 1:
+        raise ValueError(f"all sites must have the same number of features D; got {dims}")
+    n_total = sum(src.n_samples for src in srcs)
+    if k > min(dims[0], n_total):
+        raise ValueError(f"k = {k} exceeds min(D, N) = min({dims[0]}, {n_total})")
+    return srcs
+
+
+def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
+             scale=None, neighbour: str = "add-remove", mode: str = "covariance", n_iter: int | None = None,
+             oversample: int = 0, exchange=None, seed: int | None = None, rng: np.random.Generator | None = None,
+             secagg_config=None, options: RunOptions | None = None, method: str | None = None) -> PCAResult:
+    """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
+
+    Parameters
+    ----------
+    X_sites : list
+        One entry per site: a D x N_s array, a ``.npy`` path, a SiteData, a
+        list of per-subject blocks, a callable returning an iterable of
+        blocks, or a :class:`SiteSource`.
+    k : int
+    epsilon, delta : float
+        Each site's (eps, delta) for the whole run. ``epsilon=None`` or
+        ``math.inf`` only with plan "none".
+    plan : {"cape", "conv", "none"} or NoisePlan
+    subjects : list, optional
+        Per site: int M_s, list of lengths, or list of (start, stop) column
+        ranges. Switches the privacy unit to one subject.
+    unit, scale, neighbour, mode, n_iter, oversample
+        See :class:`CapePCA` and the module docstring.
+    exchange : Exchange, optional
+        Defaults to an in-process exchange.
+    seed, rng
+        Reproducible noise for simulations (a Generator is turned into a seed).
+
+    Returns
+    -------
+    PCAResult
+    """
+    plan = NoisePlan.coerce(plan)
+    _check_privacy(epsilon, delta, plan.kind)
+    k = _check_k(k)
+    srcs = _prepare_sites(X_sites, subjects, k)
+    plan.check(len(srcs))
+    alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
+                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim)
+    res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
+    agg = res.aggregator
+    leds = cape_ledgers(res)
+    units = sorted({s["unit"] for s in res.sites if s is not None})
+    info = {"noise_multiplier": alg.z, "sensitivity": [s["sensitivity"] if s else None for s in res.sites]}
+    if "A_hat" in agg:
+        info["A_hat"] = agg["A_hat"]
+    return PCAResult(agg["basis"], agg["eigenvalues"], leds, method or f"capepca[{plan.kind}]", plan.kind, mode,
+                     "/".join(units), int(agg.get("rounds", alg.max_rounds)), info)
+
+
+def _single(X, k, epsilon, delta, method: str, owner: str, subjects=None, **kw) -> PCAResult:
+    res = cape_pca([X], k, epsilon, delta, plan="conv", subjects=None if subjects is None else [subjects],
+                   method=method, **kw)
+    for led in res.ledgers:
+        if led is not None:
+            led.owner = owner
+    return res
+
+
+def pooled_dp_pca(X_all, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
+    """Analyze Gauss on the pooled data: one noisy D x D release with sensitivity 1/N.
+
+    The reference a trusted curator holding everybody's data would get; the
+    ledger (owner "pooled") records that release. Same code path as
+    :func:`cape_pca` with one site under plan "conv". Keywords as for :func:`cape_pca`.
+    """
+    return _single(X_all, k, epsilon, delta, "pooled-dp", "pooled", subjects, **kw)
+
+
+def local_pca(X_site, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
+    """Analyze Gauss on one site's data alone (sensitivity 1/N_s): what a site gets without the consortium."""
+    return _single(X_site, k, epsilon, delta, "local", "local", subjects, **kw)
+
+
+def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=None, unit: str | None = None,
+             scale=None, neighbour: str = "add-remove", exchange=None, seed: int | None = None,
+             rng: np.random.Generator | None = None, options: RunOptions | None = None) -> PCAResult:
+    """DPdisPCA (001 Alg. 1) with intermediate dimension ``R`` (default 2k).
+
+    Each site's ledger records one release of A_s with conventional noise
+    (the ``P_s`` it sends is post-processing of that release).
+    """
+    _check_privacy(epsilon, delta, "conv")
+    k = _check_k(k)
+    srcs = _prepare_sites(X_sites, subjects, k)
+    proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
+                     seed=_seed_from(seed, rng), dim=srcs[0].dim)
+    if proto.R > srcs[0].dim:
+        raise ValueError(f"R = {proto.R} exceeds D = {srcs[0].dim}")
+    res = simulate(proto, srcs, exchange=exchange, options=options)
+    agg = res.aggregator
+    leds = [s["ledger"] if s is not None else None for s in res.sites]
+    units = sorted({s["unit"] for s in res.sites if s is not None})
+    return PCAResult(agg["basis"], agg["eigenvalues"], leds, "dpdispca", "conv", "covariance", "/".join(units), 1,
+                     {"R": proto.R, "noise_multiplier": proto.base.z})

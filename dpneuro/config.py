@@ -1,0 +1,184 @@
+"""Run configuration: one TOML file, validated as a whole before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .privacy import gaussian_sigma
+
+PLANS = ("cape", "conv", "none")
+BACKENDS = ("inprocess", "directory")
+REDUCTIONS = ("capepca", "capepca-power", "pdsvd", "none")
+
+
+class ConfigError(ValueError):
+    """A field of the run configuration is missing or invalid (the message names it)."""
+
+
+@dataclass
+class SiteInput:
+    name: str
+    path: str  # folder of 4-D NIfTI files (one per subject) or a single file
+    files: list[str] = field(default_factory=list)  # explicit file list instead of a folder
+
+
+@dataclass
+class RunConfig:
+    """Everything a consortium run needs; see ``site_templates/run.toml`` for every field commented."""
+
+    sites: list[SiteInput]
+    out: str
+    mask: str = ""  # NIfTI mask; empty: the template at ``space``
+    space: str = "mni4mm"
+    parcels: int = 0  # data-independent parcellation of the mask (0: voxels)
+    n_components: int = 20
+    reduction: str = "capepca"
+    plan: str = "cape"
+    n_colluding: int | None = None
+    delta: float = 1e-5  # total delta per site
+    pca_epsilon: float = 4.0
+    # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in 003 Sec. V;
+    # totals over all rounds are composed exactly from the ledgers at ``delta``
+    ica_epsilon_i: float = 1.0
+    ica_delta_i: float = 1e-2
+    ica_rounds: int = 200
+    clip_G: float = 30.0
+    clip_h: float = 30.0
+    optimizer: str = "fast"
+    calibration: str = "analytic"
+    standardize: bool = True
+    min_volumes: int = 10
+    seed: int | None = None  # None: OS entropy (deployments); an int: reproducible simulation
+    backend: str = "inprocess"
+    exchange_dir: str = ""
+    truth: str = ""  # optional ground truth (synthetic data): folder with manifest.json
+    timeout: float = 600.0
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def pca_delta(self) -> float:
+        """delta used to calibrate the one PCA release (totals are composed at ``delta``)."""
+        return self.delta / 2
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self, *fields: str) -> str:
+        import hashlib
+
+        d = self.to_json()
+        sel = {k: d[k] for k in fields} if fields else d
+        return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    # -- validation ----------------------------------------------------------------------
+    def validate(self) -> RunConfig:
+        def bad(fieldname: str, why: str):
+            raise ConfigError(f"config field {fieldname!r}: {why}")
+
+        if not self.sites:
+            bad("sites", "at least one site is needed")
+        names = [s.name for s in self.sites]
+        if len(set(names)) != len(names):
+            bad("sites", f"site names must be unique, got {names}")
+        for i, s in enumerate(self.sites):
+            if not s.name:
+                bad(f"sites[{i}].name", "empty")
+            if not s.files and not s.path:
+                bad(f"sites[{i}]", "give 'path' (a folder of NIfTI files) or 'files'")
+            for f in s.files or [s.path]:
+                if not Path(f).exists():
+                    bad(f"sites[{i}] ({s.name})", f"{f} does not exist")
+        if self.mask and not Path(self.mask).exists():
+            bad("mask", f"{self.mask} does not exist")
+        if not self.mask and self.space not in ("mni4mm", "mni6mm", "grid30"):
+            bad("space", f"unknown template {self.space!r} (mni4mm, mni6mm, grid30) and no mask given")
+        if self.parcels < 0:
+            bad("parcels", "must be >= 0")
+        if self.n_components < 2:
+            bad("n_components", "must be >= 2")
+        if self.reduction not in REDUCTIONS:
+            bad("reduction", f"one of {REDUCTIONS}")
+        if self.plan not in PLANS:
+            bad("plan", f"one of {PLANS}")
+        if self.plan == "cape" and len(self.sites) < 3:
+            bad("plan", f"CAPE needs at least 3 sites, got {len(self.sites)}; use 'conv'")
+        if self.backend not in BACKENDS:
+            bad("backend", f"one of {BACKENDS}")
+        if self.backend == "directory" and not self.exchange_dir:
+            bad("exchange_dir", "the directory backend needs a shared folder")
+        if not 0 < self.delta < 1:
+            bad("delta", "must be in (0, 1)")
+        if self.plan != "none":
+            for name in ("pca_epsilon", "ica_epsilon_i"):
+                v = getattr(self, name)
+                if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                    bad(name, f"must be a positive number, got {v!r}")
+            if not 0 < self.ica_delta_i < 1:
+                bad("ica_delta_i", "must be in (0, 1)")
+            if self.calibration == "classic" and self.ica_epsilon_i >= 1:
+                bad("ica_epsilon_i", "the classic Gaussian formula needs eps < 1; use calibration = 'analytic'")
+            try:
+                gaussian_sigma(self.ica_epsilon_i, self.ica_delta_i, method=self.calibration)
+            except ValueError as exc:
+                bad("calibration", str(exc))
+        if self.ica_rounds < 1:
+            bad("ica_rounds", "must be >= 1")
+        for name in ("clip_G", "clip_h"):
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0")
+        if self.optimizer not in ("paper", "fast"):
+            bad("optimizer", "'paper' or 'fast'")
+        if self.truth and not (Path(self.truth) / "manifest.json").exists():
+            bad("truth", f"{self.truth} has no manifest.json")
+        return self
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], base: Path | None = None) -> RunConfig:
+        d = dict(d)
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {sorted(unknown)}; known: {sorted(known)}")
+        if "sites" not in d:
+            raise ConfigError("config field 'sites': missing")
+        if "out" not in d:
+            raise ConfigError("config field 'out': missing")
+
+        def rel(p: str) -> str:
+            return str((base / p).resolve()) if base is not None and p and not Path(p).is_absolute() else p
+
+        sites = []
+        for i, s in enumerate(d.pop("sites")):
+            if not isinstance(s, dict):
+                raise ConfigError(f"config field 'sites[{i}]': must be a table with name and path")
+            extra = set(s) - {"name", "path", "files"}
+            if extra:
+                raise ConfigError(f"config field 'sites[{i}]': unknown keys {sorted(extra)}")
+            sites.append(SiteInput(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
+                                   files=[rel(str(f)) for f in s.get("files", [])]))
+        for key in ("out", "mask", "exchange_dir", "truth"):
+            if d.get(key):
+                d[key] = rel(str(d[key]))
+        for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int)):
+            if key in d and (not isinstance(d[key], int) or isinstance(d[key], bool)):
+                raise ConfigError(f"config field {key!r}: must be an integer, got {d[key]!r}")
+        try:
+            return cls(sites=sites, **d)
+        except TypeError as exc:
+            raise ConfigError(f"config: {exc}") from exc
+
+    @classmethod
+    def load(cls, path) -> RunConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found")
+        try:
+            d = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+        return cls.from_dict(d, base=path.parent).validate()

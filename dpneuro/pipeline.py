@@ -1,0 +1,345 @@
+"""The analysis stages, as plain functions from files to files.
+
+Each stage reads the JSON/NPY files of the stages before it and writes its own
+into a folder named by a digest of its inputs, so the same inputs always land
+in the same place (Pydra's cache in ``workflows/`` decides what to skip) and
+different inputs never overwrite each other. ``workflows/`` wraps these
+functions as Pydra tasks; they never import Pydra themselves.
+
+load (per site) -> reduce (capePCA) -> unmix (capeDJICA) -> maps -> report
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import RunConfig
+
+SCALING_NOTE = (
+    "Every time point is divided by the consortium-wide maximum column norm of the reduced data "
+    "agreed before the run (and clipped to norm <= 1), so one subject changes a site's second-moment "
+    "matrix by at most 1/M_s; the agreed constant is public."
+)
+
+
+def _digest(*parts: Any) -> str:
+    h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:12]
+
+
+def _stage_dir(cfg: RunConfig, stage: str, *parts: Any) -> Path:
+    d = Path(cfg.out) / "work" / f"{stage}-{_digest(*parts)}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _write_json(path: Path, obj: Any) -> str:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    tmp.replace(path)
+    return str(path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _seed(cfg: RunConfig, stage: int):
+    return None if cfg.seed is None else [int(cfg.seed), stage]
+
+
+# -- mask and parcels ------------------------------------------------------------------------
+
+#: configuration fields each stage depends on (a change re-runs that stage and what follows)
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "space": ("mask", "space", "parcels"),
+    "load": ("sites", "standardize", "min_volumes"),
+    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed"),
+    "unmix": ("plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
+              "optimizer", "calibration", "seed"),
+    "maps": ("delta", "truth", "plan", "n_colluding", "seed"),
+    "report": (),
+}
+
+
+def stage_key(cfg: RunConfig, stage: str) -> str:
+    """Digest of the fields ``stage`` depends on; ``report`` depends on all of them."""
+    fields = STAGE_FIELDS[stage] or tuple(cfg.to_json())
+    return cfg.digest(*fields)
+
+
+def stage_space(cfg_json: str, key: str = "") -> str:
+    """The mask (given, or the template's) and the optional data-independent parcellation."""
+    from .io import load_mask, mask_to_image
+    from .parcellation import coordinate_parcels
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    d = _stage_dir(cfg, "space", cfg.mask, cfg.space, cfg.parcels)
+    out = d / "space.json"
+    if out.exists():
+        return str(out)
+    if cfg.mask:
+        mask_path = cfg.mask
+    else:
+        from .synth import load_space
+
+        m, aff = load_space(cfg.space)
+        import nibabel as nib
+
+        mask_path = str(d / "mask.nii.gz")
+        nib.Nifti1Image(m.astype(np.uint8), aff).to_filename(mask_path)
+    mask, _ = load_mask(mask_path)
+    info = {"mask": mask_path, "n_voxels": int(mask.sum()), "parcels": None}
+    if cfg.parcels:
+        labels = coordinate_parcels(mask, cfg.parcels, seed=0)
+        np.save(d / "parcels.npy", labels)
+        mask_to_image(labels.astype(np.float32) + 1, mask_path).to_filename(d / "parcels.nii.gz")
+        info["parcels"] = str(d / "parcels.npy")
+        info["n_parcels"] = int(labels.max() + 1)
+    return _write_json(out, info)
+
+
+# -- per site: load and validate ----------------------------------------------------------------
+
+def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") -> str:
+    """One site's subjects: validated, masked, standardised, (parcel-averaged) into a D x N .npy."""
+    from .io import load_site
+    from .parcellation import Parcellation
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    site = next(s for s in cfg.sites if s.name == site_name)
+    space = _read_json(space_json)
+    d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, space, cfg.standardize, cfg.min_volumes)
+    out = d / "site.json"
+    if out.exists():
+        return str(out)
+    parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
+    t0 = time.perf_counter()
+    sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize,
+                   min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels)
+    return _write_json(out, {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
+                             "n_features": sd.n_features, "n_samples": sd.n_samples,
+                             "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
+                             "seconds": time.perf_counter() - t0})
+
+
+def _sites(site_jsons: list[str]) -> list[dict]:
+    sites = [_read_json(p) for p in site_jsons]
+    Ds = {s["n_features"] for s in sites}
+    if len(Ds) != 1:
+        raise ValueError(f"sites have different numbers of features: "
+                         f"{ {s['site']: s['n_features'] for s in sites} }; they must share the mask and parcels")
+    return sites
+
+
+def _lengths(site: dict) -> list[int]:
+    return [b - a for a, b in site["boundaries"]]
+
+
+def _ledgers_json(ledgers, names) -> dict:
+    return {n: (led.to_dict() if led is not None else None) for n, led in zip(names, ledgers)}
+
+
+# -- reduction ---------------------------------------------------------------------------------
+
+def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
+    """capePCA (or a baseline) over all sites: basis, eigenvalues and every site's ledger."""
+    from .algorithms.pca import cape_pca
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    sites = _sites(site_jsons)
+    d = _stage_dir(cfg, "reduce", site_jsons, stage_key(cfg, "reduce"))
+    out = d / "reduce.json"
+    if out.exists():
+        return str(out)
+    t0 = time.perf_counter()
+    X = [np.load(s["X"], mmap_mode="r") for s in sites]
+    plan = "none" if cfg.reduction == "none" else cfg.plan
+    res = cape_pca(X, cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, plan=plan,
+                   subjects=[_lengths(s) for s in sites], seed=_seed(cfg, 1),
+                   mode="power" if cfg.reduction == "capepca-power" else "covariance")
+    np.save(d / "basis.npy", res.basis)
+    np.save(d / "eigenvalues.npy", res.eigenvalues)
+    return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
+                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
+                             "seconds": time.perf_counter() - t0})
+
+
+# -- unmixing ----------------------------------------------------------------------------------
+
+def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
+    """capeDJICA on every site's whitened data (each site whitens locally with the public basis)."""
+    from .algorithms.djica import cape_djica, whiten
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    sites = _sites(site_jsons)
+    red = _read_json(reduce_json)
+    d = _stage_dir(cfg, "unmix", reduce_json, stage_key(cfg, "unmix"))
+    out = d / "unmix.json"
+    if out.exists():
+        return str(out)
+    t0 = time.perf_counter()
+    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+    Z = [whiten(np.load(s["X"], mmap_mode="r"), V, lam).astype(np.float32) for s in sites]
+    res = cape_djica(Z, [_lengths(s) for s in sites], epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i,
+                     clip_G=cfg.clip_G, clip_h=cfg.clip_h, rounds=cfg.ica_rounds, plan=cfg.plan,
+                     seed=_seed(cfg, 2), optimizer=cfg.optimizer, calibration=cfg.calibration)
+    np.save(d / "W.npy", res.W)
+    np.save(d / "b.npy", res.b)
+    hist = {k: [float(x) for x in v] for k, v in res.history.items()}
+    return _write_json(out, {"W": str(d / "W.npy"), "b": str(d / "b.npy"), "history": hist,
+                             "rounds": res.rounds, "status": res.status,
+                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
+                             "seconds": time.perf_counter() - t0})
+
+
+# -- maps, privacy and the report --------------------------------------------------------------
+
+def _truth(cfg: RunConfig) -> dict | None:
+    if not cfg.truth:
+        return None
+    from .synth import load_manifest
+
+    return load_manifest(cfg.truth)
+
+
+def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
+               key: str = "") -> str:
+    """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth."""
+    from .algorithms.djica import spatial_maps, time_courses, whiten
+    from .io import load_mask
+    from .maps import write_components, write_timecourses, zscore_columns
+    from .metrics import match_components, md_index, qngi
+    from .parcellation import Parcellation
+    from .privacy import PrivacyLedger, privacy_report
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    sites = _sites(site_jsons)
+    space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
+    d = _stage_dir(cfg, "maps", unmix_json, space_json, stage_key(cfg, "maps"))
+    out = d / "maps.json"
+    if out.exists():
+        return str(out)
+    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+    W, b = np.load(unm["W"]), np.load(unm["b"])
+    A = spatial_maps(V, lam, W)  # reduced features x R
+    parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
+    A_vox = parcels.expand(A) if parcels is not None else A
+    maps = zscore_columns(A_vox)
+    comp_path = write_components(maps, space["mask"], d / "components.nii.gz")
+
+    tcs = {}
+    for s in sites:  # in a deployment each site does this on its own machine
+        Z = whiten(np.load(s["X"], mmap_mode="r"), V, lam)
+        S = time_courses(W, Z, b)
+        tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv"))
+
+    names = [s["site"] for s in sites]
+    ledgers = {}
+    for n in names:
+        parts = [PrivacyLedger.from_dict(x[n]) for x in (red["ledgers"], unm["ledgers"]) if x.get(n)]
+        ledgers[n] = PrivacyLedger.merge_all(parts)
+        ledgers[n].owner = n
+    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects={s["site"]: s["n_subjects"] for s in sites},
+                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
+                          scaling_note=SCALING_NOTE)
+    priv_path = _write_json(d / "privacy.json", priv)
+
+    result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path,
+              "n_components": int(A.shape[1]), "truth": None}
+    truth = _truth(cfg)
+    if truth is not None:
+        A_true = np.load(truth["truth"]["A"]).astype(np.float64)
+        mask, _ = load_mask(space["mask"])
+        if A_true.shape[0] == maps.shape[0]:
+            perm, corr = match_components(maps, A_true)
+            A_true_red = parcels.reduce(A_true) if parcels is not None else A_true
+            metrics = {"mean |r| with truth": float(np.mean(np.abs(corr))),
+                       "min |r| with truth": float(np.min(np.abs(corr)))}
+            if A_true.shape[1] == W.shape[0]:
+                P = W @ ((V / np.sqrt(lam)).T @ A_true_red)
+                metrics["qNGI"] = qngi(P)
+                metrics["MD index"] = md_index(W, (V / np.sqrt(lam)).T @ A_true_red)
+            result["truth"] = {"maps": truth["truth"]["maps"], "perm": [int(p) for p in perm],
+                               "corr": [float(c) for c in corr], "metrics": metrics}
+    return _write_json(out, result)
+
+
+def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
+                 key: str = "") -> str:
+    """report.html (self-contained) plus the final outputs copied to the run folder."""
+    import shutil
+
+    import nibabel as nib
+
+    from .maps import convergence_figure, render_component, timecourse_figure
+    from .report import write_report
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    sites = _sites(site_jsons)
+    mp, unm = _read_json(maps_json), _read_json(unmix_json)
+    out = Path(cfg.out)
+    figs = out / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    img = nib.load(mp["components"])
+    truth = mp.get("truth")
+    truth_img = nib.load(truth["maps"]) if truth else None
+    comps = []
+    order = range(img.shape[3])
+    if truth:  # show components in the order of the truth they match
+        order = truth["perm"]
+    for j, c in enumerate(order):
+        label = f"IC{c + 1:02d}"
+        png = render_component(img.slicer[..., c], figs / f"component_{c + 1:02d}.png", title=label)
+        entry = {"label": label, "png": str(png)}
+        if truth:
+            tpng = render_component(truth_img.slicer[..., j], figs / f"truth_{j + 1:02d}.png",
+                                    title=f"truth {j + 1}", threshold=0.3)
+            entry.update(truth_png=str(tpng), corr=abs(truth["corr"][j]))
+        comps.append(entry)
+    first = sites[0]
+    S = np.loadtxt(mp["timecourses"][first["site"]], delimiter="\t", skiprows=1, ndmin=2).T
+    a, b = first["boundaries"][0]
+    tc_png = timecourse_figure(S[:, a:b], first["tr"] or 2.0, figs / "timecourses.png")
+    conv_png = convergence_figure(unm["history"], figs / "convergence.png")
+
+    priv = _read_json(mp["privacy"])
+    eps = {n: s["epsilon_exact"] for n, s in priv["sites"].items()}
+    headline = [f"{mp['n_components']} components from {len(sites)} sites, "
+                f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.",
+                "Total privacy per site (exact GDP, delta = %g): %s." % (
+                    cfg.delta, ", ".join(f"{n} eps = {e:.2f}" for n, e in eps.items()))]
+    metrics = truth["metrics"] if truth else None
+    if metrics:
+        headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
+    timings = {f"load {s['site']}": s["seconds"] for s in sites}
+    timings["reduce (capePCA)"] = _read_json(reduce_json)["seconds"]
+    timings["unmix (capeDJICA)"] = unm["seconds"]
+    for name in ("components.nii.gz", "privacy.json"):
+        shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
+    tc_dir = out / "timecourses"
+    tc_dir.mkdir(exist_ok=True)
+    for site, p in mp["timecourses"].items():
+        shutil.copyfile(p, tc_dir / f"{site}.tsv")
+    np.save(out / "W.npy", np.load(unm["W"]))
+    notes = []
+    if cfg.seed is not None:
+        notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
+    report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
+                          components=comps, privacy=priv, metrics=metrics, timecourses_png=tc_png,
+                          convergence_png=conv_png, timings=timings, run=cfg.to_json(), notes=notes)
+    return str(report)

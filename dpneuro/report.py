@@ -1,0 +1,119 @@
+"""The self-contained HTML report (images embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.25em .6em;font-size:.9em}
+th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
+.grid{display:flex;flex-wrap:wrap;gap:10px}.comp{border:1px solid #ddd;padding:6px;border-radius:4px}
+.comp p{margin:.2em 0;font-size:.85em}.headline{font-size:1.1em;background:#f6f8fa;padding:.8em;border-radius:6px}
+.warn{color:#8a4b00}.small{font-size:.85em;color:#555}
+"""
+
+
+def _img(path, alt: str = "", width: int | None = None) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    w = f' width="{width}"' if width else ""
+    return f'<img alt="{html.escape(alt)}"{w} src="data:image/png;base64,{data}"/>'
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if isinstance(x, float):
+        if x != x:
+            return "n/a"
+        if x == float("inf"):
+            return "&infin;"
+        return f"{x:.{digits}g}"
+    return html.escape(str(x))
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="num">{_fmt(c)}</td>' if isinstance(c, (int, float)) else f"<td>{_fmt(c)}</td>" for c in r
+        ) + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def privacy_section(privacy: dict) -> str:
+    """Per-site totals, per-stage table and the assumptions, all from the ledgers."""
+    delta = privacy["delta"]
+    rows = []
+    for site, s in privacy["sites"].items():
+        rows.append([site, s["n_subjects"], s["epsilon_exact"], s["epsilon_rdp"], s["epsilon_collusion"],
+                     s["mu"], s["releases"]])
+    out = [f"<p>Total privacy spent by every site, (&epsilon;, &delta;) with &delta; = {delta:g}, "
+           f"privacy unit: <b>{html.escape(privacy['unit'])}</b> (neighbouring datasets differ in one "
+           f"{html.escape(privacy['unit'])}).</p>",
+           _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "ε vs aggregator + colluders", "μ (GDP)",
+                   "releases"], rows)]
+    stage_rows = []
+    for site, s in privacy["sites"].items():
+        for r in s["ledger"]["releases"]:
+            stage_rows.append([site, r["stage"], r["name"], r["unit"], r["sensitivity"], r["sigma"], r["count"]])
+    out.append("<details><summary>Every release (from the ledgers)</summary>"
+               + _table(["site", "stage", "quantity", "unit", "sensitivity", "noise std", "rounds"], stage_rows)
+               + "</details>")
+    out.append("<p><b>Assumptions, in plain words.</b></p><ul>"
+               + "".join(f"<li>{html.escape(a)}</li>" for a in privacy.get("assumptions", [])) + "</ul>")
+    return "\n".join(out)
+
+
+def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
+                 metrics: dict | None = None, timecourses_png=None, convergence_png=None,
+                 timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None) -> Path:
+    """Write ``report.html``.
+
+    ``components``: one dict per component with ``png`` (the map), optional
+    ``truth_png`` and ``corr`` (matched ground-truth map and its correlation)
+    and ``label``.
+    """
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts.append('<div class="headline">' + "<br/>".join(html.escape(h) for h in headline) + "</div>")
+    for n in notes or []:
+        parts.append(f'<p class="warn">{html.escape(n)}</p>')
+
+    parts.append("<h2>Spatial maps</h2>")
+    if metrics:
+        parts.append(_table(list(metrics), [list(metrics.values())]))
+    parts.append('<div class="grid">')
+    for c in components:
+        cell = [f'<div class="comp"><p><b>{html.escape(c["label"])}</b>'
+                + (f" &mdash; r = {c['corr']:.2f} with truth" if c.get("corr") is not None else "") + "</p>",
+                _img(c["png"], c["label"])]
+        if c.get("truth_png"):
+            cell.append("<p>matched ground truth</p>" + _img(c["truth_png"], "truth " + c["label"]))
+        cell.append("</div>")
+        parts.append("".join(cell))
+    parts.append("</div>")
+
+    if timecourses_png:
+        parts.append("<h2>Time courses and power spectra</h2>")
+        parts.append('<p class="small">Time courses stay at each site; shown: one site\'s own subjects, '
+                     "computed locally from the shared unmixing.</p>")
+        parts.append(_img(timecourses_png, "time courses"))
+    parts.append("<h2>Privacy</h2>")
+    parts.append(privacy_section(privacy))
+    if convergence_png:
+        parts.append("<h2>Convergence</h2>" + _img(convergence_png, "convergence"))
+    if timings:
+        parts.append("<h2>Timings</h2>" + _table(["stage", "seconds"], [[k, float(v)] for k, v in timings.items()]))
+    if run:
+        parts.append("<h2>Run</h2><pre class='small'>" + html.escape(json.dumps(run, indent=2, default=str))
+                     + "</pre>")
+    parts.append("</body></html>")
+    out_html = Path(out_html)
+    out_html.write_text("\n".join(parts), encoding="utf-8")
+    return out_html
