@@ -129,7 +129,8 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", newline="") as f:
         f.write(f"# dpneuro secagg overhead; InProcessExchange; {platform.processor() or platform.machine()}, "
-                f"{os.cpu_count()} cpus; median of {args.reps} rounds after setup\n")
+                f"{os.cpu_count()} cpus; load average {os.getloadavg()[0]:.1f} at the end; "
+                f"median of {args.reps} rounds after setup\n")
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

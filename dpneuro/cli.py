@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import __version__
 
@@ -34,6 +35,101 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DEMO = {
+    "sites": 4, "subjects": 16, "components": 8, "timepoints": 100, "space": "mni4mm", "parcels": 200,
+    "pca_epsilon": 4.0, "ica_epsilon_i": 2.0, "ica_rounds": 100,
+}
+
+
+def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
+    from .config import RunConfig
+
+    d = DEMO
+    return RunConfig.from_dict(dict(
+        sites=[{"name": s["site"], "path": s["path"]} for s in manifest["sites"]],
+        out=str(out / "run"), mask=manifest["mask"], parcels=d["parcels"], n_components=d["components"],
+        truth=str(out / "data"), pca_epsilon=d["pca_epsilon"], ica_epsilon_i=d["ica_epsilon_i"],
+        ica_rounds=d["ica_rounds"], seed=args.seed, plan="cape",
+    )).validate()
+
+
+def _print_summary(cfg, result: dict, seconds: float) -> None:
+    import json as _json
+
+    maps = _json.loads(Path(result["maps"]).read_text())
+    priv = _json.loads(Path(maps["privacy"]).read_text())
+    print(f"report:     {result['report']}")
+    print(f"components: {Path(cfg.out) / 'components.nii.gz'}")
+    print(f"privacy:    {Path(cfg.out) / 'privacy.json'}")
+    if maps.get("truth"):
+        m = maps["truth"]["metrics"]
+        print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in m.items()))
+    for name, s in priv["sites"].items():
+        print(f"{name}: eps = {s['epsilon_exact']:.2f} (exact GDP), {s['epsilon_rdp']:.2f} (RDP), "
+              f"{s['epsilon_collusion']:.2f} vs aggregator + {priv['n_colluding']} colluding site(s); "
+              f"delta = {priv['delta']:g}")
+    print(f"wall time:  {seconds:.1f} s")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    import time
+
+    from .synth import make_consortium
+    from .workflows import run_workflow
+
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    d = DEMO
+    if not args.quiet:
+        print(f"synthesizing a {d['sites']}-site consortium ({d['subjects']} subjects per site, "
+              f"{d['space']}) in {out / 'data'} ...")
+    manifest = make_consortium(out / "data", n_sites=d["sites"], subjects_per_site=d["subjects"],
+                               n_components=d["components"], n_timepoints=d["timepoints"], space=d["space"],
+                               seed=args.seed, progress=not args.quiet)
+    cfg = _demo_config(out, manifest, args)
+    if not args.quiet:
+        print("running the workflow (load -> capePCA -> capeDJICA -> maps -> report) ...")
+    result = run_workflow(cfg)
+    if not args.quiet:
+        _print_summary(cfg, result, time.perf_counter() - t0)
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from .config import RunConfig
+    from .workflows import run_workflow
+
+    t0 = time.perf_counter()
+    cfg = RunConfig.load(args.config)
+    result = run_workflow(cfg, plugin=args.plugin)
+    if not args.quiet:
+        _print_summary(cfg, result, time.perf_counter() - t0)
+    return EXIT_OK
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from .budget import plan_budget, spend
+
+    if args.target_epsilon is not None:
+        table = plan_budget(args.target_epsilon, args.delta, sites=args.sites, subjects=args.subjects,
+                            rounds=args.rounds, clip=args.clip, pca_share=args.pca_share,
+                            ica_delta_i=args.ica_delta_i, n_features=args.features)
+    else:
+        table = spend(args.delta, sites=args.sites, subjects=args.subjects, rounds=args.rounds, clip=args.clip,
+                      pca_epsilon=args.pca_epsilon, ica_epsilon_i=args.ica_epsilon_i,
+                      ica_delta_i=args.ica_delta_i, calibration=args.calibration, n_features=args.features)
+    if args.json:
+        import json as _json
+
+        print(_json.dumps(table, indent=1))
+    else:
+        for line in table["lines"]:
+            print(line)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpneuro",
@@ -55,6 +151,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=_cmd_synth)
+
+    s = sub.add_parser("demo", help="synthesize a 4-site consortium and run the whole private analysis on it")
+    s.add_argument("--out", default="dpneuro_demo", help="output folder (default ./dpneuro_demo)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the noise (default 0)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=_cmd_demo)
+
+    s = sub.add_parser("run", help="run a consortium analysis described by a TOML config")
+    s.add_argument("config", help="run configuration (see site_templates/run.toml)")
+    s.add_argument("--plugin", default="serial", choices=["serial", "cf"], help="Pydra execution plugin")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("budget", help="plan per-stage privacy budgets, or see what a setting spends")
+    s.add_argument("--sites", type=int, required=True)
+    s.add_argument("--subjects", type=int, required=True, help="subjects per site")
+    s.add_argument("--rounds", type=int, default=200, help="ICA rounds J")
+    s.add_argument("--clip", type=float, default=30.0, help="ICA clipping bound B_G = B_h")
+    s.add_argument("--features", type=int, default=None, help="features D after reduction (for noise hints)")
+    s.add_argument("--delta", type=float, default=1e-5, help="total delta per site")
+    s.add_argument("--target-epsilon", type=float, default=None, help="propose budgets for this total eps")
+    s.add_argument("--pca-share", type=float, default=0.25, help="share of mu^2 given to the PCA stage")
+    s.add_argument("--pca-epsilon", type=float, default=4.0)
+    s.add_argument("--ica-epsilon-i", type=float, default=1.0)
+    s.add_argument("--ica-delta-i", type=float, default=1e-2)
+    s.add_argument("--calibration", default="analytic", choices=["analytic", "classic"])
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_budget)
     return p
 
 
@@ -66,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args.func(args))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"dpneuro {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

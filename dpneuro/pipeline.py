@@ -22,10 +22,17 @@ import numpy as np
 from .config import RunConfig
 
 SCALING_NOTE = (
-    "Every time point is divided by the consortium-wide maximum column norm of the reduced data "
-    "agreed before the run (and clipped to norm <= 1), so one subject changes a site's second-moment "
-    "matrix by at most 1/M_s; the agreed constant is public."
+    "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, so one subject "
+    "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
+    "time and costs no privacy."
 )
+
+
+def unit_columns(X: np.ndarray) -> np.ndarray:
+    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0)."""
+    X = np.asarray(X, dtype=np.float32)
+    n = np.linalg.norm(X, axis=0)
+    return X / np.where(n > 0, n, 1.0)
 
 
 def _digest(*parts: Any) -> str:
@@ -59,7 +66,7 @@ def _read_json(path) -> dict:
 
 
 def _seed(cfg: RunConfig, stage: int):
-    return None if cfg.seed is None else [int(cfg.seed), stage]
+    return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
 
 
 # -- mask and parcels ------------------------------------------------------------------------
@@ -170,7 +177,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     X = [np.load(s["X"], mmap_mode="r") for s in sites]
     plan = "none" if cfg.reduction == "none" else cfg.plan
     res = cape_pca(X, cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, plan=plan,
-                   subjects=[_lengths(s) for s in sites], seed=_seed(cfg, 1),
+                   subjects=[_lengths(s) for s in sites], seed=_seed(cfg, 1), scale="unit",
                    mode="power" if cfg.reduction == "capepca-power" else "covariance")
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
@@ -194,7 +201,7 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
         return str(out)
     t0 = time.perf_counter()
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    Z = [whiten(np.load(s["X"], mmap_mode="r"), V, lam).astype(np.float32) for s in sites]
+    Z = [whiten(unit_columns(np.load(s["X"], mmap_mode="r")), V, lam).astype(np.float32) for s in sites]
     res = cape_djica(Z, [_lengths(s) for s in sites], epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i,
                      clip_G=cfg.clip_G, clip_h=cfg.clip_h, rounds=cfg.ica_rounds, plan=cfg.plan,
                      seed=_seed(cfg, 2), optimizer=cfg.optimizer, calibration=cfg.calibration)
@@ -244,7 +251,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
 
     tcs = {}
     for s in sites:  # in a deployment each site does this on its own machine
-        Z = whiten(np.load(s["X"], mmap_mode="r"), V, lam)
+        Z = whiten(unit_columns(np.load(s["X"], mmap_mode="r")), V, lam)
         S = time_courses(W, Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv"))
 

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -363,6 +364,25 @@ def test_share_keys_dropout_then_unmask_dropout():
     log = check_sums(cfg, inputs, proto, result)
     assert log[0]["included"] == [1, 2, 3, 4, 5, 6] and log[1]["included"] == [1, 2, 3, 4, 5]
     assert_never_both_share_kinds(proto)
+
+
+def test_late_site_is_dropped_and_its_input_stays_masked():
+    """A site whose masked input misses the deadline is left out; its s key (not its b seed) is revealed,
+    and the site itself stops quietly (SecAggDropped is a SiteDropped) instead of failing the run."""
+    cfg = SecAggConfig(4)
+    inputs = site_inputs(4, seed=11)
+
+    def slow(site, rnd, topic, payload):
+        if site == 2 and topic == "sum-masked" and rnd == 0:
+            time.sleep(1.5 * TIMEOUT)
+        return payload
+
+    proto, result = run(cfg, inputs, n_sums=1, tamper=slow)
+    log = check_sums(cfg, inputs, proto, result)
+    assert log[0]["included"] == [0, 1, 3] and log[0]["dropped_before_input"] == [2]
+    assert result.sites[2] is None
+    unmask = proto.seen[(0, "sum-unmask")]
+    assert all(p.meta["s_for"] == [2] and 2 not in p.meta["b_for"] for p in unmask.values())
 
 
 def assert_never_both_share_kinds(proto):

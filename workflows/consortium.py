@@ -7,7 +7,6 @@ re-run with the same cache skips every finished stage and a changed privacy
 budget re-runs only the stages downstream of it.
 """
 
-from __future__ import annotations
 
 import json
 import os

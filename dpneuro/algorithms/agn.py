@@ -211,6 +211,8 @@ def prepare_site(samples, model: str = "mog", *, scale: float | None = None, sit
                               stacklevel=2)
         return SiteData("mog", D, n, X=X, raw=arr, scale=float(scale or 1.0), n_clipped=n_clip)
     # STM: one-hot words
+    if scale is not None:
+        raise ValueError("scale applies to MOG samples only (STM words are one-hot, ||t|| = 1)")
     if arr.ndim != 3:
         raise ValueError(f"{where}: STM samples must be one-hot words, an L x D x N array (L >= 3 words "
                          f"per document, t_l[:, n] one-hot), got shape {arr.shape}")

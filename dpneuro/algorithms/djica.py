@@ -82,6 +82,7 @@ __all__ = [
     "cape_djica",
     "local_dp_ica",
     "infomax_gradients",
+    "subject_clipped_gradients",
     "whiten",
     "spatial_maps",
     "time_courses",
@@ -120,11 +121,29 @@ class LearningRate:
         rho *= blowup_factor when ||delta W||_F^2 > blowup_change.
     min_rho : float
         Give up (status ``"lr_underflow"``) if a restart takes rho below this.
-    average : float
-        0 reports the last iterate. ``a`` in (0, 1) reports the exponential
-        moving average W_avg <- a W_avg + (1 - a) W of the iterates since the
-        last restart (b likewise); a post-processing step that averages the
-        privacy noise out of the reported matrix.
+    smoothing : float
+        0 (the reference rule) tests the angle of the raw updates. ``beta`` in
+        (0, 1) tests it on the exponential moving average
+        m <- beta m + (1 - beta) delta W instead: privacy noise makes raw
+        updates nearly orthogonal (about 90 degrees apart in R^2 dimensions),
+        so the raw rule anneals every round and rho collapses geometrically.
+    anneal_reference : {"accumulated", "previous"}
+        What the update's angle is measured against: ``"accumulated"`` (the
+        reference code) keeps the update of step 1 or of the last annealing
+        step; ``"previous"`` uses the previous (smoothed) update, so annealing
+        reacts to oscillation (successive updates pointing back) and not to
+        slow drift.
+    init_scale : float
+        Start (and restart) from W = init_scale * I. 1 is the reference; the
+        logistic infomax fixed point of a unit-variance Gaussian source is
+        1.749 (:data:`INFOMAX_SCALE`), close to where whitened super-Gaussian
+        sources end up, so starting there skips the scale adaptation that
+        otherwise dominates the first gradients (and their clipping budget).
+    average_from : float or None
+        None reports the last iterate. ``f`` in [0, 1) reports the mean of the
+        iterates from round ``f * rounds`` on (Polyak-Ruppert averaging, reset
+        by a restart; the last iterate if the run converged): post-processing
+        that averages the privacy noise out of the reported W and b.
     """
 
     rho0: float | None = None
@@ -136,7 +155,10 @@ class LearningRate:
     blowup_change: float = 1e9
     blowup_factor: float = 0.8
     min_rho: float = 1e-6
-    average: float = 0.0
+    smoothing: float = 0.0
+    anneal_reference: str = "accumulated"
+    init_scale: float = 1.0
+    average_from: float | None = None
 
     def __post_init__(self):
         if self.rho0 is not None and not (self.rho0 > 0 and math.isfinite(self.rho0)):
@@ -147,8 +169,14 @@ class LearningRate:
                 raise ValueError(f"{name} must be in (0, 1], got {v}")
         if not 0 <= self.anneal_deg <= 180:
             raise ValueError(f"anneal_deg must be in [0, 180], got {self.anneal_deg}")
-        if not 0 <= self.average < 1:
-            raise ValueError(f"average must be in [0, 1), got {self.average}")
+        if not 0 <= self.smoothing < 1:
+            raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
+        if self.anneal_reference not in ("accumulated", "previous"):
+            raise ValueError(f"anneal_reference must be 'accumulated' or 'previous', got {self.anneal_reference!r}")
+        if not (self.init_scale > 0 and math.isfinite(self.init_scale)):
+            raise ValueError(f"init_scale must be a positive number, got {self.init_scale}")
+        if self.average_from is not None and not 0 <= self.average_from < 1:
+            raise ValueError(f"average_from must be None or in [0, 1), got {self.average_from}")
         if not (self.tol >= 0 and self.min_rho >= 0 and self.max_weight > 0 and self.blowup_change > 0):
             raise ValueError("tol, min_rho, max_weight and blowup_change must be positive")
 
@@ -156,12 +184,16 @@ class LearningRate:
         return float(self.rho0) if self.rho0 is not None else 0.015 / math.log(R)
 
 
+#: E[u tanh(u/2)] = 1 for u ~ N(0, s^2): the scale at which logistic infomax is stationary
+#: on a Gaussian direction of whitened data (data-independent, so free to use)
+INFOMAX_SCALE = 1.7488007394419698
+
 #: ``"paper"``: the reference rules exactly (003 Sec. V, djica.m). ``"fast"``: the same
 #: safety rules from a 100x larger step, reporting an EMA of the iterates
 #: (DESIGN.md sec. 7 measured rho = 0.3-0.5 as best on clean data).
 OPTIMIZERS: dict[str, LearningRate] = {
     "paper": LearningRate(),
-    "fast": LearningRate(rho0=0.5, average=0.9),
+    "fast": LearningRate(rho0=1.0, smoothing=0.9, average_from=0.5),
 }
 
 
@@ -229,9 +261,7 @@ def infomax_gradients(X: np.ndarray, W: np.ndarray, b: np.ndarray, clip_G: float
     quadratic forms; the clipped sum is (sum c_n) W + (Y diag(c) U^T) W.
     Three R x R x N products per call in all; no per-sample matrices.
     """
-    X = np.asarray(X)
-    if X.dtype not in (np.float32, np.float64):
-        X = X.astype(np.float64)
+    X = _float_data(X)
     R, N = X.shape
     dt = X.dtype
     W64 = np.asarray(W, np.float64)
@@ -290,6 +320,94 @@ def infomax_gradients(X: np.ndarray, W: np.ndarray, b: np.ndarray, clip_G: float
     if return_scales:
         return G, h, c_all, ch_all
     return G, h
+
+
+def subject_clipped_gradients(X: np.ndarray, W: np.ndarray, b: np.ndarray, subject_lengths: Sequence[int],
+                              clip_G: float | None, clip_h: float | None, *, chunk: int = DEFAULT_CHUNK,
+                              return_scales: bool = False):
+    """Site means of the infomax gradients with each *subject's* mean gradient clipped.
+
+    The subject-level alternative to :func:`infomax_gradients` (003 Sec. IV:
+    "the gradients due to each subject can be clipped"): subject m with T_m
+    samples contributes T_m min(1, B_G / ||g_m||_F) g_m with
+    g_m = (1/T_m) sum_{n in m} (I + y_n u_n^T) W, and likewise h_m clipped to
+    B_h; the release is the sum over subjects divided by N_s. A subject's
+    term has norm <= T_m B / N_s, so the sensitivity is 2 B T_max / N_s as
+    for per-sample clipping, but B can be an order of magnitude smaller:
+    within-subject averaging shrinks the gradient norm (about 2.5 on the
+    paper-style data against per-sample norms of 10-60).
+
+    Parameters
+    ----------
+    X, W, b, clip_G, clip_h, chunk
+        As in :func:`infomax_gradients`.
+    subject_lengths : sequence of int
+        Samples per subject, in column order; they add up to N.
+    return_scales : bool
+        Also return the per-subject factors c_m, c^h_m.
+
+    Returns
+    -------
+    G : ndarray (R, R), h : ndarray (R,) [, c, ch : ndarray (M,)]
+    """
+    X = _float_data(X)
+    R, N = X.shape
+    lengths = np.asarray(subject_lengths, dtype=np.int64)
+    if lengths.sum() != N or np.any(lengths < 1):
+        raise ValueError(f"subject lengths must be positive and add up to {N}")
+    dt = X.dtype
+    W64 = np.asarray(W, np.float64)
+    Wc = W64.astype(dt)
+    bc = np.asarray(b, np.float64).astype(dt)[:, None]
+    BG, Bh = _as_bound(clip_G), _as_bound(clip_h)
+    I = np.eye(R)
+    G = np.zeros((R, R))
+    h = np.zeros(R)
+    cs, chs = [], []
+    # runs of consecutive subjects of equal length are processed k at a time as a batch
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    m = 0
+    while m < len(lengths):
+        T = int(lengths[m])
+        run_end = m
+        while run_end < len(lengths) and lengths[run_end] == T:
+            run_end += 1
+        k_max = max(1, int(chunk) // T)
+        for m0 in range(m, run_end, k_max):
+            k = min(k_max, run_end - m0)
+            lo, hi = int(starts[m0]), int(starts[m0 + k])
+            U = Wc @ X[:, lo:hi]
+            U += bc
+            Y = np.multiply(U, -0.5)
+            np.tanh(Y, out=Y)
+            Ub = U.reshape(R, k, T).transpose(1, 2, 0)  # k x T x R
+            Yb = Y.reshape(R, k, T).transpose(1, 0, 2)  # k x R x T
+            rel = I + np.matmul(Yb, Ub, dtype=np.float64) / T  # k x R x R: mean of I + y u^T per subject
+            g = rel @ W64
+            hm = Yb.sum(axis=2, dtype=np.float64) / T  # k x R
+            c = np.ones(k) if math.isinf(BG) else BG / np.maximum(np.linalg.norm(g, axis=(1, 2)), BG)
+            ch = np.ones(k) if math.isinf(Bh) else Bh / np.maximum(np.linalg.norm(hm, axis=1), Bh)
+            # subject m carries weight T_m: the release is (1/N) sum_m T_m clip(g_m)
+            G += np.tensordot(c * T, g, axes=1)
+            h += (ch * T) @ hm
+            if return_scales:
+                cs.append(c)
+                chs.append(ch)
+        m = run_end
+    G /= N
+    h /= N
+    if return_scales:
+        return G, h, np.concatenate(cs), np.concatenate(chs)
+    return G, h
+
+
+def _float_data(X) -> np.ndarray:
+    X = np.asarray(X)
+    if X.dtype not in (np.float32, np.float64):
+        X = X.astype(np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"data must be an R x N matrix, got shape {X.shape}")
+    return X
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,6 +512,9 @@ def _check_privacy(plan: str, epsilon_i, delta_i, calibration: str) -> float:
     return privacy.gaussian_sigma(float(epsilon_i), float(delta_i), 1.0, method=calibration)
 
 
+CLIP_UNITS = ("sample", "subject")
+
+
 @dataclass
 class CapeDJICA:
     """capeDJICA as a :class:`~dpneuro.cape.CapeAlgorithm` (run it with :func:`~dpneuro.cape.run_cape`).
@@ -416,6 +537,8 @@ class CapeDJICA:
     optimizer: LearningRate = field(default_factory=LearningRate)
     plan: str = "cape"
     calibration: str = "classic"
+    clip_unit: str = "sample"
+    bias: bool = True
     seed: Any = None
     truth: np.ndarray | None = None
     chunk: int = DEFAULT_CHUNK
@@ -430,9 +553,11 @@ class CapeDJICA:
         self.rounds = int(self.rounds)
         if self.plan not in ("cape", "conv", "none"):
             raise ValueError(f"unknown plan {self.plan!r}; use 'cape', 'conv' or 'none'")
+        if self.clip_unit not in CLIP_UNITS:
+            raise ValueError(f"clip_unit must be one of {CLIP_UNITS}, got {self.clip_unit!r}")
         self.z = _check_privacy(self.plan, self.epsilon_i, self.delta_i, self.calibration)
         self.BG, self.Bh = _as_bound(self.clip_G), _as_bound(self.clip_h)
-        if self.plan != "none" and not (math.isfinite(self.BG) and math.isfinite(self.Bh)):
+        if self.plan != "none" and not (math.isfinite(self.BG) and (math.isfinite(self.Bh) or not self.bias)):
             raise ValueError("a private run needs finite clipping bounds clip_G and clip_h "
                              "(they set the sensitivity); only plan 'none' may run unclipped")
         if self.truth is not None:
@@ -457,7 +582,8 @@ class CapeDJICA:
         if not np.all(np.isfinite(Z)):
             raise ValueError(f"site {site}: whitened data contain NaN or infinite values")
         lengths = _subject_lengths(subjects, Z.shape[1], site)
-        state = {"_Z": Z, "n": int(Z.shape[1]), "subjects": len(lengths), "t_max": max(lengths)}
+        state = {"_Z": Z, "_lengths": lengths, "n": int(Z.shape[1]), "subjects": len(lengths),
+                 "t_max": max(lengths)}
         if self.seed is not None:
             state["rng"] = np.random.default_rng(_site_seed(self.seed, site))
         return state
@@ -466,7 +592,8 @@ class CapeDJICA:
         """Subject-level L2 sensitivities of the released means (G, h) at this site.
 
         Replacing one subject changes at most t_max per-sample terms, each of
-        norm <= B, in a mean over N_s samples: 2 B t_max / N_s (= 2 B / M_s).
+        norm <= B (or one subject term of norm <= t_max B with subject-level
+        clipping), in a mean over N_s samples: 2 B t_max / N_s (= 2 B / M_s).
         """
         k = 2.0 * state["t_max"] / state["n"]
         return k * self.BG, k * self.Bh
@@ -474,10 +601,13 @@ class CapeDJICA:
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         R = self.R
         if self.plan == "none":
-            return {"G": ReleaseSpec((R, R), 0.0, 0.0, stage="ica"), "h": ReleaseSpec((R,), 0.0, 0.0, stage="ica")}
-        dG, dh = self.sensitivity(state)
-        return {"G": ReleaseSpec((R, R), dG, self.z, stage="ica"),
-                "h": ReleaseSpec((R,), dh, self.z, stage="ica")}
+            dG = dh = z = 0.0
+        else:
+            (dG, dh), z = self.sensitivity(state), self.z
+        out = {"G": ReleaseSpec((R, R), dG, z, stage="ica")}
+        if self.bias:
+            out["h"] = ReleaseSpec((R,), dh, z, stage="ica")
+        return out
 
     def site_weight(self, state) -> float:
         return float(state["n"])  # the weighted average of the site means is the pooled mean
@@ -488,17 +618,24 @@ class CapeDJICA:
         if W.shape != (self.R, self.R) or b.shape != (self.R,) or not (np.all(np.isfinite(W))
                                                                        and np.all(np.isfinite(b))):
             raise ValueError(f"site {state.get('site')}: bad broadcast W {W.shape} / b {b.shape}")
-        G, h = infomax_gradients(state["_Z"], W, b, self.BG, self.Bh, chunk=self.chunk)
-        return {"G": G, "h": h}
+        if self.clip_unit == "subject":
+            G, h = subject_clipped_gradients(state["_Z"], W, b, state["_lengths"], self.BG, self.Bh,
+                                             chunk=self.chunk)
+        else:
+            G, h = infomax_gradients(state["_Z"], W, b, self.BG, self.Bh, chunk=self.chunk)
+        return {"G": G, "h": h} if self.bias else {"G": G}
 
     # -- aggregator ----------------------------------------------------------------------
     def aggregator_init(self) -> dict:
         R = self.R
+        opt = self.optimizer
+        avg_from = None if opt.average_from is None else int(math.floor(opt.average_from * self.rounds))
         return {"ica": {
-            "W": np.eye(R), "b": np.zeros(R), "rho": self.optimizer.initial_rho(R),
+            "W": opt.init_scale * np.eye(R), "b": np.zeros(R), "rho": opt.initial_rho(R), "round": 0,
+            "avg_from": avg_from,
             "step": 0, "restarts": 0, "status": "running",
-            "olddelta": np.zeros(R * R), "oldchange": 0.0,
-            "W_avg": np.eye(R), "b_avg": np.zeros(R), "n_avg": 0,
+            "olddelta": np.zeros(R * R), "oldchange": 0.0, "smooth": np.zeros(R * R),
+            "W_sum": np.zeros((R, R)), "b_sum": np.zeros(R), "n_avg": 0,
             "history": {k: [] for k in _HISTORY_KEYS + (("qngi",) if self.truth is not None else ())},
         }}
 
@@ -508,15 +645,16 @@ class CapeDJICA:
 
     def aggregator_update(self, state, round: int, combined: dict[str, np.ndarray]) -> Payload:
         st = state["ica"]
-        _lr_step(st, self.optimizer, np.asarray(combined["G"], np.float64), np.asarray(combined["h"], np.float64))
+        G = np.asarray(combined["G"], np.float64)
+        h = np.asarray(combined["h"], np.float64) if self.bias else np.zeros(self.R)
+        _lr_step(st, self.optimizer, G, h)
         hist = st["history"]
         if "qngi" in hist:
             hist["qngi"].append(_qngi(_reported(st)[0], self.truth))
         stop = st["status"] != "running" or round >= self.rounds - 1
         if stop and st["status"] == "running":
             st["status"] = "max_rounds"
-        W, b = (st["W"], st["b"])
-        return Payload({"W": W, "b": b}, {"stop": bool(stop)})
+        return Payload({"W": st["W"], "b": st["b"]}, {"stop": bool(stop)})
 
 
 _HISTORY_KEYS = ("rho", "dW2", "angle", "restarts")
@@ -532,10 +670,14 @@ def _site_seed(seed, site: int):
 
 
 def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
-    """One round of the reference djICA update and learning-rate rules, in place on ``st``."""
+    """One round of the reference djICA update and learning-rate rules, in place on ``st``.
+
+    Post-processing of the noisy averages G and h only.
+    """
     R = st["W"].shape[0]
     rho = st["rho"]
     hist = st["history"]
+    st["round"] += 1
     dW = rho * G
     W_new = st["W"] + dW
     b_new = st["b"] + rho * h
@@ -545,8 +687,8 @@ def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
               or float(np.max(np.abs(W_new))) > opt.max_weight or not math.isfinite(change))
     if blowup:
         # restart from the start point with a smaller rate (releases already made stay spent)
-        st.update(W=np.eye(R), b=np.zeros(R), step=0, olddelta=np.zeros(R * R), oldchange=0.0,
-                  W_avg=np.eye(R), b_avg=np.zeros(R), n_avg=0)
+        st.update(W=opt.init_scale * np.eye(R), b=np.zeros(R), step=0, olddelta=np.zeros(R * R), oldchange=0.0,
+                  smooth=np.zeros(R * R), W_sum=np.zeros((R, R)), b_sum=np.zeros(R), n_avg=0)
         st["restarts"] += 1
         st["rho"] = rho * opt.restart_factor
         if st["rho"] < opt.min_rho:
@@ -555,19 +697,24 @@ def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
     else:
         st["step"] += 1
         delta = dW.reshape(-1)
-        if st["step"] > 2 and st["oldchange"] > 0 and change > 0:
-            cos = float(delta @ st["olddelta"]) / math.sqrt(change * st["oldchange"])
+        if opt.smoothing > 0:
+            # the angle rule looks at a moving average of the updates, which noise does not turn
+            beta = opt.smoothing if st["step"] > 1 else 0.0
+            st["smooth"] = beta * st["smooth"] + (1 - beta) * delta
+            delta = st["smooth"]
+        dd = float(delta @ delta)
+        if st["step"] > 2 and st["oldchange"] > 0 and dd > 0:
+            cos = float(delta @ st["olddelta"]) / math.sqrt(dd * st["oldchange"])
             angle = math.degrees(math.acos(min(1.0, max(-1.0, cos))))
         st["W"], st["b"] = W_new, b_new
         if angle > opt.anneal_deg:
             st["rho"] = rho * opt.anneal_factor
-            st["olddelta"], st["oldchange"] = delta.copy(), change
-        elif st["step"] == 1:
-            st["olddelta"], st["oldchange"] = delta.copy(), change
-        if opt.average > 0:
-            a = opt.average if st["n_avg"] > 0 else 0.0
-            st["W_avg"] = a * st["W_avg"] + (1 - a) * W_new
-            st["b_avg"] = a * st["b_avg"] + (1 - a) * b_new
+        if angle > opt.anneal_deg or st["step"] == 1 or opt.anneal_reference == "previous":
+            # the reference code keeps the old direction until it anneals ("accumulate angledelta")
+            st["olddelta"], st["oldchange"] = delta.copy(), dd
+        if st["avg_from"] is not None and st["round"] > st["avg_from"]:
+            st["W_sum"] = st["W_sum"] + W_new
+            st["b_sum"] = st["b_sum"] + b_new
             st["n_avg"] += 1
         if st["step"] > 2 and change < opt.tol:
             st["status"] = "converged"
@@ -580,9 +727,9 @@ def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
 
 
 def _reported(st: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The (W, b) a run reports: the moving average if one is kept, else the last iterate."""
-    if st["n_avg"] > 0:
-        return st["W_avg"], st["b_avg"]
+    """The (W, b) a run reports: the Polyak average if one is kept (and the run did not converge)."""
+    if st["n_avg"] > 0 and st["status"] != "converged":
+        return st["W_sum"] / st["n_avg"], st["b_sum"] / st["n_avg"]
     return st["W"], st["b"]
 
 
@@ -690,6 +837,8 @@ def cape_djica(
     optimizer: str | LearningRate = "paper",
     checkpoint: str | os.PathLike | None = None,
     calibration: str = "classic",
+    clip_unit: str = "sample",
+    bias: bool = True,
     truth: np.ndarray | None = None,
     chunk: int = DEFAULT_CHUNK,
     options: RunOptions | None = None,
@@ -732,6 +881,14 @@ def cape_djica(
         round twice.
     calibration : {"classic", "analytic"}
         Per-release Gaussian calibration for (epsilon_i, delta_i).
+    clip_unit : {"sample", "subject"}
+        Clip every sample's gradient (003 Alg. 4, default) or every
+        subject's mean gradient (:func:`subject_clipped_gradients`); the
+        sensitivity formula is the same, the useful bounds are not.
+    bias : bool
+        Learn and release the bias h (003). False releases G only and keeps
+        b = 0, which halves the privacy cost of a round (whitened data are
+        centred, so the bias has little to learn).
     truth : ndarray (R, R), optional
         Mixing matrix in the whitened space; adds qNGI(W A) to the history.
     chunk : int
@@ -752,7 +909,8 @@ def cape_djica(
         seed = np.random.SeedSequence(int(rng.integers(2**63)))
     opt = _coerce_optimizer(optimizer, lr)
     alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, clip_G=clip_G, clip_h=clip_h, rounds=rounds,
-                    optimizer=opt, plan=plan, calibration=calibration, seed=seed, truth=truth, chunk=chunk)
+                    optimizer=opt, plan=plan, calibration=calibration, clip_unit=clip_unit, bias=bias, seed=seed,
+                    truth=truth, chunk=chunk)
     # validate every site before anything runs (and so before any release)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)

@@ -414,14 +414,19 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _noise_multiplier(epsilon, delta, rounds: int = 1) -> float:
+def _noise_multiplier(epsilon, delta, rounds: int = 1, calibration: str = "analytic") -> float:
     """Per-release std per unit sensitivity so that ``rounds`` releases compose to (eps, delta).
 
     ``epsilon`` None or inf means no noise (only valid with plan "none").
+    ``calibration="classic"`` (the papers' sqrt(2 ln(1.25/delta))/eps, valid
+    for eps < 1 and one release only) is there to reproduce the papers' tables.
     """
     if epsilon is None or (isinstance(epsilon, float) and math.isinf(epsilon) and epsilon > 0):
         return 0.0
-    return privacy.gaussian_sigma(float(epsilon), float(delta)) * math.sqrt(rounds)
+    if calibration == "classic" and rounds > 1:
+        raise ValueError("calibration='classic' is for one-shot releases; power mode composes rounds exactly "
+                         "with the analytic calibration")
+    return privacy.gaussian_sigma(float(epsilon), float(delta), method=calibration) * math.sqrt(rounds)
 
 
 def _check_privacy(epsilon, delta, plan_kind: str) -> None:
@@ -476,13 +481,16 @@ class CapePCA:
     dim : int or None
         D if known to the aggregator in advance; otherwise read from the
         sites' declared release shapes.
+    calibration : {"analytic", "classic"}
+        Gaussian calibration (:func:`dpneuro.privacy.gaussian_sigma`); the
+        papers used "classic" (valid for eps < 1 only).
     """
 
     name = "capepca"
 
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
                  unit: str | None = None, scale=None, neighbour: str = "add-remove", seed: int | None = None,
-                 oversample: int = 0, dim: int | None = None):
+                 oversample: int = 0, dim: int | None = None, calibration: str = "analytic"):
         self.k = _check_k(k)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -505,7 +513,8 @@ class CapePCA:
             self.max_rounds = 1
         self.n_iter = self.max_rounds
         self.epsilon, self.delta = epsilon, delta
-        self.z = _noise_multiplier(epsilon, delta, self.max_rounds)
+        self.calibration = calibration
+        self.z = _noise_multiplier(epsilon, delta, self.max_rounds, calibration)
 
     @property
     def block(self) -> int:
@@ -737,7 +746,8 @@ def _prepare_sites(X_sites, subjects, k: int) -> list[SiteSource]:
 def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "add-remove", mode: str = "covariance", n_iter: int | None = None,
              oversample: int = 0, exchange=None, seed: int | None = None, rng: np.random.Generator | None = None,
-             secagg_config=None, options: RunOptions | None = None, method: str | None = None) -> PCAResult:
+             secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
+             method: str | None = None) -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -754,7 +764,7 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
     subjects : list, optional
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
-    unit, scale, neighbour, mode, n_iter, oversample
+    unit, scale, neighbour, mode, n_iter, oversample, calibration
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -771,7 +781,7 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
-                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim)
+                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim, calibration=calibration)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)
@@ -809,7 +819,8 @@ def local_pca(X_site, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResu
 
 def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "add-remove", exchange=None, seed: int | None = None,
-             rng: np.random.Generator | None = None, options: RunOptions | None = None) -> PCAResult:
+             rng: np.random.Generator | None = None, options: RunOptions | None = None,
+             calibration: str = "analytic") -> PCAResult:
     """DPdisPCA (001 Alg. 1) with intermediate dimension ``R`` (default 2k).
 
     Each site's ledger records one release of A_s with conventional noise
@@ -819,7 +830,7 @@ def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=
     k = _check_k(k)
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
-                     seed=_seed_from(seed, rng), dim=srcs[0].dim)
+                     seed=_seed_from(seed, rng), dim=srcs[0].dim, calibration=calibration)
     if proto.R > srcs[0].dim:
         raise ValueError(f"R = {proto.R} exceeds D = {srcs[0].dim}")
     res = simulate(proto, srcs, exchange=exchange, options=options)

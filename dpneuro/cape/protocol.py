@@ -125,7 +125,7 @@ class _CapeProtocol:
 
             self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
             masked, unmask = secagg.sum_phases(secagg_config, "zs", self._zero_sum_input, self._agg_zero_sum)
-            self._round += [self._wrap(masked, record_summed=True), self._wrap(unmask)]
+            self._round += [self._wrap(masked), self._wrap(unmask)]
         self._round.append(Phase("release", self._site_release, self._agg_release, allow_dropout=True))
 
     # -- driver interface ------------------------------------------------------------
@@ -148,19 +148,15 @@ class _CapeProtocol:
     def _restart_index(self, round: int) -> int:
         return (len(self._setup) if round == 0 else 0)
 
-    def _wrap(self, phase: Phase, record_summed: bool = False) -> Phase:
-        site_fn, agg_fn = phase.site, phase.aggregator
+    def _wrap(self, phase: Phase) -> Phase:
+        site_fn = phase.site
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
             self._absorb(state, incoming)
             return site_fn(state, rnd, incoming)
 
-        def agg(state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
-            if record_summed:
-                state["cape"]["summed"] = sorted(msgs)
-            return agg_fn(state, rnd, msgs)
-
-        return Phase(phase.topic, site, agg, phase.site_spec, phase.broadcast_spec, phase.allow_dropout)
+        return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
+                     phase.allow_dropout)
 
     @staticmethod
     def _absorb(state: State, incoming: Payload | None) -> None:
@@ -238,6 +234,7 @@ class _CapeProtocol:
 
     def _agg_zero_sum(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         cs = state["cape"]
+        cs["summed"] = sorted(int(s) for s in state["secagg"]["last"]["included"])
         active = sorted(state["active"])
         if cs["summed"] != active or cs["plan_sites"] != active:
             return self._redo(state, rnd, active)

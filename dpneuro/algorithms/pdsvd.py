@@ -1,0 +1,625 @@
+"""PD-SVD and PD-PCA (002 Sec. 3, Alg. 3, 4, 6, 7) and the KS distributional privacy measurement (002 Alg. 5).
+
+No differential-privacy noise is added here. PD-SVD computes the *exact*
+top-k subspace of the pooled data (up to the iteration's convergence and the
+fixed-point resolution of secure aggregation); its privacy is *measured* with
+:func:`ks_privacy`, never stated as (eps, delta). Every site's ledger says so
+and records no release (its ``epsilon()`` is therefore 0 and meaningless).
+
+Orientation
+-----------
+002 stores samples as rows (X^(m) is n_m x d) and computes the right singular
+vectors of the stacked rows, the top-k eigenvectors of sum_m X^(m)T X^(m).
+Here a site's data are D x N_s (columns are samples), so the same basis is the
+top-k eigenvectors of ``S = sum_s X_s X_s^T`` (D x D), the left singular
+vectors of ``[X_1 ... X_S]``.
+
+Protocol (block power iteration, 002 Alg. 3-4, on the generic driver)
+--------------------------------------------------------------------
+``pdsvd-setup``  sites announce D (public); the aggregator broadcasts
+                 V_0 = orth(N(0, 1/D)^{D x k}) drawn from the agreed public
+                 seed, and a public run nonce.
+secure sums      (secure aggregation, dpneuro.secagg; SECSUM of 002 App. C)
+  ``pdsvd-n``     the total count n (blinded, see below);
+  ``pdsvd-mean``  PD-PCA only (002 App. D, Alg. 6): the global mean
+                  mu = sum_s X_s 1 / n; each site then works with
+                  X_s - mu 1^T (secure centring);
+  ``pdsvd-it``    every round t: sum_s S_s V_t, one column per normalised sum
+                  (NORMEDSECSUM, 002 Alg. 7); the aggregator orthonormalises
+                  (QR, diag R >= 0) and broadcasts V_{t+1}.
+Data are divided by a public ``norm_bound`` (every column norm <= it; for a
+simulation the largest column norm, treated as public) so that every value
+a site feeds to the fixed-point secure sum is bounded (002 App. E scales by a
+secure sum of local Frobenius norms for the same purpose; the bound here needs
+no extra sum). The subspace is unchanged; revealed singular values are scaled back.
+
+Normalised secure sum: construction and threat model
+----------------------------------------------------
+002 computes s / ||s|| inside SPDZ so that nobody sees ||s|| (the singular
+values). dpneuro has no general MPC; instead the *sites* share a secret key K
+(``site_secret``: distributed to every site out of band, e.g. in the
+consortium's site configuration, fresh per run, never given to the
+aggregator). From K and the public run nonce each site derives, with a keyed
+hash (BLAKE2b as a PRF), the same positive factor r_{t,i} for column i of round
+t and feeds ``r_{t,i} * (S_s V_t)[:, i] / (c n)`` to the secure sum. Positive
+column scaling changes neither s / ||s|| nor the QR factor Q, so the
+aggregator still computes the exact next iterate.
+r_{t,i} = 2^(lo + a u_i + b u_{t,i}), u uniform from the PRF: a factor
+rho_i fixed for the run (``a`` = 6 bits by default) times a fresh factor
+(``b`` = 5 bits), lo = 8 (for fixed-point resolution).
+
+Who learns what (honest-but-curious parties):
+
+* The aggregator sees, per round, the blinded column sums: their directions
+  (exactly what the sites learn from V_{t+1} anyway) and each column norm
+  ||S v_{t,i}|| only times the unknown r_{t,i}: the scale of every singular
+  value stays hidden within a factor 2^a (not reduced by repetition: rho_i is
+  fixed for the run), iteration-to-iteration changes within a factor 2^b per
+  observation, and ratios between columns are blinded by independent factors.
+  It also sees n and the global mean only blinded the same way (r_n in
+  [1, 2^6]; the mean's direction is visible). It never sees one site's
+  contribution: secure aggregation masks each input.
+  This is *statistical* hiding of the singular values, weaker than 002's
+  MPC normalisation (which reveals nothing but s / ||s||); the KS
+  measurement below is how to check what it leaks for a given data set.
+* Every site learns V_t for every t, the final V, n and (PD-PCA) mu --
+  never the norms: the broadcast is orthonormalised.
+* Collusion that breaks it: the aggregator together with ANY ONE site learns
+  K, hence every r_{t,i}: it then sees S V_t exactly, i.e. the singular values
+  and the convergence profile (the Sigma-revealing SECSUM variant of 002).
+  The individual sites' inputs stay protected by secure aggregation unless
+  the aggregator also gathers the Shamir threshold's worth of sites
+  (dpneuro.secagg). Coalitions of sites without the aggregator see only
+  the outputs above. A malicious aggregator could send sites a V of its
+  choosing; only honest-but-curious behaviour is covered.
+
+``reveal_singular_values=True`` runs the plain-SECSUM variant (no blinding):
+the aggregator learns S V_t and the result carries ``singular_values``.
+``secure=False`` replaces secure aggregation by a plain sum (tests and the KS
+simulations only: individual blinded inputs are then visible to the aggregator).
+
+PD-PCA centring (002 Alg. 6 as printed subtracts ``(n_m / n) * sum_i x_i`` from
+party m's rows, which is not the global mean; the text before it and App. D
+mean the global mean, which is what is implemented).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from ..exchange import Payload
+from ..privacy import PrivacyLedger
+from ..protocol import Phase, RunOptions, State, simulate
+from .pca import SiteSource, _check_k, as_source, orthonormalize
+
+__all__ = [
+    "KSPrivacyResult",
+    "PDSVD",
+    "PDSVDResult",
+    "SiteInput",
+    "covariance_statistics",
+    "ks_privacy",
+    "pd_pca",
+    "pd_svd",
+]
+
+_COUNT_UNIT = 2.0**-20  # counts enter the secure sum as n_m * r_n * 2^-20 (exact after rounding)
+_COUNT_BITS = 6.0
+_NOTE = ("PD-SVD adds no differential-privacy noise: its privacy is measured (KS distributional privacy, "
+         "002 Alg. 5), not an (eps, delta) guarantee; this ledger records no release, so its epsilon() of 0 "
+         "means nothing. What the aggregator and the sites learn: dpneuro.algorithms.pdsvd module docstring")
+
+
+@dataclass(frozen=True)
+class SiteInput:
+    """What a site brings to PD-SVD: its data and the sites' shared secret (never sent anywhere)."""
+
+    data: Any
+    secret: bytes | None = None
+
+
+def _prf_uniform(key: bytes, label: str) -> float:
+    """A uniform number in (0, 1) from a keyed BLAKE2b (a PRF keyed by the sites' secret)."""
+    h = hashlib.blake2b(label.encode(), key=key, digest_size=8).digest()
+    return (int.from_bytes(h, "big") + 0.5) / 2.0**64
+
+
+@dataclass(frozen=True)
+class Blinding:
+    """Exponents of the blinding factors (bits): r = 2^(lo + fixed * u + fresh * u')."""
+
+    lo: float = 8.0
+    fixed: float = 6.0
+    fresh: float = 5.0
+
+    @property
+    def hi(self) -> float:
+        return self.lo + self.fixed + self.fresh
+
+
+class PDSVD:
+    """PD-SVD / PD-PCA as a protocol for :mod:`dpneuro.protocol` (see the module docstring).
+
+    Parameters
+    ----------
+    k, n_iter : int
+        Subspace dimension and number of power iterations (rounds).
+    n_sites : int
+    center : bool
+        PD-PCA: centre on the securely summed global mean first.
+    reveal_singular_values : bool
+        Plain SECSUM variant: the aggregator learns S V_t; the result has singular values.
+    seed : int or None
+        The agreed public seed of V_0 (None: the aggregator draws one).
+    norm_bound : float
+        Public bound on every column's L2 norm (data are divided by it).
+    secure : bool
+        Secure aggregation (default) or a plain sum (tests, simulations).
+    secagg_config : SecAggConfig, optional
+    blinding : Blinding, optional
+    """
+
+    name = "pdsvd"
+
+    def __init__(self, k: int, n_iter: int, *, n_sites: int, center: bool = False,
+                 reveal_singular_values: bool = False, seed: int | None = None, norm_bound: float = 1.0,
+                 secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None):
+        self.k = _check_k(k)
+        if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
+            raise ValueError(f"n_iter must be a positive integer, got {n_iter!r}")
+        if not (float(norm_bound) > 0 and math.isfinite(float(norm_bound))):
+            raise ValueError(f"norm_bound must be positive and finite, got {norm_bound!r}")
+        self.n_iter = self.max_rounds = int(n_iter)
+        self.n_sites, self.center, self.reveal = int(n_sites), bool(center), bool(reveal_singular_values)
+        self.seed, self.norm_bound, self.secure = seed, float(norm_bound), bool(secure)
+        self.c = 4.0 if self.center else 1.0  # ||x - mu||^2 <= 4 when ||x||, ||mu|| <= 1
+        self.blinding = blinding or Blinding()
+        self.nonce = nonce
+        if self.secure:
+            from .. import secagg
+
+            self._secagg = secagg
+            self.cfg = secagg_config or secagg.SecAggConfig(n_sites=self.n_sites)
+            value_range = self.cfg.value_range
+        else:
+            self._secagg, self.cfg = None, None
+            value_range = 2.0**20
+        if not self.reveal and 2.0**self.blinding.hi > value_range:
+            raise ValueError(f"blinding factors up to 2^{self.blinding.hi:g} exceed the secure sum's value range "
+                             f"{value_range:g}")
+        self._setup = [Phase("pdsvd-setup", self._site_setup, self._agg_setup)]
+        if self.secure:
+            self._setup += [self._wrap(p) for p in self._secagg.setup_phases(self.cfg)]
+        self._setup += self._sum("pdsvd-n", self._input_count, self._on_count)
+        if self.center:
+            self._setup += self._sum("pdsvd-mean", self._input_mean, self._on_mean)
+        self._iter = self._sum("pdsvd-it", self._input_iter, self._on_iter)
+
+    # -- phases ------------------------------------------------------------------------------
+    def phases(self, round: int) -> Sequence[Phase]:
+        return self._setup + self._iter if round == 0 else self._iter
+
+    def _sum(self, topic: str, get_input: Callable, on_sum: Callable) -> list[Phase]:
+        """A secure sum (or, with secure=False, a plain sum) whose site steps first absorb broadcasts."""
+        if self.secure:
+            return [self._wrap(p) for p in self._secagg.sum_phases(self.cfg, topic, get_input, on_sum)]
+
+        def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
+            return Payload({"x": np.asarray(get_input(state, rnd), dtype=np.float64)},
+                           carries={"x": "NOT MASKED (secure=False: simulation only)"})
+
+        def agg(state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+            state["_included"] = sorted(msgs)
+            total = sum(msgs[s].arrays["x"] for s in sorted(msgs))
+            return on_sum(state, rnd, total)
+
+        return [self._wrap(Phase(topic, site, agg))]
+
+    def _wrap(self, phase: Phase) -> Phase:
+        site_fn = phase.site
+
+        def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
+            if incoming is not None:
+                for key, arr in incoming.arrays.items():
+                    if key.startswith("pdsvd/"):
+                        state[key] = np.asarray(arr)
+                if "pdsvd_nonce" in incoming.meta:
+                    state["nonce"] = incoming.meta["pdsvd_nonce"]
+            return site_fn(state, rnd, incoming)
+
+        return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
+                     phase.allow_dropout)
+
+    # -- parties -------------------------------------------------------------------------------
+    def site_init(self, site: int, data: Any) -> State:
+        secret = None
+        if isinstance(data, SiteInput):
+            data, secret = data.data, data.secret
+        if not self.reveal:
+            if not isinstance(secret, (bytes, bytearray)) or not 16 <= len(secret) <= 64:
+                raise ValueError(f"site {site}: PD-SVD needs the sites' shared secret (16-64 bytes) to blind "
+                                 "the normalised sums; give SiteInput(data, secret)")
+        src = as_source(data).validate(f"site {site}")
+        if self.k > src.dim:
+            raise ValueError(f"site {site}: k = {self.k} exceeds the number of features D = {src.dim}")
+        if src.max_norm > self.norm_bound * (1 + 1e-9):
+            raise ValueError(f"site {site}: a column has norm {src.max_norm:.6g} above the public norm bound "
+                             f"{self.norm_bound:.6g}; nothing was sent")
+        ledger = PrivacyLedger(owner=f"site-{site}")
+        ledger.note(_NOTE)
+        ledger.note(f"PD-SVD data divided by the public norm bound {self.norm_bound:.6g}")
+        state: State = {"site": site, "_src": src, "_secret": None if secret is None else bytes(secret),
+                        "dim": src.dim, "ledger": ledger}
+        # stochastic rounding in the fixed-point secure sum (not privacy noise)
+        state["_rng"] = np.random.default_rng(None if self.seed is None else [int(self.seed), int(site), 7])
+        return state
+
+    def aggregator_init(self) -> State:
+        return {"transcript": []}
+
+    # -- blinding -----------------------------------------------------------------------------
+    def _u(self, state: State, label: str) -> float:
+        return _prf_uniform(state["_secret"], f"dpneuro-pdsvd:{state['nonce']}:{label}")
+
+    def _count_factor(self, state: State) -> float:
+        return 1.0 if self.reveal else 2.0 ** (_COUNT_BITS * self._u(state, "n"))
+
+    def _mean_factor(self, state: State) -> float:
+        b = self.blinding
+        return 1.0 if self.reveal else 2.0 ** (b.lo + (b.fixed + b.fresh) * self._u(state, "mean"))
+
+    def _iter_factors(self, state: State, t: int) -> np.ndarray:
+        b = self.blinding
+        if self.reveal:  # a public factor only: uses the fixed-point range like the blinded inputs do
+            return np.full(self.k, 2.0**b.lo)
+        return np.array([2.0 ** (b.lo + b.fixed * self._u(state, f"rho:{i}") + b.fresh * self._u(state, f"eta:{t}:{i}"))
+                         for i in range(self.k)])
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        return Payload({"dim": np.array([state["dim"]], dtype=np.int64)}, {}, carries={"dim": "public"})
+
+    def _agg_setup(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        dims = {s: int(m.arrays["dim"][0]) for s, m in msgs.items()}
+        if len(set(dims.values())) != 1:
+            raise ValueError(f"all sites must have the same number of features D; got {dims}")
+        if len(msgs) != self.n_sites:
+            raise RuntimeError(f"PD-SVD needs all {self.n_sites} sites; {len(msgs)} answered")
+        D = dims[min(dims)]
+        if self.k > D:
+            raise ValueError(f"k = {self.k} exceeds D = {D}")
+        rng = np.random.default_rng(self.seed)
+        V0 = orthonormalize(rng.normal(0.0, 1.0 / math.sqrt(D), (D, self.k)))  # 002 Alg. 3 line 1
+        state.update(V=V0, dim=D, sites=sorted(msgs))
+        nonce = self.nonce or secrets.token_hex(16)
+        state["nonce"] = nonce
+        return Payload({"pdsvd/V": V0}, {"pdsvd_nonce": nonce})
+
+    def _check_all(self, state: State, topic: str) -> None:
+        if self.secure:
+            included = sorted(state.get("secagg", {}).get("last", {}).get("included", state["sites"]))
+        else:
+            included = state.get("_included", state["sites"])
+        if included != state["sites"]:
+            missing = sorted(set(state["sites"]) - set(included))
+            raise RuntimeError(f"site(s) {missing} dropped out during {topic!r}: PD-SVD computes the SVD of all "
+                               "sites' data and cannot continue without them")
+
+    def _input_count(self, state: State, rnd: int) -> np.ndarray:
+        return np.array([state["_src"].n_samples * self._count_factor(state) * _COUNT_UNIT])
+
+    def _on_count(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        self._check_all(state, "pdsvd-n")
+        state["transcript"].append({"topic": "n", "value": float(total[0])})
+        if self.reveal:
+            state["n"] = int(round(float(total[0]) / _COUNT_UNIT))
+        return Payload({"pdsvd/nsum": np.asarray(total, dtype=np.float64)})
+
+    def _n(self, state: State) -> int:
+        if "n" not in state:
+            n = float(state["pdsvd/nsum"][0]) / (self._count_factor(state) * _COUNT_UNIT)
+            state["n"] = int(round(n))
+            if state["n"] < 1 or abs(n - state["n"]) > 0.25:
+                raise RuntimeError(f"site {state['site']}: the count sum does not decode ({n}); do all sites "
+                                   "share the same secret?")
+        return state["n"]
+
+    def _colsum(self, state: State) -> np.ndarray:
+        if "_colsum" not in state:
+            s = np.zeros(state["dim"])
+            for blk in state["_src"].blocks():
+                s += np.asarray(blk, dtype=np.float64).sum(axis=1)
+            state["_colsum"] = s / self.norm_bound
+        return state["_colsum"]
+
+    def _input_mean(self, state: State, rnd: int) -> np.ndarray:
+        return self._colsum(state) / self._n(state) * self._mean_factor(state)
+
+    def _on_mean(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        self._check_all(state, "pdsvd-mean")
+        state["transcript"].append({"topic": "mean", "norm": float(np.linalg.norm(total))})
+        return Payload({"pdsvd/msum": np.asarray(total, dtype=np.float64)})
+
+    # -- iterations --------------------------------------------------------------------------------
+    def _mu(self, state: State) -> np.ndarray | None:
+        if not self.center:
+            return None
+        if "_mu" not in state:
+            state["_mu"] = state["pdsvd/msum"] / self._mean_factor(state)
+        return state["_mu"]
+
+    def _local_product(self, state: State, V: np.ndarray) -> np.ndarray:
+        """S_s V for the site's (scaled, centred) data, streamed block by block."""
+        Y = np.zeros((state["dim"], V.shape[1]))
+        for blk in state["_src"].blocks():
+            B = np.asarray(blk, dtype=np.float64)
+            Y += B @ (B.T @ V)
+        Y /= self.norm_bound**2
+        mu = self._mu(state)
+        if mu is not None:
+            s, n_s = self._colsum(state), state["_src"].n_samples
+            # (X - mu 1^T)(X - mu 1^T)^T V without forming the centred data
+            Y += -np.outer(mu, s @ V) - np.outer(s, mu @ V) + n_s * np.outer(mu, mu @ V)
+        return Y
+
+    def _input_iter(self, state: State, rnd: int) -> np.ndarray:
+        V = np.asarray(state["pdsvd/V"], dtype=np.float64)
+        Y = self._local_product(state, V) / (self.c * self._n(state))
+        return Y * self._iter_factors(state, rnd)
+
+    def _on_iter(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        self._check_all(state, "pdsvd-it")
+        norms = np.linalg.norm(total, axis=0)
+        state["transcript"].append({"topic": "it", "round": int(rnd), "norms": norms.copy()})
+        tiny = np.finfo(float).eps * max(1.0, float(norms.max(initial=0.0))) * total.shape[0]
+        if np.any(norms <= tiny):
+            i = int(np.argmin(norms))
+            raise ValueError(f"column {i} of S V vanished in round {rnd}: k = {self.k} exceeds the rank of the "
+                             "(centred) pooled data")
+        # NORMEDSECSUM output (each column over its norm), then the same orthonormalisation at everyone
+        V_new = orthonormalize(total / norms)
+        meta: dict[str, Any] = {}
+        if rnd >= self.n_iter - 1:
+            meta["stop"] = True
+            if self.reveal:
+                H = state["V"].T @ total * (self.c * state["n"] / 2.0**self.blinding.lo)
+                lam = np.sort(np.linalg.eigvalsh((H + H.T) / 2))[::-1]
+                state["singular_values"] = np.sqrt(np.maximum(lam, 0.0)) * self.norm_bound
+            state["basis"] = V_new
+        state["V"] = V_new
+        return Payload({"pdsvd/V": V_new}, meta)
+
+
+# -- convenience entry points ---------------------------------------------------------------------
+
+@dataclass
+class PDSVDResult:
+    """Output of :func:`pd_svd` / :func:`pd_pca`.
+
+    ``singular_values`` is None unless the run revealed them
+    (``reveal_singular_values=True``); ``transcript`` is what the aggregator
+    observed (blinded sums' norms per round), for leakage studies.
+    """
+
+    basis: np.ndarray
+    singular_values: np.ndarray | None
+    ledgers: list
+    n_iter: int
+    transcript: list = field(default_factory=list)
+    norm_bound: float = 1.0
+
+
+def _sources(X_sites, k: int) -> list[SiteSource]:
+    if isinstance(X_sites, np.ndarray) or not isinstance(X_sites, Sequence) or len(X_sites) == 0:
+        raise ValueError("X_sites must be a non-empty list with one data matrix (or source) per site")
+    srcs = [as_source(X).validate(f"site {s}") for s, X in enumerate(X_sites)]
+    dims = [s.dim for s in srcs]
+    if len(set(dims)) != 1:
+        raise ValueError(f"all sites must have the same number of features D; got {dims}")
+    n = sum(s.n_samples for s in srcs)
+    if k > min(dims[0], n):
+        raise ValueError(f"k = {k} exceeds min(D, N) = min({dims[0]}, {n})")
+    return srcs
+
+
+def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
+           reveal_singular_values: bool = False, norm_bound: float | None = None, secure: bool = True,
+           site_secret: bytes | None = None, secagg_config=None, blinding: Blinding | None = None,
+           options: RunOptions | None = None) -> PDSVDResult:
+    """PD-SVD: the top-k left singular subspace of ``[X_1 ... X_S]`` without revealing singular values.
+
+    Parameters
+    ----------
+    X_sites : list
+        One D x N_s array (or any :class:`~dpneuro.algorithms.pca.SiteSource` input) per site.
+    k, n_iter : int
+    seed : int, optional
+        Public seed of the initial block (and of the fixed-point rounding).
+    center : bool
+        PD-PCA (secure centring on the global mean).
+    reveal_singular_values : bool
+        Plain-SECSUM variant: singular values are revealed and returned.
+    norm_bound : float, optional
+        Public bound on column norms; None takes the largest column norm of
+        the pooled data (a simulation shortcut: treated as public).
+    secure : bool
+        Secure aggregation (default) or a plain sum (simulations only).
+    site_secret : bytes, optional
+        The sites' shared secret; None draws a fresh one (given to the sites only).
+
+    Returns
+    -------
+    PDSVDResult
+    """
+    k = _check_k(k)
+    srcs = _sources(X_sites, k)
+    if norm_bound is None:
+        norm_bound = max(s.max_norm for s in srcs) or 1.0
+    secret = site_secret if site_secret is not None else os.urandom(32)
+    proto = PDSVD(k, n_iter, n_sites=len(srcs), center=center, reveal_singular_values=reveal_singular_values,
+                  seed=seed, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding)
+    res = simulate(proto, [SiteInput(s, secret) for s in srcs], exchange=exchange, options=options)
+    agg = res.aggregator
+    leds = [s["ledger"] if s is not None else None for s in res.sites]
+    return PDSVDResult(agg["basis"], agg.get("singular_values"), leds, proto.n_iter, agg["transcript"],
+                       float(norm_bound))
+
+
+def pd_pca(X_sites, k: int, n_iter: int, **kw) -> PDSVDResult:
+    """PD-PCA (002 App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
+    return pd_svd(X_sites, k, n_iter, center=True, **kw)
+
+
+# -- KS distributional privacy (002 Sec. 4, Alg. 5) ----------------------------------------------------
+
+@dataclass
+class KSPrivacyResult:
+    """p-values of the KS two-sample test per statistic and their minimum pi (002 Alg. 5).
+
+    A small p-value means the statistic tells runs with the target unit from
+    runs without it (leakage); a large one that this statistic could not.
+    """
+
+    p_values: dict
+    pi: float
+    samples: dict  # name -> (values with the target, values without)
+    n_trials: int
+
+
+def covariance_statistics(sigma2: np.ndarray | None = None) -> dict[str, Callable]:
+    """The two statistic families of 002 Sec. 5.2, for an observed basis V (D x k).
+
+    With S_hat = V diag(sigma^2) V^T (sigma^2 from the observation's revealed
+    singular values, else ``sigma2``, else ones: an adversary without Sigma)
+    and P = X_u X_u^T for the target unit X_u (D x n_u):
+    ``w_*`` reduce W = |S_hat o P| (max, sum, sum of squares);
+    ``d_*`` reduce |S_hat / ||S_hat||_F - P / ||P||_F|. D x D: small D only.
+    """
+
+    def s_hat(obs) -> np.ndarray:
+        V = np.asarray(obs.basis)
+        sv = getattr(obs, "singular_values", None)
+        s2 = np.asarray(sv) ** 2 if sv is not None else (np.ones(V.shape[1]) if sigma2 is None else sigma2)
+        return (V * s2) @ V.T
+
+    def outer(x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        x = x[:, None] if x.ndim == 1 else x
+        return x @ x.T
+
+    def w(reduce):
+        return lambda obs, x: float(reduce(np.abs(s_hat(obs) * outer(x))))
+
+    def d(reduce):
+        def f(obs, x):
+            S, P = s_hat(obs), outer(x)
+            return float(reduce(np.abs(S / np.linalg.norm(S) - P / np.linalg.norm(P))))
+        return f
+
+    sumsq = lambda a: np.sum(a**2)  # noqa: E731
+    return {"w_max": w(np.max), "w_sum": w(np.sum), "w_sumsq": w(sumsq),
+            "d_max": d(np.max), "d_sum": d(np.sum), "d_sumsq": d(sumsq)}
+
+
+def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mechanism: Callable | None = None,
+               k: int | None = None, n_iter: int = 30, n_trials: int = 50, subsample: float = 0.8,
+               seed: int | None = None, **mechanism_kw) -> KSPrivacyResult:
+    """Measure pi-KSDP of a mechanism for one unit (002 Alg. 5).
+
+    For i = 1..t (``n_trials``): draw sub-databases X'_i (every site keeps a
+    random ``subsample`` fraction of its columns) that contain the target
+    unit x, and independent sub-databases Y_i that do not (the victim site
+    keeps the same number of other columns); evaluate the mechanism on both;
+    for every statistic s, run the KS two-sample test on
+    {s(f(X'_i), x)} vs {s(f(Y_i), x)}; pi = min over statistics of p.
+
+    Parameters
+    ----------
+    statistic_fn : callable or dict of callables
+        ``s(observation, x) -> float``; ``x`` is the target's D x n_u block.
+    X_sites : list of arrays
+        The sites' full data (D x N_s).
+    target : (site, columns)
+        The unit whose membership is tested: a column index, a slice or a
+        list of columns (a subject) at that site.
+    mechanism : callable, optional
+        ``mechanism(list of D x n arrays) -> observation``. Default: PD-SVD
+        (``pd_svd(..., k, n_iter, secure=False)``, same public seed and norm
+        bound in every run -- secure aggregation does not change what is
+        observed, only who can see the individual inputs).
+    n_trials, subsample, seed
+        Samples per distribution, fraction of columns kept, RNG seed.
+    **mechanism_kw
+        Extra keywords for the default mechanism (e.g. ``reveal_singular_values``).
+
+    Returns
+    -------
+    KSPrivacyResult
+    """
+    stats_fns = statistic_fn if isinstance(statistic_fn, dict) else {"statistic": statistic_fn}
+    if not stats_fns or not all(callable(f) for f in stats_fns.values()):
+        raise ValueError("statistic_fn must be a callable or a dict of callables")
+    Xs = [np.asarray(X, dtype=np.float64) for X in X_sites]
+    if not Xs or any(X.ndim != 2 for X in Xs):
+        raise ValueError("X_sites must be a list of D x N_s arrays")
+    if len({X.shape[0] for X in Xs}) != 1:
+        raise ValueError(f"all sites must have the same D; got {[X.shape[0] for X in Xs]}")
+    if not 0 < subsample <= 1:
+        raise ValueError(f"subsample must be in (0, 1], got {subsample}")
+    if isinstance(n_trials, bool) or not isinstance(n_trials, (int, np.integer)) or n_trials < 2:
+        raise ValueError(f"n_trials must be an integer >= 2, got {n_trials!r}")
+    site, cols = target
+    N_v = Xs[site].shape[1]
+    x_idx = np.arange(N_v)[cols] if not isinstance(cols, (int, np.integer)) else np.array([int(cols)])
+    x_idx = np.atleast_1d(x_idx)
+    x = Xs[site][:, x_idx]
+    others_v = np.setdiff1d(np.arange(N_v), x_idx)
+    if mechanism is None:
+        if k is None:
+            raise ValueError("give k (and n_iter) for the default PD-SVD mechanism, or a mechanism")
+        bound = max(float(np.linalg.norm(X, axis=0).max()) for X in Xs)
+        v0_seed = 0 if seed is None else int(seed)
+
+        def mechanism(sub):
+            return pd_svd(sub, k, n_iter, secure=False, seed=v0_seed, norm_bound=bound, **mechanism_kw)
+
+    rng = np.random.default_rng(seed)
+    keep = [max(1, int(round(subsample * X.shape[1]))) for X in Xs]
+    keep[site] = min(keep[site], len(others_v) + len(x_idx))
+    n_other = keep[site] - len(x_idx)
+    if n_other < 1 or len(others_v) < keep[site]:
+        raise ValueError("the victim site needs more columns than the target unit for with/without sub-databases")
+
+    def draw(with_x: bool) -> list[np.ndarray]:
+        sub = []
+        for s, X in enumerate(Xs):
+            if s != site:
+                sub.append(X[:, np.sort(rng.choice(X.shape[1], keep[s], replace=False))])
+            elif with_x:
+                sub.append(np.hstack([X[:, np.sort(rng.choice(others_v, n_other, replace=False))], x]))
+            else:
+                sub.append(X[:, np.sort(rng.choice(others_v, keep[s], replace=False))])
+        return sub
+
+    w_vals = {name: [] for name in stats_fns}
+    wo_vals = {name: [] for name in stats_fns}
+    for _ in range(n_trials):
+        obs_with, obs_without = mechanism(draw(True)), mechanism(draw(False))
+        for name, f in stats_fns.items():
+            w_vals[name].append(float(f(obs_with, x)))
+            wo_vals[name].append(float(f(obs_without, x)))
+    p_values, samples = {}, {}
+    for name in stats_fns:
+        a, b = np.array(w_vals[name]), np.array(wo_vals[name])
+        p_values[name] = float(stats.ks_2samp(a, b).pvalue)
+        samples[name] = (a, b)
+    return KSPrivacyResult(p_values, min(p_values.values()), samples, int(n_trials))

@@ -1,0 +1,326 @@
+"""capePCA, its baselines (conv, pooled DP, local, DPdisPCA) and the power mode."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
+from dpneuro.algorithms.pca import pca_sensitivity, top_eigh
+from dpneuro.cape import run_cape
+from dpneuro.exchange import InProcessExchange
+from dpneuro.metrics import captured_energy
+from dpneuro.privacy import gaussian_sigma
+
+DELTA = 0.01
+
+
+def synthetic(D=40, K=8, S=5, Ns=300, seed=0):
+    """The seeds' set-up at small scale: diag(linspace(10, 1, K), 0.5 U(0,1)^(D-K)), centred, max norm 1."""
+    rng = np.random.default_rng(seed)
+    lam = np.r_[np.linspace(10, 1, K), 0.5 * rng.uniform(size=D - K)]
+    X = rng.standard_normal((D, S * Ns)) * np.sqrt(lam)[:, None]
+    X -= X.mean(axis=1, keepdims=True)
+    X /= np.linalg.norm(X, axis=0).max()
+    return [X[:, s * Ns:(s + 1) * Ns] for s in range(S)], X
+
+
+def sin_max_angle(V, U):
+    """Sine of the largest principal angle between span(V) and span(U) (orthonormal columns)."""
+    return float(np.linalg.norm(V - U @ (U.T @ V), 2))  # accurate for tiny angles, unlike sqrt(1 - cos^2)
+
+
+def exact(X, k):
+    A = X @ X.T / X.shape[1]
+    lam, U = np.linalg.eigh(A)
+    return A, lam[::-1][:k], U[:, ::-1][:, :k]
+
+
+def unique_entries(M):
+    return M[np.triu_indices(M.shape[0])]
+
+
+def chi2_var_ok(x, var, alpha=1e-3):
+    q = float(np.sum(x**2) / var)
+    lo, hi = stats.chi2.ppf([alpha / 2, 1 - alpha / 2], x.size)
+    return lo < q < hi
+
+
+# -- correctness without noise ---------------------------------------------------------------
+
+def test_plan_none_is_the_pooled_eigendecomposition():
+    Xs, X = synthetic()
+    A, lam, U = exact(X, 8)
+    res = cape_pca(Xs, 8, None, DELTA, plan="none")
+    assert res.basis.shape == (40, 8)
+    assert np.allclose(res.basis.T @ res.basis, np.eye(8), atol=1e-12)
+    assert sin_max_angle(res.basis, U) < 1e-8
+    assert np.allclose(res.eigenvalues, lam, rtol=1e-10)
+    assert np.all(np.diff(res.eigenvalues) <= 0)
+    assert all(led.releases == [] and any("not private" in n for n in led.notes) for led in res.ledgers)
+
+
+def test_top_eigh_orders_by_value_not_magnitude():
+    A = np.diag([5.0, -10.0, 3.0, 1.0])
+    lam, V = top_eigh(A, 2)
+    assert np.allclose(lam, [5.0, 3.0])
+    assert np.allclose(np.abs(V[[0, 2], [0, 1]]), 1.0)
+
+
+# -- noise levels and ledgers ------------------------------------------------------------------
+
+def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
+    S, Ns, eps = 4, 250, 1.0
+    Xs, X = synthetic(D=40, S=S, Ns=Ns, seed=1)
+    A = X @ X.T / X.shape[1]
+    z = gaussian_sigma(eps, DELTA)
+    tau_pool = z / (S * Ns)
+    cape = cape_pca(Xs, 5, eps, DELTA, plan="cape", seed=3)
+    conv = cape_pca(Xs, 5, eps, DELTA, plan="conv", seed=3)
+    pooled = pooled_dp_pca(X, 5, eps, DELTA, seed=3)
+    assert chi2_var_ok(unique_entries(cape.info["A_hat"] - A), tau_pool**2)
+    assert chi2_var_ok(unique_entries(pooled.info["A_hat"] - A), tau_pool**2)
+    assert chi2_var_ok(unique_entries(conv.info["A_hat"] - A), S * tau_pool**2)
+    for res in (cape, conv):
+        for led in res.ledgers:
+            (rel,) = led.releases
+            assert rel.sensitivity == pytest.approx(1 / Ns) and rel.unit == "sample"
+            assert rel.sigma == pytest.approx(z / Ns, rel=1e-9)
+            assert led.epsilon(DELTA) == pytest.approx(eps, rel=1e-6)
+    (rel,) = pooled.ledgers[0].releases
+    assert pooled.ledgers[0].owner == "pooled" and rel.sensitivity == pytest.approx(1 / (S * Ns))
+
+
+def test_subject_level_units_and_sensitivities():
+    Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
+    eq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], seed=0)
+    assert eq.unit == "subject"
+    assert all(led.releases[0].sensitivity == pytest.approx(1 / 6) and led.releases[0].unit == "subject"
+               for led in eq.ledgers)
+    ranges = [[(0, 10), (10, 60)], [(0, 30), (30, 60)], [20, 20, 20]]
+    uneq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=ranges, seed=0)
+    assert [led.releases[0].sensitivity for led in uneq.ledgers] == pytest.approx([50 / 60, 30 / 60, 20 / 60])
+    rep = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], neighbour="replace", seed=0)
+    assert rep.ledgers[0].releases[0].sensitivity == pytest.approx(math.sqrt(2) / 6)
+    # per-subject blocks mean subject level; unit='sample' forces the column level
+    blocks = [[X[:, i:i + 10] for i in range(0, 60, 10)] for X in Xs]
+    b = cape_pca(blocks, 3, 1.0, DELTA, plan="conv", seed=0)
+    assert b.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 6)
+    smp = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], unit="sample", seed=0)
+    assert smp.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 60)
+    assert pca_sensitivity(100, 1) == pytest.approx(0.01)
+    # the same noise realisation gives the same basis whatever the block layout
+    assert np.allclose(b.basis, eq.basis)
+
+
+def test_sitedata_boundaries_make_the_unit_subject():
+    class FakeSiteData:  # the attributes of dpneuro.io.SiteData the sources use
+        def __init__(self, X, bounds):
+            self.X, self.boundaries = X, bounds
+
+        def iter_subjects(self):
+            for a, b in self.boundaries:
+                yield self.X[:, a:b]
+
+    Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
+    sd = [FakeSiteData(X, [(0, 20), (20, 40), (40, 60)]) for X in Xs]
+    res = cape_pca(sd, 3, 1.0, DELTA, plan="conv", seed=0)
+    assert res.unit == "subject" and res.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 3)
+
+
+def test_scale_options_and_their_ledger_notes():
+    Xs, X = synthetic(D=12, K=4, S=3, Ns=60, seed=4)
+    big = [5.0 * Y for Y in Xs]
+    with pytest.raises(ValueError, match="scale="):
+        cape_pca(big, 3, 1.0, DELTA, plan="conv")
+    a = cape_pca(big, 3, None, DELTA, plan="none", scale=5.0)
+    b = cape_pca(Xs, 3, None, DELTA, plan="none")
+    assert np.allclose(a.basis, b.basis) and np.allclose(a.eigenvalues, b.eigenvalues)
+    assert any("c = 5" in n and "public" in n for n in a.ledgers[0].notes)
+    u = cape_pca(big, 3, None, DELTA, plan="none", scale="unit")
+    Xu = X / np.linalg.norm(X, axis=0)
+    assert np.allclose(u.eigenvalues, exact(Xu, 3)[1])
+    assert any("unit norm" in n for n in u.ledgers[0].notes)
+    huge = [1e4 * Y for Y in Xs]  # every column far above norm 1: clipping = unit scaling
+    clip = cape_pca(huge, 3, None, DELTA, plan="none", scale="clip")
+    assert np.allclose(clip.eigenvalues, u.eigenvalues)
+
+
+def test_seeded_runs_are_reproducible():
+    Xs, _ = synthetic(D=20, K=4, S=3, Ns=100)
+    r1 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=7)
+    r2 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=7)
+    r3 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=8)
+    assert np.allclose(r1.basis, r2.basis, atol=1e-9)
+    assert not np.allclose(r1.basis, r3.basis, atol=1e-3)
+
+
+# -- utility (statistical, fixed seeds) ---------------------------------------------------------
+
+def test_cape_matches_pooled_dp_and_beats_conv_and_dpdispca():
+    """Mean captured-energy ratio over 6 data sets (D=50, K=10, S=5, N_s=400).
+
+    Measured: eps=0.5 cape 0.837 (sd 0.013), pooled 0.837, conv 0.61 (0.04),
+    DPdisPCA 0.60; eps=1: cape 0.922, pooled 0.918, conv 0.77, DPdisPCA 0.76.
+    Margins are > 4 standard errors of the differences.
+    """
+    D, K, S, Ns = 50, 10, 5, 400
+    for eps, margin in [(0.5, 0.12), (1.0, 0.07)]:
+        r = {m: [] for m in ("cape", "conv", "pooled", "dpdis", "local")}
+        for rep in range(6):
+            Xs, X = synthetic(D, K, S, Ns, seed=rep)
+            A = X @ X.T / X.shape[1]
+            qo = np.sort(np.linalg.eigvalsh(A))[::-1][:K].sum()
+            r["cape"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="cape", seed=100 + rep).basis, A) / qo)
+            r["conv"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="conv", seed=100 + rep).basis, A) / qo)
+            r["pooled"].append(captured_energy(pooled_dp_pca(X, K, eps, DELTA, seed=200 + rep).basis, A) / qo)
+            r["dpdis"].append(captured_energy(dpdispca(Xs, K, eps, DELTA, seed=100 + rep).basis, A) / qo)
+            r["local"].append(captured_energy(local_pca(Xs[0], K, eps, DELTA, seed=300 + rep).basis, A) / qo)
+        m = {k: float(np.mean(v)) for k, v in r.items()}
+        assert abs(m["cape"] - m["pooled"]) < 0.03, m
+        assert m["cape"] > m["conv"] + margin, m
+        assert m["cape"] > m["dpdis"] + margin, m
+        assert m["conv"] > m["local"], m
+
+
+# -- DPdisPCA -----------------------------------------------------------------------------
+
+def test_dpdispca_ledger_and_noiseless_limit():
+    Xs, X = synthetic(D=20, K=4, S=4, Ns=200, seed=5)
+    res = dpdispca(Xs, 4, 1.0, DELTA, seed=1)
+    assert res.info["R"] == 8
+    for led in res.ledgers:
+        (rel,) = led.releases
+        assert rel.sensitivity == pytest.approx(1 / 200) and rel.stage == "dpdispca"
+        assert led.epsilon(DELTA) == pytest.approx(1.0, rel=1e-6)
+    # with R = D and (almost) no noise, P_s P_s^T = A_s and the answer is the pooled subspace
+    _, _, U = exact(X, 4)
+    nearly = dpdispca(Xs, 4, 1e7, DELTA, R=20, seed=1)
+    assert sin_max_angle(nearly.basis, U) < 1e-2
+    with pytest.raises(ValueError, match="R must be"):
+        dpdispca(Xs, 4, 1.0, DELTA, R=3)
+    with pytest.raises(ValueError, match="exceeds D"):
+        dpdispca(Xs, 4, 1.0, DELTA, R=21)
+
+
+# -- power mode ------------------------------------------------------------------------------
+
+def low_rank_sites(D=2000, r=5, S=3, subjects=3, T=50, seed=0, dtype=np.float64):
+    """Per-site lists of per-subject D x T blocks: rank-r signal plus noise, columns of unit norm."""
+    rng = np.random.default_rng(seed)
+    maps = np.linalg.qr(rng.standard_normal((D, r)))[0] * np.linspace(6, 2, r)
+    sites = []
+    for _ in range(S):
+        blocks = []
+        for _ in range(subjects):
+            B = maps @ rng.standard_normal((r, T)) + 0.3 * rng.standard_normal((D, T)) / math.sqrt(D) * 10
+            blocks.append((B / np.linalg.norm(B, axis=0)).astype(dtype))
+        sites.append(blocks)
+    return sites
+
+
+def test_power_mode_matches_covariance_mode_and_exact_eigh(tmp_path):
+    k = 5
+    sites = low_rank_sites()
+    X = np.hstack([np.hstack(b) for b in sites])
+    _, lam, U = exact(X, k)
+    # three kinds of streamed input: a memory-mapped .npy, a callable of blocks, a list of blocks
+    np.save(tmp_path / "site0.npy", np.hstack(sites[0]))
+    inputs = [str(tmp_path / "site0.npy"), lambda: iter(sites[1]), sites[2]]
+    power = cape_pca(inputs, k, None, DELTA, plan="none", mode="power", n_iter=30, subjects=None, seed=0)
+    cov = cape_pca([np.hstack(b) for b in sites], k, None, DELTA, plan="none")
+    assert power.rounds == 30 and power.mode == "power"
+    assert sin_max_angle(power.basis, U) < 1e-6
+    assert sin_max_angle(cov.basis, U) < 1e-6
+    assert np.allclose(power.eigenvalues, lam, rtol=1e-8)
+    assert np.allclose(cov.eigenvalues, lam, rtol=1e-8)
+    assert np.allclose(power.basis.T @ power.basis, np.eye(k), atol=1e-10)
+
+
+def test_power_mode_streams_float32_and_composes_its_releases():
+    k, n_iter, eps = 3, 6, 2.0
+    sites = low_rank_sites(D=300, r=3, S=3, subjects=4, T=20, seed=1, dtype=np.float32)
+    res = cape_pca(sites, k, eps, DELTA, plan="cape", mode="power", n_iter=n_iter, seed=2)
+    z1 = gaussian_sigma(eps, DELTA)
+    for led in res.ledgers:
+        (rel,) = led.releases
+        assert rel.count == n_iter and rel.unit == "subject"
+        assert rel.sensitivity == pytest.approx(20 / 80)  # one subject of 20 of the site's 80 columns
+        assert rel.sigma == pytest.approx(math.sqrt(n_iter) * z1 * 20 / 80, rel=1e-9)
+        assert led.epsilon(DELTA) == pytest.approx(eps, rel=1e-6)
+    assert np.allclose(res.basis.T @ res.basis, np.eye(k), atol=1e-10)
+    with pytest.raises(ValueError, match="n_iter >= 2"):
+        cape_pca(sites, k, eps, DELTA, plan="conv", mode="power", n_iter=1)
+
+
+# -- bad input: clear errors before any release ---------------------------------------------------
+
+def _ok_sites():
+    return synthetic(D=10, K=3, S=3, Ns=20, seed=9)[0]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(k=11), "exceeds min"),
+    (dict(k=0), "positive integer"),
+    (dict(k=2.5), "positive integer"),
+    (dict(epsilon=0.0), "epsilon"),
+    (dict(epsilon=-1.0), "epsilon"),
+    (dict(epsilon=float("nan")), "epsilon"),
+    (dict(epsilon=math.inf), "only plan 'none'"),
+    (dict(epsilon=None, plan="conv"), "only plan 'none'"),
+    (dict(delta=0.0), "delta"),
+    (dict(delta=1.0), "delta"),
+    (dict(delta=float("nan")), "delta"),
+    (dict(plan="pooled"), "unknown noise plan"),
+    (dict(mode="lanczos"), "mode"),
+    (dict(calibration="classic", epsilon=2.0), "classic"),
+    (dict(subjects=[3, 3, 7]), "equal length"),
+    (dict(subjects=[[(0, 5), (6, 20)], 2, 2]), "tile"),
+])
+def test_bad_parameters_are_refused(kwargs, match):
+    args = dict(k=2, epsilon=1.0, delta=DELTA, plan="cape")
+    args.update(kwargs)
+    ex = InProcessExchange(n_sites=3)
+    with pytest.raises(ValueError, match=match):
+        cape_pca(_ok_sites(), args.pop("k"), args.pop("epsilon"), args.pop("delta"), exchange=ex, **args)
+    assert all(ex.egress_log(s) == [] for s in range(3))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("nan", "NaN or infinite"),
+    ("inf", "NaN or infinite"),
+    ("dim", "same number of features"),
+    ("norm", "norm"),
+    ("two_sites_cape", "at least 3 sites"),
+])
+def test_bad_data_are_refused(bad, match):
+    Xs = _ok_sites()
+    if bad == "nan":
+        Xs[1] = Xs[1].copy(); Xs[1][2, 3] = np.nan
+    elif bad == "inf":
+        Xs[2] = Xs[2].copy(); Xs[2][0, 0] = np.inf
+    elif bad == "dim":
+        Xs[1] = Xs[1][:9]
+    elif bad == "norm":
+        Xs[0] = Xs[0] * 3
+    elif bad == "two_sites_cape":
+        Xs = Xs[:2]
+    ex = InProcessExchange(n_sites=len(Xs))
+    with pytest.raises(ValueError, match=match):
+        cape_pca(Xs, 2, 1.0, DELTA, plan="cape", exchange=ex)
+    if bad != "two_sites_cape":
+        with pytest.raises(ValueError, match=match):
+            dpdispca(Xs, 2, 1.0, DELTA)
+    assert all(ex.egress_log(s) == [] for s in range(len(Xs)))
+
+
+def test_site_side_validation_stops_the_protocol_before_any_release():
+    """A site that finds bad data in site_init fails the run; no site has released anything."""
+    Xs = _ok_sites()
+    Xs[1] = Xs[1].copy(); Xs[1][0, 0] = np.nan
+    ex = InProcessExchange(n_sites=3)
+    with pytest.raises(ValueError, match="NaN"):
+        run_cape(CapePCA(2, 1.0, DELTA, seed=0), [SiteSource(X) for X in Xs], "conv", exchange=ex)
+    for s in range(3):
+        assert all(rec["topic"] != "release" for rec in ex.egress_log(s))
