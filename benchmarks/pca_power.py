@@ -82,8 +82,17 @@ def load_unit(files) -> np.ndarray:
 
 # -- one site process ---------------------------------------------------------------------------
 
-def site_worker(cfg: dict) -> None:
+def _vm_hwm_mb() -> float:
+    """Peak resident set of this process image (VmHWM; unlike ru_maxrss it is not inherited across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def site_worker(cfg: dict) -> None:
     import tracemalloc
 
     from dpneuro.algorithms.pca import CapePCA, SiteSource
@@ -91,7 +100,7 @@ def site_worker(cfg: dict) -> None:
     from dpneuro.exchange import DirectoryExchange
     from dpneuro.protocol import run_site
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss0 = _vm_hwm_mb()
     tracemalloc.start()
     files = cfg["files"]
     src = SiteSource(lambda: (np.load(f) for f in files))  # one subject per block, read on demand
@@ -107,8 +116,8 @@ def site_worker(cfg: dict) -> None:
     sent = sum(int(np.prod(a["shape"])) * np.dtype(a["dtype"]).itemsize
                for rec in ex.egress_log(cfg["site"]) for a in rec["arrays"].values())
     led = state["ledger"]
-    out = {"site": cfg["site"], "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_imports_mb": rss0, "peak_traced_mb": peak_traced,
+    out = {"site": cfg["site"], "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": _vm_hwm_mb(),
+           "rss_after_imports_mb": rss0, "peak_traced_mb": peak_traced,
         "bytes_sent": sent, "epsilon": led.epsilon(cfg["delta"]) if led.releases else None,
         "unit": state["unit"], "n_samples": state["n"]}
     Path(cfg["report"]).write_text(json.dumps(out))

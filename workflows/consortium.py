@@ -58,7 +58,9 @@ def write_config(cfg: RunConfig) -> str:
     work = Path(cfg.out) / "work"
     work.mkdir(parents=True, exist_ok=True)
     path = work / "config.json"
-    path.write_text(json.dumps(cfg.to_json(), indent=1, default=str))
+    text = json.dumps(cfg.to_json(), indent=1, default=str)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
     return str(path)
 
 

@@ -213,7 +213,8 @@ class SiteSource:
         For array data only: the subjects' columns -- an int M (equal
         lengths), a list of lengths, or a list of ``(start, stop)`` ranges.
     chunk_columns
-        Block width when an array without subject boundaries is streamed.
+        Block width when an array without subject boundaries is streamed
+        (default: about 64 MB of float64 per block).
 
     Notes
     -----
@@ -221,12 +222,12 @@ class SiteSource:
     before anything is released; it is called by the algorithms' ``site_init``.
     """
 
-    def __init__(self, data: Any, subjects: Any = None, *, chunk_columns: int = 4096):
+    def __init__(self, data: Any, subjects: Any = None, *, chunk_columns: int | None = None):
         self._array: np.ndarray | None = None
         self._blocks_fn: Callable[[], Any] | None = None
         self._ranges: list[tuple[int, int]] | None = None
         self._subjects_spec = subjects
-        self.chunk_columns = int(chunk_columns)
+        self.chunk_columns = None if chunk_columns is None else max(1, int(chunk_columns))
         self.validated = False
         self.dim = self.n_samples = 0
         self.lengths: list[int] | None = None
@@ -266,15 +267,17 @@ class SiteSource:
                 for a, b in self._ranges:
                     yield self._array[:, a:b]
             else:
-                n = self._array.shape[1]
-                for a in range(0, n, self.chunk_columns):
-                    yield self._array[:, a:a + self.chunk_columns]
+                D, n = self._array.shape
+                width = self.chunk_columns or max(1, (1 << 26) // (8 * max(1, D)))
+                for a in range(0, n, width):
+                    yield self._array[:, a:a + width]
         else:
             it = self._blocks_fn()
             if it is None:
                 raise TypeError("the block source returned None instead of an iterable of blocks")
-            for blk in it:
-                yield blk
+            # no local name for the block: a suspended generator would keep the previous
+            # subject alive while the next one is read (two subjects in memory)
+            yield from it
 
     def validate(self, name: str = "site") -> SiteSource:
         """Read the data once: common D, finite values, column norms. Idempotent."""
@@ -298,13 +301,16 @@ class SiteSource:
                 raise ValueError(f"{name}: block {i} has {blk.shape[0]} features, the first block has {dim}")
             if blk.shape[1] == 0:
                 raise ValueError(f"{name}: block {i} has no columns")
-            if not np.isfinite(blk).all():
-                raise ValueError(f"{name}: data contain NaN or infinite values (block {i}); "
-                                 "nothing was released")
-            norms = _col_norms(blk)
+            norms = _col_norms(blk)  # finite norms <=> finite entries, without a D x n_b mask
+            if not np.isfinite(norms).all():
+                if not np.isfinite(blk).all():
+                    raise ValueError(f"{name}: data contain NaN or infinite values (block {i}); "
+                                     "nothing was released")
+                raise ValueError(f"{name}: column norms overflow (block {i}); rescale the data")
             max_norm = max(max_norm, float(norms.max()))
             n_total += blk.shape[1]
             lengths.append(blk.shape[1])
+            del blk  # before the next block is read
         if dim is None or n_total == 0:
             raise ValueError(f"{name}: no data")
         if dim < 1:
@@ -372,6 +378,7 @@ def second_moment(src: SiteSource, scale) -> np.ndarray:
         B = np.asarray(blk, dtype=np.float64)
         B = B * _scale_factors(_col_norms(B), scale)
         A += B @ B.T
+        del blk, B  # before the next block is read
     A /= src.n_samples
     return (A + A.T) / 2
 
@@ -391,6 +398,7 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray) -> np.ndarray:
         C = B.T @ V.astype(B.dtype, copy=False)
         C *= f2[:, None].astype(B.dtype, copy=False)
         Y += B @ C
+        del blk, B, C  # before the next block is read: one subject in memory
     Y /= src.n_samples
     return Y
 

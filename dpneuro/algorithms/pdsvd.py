@@ -338,6 +338,7 @@ class PDSVD:
             s = np.zeros(state["dim"])
             for blk in state["_src"].blocks():
                 s += np.asarray(blk, dtype=np.float64).sum(axis=1)
+                del blk
             state["_colsum"] = s / self.norm_bound
         return state["_colsum"]
 
@@ -363,6 +364,7 @@ class PDSVD:
         for blk in state["_src"].blocks():
             B = np.asarray(blk, dtype=np.float64)
             Y += B @ (B.T @ V)
+            del blk, B  # before the next block is read
         Y /= self.norm_bound**2
         mu = self._mu(state)
         if mu is not None:

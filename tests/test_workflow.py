@@ -1,0 +1,110 @@
+"""The main job: Pydra workflow end to end, caching, report, CLI errors."""
+
+import json
+import re
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from dpneuro.cli import main
+from dpneuro.config import ConfigError, RunConfig
+from dpneuro.synth import make_consortium
+from dpneuro.workflows import run_workflow
+
+R = 4
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory):
+    root = tmp_path_factory.mktemp("consortium")
+    man = make_consortium(root / "data", n_sites=3, subjects_per_site=3, n_components=R, n_timepoints=80,
+                          space="grid30", seed=3)
+    return root, man
+
+
+def _config(root: Path, man: dict, out: str, **kw) -> RunConfig:
+    d = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(root / out),
+             mask=man["mask"], n_components=R, truth=str(root / "data"), pca_epsilon=50.0, ica_epsilon_i=50.0,
+             ica_rounds=15, clip_G=5.0, clip_h=5.0, seed=1, plan="cape")
+    d.update(kw)
+    return RunConfig.from_dict(d).validate()
+
+
+def _work_dirs(cfg: RunConfig, stage: str) -> list[Path]:
+    return sorted((Path(cfg.out) / "work").glob(f"{stage}-*"))
+
+
+def test_workflow_end_to_end_cache_and_rerun(consortium):
+    root, man = consortium
+    cfg = _config(root, man, "run")
+    res = run_workflow(cfg)
+    out = Path(cfg.out)
+    comp = nib.load(out / "components.nii.gz")
+    assert comp.shape == (30, 30, 1, R)
+    priv = json.loads((out / "privacy.json").read_text())
+    assert set(priv["sites"]) == {"site-01", "site-02", "site-03"}
+    for s in priv["sites"].values():
+        stages = {r["stage"] for r in s["ledger"]["releases"]}
+        assert len(stages) == 2  # capePCA and capeDJICA releases composed
+        assert s["epsilon_exact"] > 0 and s["epsilon_collusion"] > s["epsilon_exact"]
+    html = Path(res["report"]).read_text()
+    assert len(re.findall(r'<img alt="IC\d\d"', html)) == R  # one image per component
+    assert len(re.findall(r'<img alt="truth IC\d\d"', html)) == R
+    assert "Total privacy spent by every site" in html and "site-03" in html
+    for tsv in (out / "timecourses").glob("*.tsv"):
+        assert np.loadtxt(tsv, skiprows=1).shape[1] == R
+
+    # same cache: nothing runs again
+    before = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.is_file() and "pydra" not in str(p)}
+    report_mtime = Path(res["report"]).stat().st_mtime_ns
+    run_workflow(cfg)
+    assert Path(res["report"]).stat().st_mtime_ns == report_mtime
+    after = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.is_file() and "pydra" not in str(p)}
+    assert {p: t for p, t in after.items() if p in before} == before
+
+    # a new ICA budget re-runs only what depends on it
+    cfg2 = _config(root, man, "run", ica_epsilon_i=20.0)
+    run_workflow(cfg2)
+    assert len(_work_dirs(cfg2, "reduce")) == 1 and len(_work_dirs(cfg2, "load-site-01")) == 1
+    assert len(_work_dirs(cfg2, "unmix")) == 2 and len(_work_dirs(cfg2, "maps")) == 2
+    assert Path(res["report"]).stat().st_mtime_ns != report_mtime
+
+
+def test_config_errors_name_the_field(tmp_path, consortium):
+    root, man = consortium
+    good = {"sites": [{"name": "a", "path": man["sites"][0]["path"]}], "out": str(tmp_path / "o"), "plan": "conv"}
+    RunConfig.from_dict(good).validate()
+    with pytest.raises(ConfigError, match="unknown config field"):
+        RunConfig.from_dict({**good, "epsilon": 1.0})
+    with pytest.raises(ConfigError, match=r"sites\[0\]"):
+        RunConfig.from_dict({**good, "sites": [{"name": "a", "path": str(tmp_path / "nope")}]}).validate()
+    with pytest.raises(ConfigError, match="'plan'.*at least 3 sites"):
+        RunConfig.from_dict({**good, "plan": "cape"}).validate()
+    with pytest.raises(ConfigError, match="ica_epsilon_i"):
+        RunConfig.from_dict({**good, "ica_epsilon_i": -1}).validate()
+    with pytest.raises(ConfigError, match="classic"):
+        RunConfig.from_dict({**good, "ica_epsilon_i": 2.0, "calibration": "classic"}).validate()
+
+
+def test_cli_run_rejects_broken_config_and_mismatched_grid(tmp_path, consortium, capsys):
+    root, man = consortium
+    bad = tmp_path / "bad.toml"
+    bad.write_text('out = "o"\nplan = "cape"\n[[sites]]\nname = "a"\npath = "missing"\n')
+    assert main(["run", str(bad), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "sites[0]" in err and "missing" in err
+
+    # a site whose images sit on another grid is refused, naming the file
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    img = nib.load(man["sites"][2]["subjects"][0]["path"])
+    nib.Nifti1Image(np.asarray(img.dataobj), img.affine * np.diag([2, 2, 2, 1])).to_filename(odd / "sub-9999_bold.nii.gz")
+    sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"][:2])
+    cfg = tmp_path / "grid.toml"
+    cfg.write_text(f'out = "{tmp_path / "o2"}"\nmask = "{man["mask"]}"\nn_components = {R}\nseed = 0\n'
+                   f'{sites}[[sites]]\nname = "odd"\npath = "{odd}"\n')
+    assert main(["run", str(cfg), "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "sub-9999_bold.nii.gz" in err and "affine" in err
