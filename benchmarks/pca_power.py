@@ -125,7 +125,7 @@ def site_worker(cfg: dict) -> None:
 
 # -- one run: aggregator here, sites as processes ---------------------------------------------------
 
-def run(plan: str, epsilon, args, sites, D: int, workdir: Path) -> dict:
+def run(plan: str, epsilon, args, sites, D: int, workdir: Path, n_iter: int | None = None) -> dict:
     from dpneuro.algorithms.pca import CapePCA
     from dpneuro.cape import cape_protocol
     from dpneuro.exchange import DirectoryExchange
@@ -136,7 +136,8 @@ def run(plan: str, epsilon, args, sites, D: int, workdir: Path) -> dict:
     key = secrets.token_bytes(32)
     root = workdir / "exchange"
     ex = DirectoryExchange(root, S, run_id=run_id, key=key, poll_interval=0.01)
-    alg = CapePCA(args.k, epsilon, args.delta, mode="power", n_iter=args.n_iter, scale="unit", seed=args.seed, dim=D)
+    n_iter = n_iter or args.n_iter
+    alg = CapePCA(args.k, epsilon, args.delta, mode="power", n_iter=n_iter, scale="unit", seed=args.seed, dim=D)
     out: dict = {}
 
     def agg():
@@ -151,7 +152,7 @@ def run(plan: str, epsilon, args, sites, D: int, workdir: Path) -> dict:
     procs, reports = [], []
     for s in range(S):
         rep = workdir / f"{run_id}-site{s}.json"
-        cfg = {"files": sites[s], "k": args.k, "epsilon": epsilon, "delta": args.delta, "n_iter": args.n_iter,
+        cfg = {"files": sites[s], "k": args.k, "epsilon": epsilon, "delta": args.delta, "n_iter": n_iter,
                "seed": args.seed, "D": D, "root": str(root), "S": S, "run_id": run_id, "key": key.hex(),
                "plan": plan, "site": s, "report": str(rep)}
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // S)))
@@ -180,6 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epsilon", type=float, default=1.0, help="per-site epsilon of the DP run (subject level)")
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", type=int, nargs="*", default=None,
+                    help="subjects per site for the memory sweep (plan none, 3 rounds); default 1 5 10")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "dpneuro_pca_power")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
@@ -188,13 +191,15 @@ def main(argv=None) -> int:
         return 0
     if a.quick:
         a.subjects, a.tps, a.n_iter, a.sites = 2, 50, 8, 3
+    sweep = a.sweep if a.sweep is not None else ([1, 2] if a.quick else [1, 5, 10])
     t_all = time.time()
     mask = brain_mask(a.quick)
     D = int(mask.sum())
     shutil.rmtree(a.workdir, ignore_errors=True)
     a.workdir.mkdir(parents=True)
     t = time.time()
-    sites = make_data(a.workdir, mask, a.k, a.sites, a.subjects, a.tps, a.seed)
+    all_files = make_data(a.workdir, mask, a.k, a.sites, max([a.subjects, *sweep]), a.tps, a.seed)
+    sites = [fs[: a.subjects] for fs in all_files]
     t_gen = time.time() - t
     N = a.sites * a.subjects * a.tps
     print(f"D = {D} voxels, {a.sites} sites x {a.subjects} subjects x {a.tps} time points (N = {N}); "
@@ -231,6 +236,20 @@ def main(argv=None) -> int:
               f"sent {row['site_mb_sent']:.0f} MB", flush=True)
     del X
 
+    # memory does not grow with the site's data: plan none, 3 rounds, 1..10 subjects per site
+    sweep_rows = []
+    for M in sweep:
+        r = run("none", None, a, [fs[:M] for fs in all_files], D, a.workdir, n_iter=3)
+        ss = r["sites"]
+        sweep_rows.append({"subjects_per_site": M, "site_data_mb": D * M * a.tps * 4 / 2**20,
+                           "site_peak_rss_mb_max": max(x["peak_rss_mb"] for x in ss),
+                           "site_rss_after_imports_mb": max(x["rss_after_imports_mb"] for x in ss),
+                           "site_peak_traced_mb_max": max(x["peak_traced_mb"] for x in ss),
+                           "site_wall_s_per_round": max(x["wall_s"] for x in ss) / 3})
+        print(f"sweep: {M:2d} subjects/site ({sweep_rows[-1]['site_data_mb']:.0f} MB of data): site peak RSS "
+              f"{sweep_rows[-1]['site_peak_rss_mb_max']:.0f} MB, traced peak "
+              f"{sweep_rows[-1]['site_peak_traced_mb_max']:.0f} MB", flush=True)
+
     sizes = {"one_subject_float32_mb": D * a.tps * 4 / 2**20, "one_subject_float64_mb": D * a.tps * 8 / 2**20,
              "D_by_k_float64_mb": D * a.k * 8 / 2**20,
              "site_matrix_float32_mb": D * a.subjects * a.tps * 4 / 2**20,
@@ -242,7 +261,8 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     (a.out / f"{name}.json").write_text(json.dumps(
-        {"rows": rows, "per_site": per_site, "sizes": sizes, "q_o": q_o, "data_seconds": t_gen,
+        {"rows": rows, "per_site": per_site, "memory_sweep": sweep_rows, "sizes": sizes, "q_o": q_o,
+         "data_seconds": t_gen,
          "reference_seconds": t_ref, "total_seconds": time.time() - t_all,
          "model": "k smooth maps (geomspace(1, 0.05) energies) x N(0,1) time courses + white noise, "
                   "every time point scaled to unit norm"}, indent=2))
@@ -258,16 +278,25 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(13, 3.8))
     labels = [f"{r['plan']}\neps={r['epsilon']}" for r in rows]
     xs = np.arange(len(rows))
     ax1.bar(xs - 0.2, [r["site_peak_rss_mb_max"] for r in rows], 0.4, label="peak RSS")
     ax1.bar(xs + 0.2, [r["site_peak_traced_mb_max"] for r in rows], 0.4, label="peak traced (numpy)")
     ax1.axhline(sizes["site_matrix_float32_mb"], color="k", ls=":", label="site's data (float32)")
     ax1.axhline(sizes["one_subject_float32_mb"], color="gray", ls="--", label="one subject (float32)")
+    ax1.axhline(rows[0]["site_rss_after_imports_mb"], color="tab:blue", ls="-.", lw=0.8, label="RSS after imports")
     ax1.set_xticks(xs, labels)
     ax1.set_ylabel("MB per site process")
-    ax1.legend(fontsize=7)
+    ax1.set_ylim(0, 1.35 * max(sizes["site_matrix_float32_mb"], max(r["site_peak_rss_mb_max"] for r in rows)))
+    ax1.legend(fontsize=6, ncol=2, loc="upper left")
+    ms = [r["subjects_per_site"] for r in sweep_rows]
+    ax3.plot(ms, [r["site_data_mb"] for r in sweep_rows], "k:", marker="o", label="site's data (float32)")
+    ax3.plot(ms, [r["site_peak_rss_mb_max"] for r in sweep_rows], marker="s", label="peak RSS")
+    ax3.plot(ms, [r["site_peak_traced_mb_max"] for r in sweep_rows], marker="^", label="peak traced (numpy)")
+    ax3.set_xlabel("subjects per site (plan none)")
+    ax3.set_ylabel("MB per site process")
+    ax3.legend(fontsize=7)
     ax2.bar(xs, [r["q_over_qo"] for r in rows])
     ax2.axhline(0.99, color="r", ls=":", label="target (plan none): 0.99")
     ax2.set_xticks(xs, labels)

@@ -130,6 +130,62 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_site(args: argparse.Namespace) -> int:
+    import time
+
+    from .deploy.sharedfs import load_party_config, site_main
+
+    t0 = time.perf_counter()
+    cfg = load_party_config(args.config, site=args.site)
+    res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file)
+    if not args.quiet:
+        print(f"site {args.site}: done in {time.perf_counter() - t0:.1f} s")
+        print(f"components:  {res['components']}")
+        print(f"time courses: {res['timecourses']} (stay at this site)")
+        print(f"privacy:     {res['privacy']} (eps = {res['epsilon_exact']:.2f}, exact GDP, delta = {cfg.delta:g})")
+    return EXIT_OK
+
+
+def _cmd_aggregator(args: argparse.Namespace) -> int:
+    import time
+
+    from .deploy.sharedfs import aggregator_main, load_party_config
+
+    t0 = time.perf_counter()
+    cfg = load_party_config(args.config)
+    res = aggregator_main(cfg, run_id=args.run_id, key_file=args.key_file, progress=not args.quiet)
+    if not args.quiet:
+        print(f"aggregator: done in {time.perf_counter() - t0:.1f} s; {res['ica_rounds']} ICA rounds "
+              f"({res['ica_status']})")
+        print(f"report:     {res['report']}")
+        print(f"components: {res['components']}")
+        print(f"privacy:    {res['privacy']}")
+        for name, eps in res["epsilon_exact"].items():
+            print(f"{name}: eps = {eps:.2f} (exact GDP, delta = {res['delta']:g})")
+    return EXIT_OK
+
+
+def _add_party_parsers(sub) -> None:
+    """``dpneuro site`` and ``dpneuro aggregator``: one role of a run each, over a shared folder."""
+    from .deploy.sharedfs import DEFAULT_RUN_ID
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("config", help="run configuration (see site_templates/run.toml and site.toml)")
+    common.add_argument("--run-id", default=DEFAULT_RUN_ID,
+                        help=f"name of the run's folder inside exchange_dir (default {DEFAULT_RUN_ID!r})")
+    common.add_argument("--key-file", default=None,
+                        help="the run's message key (hex), handed out of band; default: the aggregator "
+                             "writes <exchange_dir>/<run-id>/run.key (0600)")
+    common.add_argument("-q", "--quiet", action="store_true")
+    s = sub.add_parser("site", parents=[common],
+                       help="run one site's part of a consortium run over the shared folder exchange_dir")
+    s.add_argument("--site", required=True, help="this site's name (as listed in the config's sites)")
+    s.set_defaults(func=_cmd_site)
+    s = sub.add_parser("aggregator", parents=[common],
+                       help="run the aggregator of a consortium run over the shared folder exchange_dir")
+    s.set_defaults(func=_cmd_aggregator)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpneuro",
@@ -179,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calibration", default="analytic", choices=["analytic", "classic"])
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_budget)
+
+    _add_party_parsers(sub)
     return p
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,14 @@ class RunConfig:
         return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     # -- validation ----------------------------------------------------------------------
-    def validate(self) -> RunConfig:
+    def validate(self, *, data_sites: Collection[str] | None = None) -> RunConfig:
+        """Check every field; raise :class:`ConfigError` naming the first bad one.
+
+        ``data_sites``: names of the sites whose data must be readable here
+        (default: all). One party of a distributed run (``dpneuro site`` /
+        ``dpneuro aggregator``) holds at most its own site's data and passes
+        ``[its name]`` or ``()``.
+        """
         def bad(fieldname: str, why: str):
             raise ConfigError(f"config field {fieldname!r}: {why}")
 
@@ -88,6 +96,8 @@ class RunConfig:
         for i, s in enumerate(self.sites):
             if not s.name:
                 bad(f"sites[{i}].name", "empty")
+            if data_sites is not None and s.name not in data_sites:
+                continue  # another party's data: not on this machine
             if not s.files and not s.path:
                 bad(f"sites[{i}]", "give 'path' (a folder of NIfTI files) or 'files'")
             for f in s.files or [s.path]:

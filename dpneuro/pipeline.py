@@ -165,7 +165,8 @@ def _ledgers_json(ledgers, names) -> dict:
 
 def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     """capePCA (or a baseline) over all sites: basis, eigenvalues and every site's ledger."""
-    from .algorithms.pca import cape_pca
+    # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
+    from .deploy.roles import reduce_inprocess
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -175,10 +176,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
         return str(out)
     t0 = time.perf_counter()
     X = [np.load(s["X"], mmap_mode="r") for s in sites]
-    plan = "none" if cfg.reduction == "none" else cfg.plan
-    res = cape_pca(X, cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, plan=plan,
-                   subjects=[_lengths(s) for s in sites], seed=_seed(cfg, 1), scale="unit",
-                   mode="power" if cfg.reduction == "capepca-power" else "covariance")
+    res = reduce_inprocess(cfg, X, [_lengths(s) for s in sites])
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
@@ -190,7 +188,8 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
 
 def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
     """capeDJICA on every site's whitened data (each site whitens locally with the public basis)."""
-    from .algorithms.djica import cape_djica, whiten
+    # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
+    from .deploy.roles import unmix_inprocess
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -201,10 +200,8 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
         return str(out)
     t0 = time.perf_counter()
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    Z = [whiten(unit_columns(np.load(s["X"], mmap_mode="r")), V, lam).astype(np.float32) for s in sites]
-    res = cape_djica(Z, [_lengths(s) for s in sites], epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i,
-                     clip_G=cfg.clip_G, clip_h=cfg.clip_h, rounds=cfg.ica_rounds, plan=cfg.plan,
-                     seed=_seed(cfg, 2), optimizer=cfg.optimizer, calibration=cfg.calibration)
+    res = unmix_inprocess(cfg, [np.load(s["X"], mmap_mode="r") for s in sites], [_lengths(s) for s in sites],
+                          V, lam)
     np.save(d / "W.npy", res.W)
     np.save(d / "b.npy", res.b)
     hist = {k: [float(x) for x in v] for k, v in res.history.items()}

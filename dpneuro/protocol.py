@@ -21,6 +21,15 @@ Control flags in a broadcast's ``meta``:
 State is a plain dict. Keys starting with ``_`` are transient: the site's data
 and anything derived from it. They are never checkpointed; ``site_init``
 rebuilds them when a party restarts.
+
+Suspending: an exchange whose messages move between invocations of a party
+(``exchange.suspends``, e.g. COINSTAC's, where each iteration is one call)
+raises :class:`~dpneuro.exchange.Suspend` from ``receive``/``gather`` when the
+awaited message is not there yet. :func:`run_site` and :func:`run_aggregator`
+let it propagate: their checkpoint already holds everything (state, position
+and, for a site, the outgoing message written ahead of sending), so the next
+call with the same checkpoint resumes at that very phase. Such an exchange
+therefore requires a checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from typing import Any, Protocol as TypingProtocol
 
 from tqdm.auto import tqdm
 
-from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
+from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout, Suspend  # noqa: F401
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None
@@ -110,6 +119,12 @@ def _spec(spec: SpecLike, state: State, round: int) -> MessageSpec | None:
     return spec(state, round) if callable(spec) else spec
 
 
+def _require_checkpoint(exchange: Exchange, checkpoint: Checkpoint | None, who: str) -> None:
+    if getattr(exchange, "suspends", False) and checkpoint is None:
+        raise ValueError(f"{type(exchange).__name__} suspends parties between invocations, so {who} "
+                         "needs a checkpoint to resume from (pass checkpoint=...)")
+
+
 def run_site(
     protocol: Protocol,
     site: int,
@@ -124,7 +139,14 @@ def run_site(
     With a ``checkpoint`` the site writes its state and the outgoing message
     *before* sending (write-ahead), so a restarted site re-sends the very same
     message instead of computing (and drawing noise for) it again.
+
+    Raises
+    ------
+    Suspend
+        From a suspending exchange when the broadcast is not there yet; call
+        again with the same checkpoint to continue (see the module notes).
     """
+    _require_checkpoint(exchange, checkpoint, f"site {site}")
     record = checkpoint.load() if checkpoint is not None else None
     attempt = 0  # how often the current round has been sent back (``goto``)
     if record is None:
@@ -186,7 +208,14 @@ def run_aggregator(
 
     A restarted aggregator resumes from its checkpoint and re-broadcasts a
     reply it had already computed rather than recomputing it.
+
+    Raises
+    ------
+    Suspend
+        From a suspending exchange when some site's message is not there yet;
+        call again with the same checkpoint to continue.
     """
+    _require_checkpoint(exchange, checkpoint, "the aggregator")
     opts = options or RunOptions()
     record = checkpoint.load() if checkpoint is not None else None
     if record is None:

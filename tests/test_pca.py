@@ -66,6 +66,8 @@ def test_top_eigh_orders_by_value_not_magnitude():
     lam, V = top_eigh(A, 2)
     assert np.allclose(lam, [5.0, 3.0])
     assert np.allclose(np.abs(V[[0, 2], [0, 1]]), 1.0)
+    lam, _ = top_eigh(np.diag([1.0, -0.5, -3.0]), 3)
+    assert np.allclose(lam, [1.0, -0.5, -3.0])
 
 
 # -- noise levels and ledgers ------------------------------------------------------------------
@@ -90,6 +92,20 @@ def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
             assert led.epsilon(DELTA) == pytest.approx(eps, rel=1e-6)
     (rel,) = pooled.ledgers[0].releases
     assert pooled.ledgers[0].owner == "pooled" and rel.sensitivity == pytest.approx(1 / (S * Ns))
+
+
+def test_cape_with_unequal_sites_still_has_the_pooled_noise():
+    """Unequal N_s: the asymmetric plan (003 Sec. III-C) keeps the average at the pooled variance (z/N)^2."""
+    _, X = synthetic(D=40, S=1, Ns=800, seed=6)
+    sizes = [150, 250, 400]
+    Xs = np.split(X, np.cumsum(sizes)[:-1], axis=1)
+    A = X @ X.T / X.shape[1]
+    z = gaussian_sigma(1.0, DELTA)
+    res = cape_pca(Xs, 5, 1.0, DELTA, plan="cape", seed=4)
+    assert chi2_var_ok(unique_entries(res.info["A_hat"] - A), (z / 800) ** 2)
+    for led, n in zip(res.ledgers, sizes):
+        assert led.releases[0].sigma == pytest.approx(z / n, rel=1e-6)
+        assert led.epsilon(DELTA) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_subject_level_units_and_sensitivities():

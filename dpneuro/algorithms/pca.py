@@ -492,13 +492,17 @@ class CapePCA:
     calibration : {"analytic", "classic"}
         Gaussian calibration (:func:`dpneuro.privacy.gaussian_sigma`); the
         papers used "classic" (valid for eps < 1 only).
+    keep_matrix : bool
+        Covariance mode: keep the noisy average (D x D) in the aggregator's
+        state as ``A_hat`` (simulations and diagnostics; it is checkpointed).
     """
 
     name = "capepca"
 
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
                  unit: str | None = None, scale=None, neighbour: str = "add-remove", seed: int | None = None,
-                 oversample: int = 0, dim: int | None = None, calibration: str = "analytic"):
+                 oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
+                 keep_matrix: bool = False):
         self.k = _check_k(k)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -521,7 +525,7 @@ class CapePCA:
             self.max_rounds = 1
         self.n_iter = self.max_rounds
         self.epsilon, self.delta = epsilon, delta
-        self.calibration = calibration
+        self.calibration, self.keep_matrix = calibration, bool(keep_matrix)
         self.z = _noise_multiplier(epsilon, delta, self.max_rounds, calibration)
 
     @property
@@ -613,7 +617,9 @@ class CapePCA:
         if self.mode == "covariance":
             A = combined["A"]
             lam, V = top_eigh(A, self.k)
-            state.update(basis=V, eigenvalues=lam, A_hat=(A + A.T) / 2)
+            state.update(basis=V, eigenvalues=lam)
+            if self.keep_matrix:
+                state["A_hat"] = (A + A.T) / 2
             return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
         Y = combined["AV"]
         if round < self.max_rounds - 1:
@@ -710,6 +716,12 @@ class PCAResult:
         The released top eigenvalues (of the noisy average; Ritz values in power mode).
     ledgers : list of PrivacyLedger
         One per site (None for a site that dropped out).
+    method, plan, mode, unit, rounds
+        What ran: e.g. "capepca[cape]", "cape", "power", "subject", 15.
+    info : dict
+        ``noise_multiplier`` (per release), ``sensitivity`` (per site) and, in
+        covariance mode, ``A_hat``: the noisy weighted average the aggregator
+        eigendecomposed (DPdisPCA: ``R``).
     """
 
     basis: np.ndarray
@@ -789,7 +801,8 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
-                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim, calibration=calibration)
+                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim, calibration=calibration,
+                  keep_matrix=True)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)

@@ -9,6 +9,7 @@ from .base import (
     MessageSpec,
     Payload,
     SiteTimeout,
+    Suspend,
 )
 from ..privacy import PrivacyLedger
 from .codec import register_state_type
@@ -30,4 +31,5 @@ __all__ = [
     "MessageSpec",
     "Payload",
     "SiteTimeout",
+    "Suspend",
 ]

@@ -27,6 +27,25 @@ class MessageRejected(ExchangeError):
     """A message failed authentication or its declared shape/dtype/size check."""
 
 
+class Suspend(Exception):
+    """The message a party waits for is not there yet, and this backend cannot wait for it.
+
+    Raised by exchanges whose messages move *between* invocations of a party
+    (COINSTAC: files a party writes now are delivered before its next
+    iteration). It is not an :class:`ExchangeError`: nothing went wrong. The
+    driver lets it propagate; by then :func:`dpneuro.protocol.run_site` and
+    :func:`~dpneuro.protocol.run_aggregator` have written everything to their
+    checkpoint (a site's outgoing message is written ahead of sending), so
+    calling them again with the same checkpoint resumes exactly where they
+    stopped, without recomputing or redrawing anything.
+    """
+
+    def __init__(self, message: str, *, round: int | None = None, topic: str | None = None):
+        super().__init__(message)
+        self.round = round
+        self.topic = topic
+
+
 class SiteTimeout(ExchangeError):
     """Some sites did not deliver before the timeout.
 
@@ -127,6 +146,9 @@ class Exchange(ABC):
 
     run_id: str
     n_sites: int
+    #: True for backends that raise :class:`Suspend` instead of waiting; the
+    #: driver then refuses to run a party without a checkpoint to resume from
+    suspends: bool = False
 
     # -- site side ---------------------------------------------------------------
     @abstractmethod

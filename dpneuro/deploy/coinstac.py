@@ -1,0 +1,453 @@
+"""The COINSTAC computation: ``local`` and ``remote`` for ``coinstac.start`` (compspec version 2).
+
+COINSTAC runs a decentralized computation in lock-step iterations: every
+site's ``local`` function is called, the files each site wrote to its
+``transferDirectory`` move to the remote's ``baseDirectory/<clientId>/``, the
+``remote`` function is called with every site's output JSON keyed by site,
+the files the remote wrote to its ``transferDirectory`` move to every site's
+``baseDirectory``, the remote's output JSON becomes every site's next input,
+and so on until the remote returns ``"success": true``.
+
+The analysis is dpneuro's own site and aggregator programs
+(:func:`dpneuro.deploy.party.run_site_analysis`,
+:func:`~dpneuro.deploy.party.run_aggregator_analysis`) over a
+:class:`CoinstacExchange`: a message is an authenticated codec blob
+(:mod:`dpneuro.exchange.codec`: raw little-endian arrays plus a JSON header,
+never arrays in JSON) written as one file into the transfer directory and
+read from the base directory. When the message a party waits for has not
+arrived yet, the exchange raises :class:`~dpneuro.exchange.Suspend`; the
+party's checkpoint already holds everything, so ``local``/``remote`` return
+to COINSTAC, and the next iteration resumes at that very phase. Each
+iteration thus advances the protocol by one phase; no state lives in process
+memory (checkpoints and results are files in the ``cacheDirectory``, or a
+hidden folder of the ``outputDirectory``, named by ``clientId``).
+
+Iterations, read from the input keys:
+
+1. ``local``: the computation's inputs (the site's NIfTI files, the owner's
+   settings) -> output ``{"dpneuro": {"phase": "hello", "settings": ...}}``.
+   ``remote``: every site said hello with the same settings -> it fixes the
+   site order (sorted ``clientId``), writes the run manifest and returns it.
+2. ``local`` (input has ``"dpneuro"``): the site checks the manifest against
+   its own settings (privacy budget, collusion assumption, data grid; refused
+   naming the field), loads and validates its subjects and starts capePCA.
+3. ... one protocol phase per iteration: capePCA, capeDJICA, summary (sites
+   send their ledgers, the remote answers with the reported unmixing).
+4. The remote writes the maps, ``privacy.json`` and ``report.html`` to its
+   ``outputDirectory``; each site writes its own time courses, maps and
+   ledger to its ``outputDirectory``; once every site reports ``done`` the
+   remote returns the final output with ``"success": true``.
+
+Message authentication: the HMAC key is derived from the run manifest, so it
+guards against corrupted, misplaced or replayed files; who the parties are is
+COINSTAC's business (its own authenticated transport).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, RunConfig, SiteInput
+from ..exchange.base import (
+    AGGREGATOR,
+    Exchange,
+    ExchangeError,
+    MessageSpec,
+    Payload,
+    Suspend,
+    describe,
+    egress_record,
+    validate,
+)
+from ..exchange.codec import blob_limit, check_name, decode_payload, encode_payload
+from ..protocol import RunOptions
+from .party import (
+    AggregatorContext,
+    SiteContext,
+    check_manifest,
+    run_aggregator_analysis,
+    run_manifest,
+    run_site_analysis,
+    write_json,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "OWNER_INPUTS",
+    "CoinstacExchange",
+    "local",
+    "manifest_key",
+    "remote",
+    "settings_from_inputs",
+]
+
+#: COINSTAC moves files between iterations; keep each message below this
+MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+SUFFIX = ".dpnx"
+RUN_ID = "coinstac"
+
+#: compspec inputs set by the consortium owner -> (RunConfig field, type); "seed_policy"/"seed" make ``seed``
+OWNER_INPUTS: dict[str, type] = {
+    "n_components": int, "reduction": str, "plan": str, "n_colluding": int, "delta": float, "pca_epsilon": float,
+    "ica_epsilon_i": float, "ica_delta_i": float, "ica_rounds": int, "clip_G": float, "clip_h": float,
+    "optimizer": str, "calibration": str, "space": str, "parcels": int, "standardize": bool, "min_volumes": int,
+}
+SEED_POLICIES = ("entropy", "fixed")
+#: the per-site (member) input: the site's subject files, relative to its baseDirectory
+DATA_INPUT = "data"
+
+
+# -- the exchange ------------------------------------------------------------------------------
+
+def _party(sender: int) -> str:
+    return "aggregator" if sender == AGGREGATOR else f"site-{sender:03d}"
+
+
+def message_name(run_id: str, round: int, topic: str, sender: int) -> str:
+    """File name of a message: readable, flat (COINSTAC moves files, not folders) and unique per address."""
+    party = _party(sender)
+    h = hashlib.sha256(f"{run_id}\0{round}\0{topic}\0{party}".encode()).hexdigest()[:12]
+    return f"{run_id}.r{round:06d}.{topic}.{party}.{h}{SUFFIX}"
+
+
+class CoinstacExchange(Exchange):
+    """An :class:`~dpneuro.exchange.Exchange` over COINSTAC's transfer and base directories.
+
+    Parameters
+    ----------
+    run_id : str
+        The stage (``"reduce"``, ``"unmix"``, ``"summary"``); part of every address.
+    key : bytes
+        The run's HMAC key (:func:`manifest_key`).
+    n_sites : int
+    base_dir, transfer_dir : path
+        The party's ``state.baseDirectory`` and ``state.transferDirectory``.
+    state_dir : path
+        Private folder of this party for the egress log and the record of
+        what was sent (files moved away by COINSTAC leave no trace otherwise).
+    site : int, optional
+        For a site: its id. Omit for the remote.
+    site_dirs : list of str, optional
+        For the remote: the folder (``clientId``) of each site id under ``base_dir``.
+    max_bytes : int
+        Largest encoded message (COINSTAC: < 10 MB).
+
+    Notes
+    -----
+    ``receive``/``gather`` never wait: a missing message raises
+    :class:`~dpneuro.exchange.Suspend` (``suspends = True``).
+    """
+
+    suspends = True
+
+    def __init__(self, *, run_id: str, key: bytes, n_sites: int, base_dir, transfer_dir, state_dir,
+                 site: int | None = None, site_dirs: Iterable[str] | None = None,
+                 max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+            raise ValueError("the run key must be bytes of length >= 16")
+        self.run_id = check_name("run id", run_id)
+        self.n_sites = int(n_sites)
+        self.base_dir, self.transfer_dir, self.state_dir = Path(base_dir), Path(transfer_dir), Path(state_dir)
+        self.site = site
+        self.site_dirs = list(site_dirs) if site_dirs is not None else None
+        if self.site_dirs is not None and len(self.site_dirs) != self.n_sites:
+            raise ValueError(f"{len(self.site_dirs)} site folders for {self.n_sites} sites")
+        self.max_bytes = int(max_bytes)
+        self._key = bytes(key)
+        self._lock = threading.Lock()
+        for sub in ("sent", "egress"):
+            (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _inbox(self, sender: int) -> Path:
+        if sender == AGGREGATOR:
+            return self.base_dir
+        if self.site_dirs is None:
+            raise ExchangeError("only the remote reads the sites' messages")
+        return self.base_dir / self.site_dirs[sender]
+
+    def _egress_path(self, sender: int) -> Path:
+        return self.state_dir / "egress" / f"{_party(sender)}.jsonl"
+
+    def _deliver(self, sender: int, round: int, topic: str, payload: Payload) -> None:
+        topic = check_name("topic", topic)
+        name = message_name(self.run_id, round, topic, sender)
+        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key)
+        if len(blob) > self.max_bytes:
+            raise ExchangeError(f"message from {describe(sender, round, topic)} is {len(blob) / 2**20:.1f} MB; "
+                                f"COINSTAC messages must stay below {self.max_bytes / 2**20:.0f} MB (use parcels or "
+                                "reduction = 'capepca-power' to shrink the PCA release)")
+        marker = self.state_dir / "sent" / name
+        with self._lock:
+            if not marker.exists():
+                # egress log first (write-ahead): a message can never leave unlogged
+                line = json.dumps(egress_record(self.run_id, sender, round, topic, payload), sort_keys=True)
+                with open(self._egress_path(sender), "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+            self.transfer_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.transfer_dir / f".{name}.{os.getpid()}.tmp"
+            tmp.write_bytes(blob)
+            tmp.replace(self.transfer_dir / name)
+            marker.touch()
+
+    def _read(self, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload | None:
+        path = self._inbox(sender) / message_name(self.run_id, round, topic, sender)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None
+        limit = min(self.max_bytes, expect.max_bytes) if expect is not None else self.max_bytes
+        if size > blob_limit(limit):
+            raise ExchangeError(f"rejected message from {describe(sender, round, topic)}: {size} bytes")
+        payload = decode_payload(path.read_bytes(), run_id=self.run_id, sender=sender, round=round, topic=topic,
+                                 key=self._key, max_bytes=limit)
+        return validate(payload, expect, sender, round, topic)
+
+    # -- site side -------------------------------------------------------------------------
+    def send(self, site: int, round: int, topic: str, payload: Payload) -> None:
+        self._deliver(site, round, topic, payload)
+
+    def receive(self, site: int, round: int, topic: str, *, timeout: float | None = None,
+                expect: MessageSpec | None = None) -> Payload:
+        got = self._read(AGGREGATOR, round, topic, expect)
+        if got is None:
+            raise Suspend(f"site {site} waits for the aggregator's {topic!r} of round {round}",
+                          round=round, topic=topic)
+        return got
+
+    def has_sent(self, site: int, round: int, topic: str) -> bool:
+        return (self.state_dir / "sent" / message_name(self.run_id, round, topic, site)).exists()
+
+    # -- aggregator side -------------------------------------------------------------------
+    def gather(self, round: int, topic: str, sites: Iterable[int], *, timeout: float | None = None,
+               expect: MessageSpec | None = None) -> dict[int, Payload]:
+        got, missing = {}, []
+        for s in sorted(set(sites)):
+            p = self._read(s, round, topic, expect)
+            if p is None:
+                missing.append(s)
+            else:
+                got[s] = p
+        if missing:
+            raise Suspend(f"the aggregator waits for {topic!r} of round {round} from sites {missing}",
+                          round=round, topic=topic)
+        return got
+
+    def broadcast(self, round: int, topic: str, payload: Payload) -> None:
+        self._deliver(AGGREGATOR, round, topic, payload)
+
+    def has_broadcast(self, round: int, topic: str) -> bool:
+        return (self.state_dir / "sent" / message_name(self.run_id, round, topic, AGGREGATOR)).exists()
+
+    # -- liveness and audit ----------------------------------------------------------------
+    def alive(self) -> set[int]:
+        return set(range(self.n_sites))  # COINSTAC keeps the sites in lock-step
+
+    def egress_log(self, site: int) -> list[dict[str, Any]]:
+        path = self._egress_path(site)
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- inputs, state folders, the manifest key --------------------------------------------------
+
+def _value(v: Any) -> Any:
+    """An input as COINSTAC passes it (the value), or as written in an inputspec ({"value": ...})."""
+    return v["value"] if isinstance(v, dict) and set(v) >= {"value"} else v
+
+
+def _coerce(name: str, typ: type, v: Any) -> Any:
+    """JSON numbers arrive as int or float whatever was meant; make them what the field is."""
+    try:
+        if typ is bool:
+            if not isinstance(v, bool):
+                raise TypeError
+            return v
+        if typ is int:
+            if isinstance(v, bool) or float(v) != int(float(v)):
+                raise TypeError
+            return int(float(v))
+        if typ is float:
+            if isinstance(v, bool):
+                raise TypeError
+            return float(v)
+        if not isinstance(v, str):
+            raise TypeError
+        return v
+    except (TypeError, ValueError):
+        raise ConfigError(f"COINSTAC input {name!r}: expected {typ.__name__}, got {v!r}") from None
+
+
+def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The consortium settings (RunConfig fields) from the computation's inputs; defaults for missing ones."""
+    inputs = {k: _value(v) for k, v in inputs.items()}
+    defaults = RunConfig(sites=[], out="")
+    out: dict[str, Any] = {}
+    for name, typ in OWNER_INPUTS.items():
+        out[name] = _coerce(name, typ, inputs[name]) if inputs.get(name) is not None else getattr(defaults, name)
+    if out["n_colluding"] is not None and out["n_colluding"] < 0:
+        out["n_colluding"] = None  # -1: the most CAPE allows, ceil(S/3) - 1
+    policy = inputs.get("seed_policy", "entropy")
+    if policy not in SEED_POLICIES:
+        raise ConfigError(f"COINSTAC input 'seed_policy': one of {SEED_POLICIES}, got {policy!r}")
+    out["seed"] = _coerce("seed", int, inputs.get("seed", 0)) if policy == "fixed" else None
+    return out
+
+
+def _files(inputs: dict[str, Any], base_dir: Path) -> list[str]:
+    files = _value(inputs.get(DATA_INPUT))
+    if isinstance(files, str):
+        files = [files]
+    if not files or not all(isinstance(f, str) for f in files):
+        raise ConfigError(f"COINSTAC input {DATA_INPUT!r}: a list of this site's NIfTI files, got {files!r}")
+    return [str(base_dir / f) for f in files]
+
+
+def manifest_key(manifest: dict[str, Any]) -> bytes:
+    """The run's message key, derived from the (public) manifest: integrity, not secrecy (module notes)."""
+    return hashlib.sha256(b"dpneuro/coinstac/v1\0" + json.dumps(manifest, sort_keys=True).encode()).digest()
+
+
+def _state_dir(state: dict[str, Any], role: str) -> Path:
+    """This party's private folder: in the cacheDirectory if COINSTAC gives one, named by clientId and run."""
+    root = state.get("cacheDirectory") or os.path.join(state["outputDirectory"], ".dpneuro-cache")
+    cid = str(state.get("clientId", role))
+    run = hashlib.sha256(str(state.get("baseDirectory", "")).encode()).hexdigest()[:10]
+    path = Path(root) / f"dpneuro-{role}-{re.sub(r'[^A-Za-z0-9_.-]', '_', cid)}-{run}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _clear_transfer(transfer_dir) -> None:
+    """Remove this computation's messages of the previous iteration: COINSTAC has delivered them."""
+    d = Path(transfer_dir)
+    if d.is_dir():
+        for p in d.glob(f"*{SUFFIX}"):
+            p.unlink(missing_ok=True)
+
+
+def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None):
+    entries = [SiteInput(name=s, path="", files=list(own[1]) if own and own[0] == s else []) for s in sites]
+    return RunConfig(sites=entries, out=str(out), **settings)
+
+
+def _message_bytes(cfg: RunConfig, dim: int) -> int:
+    """Array bytes of the largest message of the run (capePCA's release dominates)."""
+    from ..cape.packing import n_unique
+
+    k, R = cfg.n_components, cfg.n_components
+    if cfg.reduction == "capepca-power":
+        pca = 8 * dim * k
+    else:
+        pca = max(8 * dim * dim, 8 * n_unique((dim, dim), True))
+    return max(pca, 8 * R * R)
+
+
+# -- the two functions COINSTAC calls -----------------------------------------------------------
+
+def local(args: dict[str, Any]) -> dict[str, Any]:
+    """A site's iteration (see the module notes); returns ``{"output": ..., "cache": ...}``."""
+    state, inputs = args["state"], args.get("input") or {}
+    me = str(state["clientId"])
+    sd = _state_dir(state, "site")
+    _clear_transfer(state["transferDirectory"])
+    if "dpneuro" not in inputs:  # first iteration: the computation's inputs
+        settings = settings_from_inputs(inputs)
+        files = _files(inputs, Path(state["baseDirectory"]))
+        write_json(sd / "inputs.json", {"settings": settings, "files": files})
+        return {"output": {"dpneuro": {"phase": "hello", "settings": settings, "n_files": len(files)}},
+                "cache": {"dpneuro": "hello"}}
+    if not (sd / "inputs.json").exists():
+        raise RuntimeError(f"site {me!r}: its state folder {sd} lost the inputs of iteration 1")
+    saved = json.loads((sd / "inputs.json").read_text())
+    manifest = inputs["dpneuro"]["manifest"]
+    if me not in manifest["sites"]:
+        raise ConfigError(f"site {me!r} is not in the run manifest's sites {manifest['sites']}")
+    cfg = _config(saved["settings"], manifest["sites"], sd / "work", (me, saved["files"]))
+    cfg.validate(data_sites=[me])
+    check_manifest(cfg, manifest, party=f"COINSTAC site {me!r}", source="the remote's run manifest")
+    key, index, n = manifest_key(manifest), manifest["sites"].index(me), len(manifest["sites"])
+
+    def exchange(stage: str) -> CoinstacExchange:
+        return CoinstacExchange(run_id=stage, key=key, n_sites=n, base_dir=state["baseDirectory"],
+                                transfer_dir=state["transferDirectory"], state_dir=sd / "exchange" / stage,
+                                site=index)
+
+    ctx = SiteContext(cfg=cfg, site=me, work=sd / "work", out=Path(state["outputDirectory"]), exchange=exchange)
+    try:
+        res = run_site_analysis(ctx)
+    except Suspend as s:
+        return {"output": {"dpneuro": {"phase": "running", "waiting": str(s)}}, "cache": {"dpneuro": "running"}}
+    return {"output": {"dpneuro": {"phase": "done", "epsilon_exact": res["epsilon_exact"]}},
+            "cache": {"dpneuro": "done"}}
+
+
+def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
+    """Iteration 1 of the remote: every site said hello with the same settings -> the run manifest."""
+    not_hello = sorted(c for c, o in outs.items() if o.get("phase") != "hello")
+    if not_hello:
+        raise RuntimeError(f"remote: sites {not_hello} are past set-up but the remote has no run manifest "
+                           f"in {sd} (its state folder was lost)")
+    sites = sorted(outs)
+    first = outs[sites[0]]["settings"]
+    for c in sites[1:]:
+        for k in sorted(set(first) | set(outs[c]["settings"])):
+            if first.get(k) != outs[c]["settings"].get(k):
+                raise ConfigError(f"config field {k!r}: site {c!r} has {outs[c]['settings'].get(k)!r} but site "
+                                  f"{sites[0]!r} has {first.get(k)!r}; every site must run the same settings")
+    cfg = _config(first, sites, sd / "work").validate(data_sites=[])
+    manifest = run_manifest(cfg, RUN_ID)
+    grid = manifest["grid"]
+    dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
+    size = _message_bytes(cfg, dim)
+    if size > MAX_MESSAGE_BYTES:
+        raise ConfigError(f"config field 'parcels': with D = {dim} features capePCA's release is "
+                          f"{size / 2**20:.1f} MB, but COINSTAC messages must stay below "
+                          f"{MAX_MESSAGE_BYTES / 2**20:.0f} MB; use parcels <= 1100 or "
+                          "reduction = 'capepca-power'")
+    write_json(sd / "settings.json", first)
+    write_json(sd / "manifest.json", manifest)
+    return manifest
+
+
+def remote(args: dict[str, Any]) -> dict[str, Any]:
+    """The remote's iteration (see the module notes); adds ``"success": true`` at the end."""
+    state, inputs = args["state"], args.get("input") or {}
+    sd = _state_dir(state, "remote")
+    _clear_transfer(state["transferDirectory"])
+    outs = {str(c): dict((o or {}).get("dpneuro", {})) for c, o in inputs.items()}
+    manifest = (json.loads((sd / "manifest.json").read_text()) if (sd / "manifest.json").exists()
+                else _remote_setup(outs, sd))
+    settings = json.loads((sd / "settings.json").read_text())
+    cfg = _config(settings, manifest["sites"], sd / "work")
+    key = manifest_key(manifest)
+
+    def exchange(stage: str) -> CoinstacExchange:
+        return CoinstacExchange(run_id=stage, key=key, n_sites=len(manifest["sites"]),
+                                base_dir=state["baseDirectory"], transfer_dir=state["transferDirectory"],
+                                state_dir=sd / "exchange" / stage, site_dirs=manifest["sites"])
+
+    out_dir = Path(state["outputDirectory"])
+    ctx = AggregatorContext(cfg=cfg, work=sd / "work", out=out_dir, exchange=exchange,
+                            options=RunOptions(timeout=None))
+    try:
+        res = run_aggregator_analysis(ctx)
+    except Suspend as s:
+        return {"output": {"dpneuro": {"manifest": manifest, "phase": "running", "waiting": str(s)}},
+                "cache": {"dpneuro": "running"}}
+    pending = [c for c in manifest["sites"] if outs.get(c, {}).get("phase") != "done"]
+    if pending:
+        return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
+                "cache": {"dpneuro": "finishing"}}
+    final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon_exact", "delta", "plan")}
+    for k in ("components", "privacy", "report", "W", "basis"):
+        final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
+    return {"output": final, "cache": {"dpneuro": "done"}, "success": True}

@@ -1,0 +1,500 @@
+"""One party of a deployed run: the whole analysis as a site sees it, or as the aggregator does.
+
+A site: load and validate its own subjects (:func:`dpneuro.pipeline.stage_load`),
+capePCA (site role), whiten locally with the public basis, capeDJICA (site
+role), send its ledger (public), receive the reported unmixing, write its own
+outputs (time courses stay at the site). The aggregator: capePCA, capeDJICA
+and the summary (aggregator roles), then the consortium outputs: maps,
+``privacy.json`` composed from every site's ledger, ``report.html``.
+
+Both programs run over any exchange (one per stage, from a factory) and keep
+their progress in files under a private working folder: a checkpoint per
+stage and a result file per finished stage. Run again, they skip what is
+finished and resume what is not, which is what both deployments need: a
+restarted site process (:mod:`dpneuro.deploy.sharedfs`) and a COINSTAC
+iteration (:mod:`dpneuro.deploy.coinstac`), where an exchange raises
+:class:`~dpneuro.exchange.Suspend` when a message is not there yet and the
+program simply returns until it is.
+
+The run manifest (:func:`run_manifest`) is the public description of a run
+every party must agree with: the sites and their order, the privacy budget,
+the collusion assumption, the data grid and every other setting that changes
+what is computed. :func:`check_manifest` refuses a mismatch, naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import ConfigError, RunConfig
+from ..exchange import DirectoryCheckpoint, Exchange, Payload
+from ..exchange.codec import load_state_file, save_state_file
+from ..privacy import PrivacyLedger
+from ..protocol import RunOptions
+from . import roles
+
+__all__ = [
+    "AggregatorContext",
+    "CONSORTIUM_FIELDS",
+    "ManifestMismatch",
+    "ResumableCheckpoint",
+    "SiteContext",
+    "check_manifest",
+    "grid_fingerprint",
+    "run_aggregator_analysis",
+    "run_manifest",
+    "run_site_analysis",
+]
+
+MANIFEST_FORMAT = "dpneuro-run-manifest"
+MANIFEST_VERSION = 1
+
+#: settings every party must share: privacy budget, collusion assumption, data
+#: preparation and everything else that changes what is computed or released
+CONSORTIUM_FIELDS = (
+    "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
+    "clip_h", "calibration", "reduction", "n_components", "optimizer", "standardize", "min_volumes", "parcels",
+    "seed",
+)
+
+
+class ManifestMismatch(ConfigError):
+    """A party's configuration disagrees with the run manifest (the message names the field)."""
+
+
+# -- run manifest ----------------------------------------------------------------------------
+
+def grid_fingerprint(cfg: RunConfig) -> dict[str, Any]:
+    """The data grid of a run: mask shape, affine, voxel count and a digest of the mask itself.
+
+    Mask paths differ between machines; the grid they describe must not.
+    """
+    from ..io import load_mask
+
+    if cfg.mask:
+        mask, affine = load_mask(cfg.mask)
+    else:
+        from ..synth import load_space
+
+        mask, affine = load_space(cfg.space)
+    mask = np.asarray(mask, bool)
+    return {"shape": [int(n) for n in mask.shape], "affine": np.round(np.asarray(affine, float), 4).tolist(),
+            "n_voxels": int(mask.sum()), "mask_sha256": hashlib.sha256(np.packbits(mask).tobytes()).hexdigest()}
+
+
+def run_manifest(cfg: RunConfig, run_id: str) -> dict[str, Any]:
+    """The public description of a run that every party checks before it releases anything."""
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "run_id": run_id,
+            "sites": [s.name for s in cfg.sites],
+            "config": {f: getattr(cfg, f) for f in CONSORTIUM_FIELDS},
+            "grid": grid_fingerprint(cfg)}
+
+
+def _norm(v: Any) -> Any:
+    """Compare numbers by value (JSON may turn 4.0 into 4)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    return v
+
+
+def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, source: str = "the run manifest") -> None:
+    """Raise :class:`ManifestMismatch` naming the first field where ``cfg`` and ``manifest`` disagree.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        This party's configuration.
+    manifest : dict
+        The manifest written by the aggregator (:func:`run_manifest`).
+    party : str
+        Who checks (for the message), e.g. ``"site 'site-02'"``.
+    source : str
+        Where the manifest came from (for the message).
+    """
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
+        raise ManifestMismatch(f"{party}: {source} is not a dpneuro run manifest of version {MANIFEST_VERSION}")
+    mine = run_manifest(cfg, manifest.get("run_id", ""))
+
+    def refuse(name: str, have: Any, want: Any, what: str) -> None:
+        raise ManifestMismatch(
+            f"{party} refuses to start: config field {name!r} = {have!r} disagrees with {source}, which has "
+            f"{want!r} ({what}); every party of a run must use the same settings")
+
+    if mine["sites"] != manifest.get("sites"):
+        refuse("sites", mine["sites"], manifest.get("sites"), "the sites of the run and their order")
+    theirs = manifest.get("config", {})
+    for name in CONSORTIUM_FIELDS:
+        if _norm(mine["config"][name]) != _norm(theirs.get(name)):
+            what = {"n_colluding": "the collusion assumption", "plan": "the noise plan"}.get(
+                name, "the privacy budget" if name in ("delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i",
+                                                       "ica_rounds", "clip_G", "clip_h", "calibration")
+                else "what is computed")
+            refuse(name, mine["config"][name], theirs.get(name), what)
+    grid = manifest.get("grid", {})
+    for key in ("shape", "affine", "n_voxels", "mask_sha256"):
+        if _norm(mine["grid"][key]) != _norm(grid.get(key)):
+            raise ManifestMismatch(
+                f"{party} refuses to start: the data grid (config fields 'mask' / 'space') disagrees with "
+                f"{source}: {key} is {mine['grid'][key]!r} here and {grid.get(key)!r} there")
+
+
+# -- files -------------------------------------------------------------------------------------
+
+class ResumableCheckpoint(DirectoryCheckpoint):
+    """A :class:`~dpneuro.exchange.DirectoryCheckpoint` that also keeps the secure-sum rounding generator.
+
+    CAPE's site state holds, under the transient key ``_rng``, the generator of
+    the secure sum's stochastic rounding (not privacy noise, not data). The
+    plain checkpoint drops it and a restarted site re-derives it from its seed,
+    so its rounding (at 2**-32) differs from an uninterrupted run's. Keeping it
+    makes a resumed party, and so every COINSTAC iteration, bitwise identical
+    to an uninterrupted run.
+    """
+
+    KEEP = ("_rng",)
+
+    def save(self, record: dict[str, Any]) -> None:
+        st = record.get("state") or {}
+        kept = {k: st[k] for k in self.KEEP if isinstance(st.get(k), np.random.Generator)}
+        super().save({**record, "kept_transient": kept} if kept else record)
+
+    def load(self) -> dict[str, Any] | None:
+        rec = super().load()
+        if rec is not None and rec.get("kept_transient"):
+            rec["state"] = {**rec["state"], **rec.pop("kept_transient")}
+        return rec
+
+
+def _cached(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The result stored at ``path``, or ``compute()`` stored there (atomically) first."""
+    if path.exists():
+        return load_state_file(path)["result"]
+    result = compute()
+    save_state_file(path, {"result": result})
+    return result
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """Write JSON atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    tmp.replace(path)
+    return path
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _save_npy(path: Path, a: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
+    np.save(tmp, a)
+    tmp.replace(path)
+
+
+def _pipeline_config(cfg: RunConfig, work: Path) -> str:
+    """The pipeline stages read a config file; this party's lives in its working folder."""
+    path = work / "config.json"
+    text = json.dumps(replace(cfg, out=str(work / "pipeline")).to_json(), indent=1, default=str)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".config.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return str(path)
+
+
+def _space(cfg: RunConfig, work: Path) -> tuple[str, dict]:
+    from ..pipeline import stage_space
+
+    space_json = stage_space(_pipeline_config(cfg, work))
+    return space_json, json.loads(Path(space_json).read_text())
+
+
+def _dim(space: dict) -> int:
+    return int(space["n_parcels"]) if space.get("parcels") else int(space["n_voxels"])
+
+
+def _component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
+    """z-scored spatial maps in voxels (D_voxels x R)."""
+    from ..algorithms.djica import spatial_maps
+    from ..maps import zscore_columns
+    from ..parcellation import Parcellation
+
+    A = spatial_maps(basis, eigenvalues, W)
+    if space.get("parcels"):
+        A = Parcellation(np.load(space["parcels"])).expand(A)
+    return zscore_columns(A)
+
+
+# -- a site ------------------------------------------------------------------------------------
+
+@dataclass
+class SiteContext:
+    """What one site needs to run its part.
+
+    Attributes
+    ----------
+    cfg : RunConfig
+        The run's configuration; ``cfg.sites`` lists every site in the agreed
+        order, and this site's entry says where its data are.
+    site : str
+        This site's name.
+    work : Path
+        Private working folder: the site's data matrix, checkpoints and
+        intermediate results (un-noised statistics among them). Never shared.
+    out : Path
+        Where this site's outputs go.
+    exchange : callable
+        ``exchange(stage)`` gives the exchange of stage ``"reduce"``,
+        ``"unmix"`` or ``"summary"``.
+    timeout : float or None
+        Seconds a blocking exchange waits for any one message.
+    """
+
+    cfg: RunConfig
+    site: str
+    work: Path
+    out: Path
+    exchange: Callable[[str], Exchange]
+    timeout: float | None = None
+
+    @property
+    def index(self) -> int:
+        names = [s.name for s in self.cfg.sites]
+        if self.site not in names:
+            raise ConfigError(f"config field 'sites': no site named {self.site!r} (sites: {names})")
+        return names.index(self.site)
+
+    @property
+    def n_sites(self) -> int:
+        return len(self.cfg.sites)
+
+    def checkpoint(self, stage: str) -> ResumableCheckpoint:
+        return ResumableCheckpoint(self.work / f"{stage}.ckpt.npz")
+
+
+def load_site_data(ctx: SiteContext) -> dict[str, Any]:
+    """Validate and load this site's subjects (once); the loader's JSON record plus ``"space"``."""
+    from ..pipeline import stage_load
+
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    space_json, space = _space(ctx.cfg, ctx.work)
+    info = json.loads(Path(stage_load(_pipeline_config(ctx.cfg, ctx.work), ctx.site, space_json)).read_text())
+    info["space"] = space
+    return info
+
+
+def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
+    """This site's whole part of the run; returns what it wrote (see module notes).
+
+    Raises
+    ------
+    Suspend
+        From a suspending exchange: call again (same context) to continue.
+    """
+    cfg, work, i, n = ctx.cfg, ctx.work, ctx.index, ctx.n_sites
+    done = work / "site-result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    info = load_site_data(ctx)
+    X = np.load(info["X"], mmap_mode="r")
+    lengths = [b - a for a, b in info["boundaries"]]
+    dim = _dim(info["space"])
+
+    def reduce() -> dict[str, Any]:
+        r = roles.reduce_site(cfg, i, X, lengths, ctx.exchange("reduce"), n_sites=n, dim=dim,
+                              checkpoint=ctx.checkpoint("reduce"), timeout=ctx.timeout)
+        return {"basis": r.basis, "eigenvalues": r.eigenvalues, "ledger": r.ledgers[0]}
+
+    red = _cached(work / "reduce.result.npz", reduce)
+    z_path = work / "Z.npy"
+    if not z_path.exists():
+        _save_npy(z_path, roles.site_whiten(X, red["basis"], red["eigenvalues"]))
+    Z = np.load(z_path, mmap_mode="r")
+
+    def unmix() -> dict[str, Any]:
+        led = roles.unmix_site(cfg, i, Z, lengths, ctx.exchange("unmix"), n_sites=n,
+                               checkpoint=ctx.checkpoint("unmix"), timeout=ctx.timeout)
+        return {"ledger": led}
+
+    ica = _cached(work / "unmix.result.npz", unmix)
+    ledger = PrivacyLedger.merge_all([red["ledger"], ica["ledger"]])
+    ledger.owner = ctx.site
+    declared = {"site": ctx.site, "n_subjects": int(info["n_subjects"]), "n_samples": int(info["n_samples"]),
+                "tr": info.get("tr"), "ledger": ledger.to_dict()}
+
+    def summary() -> dict[str, Any]:
+        reply = roles.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
+                                   timeout=ctx.timeout)
+        return {"W": reply.arrays["W"], "b": reply.arrays["b"]}
+
+    summ = _cached(work / "summary.result.npz", summary)
+    result = _write_site_outputs(ctx, info, red, summ, ledger)
+    write_json(done, result)
+    return result
+
+
+def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger) -> dict:
+    from ..algorithms.djica import time_courses
+    from ..maps import write_components, write_timecourses
+
+    out = ctx.out
+    out.mkdir(parents=True, exist_ok=True)
+    W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
+    Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
+    tc = write_timecourses(time_courses(W, Z, b), out / "timecourses.tsv")
+    comp = write_components(_component_maps(info["space"], red["basis"], red["eigenvalues"], W),
+                            info["space"]["mask"], out / "components.nii.gz")
+    np.save(out / "W.npy", W)
+    priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
+            **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
+            "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
+                    "(written by the aggregator) holds every site's ledger and the assumptions."}
+    priv_path = write_json(out / "privacy.json", priv)
+    subjects = [{"id": sid, "columns": [int(a), int(b_)]}
+                for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
+    return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
+            "subjects": subjects, "epsilon_exact": priv["epsilon_exact"]}
+
+
+# -- the aggregator ----------------------------------------------------------------------------
+
+@dataclass
+class AggregatorContext:
+    """What the aggregator needs: the run's configuration, a working folder, where outputs go, exchanges."""
+
+    cfg: RunConfig
+    work: Path
+    out: Path
+    exchange: Callable[[str], Exchange]
+    options: RunOptions = field(default_factory=RunOptions)
+
+    @property
+    def n_sites(self) -> int:
+        return len(self.cfg.sites)
+
+    def checkpoint(self, stage: str) -> ResumableCheckpoint:
+        return ResumableCheckpoint(self.work / f"{stage}.ckpt.npz")
+
+
+def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
+    """The aggregator's whole part of the run; returns the final result record.
+
+    Raises
+    ------
+    Suspend
+        From a suspending exchange: call again (same context) to continue.
+    """
+    cfg, work, n = ctx.cfg, ctx.work, ctx.n_sites
+    done = work / "aggregator-result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    _, space = _space(cfg, work)
+    dim = _dim(space)
+
+    def reduce() -> dict[str, Any]:
+        r = roles.reduce_aggregator(cfg, ctx.exchange("reduce"), n_sites=n, dim=dim,
+                                    checkpoint=ctx.checkpoint("reduce"), options=ctx.options)
+        return {"basis": r.basis, "eigenvalues": r.eigenvalues}
+
+    red = _cached(work / "reduce.result.npz", reduce)
+
+    def unmix() -> dict[str, Any]:
+        r = roles.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
+                                   options=ctx.options)
+        return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
+
+    ica = _cached(work / "unmix.result.npz", unmix)
+
+    def summary() -> dict[str, Any]:
+        reply = Payload({"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])})
+        return {"sites": roles.summary_aggregator(reply, ctx.exchange("summary"),
+                                                  checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
+
+    summ = _cached(work / "summary.result.npz", summary)
+    result = _write_aggregator_outputs(ctx, space, red, ica, summ["sites"], time.perf_counter() - t0)
+    write_json(done, result)
+    return result
+
+
+def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, declared: dict,
+                              seconds: float) -> dict[str, Any]:
+    import nibabel as nib
+
+    from ..maps import convergence_figure, render_component, write_components
+    from ..pipeline import SCALING_NOTE
+    from ..privacy import privacy_report
+    from ..report import write_report
+
+    cfg, out = ctx.cfg, ctx.out
+    out.mkdir(parents=True, exist_ok=True)
+    names = [s.name for s in cfg.sites]
+    W, b = np.asarray(ica["W"]), np.asarray(ica["b"])
+    maps = _component_maps(space, red["basis"], red["eigenvalues"], W)
+    comp_path = write_components(maps, space["mask"], out / "components.nii.gz")
+    for name, a in (("W", W), ("b", b), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
+        np.save(out / f"{name}.npy", np.asarray(a))
+
+    ledgers, n_subjects = {}, {}
+    for s, name in enumerate(names):
+        d = declared.get(s) or declared.get(str(s)) or {}
+        if d.get("site") != name:
+            raise ValueError(f"site {s} declared itself as {d.get('site')!r}, the run expects {name!r}")
+        led = PrivacyLedger.from_dict(d["ledger"])
+        led.owner = name
+        ledgers[name], n_subjects[name] = led, int(d["n_subjects"])
+    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
+                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
+    priv["assumptions"].append(
+        "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
+        "set-up that every site calibrated the same releases (CAPE set-up phase).")
+    priv_path = write_json(out / "privacy.json", priv)
+
+    figs = out / "figures"
+    figs.mkdir(exist_ok=True)
+    img = nib.load(comp_path)
+    comps = [{"label": f"IC{c + 1:02d}",
+              "png": str(render_component(img.slicer[..., c], figs / f"component_{c + 1:02d}.png",
+                                          title=f"IC{c + 1:02d}"))} for c in range(img.shape[3])]
+    conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
+                              figs / "convergence.png")
+    eps = {n: s["epsilon_exact"] for n, s in priv["sites"].items()}
+    headline = [f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} subjects; "
+                f"plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).",
+                "Total privacy per site (exact GDP, delta = %g): %s." % (
+                    cfg.delta, ", ".join(f"{n} eps = {e:.2f}" for n, e in eps.items()))]
+    notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
+             "output folder has its own)."]
+    if cfg.seed is not None:
+        notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
+    report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
+                          components=comps, privacy=priv, convergence_png=conv,
+                          timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes)
+    return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
+            "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
+            "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon_exact": eps,
+            "delta": cfg.delta, "plan": cfg.plan}

@@ -1,0 +1,285 @@
+"""The analysis stages split by role: what a site runs, what the aggregator runs.
+
+capePCA (reduce) and capeDJICA (unmix) are :class:`~dpneuro.cape.CapeAlgorithm`
+objects. This module builds them from a :class:`~dpneuro.config.RunConfig` in
+exactly one place and wraps them with :func:`dpneuro.cape.cape_protocol`; each
+stage then has a *site role* (``*_site``: :func:`dpneuro.protocol.run_site`)
+and an *aggregator role* (``*_aggregator``: :func:`dpneuro.protocol.run_aggregator`)
+that run over whatever exchange they are given. Three callers share them:
+
+- the simulation, every party in one process (:func:`reduce_inprocess`,
+  :func:`unmix_inprocess`, called by :func:`dpneuro.pipeline.stage_reduce` /
+  :func:`~dpneuro.pipeline.stage_unmix`, hence by the Pydra workflow);
+- ``dpneuro site`` / ``dpneuro aggregator`` over a shared folder
+  (:mod:`dpneuro.deploy.sharedfs`);
+- the COINSTAC computation (:mod:`dpneuro.deploy.coinstac`).
+
+So a deployment computes what the simulation computes: with the same seeds,
+the same numbers. A third, tiny stage (:class:`SummaryProtocol`) closes a
+deployed run: every site sends its ledger and subject count (public metadata),
+the aggregator answers with the reported unmixing (public), so that sites can
+compute their own time courses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import ConfigError, RunConfig
+from ..exchange.base import Exchange, Payload
+from ..privacy import PrivacyLedger
+from ..protocol import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
+
+__all__ = [
+    "DEPLOYABLE_REDUCTIONS",
+    "ReduceResult",
+    "SummaryProtocol",
+    "UnmixResult",
+    "ica_algorithm",
+    "pca_algorithm",
+    "reduce_aggregator",
+    "reduce_inprocess",
+    "reduce_plan",
+    "reduce_protocol",
+    "reduce_site",
+    "site_whiten",
+    "stage_seed",
+    "summary_aggregator",
+    "summary_site",
+    "unmix_aggregator",
+    "unmix_inprocess",
+    "unmix_protocol",
+    "unmix_site",
+]
+
+#: reductions that run as a CAPE protocol (and so can be deployed)
+DEPLOYABLE_REDUCTIONS = ("capepca", "capepca-power", "none")
+
+
+def stage_seed(cfg: RunConfig, stage: int) -> int | None:
+    """The seed of stage ``stage`` (1 reduce, 2 unmix); None (OS entropy) when the config has none."""
+    from ..pipeline import _seed
+
+    return _seed(cfg, stage)
+
+
+# -- reduce: capePCA -----------------------------------------------------------------------
+
+def reduce_plan(cfg: RunConfig) -> str:
+    """Noise plan of the reduction: ``reduction = "none"`` runs the PCA without noise."""
+    return "none" if cfg.reduction == "none" else cfg.plan
+
+
+def pca_algorithm(cfg: RunConfig, dim: int | None = None):
+    """The capePCA algorithm of a run (``dim``: D if known, checked against every site)."""
+    from ..algorithms.pca import CapePCA
+
+    if cfg.reduction not in DEPLOYABLE_REDUCTIONS:
+        raise ConfigError(f"config field 'reduction': {cfg.reduction!r} is not a CAPE protocol; "
+                          f"use one of {DEPLOYABLE_REDUCTIONS}")
+    mode = "power" if cfg.reduction == "capepca-power" else "covariance"
+    # every time point scaled to unit norm at its site (pipeline.SCALING_NOTE)
+    return CapePCA(cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, mode=mode, scale="unit",
+                   seed=stage_seed(cfg, 1), dim=dim)
+
+
+def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
+    """capePCA under the run's noise plan, as driver phases."""
+    from ..cape import cape_protocol
+
+    return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
+
+
+def _pca_source(X, lengths: Sequence[int]):
+    from ..algorithms.pca import as_source
+
+    return as_source(X, [int(n) for n in lengths])
+
+
+@dataclass
+class ReduceResult:
+    """What the reduction released: the basis, its eigenvalues, each site's ledger."""
+
+    basis: np.ndarray
+    eigenvalues: np.ndarray
+    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+
+
+def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+                dim: int | None = None, checkpoint: Checkpoint | None = None,
+                timeout: float | None = None) -> ReduceResult:
+    """One site's part of capePCA: X is its D x N matrix, ``lengths`` its subjects' time points.
+
+    Returns the public basis and eigenvalues (the aggregator's final
+    broadcast) and this site's ledger (``ledgers[0]``).
+    """
+    st = run_site(reduce_protocol(cfg, n_sites, dim), site, _pca_source(X, lengths), exchange,
+                  checkpoint=checkpoint, timeout=timeout)
+    final = st["final"]
+    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
+
+
+def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> ReduceResult:
+    """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
+    st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
+    return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]))
+
+
+def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                     options: RunOptions | None = None) -> ReduceResult:
+    """capePCA with every party in this process (the simulation path of :mod:`dpneuro.pipeline`).
+
+    Every site's data are validated (finite values, common D, k <= min(D, N))
+    before anything is released.
+    """
+    srcs = [_pca_source(X, n).validate(f"site {s}") for s, (X, n) in enumerate(zip(X_sites, lengths, strict=True))]
+    dims = [src.dim for src in srcs]
+    if len(set(dims)) != 1:
+        raise ValueError(f"all sites must have the same number of features D; got {dims}")
+    n_total = sum(src.n_samples for src in srcs)
+    if cfg.n_components > min(dims[0], n_total):
+        raise ValueError(f"k = {cfg.n_components} exceeds min(D, N) = min({dims[0]}, {n_total})")
+    sim = simulate(reduce_protocol(cfg, len(srcs), dims[0]), srcs, options=options)
+    agg = sim.aggregator
+    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
+                        [s["ledger"] if s is not None else None for s in sim.sites])
+
+
+# -- unmix: capeDJICA ----------------------------------------------------------------------
+
+def site_whiten(X, basis, eigenvalues) -> np.ndarray:
+    """A site's whitened data Z = Lambda^{-1/2} V^T x for its unit-norm time points (float32).
+
+    The basis is made C-contiguous first: BLAS rounds a float32 product
+    differently for another memory layout, and the basis reaches a site in
+    different layouts (from ``np.load`` of a Fortran-ordered file in a
+    simulation, from a decoded message in a deployment).
+    """
+    from ..algorithms.djica import whiten
+    from ..pipeline import unit_columns
+
+    V = np.ascontiguousarray(basis, dtype=np.float64)
+    lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
+    return whiten(unit_columns(np.asarray(X)), V, lam).astype(np.float32)
+
+
+def ica_algorithm(cfg: RunConfig):
+    """The capeDJICA algorithm of a run (R = n_components)."""
+    from ..algorithms.djica import OPTIMIZERS, CapeDJICA
+
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
+    return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
+                     clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer], plan=cfg.plan,
+                     calibration=cfg.calibration, seed=stage_seed(cfg, 2))
+
+
+def unmix_protocol(cfg: RunConfig, n_sites: int):
+    """capeDJICA under the run's noise plan, as driver phases."""
+    from ..cape import cape_protocol
+
+    return cape_protocol(ica_algorithm(cfg), cfg.plan, n_sites=n_sites)
+
+
+@dataclass
+class UnmixResult:
+    """What the unmixing stage produced (the aggregator's view) and each site's ledger."""
+
+    W: np.ndarray
+    b: np.ndarray
+    history: dict[str, list[float]] = field(default_factory=dict)
+    rounds: int = 0
+    status: str = ""
+    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+
+
+def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
+    from ..algorithms.djica import _reported
+
+    st = agg["ica"]
+    W, b = _reported(st)  # the Polyak average when the optimizer keeps one, else the last iterate
+    hist = {k: [float(x) for x in v] for k, v in st["history"].items()}
+    return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]), ledgers)
+
+
+def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+               checkpoint: Checkpoint | None = None, timeout: float | None = None) -> PrivacyLedger:
+    """One site's part of capeDJICA on its whitened data Z (R x N); returns its ledger."""
+    st = run_site(unmix_protocol(cfg, n_sites), site, (Z, [int(n) for n in lengths]), exchange,
+                  checkpoint=checkpoint, timeout=timeout)
+    return st["ledger"]
+
+
+def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+                     options: RunOptions | None = None) -> UnmixResult:
+    """The aggregator's part of capeDJICA: averages the noisy gradients, updates W and b."""
+    st = run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
+    return _unmix_result(st, [])
+
+
+def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], basis, eigenvalues,
+                    *, options: RunOptions | None = None) -> UnmixResult:
+    """capeDJICA with every party in this process; each site whitens its data with the public basis.
+
+    Every site's whitened data are validated before anything is released.
+    """
+    site_data = [(site_whiten(X, basis, eigenvalues), [int(n) for n in ln])
+                 for X, ln in zip(X_sites, lengths, strict=True)]
+    alg = ica_algorithm(cfg)
+    for s, data in enumerate(site_data):
+        alg.site_init(s, data)
+    from ..cape import cape_protocol
+
+    sim = simulate(cape_protocol(alg, cfg.plan, n_sites=len(site_data)), site_data, options=options)
+    return _unmix_result(sim.aggregator, [s["ledger"] if s is not None else None for s in sim.sites])
+
+
+# -- summary: close a deployed run --------------------------------------------------------
+
+class SummaryProtocol:
+    """One phase: sites send public metadata (ledger, counts), the aggregator answers with ``reply``.
+
+    Site data: a JSON-safe dict (what the site declares). The aggregator keeps
+    them in ``state["sites"]`` keyed by site id.
+    """
+
+    name = "summary"
+    max_rounds = 1
+
+    def __init__(self, reply: Payload | None = None):
+        self.reply = reply or Payload()
+
+    def phases(self, round: int) -> Sequence[Phase]:
+        return [Phase("summary", self._site, self._aggregator)]
+
+    def site_init(self, site: int, data: Any) -> State:
+        return {"site": site, "info": dict(data)}
+
+    def aggregator_init(self) -> State:
+        return {"sites": {}}
+
+    def _site(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        return Payload(meta={"summary": state["info"]})  # public metadata only, no arrays
+
+    def _aggregator(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        state["sites"] = {str(s): dict(m.meta["summary"]) for s, m in msgs.items()}
+        return Payload(dict(self.reply.arrays), {**self.reply.meta, "stop": True},
+                       carries={k: "public" for k in self.reply.arrays})
+
+
+def summary_site(site: int, info: dict, exchange: Exchange, *, checkpoint: Checkpoint | None = None,
+                 timeout: float | None = None) -> Payload:
+    """Send ``info`` (public) to the aggregator; return its reply."""
+    return run_site(SummaryProtocol(), site, info, exchange, checkpoint=checkpoint, timeout=timeout)["final"]
+
+
+def summary_aggregator(reply: Payload, exchange: Exchange, *, checkpoint: Checkpoint | None = None,
+                       options: RunOptions | None = None) -> dict[int, dict]:
+    """Collect every site's declared metadata; answer with ``reply`` (public arrays)."""
+    st = run_aggregator(SummaryProtocol(reply), exchange, checkpoint=checkpoint, options=options)
+    return {int(s): info for s, info in st["sites"].items()}

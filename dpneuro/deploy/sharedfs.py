@@ -1,0 +1,193 @@
+"""``dpneuro site`` / ``dpneuro aggregator``: one role of a run per process, over a shared folder.
+
+A consortium without COINSTAC runs the analysis across machines that mount
+one shared folder (``exchange_dir`` in the configuration: NFS, SMB, a synced
+cloud folder with atomic renames). Layout of a run::
+
+    <exchange_dir>/<run_id>/manifest.json     the run manifest (written by the aggregator)
+    <exchange_dir>/<run_id>/run.key           the run's message key (0600), unless --key-file is used
+    <exchange_dir>/<run_id>/reduce/...        capePCA messages (DirectoryExchange)
+    <exchange_dir>/<run_id>/unmix/...         capeDJICA messages
+    <exchange_dir>/<run_id>/summary/...       ledgers in, reported unmixing out
+
+Trust assumptions. Messages are authenticated with an HMAC key per run.
+By default the aggregator writes it to ``run.key`` with permissions 0600, so
+whoever can read that file (the account(s) that run the parties, and the
+file server's administrators) could forge messages: use it when the shared
+folder is reachable only by the consortium's service account. Otherwise
+hand out a key file out of band (``--key-file`` on every party; 32 random
+bytes, hex) and nothing secret lies in the shared folder. What is *in* the
+messages is protected regardless of who reads the folder: only CAPE-noised
+or secure-aggregation-masked arrays and public metadata leave a site; the
+key only guards integrity.
+
+Each party keeps its own progress under ``<out>/.dpneuro/`` (checkpoints and
+intermediate results; a site's hold un-noised statistics of its data, so this
+folder stays private). A killed party restarted with the same command
+resumes where it stopped: it re-sends the message it had written ahead
+instead of computing it again, so nothing is ever released twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, RunConfig
+from ..exchange import DirectoryExchange
+from ..exchange.codec import check_name
+from ..protocol import RunOptions
+from .party import (
+    AggregatorContext,
+    ManifestMismatch,
+    SiteContext,
+    check_manifest,
+    run_aggregator_analysis,
+    run_manifest,
+    run_site_analysis,
+)
+
+__all__ = ["DEFAULT_RUN_ID", "WaitTimeout", "aggregator_main", "load_party_config", "run_folder", "site_main"]
+
+DEFAULT_RUN_ID = "dpneuro"
+_POLL = 0.05
+
+
+class WaitTimeout(RuntimeError):
+    """Something another party should have written to the shared folder did not appear in time."""
+
+
+def load_party_config(path, *, site: str | None = None) -> RunConfig:
+    """Read a run configuration for one party: only ``site``'s data (if any) must exist here."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        d = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    cfg = RunConfig.from_dict(d, base=path.parent)
+    if site is not None and site not in [s.name for s in cfg.sites]:
+        raise ConfigError(f"config field 'sites': no site named {site!r} in {path} "
+                          f"(sites: {[s.name for s in cfg.sites]})")
+    cfg.validate(data_sites=[site] if site is not None else [])
+    if not cfg.exchange_dir:
+        raise ConfigError("config field 'exchange_dir': a site/aggregator run needs the shared folder")
+    return cfg
+
+
+def run_folder(cfg: RunConfig, run_id: str) -> Path:
+    return Path(cfg.exchange_dir) / check_name("run id", run_id)
+
+
+def _read_key_file(path) -> bytes:
+    text = Path(path).read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError(f"key file {path}: expected hex digits (e.g. 64 for a 32-byte key)") from None
+    if len(key) < 16:
+        raise ConfigError(f"key file {path}: the key must be at least 16 bytes (32 hex digits)")
+    return key
+
+
+def _create_key(path: Path) -> bytes:
+    """The run key at ``path``: created (0600) if absent, else read.
+
+    Written to a private temporary file and hard-linked into place, so a site
+    never reads a half-written key and two aggregators cannot both create one.
+    """
+    if path.exists():
+        return _read_key_file(path)
+    tmp = path.with_name(f".run.key.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_bytes(32).hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another aggregator process won the race: use its key
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read_key_file(path)
+
+
+def _wait_for(path: Path, timeout: float | None, what: str) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not path.exists():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"waited {timeout} s for {what} ({path}); is the aggregator running with the "
+                               "same exchange_dir and run id?")
+        time.sleep(_POLL)
+
+
+def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest once; an existing one must be this run's (a restarted aggregator)."""
+    text = json.dumps(manifest, indent=1, sort_keys=True)
+    tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)  # atomic create-if-absent
+    except FileExistsError:
+        old = json.loads(path.read_text())
+        if old != json.loads(text):
+            raise ManifestMismatch(
+                f"{path} already describes a run with different settings; this aggregator refuses to "
+                f"continue it (use another --run-id, or remove {path.parent} to start over)") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _exchange_factory(folder: Path, n_sites: int, key: bytes):
+    def make(stage: str) -> DirectoryExchange:
+        return DirectoryExchange(folder, n_sites, run_id=stage, key=key)
+
+    return make
+
+
+def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=None,
+                    progress: bool = False) -> dict[str, Any]:
+    """Run the aggregator of ``cfg`` over ``exchange_dir``; write the consortium outputs to ``cfg.out``.
+
+    Writes the run manifest and (without ``key_file``) the run key first, then
+    waits for the sites; every wait is bounded by ``cfg.timeout``.
+    """
+    folder = run_folder(cfg, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
+    _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
+    out = Path(cfg.out)
+    ctx = AggregatorContext(cfg=cfg, work=out / ".dpneuro" / "aggregator", out=out,
+                            exchange=_exchange_factory(folder, len(cfg.sites), key),
+                            options=RunOptions(timeout=cfg.timeout, progress=progress))
+    return run_aggregator_analysis(ctx)
+
+
+def site_main(cfg: RunConfig, site: str, *, run_id: str = DEFAULT_RUN_ID, key_file=None) -> dict[str, Any]:
+    """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/site-<site>/``.
+
+    Refuses to start (:class:`~dpneuro.deploy.party.ManifestMismatch`, naming
+    the field) if its configuration disagrees with the aggregator's manifest.
+    """
+    folder = run_folder(cfg, run_id)
+    manifest_path = folder / "manifest.json"
+    _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest")
+    check_manifest(cfg, json.loads(manifest_path.read_text()), party=f"site {site!r}",
+                   source=f"the aggregator's run manifest {manifest_path}")
+    if key_file:
+        key = _read_key_file(key_file)
+    else:
+        _wait_for(folder / "run.key", cfg.timeout, "the run key")
+        key = _read_key_file(folder / "run.key")
+    out = Path(cfg.out)
+    ctx = SiteContext(cfg=cfg, site=site, work=out / ".dpneuro" / f"site-{site}", out=out / f"site-{site}",
+                      exchange=_exchange_factory(folder, len(cfg.sites), key), timeout=cfg.timeout)
+    return run_site_analysis(ctx)
