@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol as TypingProtocol
 
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout, Suspend  # noqa: F401
@@ -318,11 +319,15 @@ def simulate(
             ex.close()
 
     threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
+    # S site threads each running a multi-threaded BLAS oversubscribe the cores many times over
+    limits = threadpool_limits(limits=1, user_api="blas") if n > 1 else None
     for t in threads:
         t.start()
     try:
         agg = run_aggregator(protocol, ex, options=opts)
     except BaseException as exc:
+        if limits is not None:
+            limits.restore_original_limits()
         ex.close()
         for t in threads:
             t.join(timeout=5)
@@ -334,6 +339,8 @@ def simulate(
         raise
     for t in threads:
         t.join(timeout=5)
+    if limits is not None:
+        limits.restore_original_limits()
     if any(t.is_alive() for t in threads):
         # a site the aggregator no longer waits for: wake it so the run can end
         ex.close()

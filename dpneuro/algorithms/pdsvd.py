@@ -115,8 +115,8 @@ __all__ = [
 _COUNT_UNIT = 2.0**-20  # counts enter the secure sum as n_m * r_n * 2^-20 (exact after rounding)
 _COUNT_BITS = 6.0
 _NOTE = ("PD-SVD adds no differential-privacy noise: its privacy is measured (KS distributional privacy, "
-         "002 Alg. 5), not an (eps, delta) guarantee; this ledger records no release, so its epsilon() of 0 "
-         "means nothing. What the aggregator and the sites learn: dpneuro.algorithms.pdsvd module docstring")
+         "002 Alg. 5), not an (eps, delta) guarantee, so its epsilon() is infinite. What the aggregator "
+         "and the sites learn: dpneuro.algorithms.pdsvd module docstring")
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class PDSVD:
             raise ValueError(f"site {site}: a column has norm {src.max_norm:.6g} above the public norm bound "
                              f"{self.norm_bound:.6g}; nothing was sent")
         ledger = PrivacyLedger(owner=f"site-{site}")
-        ledger.note(_NOTE)
+        ledger.mark_not_private(_NOTE)
         ledger.note(f"PD-SVD data divided by the public norm bound {self.norm_bound:.6g}")
         state: State = {"site": site, "_src": src, "_secret": None if secret is None else bytes(secret),
                         "dim": src.dim, "ledger": ledger}

@@ -285,7 +285,7 @@ class _CapeProtocol:
                                        stage=rs.stage or self.alg.name,
                                        mu_collusion=self._mu_collusion(state, name, rs.sensitivity, me, S))
             else:
-                state["ledger"].note("plan 'none': releases carry no noise and are not private")
+                state["ledger"].mark_not_private("plan 'none': releases carry no noise and are not private")
         cs.pop("e_hat", None)
         state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
         return Payload(arrays, {}, carries)

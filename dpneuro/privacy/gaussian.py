@@ -122,6 +122,9 @@ def moments_accountant_epsilon(rounds: int, sensitivity: float, sigma: float, de
 def _check_epsilon(epsilon: float) -> None:
     if not (epsilon > 0) or math.isnan(epsilon):
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if math.isinf(epsilon):
+        raise ValueError("epsilon = inf means no privacy: run the non-private plan ('none') instead of "
+                         "calibrating noise for it")
 
 
 def _check_delta(delta: float) -> None:

@@ -62,6 +62,8 @@ class PrivacyLedger:
     releases: list[Release] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     draws: int = 0  # number of noise arrays drawn (see dpneuro.privacy.noise)
+    # set when the party released something without DP noise: epsilon is then infinite
+    not_private: str = ""
 
     def record(
         self, name: str, sensitivity: float, sigma: float, count: int = 1, *,
@@ -89,6 +91,11 @@ class PrivacyLedger:
         if text not in self.notes:
             self.notes.append(text)
 
+    def mark_not_private(self, reason: str) -> None:
+        """Record that this party released data without DP noise (its epsilon is infinite)."""
+        self.not_private = reason
+        self.note(reason)
+
     # -- composition ---------------------------------------------------------------
     @property
     def mu(self) -> float:
@@ -109,6 +116,8 @@ class PrivacyLedger:
         """
         if method not in METHODS:
             raise ValueError(f"unknown accounting method {method!r}; use one of {METHODS}")
+        if self.not_private:
+            return math.inf
         mu = self.mu_collusion if collusion else self.mu
         if not self.releases or mu == 0:
             return 0.0
@@ -161,11 +170,13 @@ class PrivacyLedger:
             "releases": [asdict(r) for r in self.releases],
             "notes": list(self.notes),
             "draws": self.draws,
+            "not_private": self.not_private,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrivacyLedger:
-        led = cls(owner=d.get("owner", ""), notes=list(d.get("notes", [])), draws=int(d.get("draws", 0)))
+        led = cls(owner=d.get("owner", ""), notes=list(d.get("notes", [])), draws=int(d.get("draws", 0)),
+                  not_private=d.get("not_private", ""))
         for r in d.get("releases", []):
             led.releases.append(Release(**r))
         return led
@@ -180,6 +191,7 @@ class PrivacyLedger:
             for n in o.notes:
                 out.note(n)
             out.draws += o.draws
+            out.not_private = out.not_private or o.not_private
         return out
 
     @staticmethod
