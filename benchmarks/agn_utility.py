@@ -232,13 +232,13 @@ def main(argv=None):
         configs = [("mog", 10, 5, 10_000), ("stm", 10, 5, 20_000)]
         epsilons, repeats = (0.5, 5.0), args.repeats or 2
         tdims, tN = (10,), 10_000
-        tag = "agn_quick"
+        tag, sfx = "agn", "_quick"  # quick outputs never overwrite the full-size results
     else:
         configs = [("mog", 10, 5, 50_000), ("mog", 50, 10, 50_000),
                    ("stm", 10, 5, 100_000), ("stm", 50, 10, 100_000)]
         epsilons, repeats = EPSILONS, args.repeats or 10
         tdims, tN = (10, 30, 50), 50_000
-        tag = "agn"
+        tag, sfx = "agn", ""
     rows = []
     for model, D, K, N in configs:
         t = time.perf_counter()
@@ -249,15 +249,15 @@ def main(argv=None):
     print("\nTimings (s):")
     for r in trows:
         print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
-    write_csv(args.out / f"{tag}_utility.csv", rows)
-    write_csv(args.out / f"{tag}_timings.csv", trows)
-    plot(rows, args.out / f"{tag}_utility.png")
+    write_csv(args.out / f"{tag}_utility{sfx}.csv", rows)
+    write_csv(args.out / f"{tag}_timings{sfx}.csv", trows)
+    plot(rows, args.out / f"{tag}_utility{sfx}.png")
     meta = {"repeats": repeats, "epsilons": list(epsilons), "delta": DELTA, "sigma2": SIGMA2, "sites": 5,
             "split": [0.5, 0.5], "calibration": "analytic Gaussian (Balle & Wang 2018)",
             "mog_scale": {D: mog_scale(D) for _, D, _, _ in configs},
             "runtime_s": time.perf_counter() - t_start, "numpy": np.__version__}
-    (args.out / f"{tag}_utility.json").write_text(json.dumps(meta, indent=2))
-    print(f"\nwrote {args.out}/{tag}_utility.csv, {tag}_timings.csv, {tag}_utility.png "
+    (args.out / f"{tag}_utility{sfx}.json").write_text(json.dumps(meta, indent=2))
+    print(f"\nwrote {args.out}/{tag}_utility{sfx}.csv, {tag}_timings{sfx}.csv, {tag}_utility{sfx}.png "
           f"({meta['runtime_s']:.0f} s)")
 
 

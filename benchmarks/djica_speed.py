@@ -24,6 +24,7 @@ import argparse
 import cProfile
 import csv
 import json
+import os
 import platform
 import pstats
 import statistics
@@ -219,6 +220,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="seconds-long smoke run")
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args(argv)
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} (2 cores here; other jobs distort every number)", flush=True)
     R, S = 20, 4
     N = 16 * 1024 if args.quick else 256 * 1024
     repeats = args.repeats or (2 if args.quick else 7)
@@ -282,8 +285,10 @@ def main(argv=None):
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in keys})
+    load_after = os.getloadavg()
+    print(f"\nload average after: {load_after[0]:.2f}")
     meta = {"R": R, "S": S, "N": N, "repeats": repeats, "machine": platform.processor() or platform.machine(),
-            "cpus": __import__("os").cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
+            "cpus": os.cpu_count(), "load_average_before_after": [load_before[0], load_after[0]], "python": sys.version.split()[0], "numpy": np.__version__,
             "rows": rows, "kernel_breakdown_ms_per_site": breakdown,
             "cape_profile_ms_per_round": {w: {k: v * 1e3 for k, v in g.items()} for w, g in groups.items()}}
     (RESULTS / f"djica_speed{tag}.json").write_text(json.dumps(meta, indent=2))

@@ -12,7 +12,7 @@ plain, both medians over the timed rounds.
 
 Usage::
 
-    python benchmarks/secagg_overhead.py [--reps 7] [--out benchmarks/results/secagg_overhead.csv]
+    python benchmarks/secagg_overhead.py [--reps 7] [--out benchmarks/results/secagg_overhead.csv] [--quick]
 """
 
 from __future__ import annotations
@@ -102,8 +102,13 @@ def measure(n_sites: int, shape: tuple[int, ...], reps: int, secure: bool
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7, help="timed rounds per configuration")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "secagg_overhead.csv"))
+    ap.add_argument("--out", default=None, help="default benchmarks/results/secagg_overhead[_quick].csv")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 timed rounds, written to *_quick.csv")
     args = ap.parse_args()
+    if args.quick:
+        args.reps = 2
+    if args.out is None:
+        args.out = str(Path(__file__).parent / "results" / f"secagg_overhead{'_quick' if args.quick else ''}.csv")
 
     rows = []
     for n_sites in SITES:

@@ -42,7 +42,7 @@ from typing import Any, Protocol as TypingProtocol
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout, Suspend  # noqa: F401
+from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None

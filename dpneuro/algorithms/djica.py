@@ -40,8 +40,8 @@ The learning-rate rules follow the djICA reference code (Baker et al. 2019,
 ``djica.m``, built on EEGLAB's runica), applied once per round:
 
 - initial rho = 0.015 / ln(R);
-- blow-up (any |W_ij| > 1e8 or a non-finite update): restart from W = I,
-  b = 0 with rho *= 0.9 (the releases already made stay in the ledgers and
+- blow-up (any |W_ij| > 1e8 or a non-finite update): restart from the start
+  W (= I), b = 0 with rho *= 0.9 (the releases already made stay in the ledgers and
   the round limit counts every round, restarted or not);
 - annealing: rho *= 0.9 when the update turns by more than 60 degrees from
   the reference update; as in the reference code, the reference is the
@@ -58,6 +58,17 @@ noise, rho = 0.015 / ln R with *mean* gradients (Alg. 4) moves W so little
 that the stopping rule fires long before convergence on weakly non-Gaussian
 sources. ``optimizer="fast"`` (:data:`OPTIMIZERS`) keeps the blow-up and
 annealing safety but fixes both; see ``benchmarks/djica_utility.py``.
+
+Two mechanism options cut the noise at the same privacy (both off by default,
+i.e. 003 as published): ``clip_unit="subject"`` clips each subject's mean
+gradient instead of every sample's (same sensitivity formula, a bound an
+order of magnitude smaller), and ``bias=False`` releases G only (one release
+per round instead of two; whitened data are centred).
+
+Entry points: :func:`cape_djica` (simulation, any plan), :func:`local_dp_ica`
+(one site), :class:`CapeDJICA` (the protocol object for
+:func:`dpneuro.cape.cape_protocol` in deployments), :func:`whiten`,
+:func:`spatial_maps` and :func:`time_courses` (stages around it).
 """
 
 from __future__ import annotations
@@ -74,14 +85,22 @@ import numpy as np
 
 from .. import privacy
 from ..cape import ReleaseSpec, cape_protocol, ledgers
-from ..exchange import DirectoryCheckpoint, Payload
-from ..exchange.codec import register_state_type
+from ..exchange import DirectoryCheckpoint, ExchangeError, Payload
 from ..privacy import PrivacyLedger
-from ..protocol import RunOptions, SimulatedDropout, SimulationResult, run_aggregator, run_site, simulate
+from ..protocol import (
+    RunOptions,
+    SimulatedDropout,
+    SimulationResult,
+    SiteDropped,
+    run_aggregator,
+    run_site,
+    simulate,
+)
 
 __all__ = [
     "DJICAResult",
     "CapeDJICA",
+    "INFOMAX_SCALE",
     "LearningRate",
     "OPTIMIZERS",
     "cape_djica",
@@ -92,10 +111,6 @@ __all__ = [
     "spatial_maps",
     "time_courses",
 ]
-
-# Site checkpoints hold the site's PrivacyLedger; the codec must know how to store it.
-# (Belongs next to PrivacyLedger in dpneuro.privacy; registering twice is harmless.)
-register_state_type(PrivacyLedger)
 
 #: columns per chunk in :func:`infomax_gradients`: R x 2048 working arrays stay in L2 cache
 DEFAULT_CHUNK = 2048
@@ -783,8 +798,10 @@ class DJICAResult:
     Attributes
     ----------
     W : ndarray (R, R)
-        Unmixing matrix of the whitened data (the moving average of the
-        iterates when the optimizer keeps one, else the last iterate).
+        Unmixing matrix of the whitened data: the Polyak average of the
+        iterates when the optimizer keeps one (``average_from``) and the run
+        did not converge, else the last iterate. Spatial maps:
+        :func:`spatial_maps`; time courses: :meth:`sources`.
     b : ndarray (R,)
         Bias, reported like W.
     W_last, b_last : ndarray
@@ -818,9 +835,13 @@ class DJICAResult:
     restarts: int
     simulation: SimulationResult | None = None
 
-    def epsilon(self, delta: float, method: str = "exact") -> float:
-        """Largest total epsilon over the sites at ``delta`` for this run's ICA releases."""
-        eps = [led.epsilon(delta, method) for led in self.ledgers if led is not None]
+    def epsilon(self, delta: float, method: str = "exact", **kwargs) -> float:
+        """Largest total epsilon over the sites at ``delta`` for this run's ICA releases.
+
+        Keyword arguments go to :meth:`PrivacyLedger.epsilon` (e.g. ``collusion=True``).
+        Plan "none" is not private: infinity.
+        """
+        eps = [led.epsilon(delta, method, **kwargs) for led in self.ledgers if led is not None]
         return max(eps) if eps else 0.0
 
     def sources(self, Z, dtype=np.float64) -> np.ndarray:
@@ -972,39 +993,48 @@ def local_dp_ica(Z, subjects, **kwargs) -> DJICAResult:
 
 
 def _simulate_checkpointed(proto, site_data, folder: Path, exchange, options) -> SimulationResult:
-    """:func:`dpneuro.protocol.simulate` with a DirectoryCheckpoint per party."""
+    """:func:`dpneuro.protocol.simulate` with a DirectoryCheckpoint per party.
+
+    (``simulate`` takes no checkpoints; this mirrors it, threads and all.)
+    """
+    from threadpoolctl import threadpool_limits
+
     from ..exchange import InProcessExchange
 
     n = len(site_data)
     ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
     opts = options or RunOptions()
+    site_timeout = None if opts.timeout is None else 3 * opts.timeout
     results: list = [None] * n
     errors: list[BaseException] = []
 
     def worker(s: int) -> None:
         try:
-            results[s] = run_site(proto, s, site_data[s], ex, timeout=opts.timeout,
+            results[s] = run_site(proto, s, site_data[s], ex, timeout=site_timeout,
                                   checkpoint=DirectoryCheckpoint(folder / f"site-{s:03d}.npz"))
-        except SimulatedDropout:
+        except (SimulatedDropout, SiteDropped):
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
             ex.close()
 
     threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
-    for t in threads:
-        t.start()
-    try:
-        agg = run_aggregator(proto, ex, options=opts, checkpoint=DirectoryCheckpoint(folder / "aggregator.npz"))
-    except BaseException:
-        ex.close()
+    with threadpool_limits(limits=1, user_api="blas"):  # S site threads: one BLAS thread each
         for t in threads:
-            t.join(timeout=5)
-        if errors:
-            raise errors[0] from None
-        raise
-    for t in threads:
-        t.join(timeout=opts.timeout)
+            t.start()
+        try:
+            agg = run_aggregator(proto, ex, options=opts,
+                                 checkpoint=DirectoryCheckpoint(folder / "aggregator.npz"))
+        except BaseException as exc:
+            ex.close()
+            for t in threads:
+                t.join(timeout=5)
+            causes = [e for e in errors if not isinstance(e, ExchangeError)]
+            if causes and isinstance(exc, ExchangeError):
+                raise causes[0] from None
+            raise
+        for t in threads:
+            t.join(timeout=site_timeout)
     if errors:
         raise errors[0]
     return SimulationResult(aggregator=agg, sites=results, exchange=ex)

@@ -103,6 +103,12 @@ SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory
 DATA_INPUT = "data"
 
+# COINSTAC runs one container per party. A service process that serves several
+# parties (tests, dry runs) gets their iterations concurrently in threads; run
+# them one at a time: numpy's .npy header parsing (ast.literal_eval) is not
+# thread-safe in CPython 3.11 ("AST constructor recursion depth mismatch").
+_ONE_PARTY_AT_A_TIME = threading.Lock()
+
 
 # -- the exchange ------------------------------------------------------------------------------
 
@@ -192,7 +198,7 @@ class CoinstacExchange(Exchange):
                 with open(self._egress_path(sender), "a", encoding="utf-8") as f:
                     f.write(line + "\n")
             self.transfer_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.transfer_dir / f".{name}.{os.getpid()}.tmp"
+            tmp = self.transfer_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
             tmp.write_bytes(blob)
             tmp.replace(self.transfer_dir / name)
             marker.touch()
@@ -355,6 +361,17 @@ def _message_bytes(cfg: RunConfig, dim: int) -> int:
 
 def local(args: dict[str, Any]) -> dict[str, Any]:
     """A site's iteration (see the module notes); returns ``{"output": ..., "cache": ...}``."""
+    with _ONE_PARTY_AT_A_TIME:
+        return _local(args)
+
+
+def remote(args: dict[str, Any]) -> dict[str, Any]:
+    """The remote's iteration (see the module notes); adds ``"success": true`` at the end."""
+    with _ONE_PARTY_AT_A_TIME:
+        return _remote(args)
+
+
+def _local(args: dict[str, Any]) -> dict[str, Any]:
     state, inputs = args["state"], args.get("input") or {}
     me = str(state["clientId"])
     sd = _state_dir(state, "site")
@@ -418,8 +435,7 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     return manifest
 
 
-def remote(args: dict[str, Any]) -> dict[str, Any]:
-    """The remote's iteration (see the module notes); adds ``"success": true`` at the end."""
+def _remote(args: dict[str, Any]) -> dict[str, Any]:
     state, inputs = args["state"], args.get("input") or {}
     sd = _state_dir(state, "remote")
     _clear_transfer(state["transferDirectory"])

@@ -98,6 +98,11 @@ class CoinstacService:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self) -> CoinstacService:
+        """Launch the service and wait until it listens."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> CoinstacService:
+        """Start the process without waiting (several services then start in parallel)."""
         env = {**os.environ, **self.env, "COINSTAC_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
@@ -107,6 +112,12 @@ class CoinstacService:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
+        return self
+
+    def wait_ready(self) -> CoinstacService:
+        """Wait (at most ``start_timeout`` s) until the port accepts connections."""
+        if self.proc is None:
+            raise ServiceError("the service was not launched")
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self.proc.poll() is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -193,7 +194,7 @@ def write_json(path: Path, obj: Any) -> Path:
     """Write JSON atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
     tmp.replace(path)
     return path
@@ -208,7 +209,7 @@ def _json_default(o):
 
 
 def _save_npy(path: Path, a: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npy")
     np.save(tmp, a)
     tmp.replace(path)
 
@@ -219,7 +220,7 @@ def _pipeline_config(cfg: RunConfig, work: Path) -> str:
     text = json.dumps(replace(cfg, out=str(work / "pipeline")).to_json(), indent=1, default=str)
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".config.{os.getpid()}.tmp")
+        tmp = path.with_name(f".config.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
     return str(path)

@@ -1,0 +1,55 @@
+"""Shared by the deployment tests: a tiny synthetic consortium and its in-process reference run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dpneuro import pipeline
+from dpneuro.config import RunConfig
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.synth import make_consortium
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "site_templates"
+
+
+def consortium(root: Path, *, n_timepoints: int = 40, seed: int = 0) -> dict:
+    """4 sites x 3 subjects on the 30 x 30 grid, 4 sources."""
+    return make_consortium(root, n_sites=4, subjects_per_site=3, n_components=4, n_timepoints=n_timepoints,
+                           space="grid30", seed=seed)
+
+
+def run_config(man: dict, out: Path, **kw) -> RunConfig:
+    """A run on the consortium ``man``; small and fast, seeded (tests compare runs)."""
+    d = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(out), space="grid30",
+             parcels=60, n_components=4, pca_epsilon=20.0, ica_epsilon_i=4.0, ica_delta_i=0.01, ica_rounds=12,
+             clip_G=5.0, clip_h=5.0, seed=3, plan="cape", timeout=60.0)
+    d.update(kw)
+    return RunConfig.from_dict(d).validate()
+
+
+def reference(cfg: RunConfig) -> dict:
+    """The simulation path (the Pydra workflow's stage functions): basis, W, b and each site's merged ledger."""
+    work = Path(cfg.out) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    cj = work / "config.json"
+    cj.write_text(json.dumps(cfg.to_json(), default=str))
+    space = pipeline.stage_space(str(cj))
+    sites = [pipeline.stage_load(str(cj), s.name, space) for s in cfg.sites]
+    red_json = pipeline.stage_reduce(str(cj), sites)
+    red = json.loads(Path(red_json).read_text())
+    unm = json.loads(Path(pipeline.stage_unmix(str(cj), sites, red_json)).read_text())
+    ledgers = {}
+    for s in cfg.sites:
+        parts = [PrivacyLedger.from_dict(x[s.name]) for x in (red["ledgers"], unm["ledgers"])]
+        ledgers[s.name] = PrivacyLedger.merge_all(parts).to_dict()
+    return {"basis": np.load(red["basis"]), "eigenvalues": np.load(red["eigenvalues"]), "W": np.load(unm["W"]),
+            "b": np.load(unm["b"]), "rounds": unm["rounds"], "ledgers": ledgers}
+
+
+def same_releases(a: dict, b: dict) -> bool:
+    """Two ledgers (as dicts) recorded the same releases, counts and noise draws (owners may differ)."""
+    return a["releases"] == b["releases"] and a["draws"] == b["draws"]

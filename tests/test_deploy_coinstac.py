@@ -1,0 +1,301 @@
+"""The COINSTAC computation: compspec, inputspec, image, the suspending exchange, a full run through real services."""
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cape_workers as cw
+import deploy_common as dc
+from dpneuro.cape import cape_protocol, run_cape
+from dpneuro.config import ConfigError, RunConfig
+from dpneuro.deploy import coinstac as dcc
+from dpneuro.deploy.party import ManifestMismatch, ResumableCheckpoint
+from dpneuro.exchange import Suspend
+from dpneuro.protocol import run_aggregator, run_site
+
+COINSTAC = dc.TEMPLATES / "coinstac"
+ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}
+
+
+def _load(name):
+    return json.loads((COINSTAC / name).read_text())
+
+
+# -- COINSTAC's validator rules (coinstac-common services/validator/schemas/computation.js, DESIGN 10) --
+
+def _nonempty_str(x) -> bool:
+    return isinstance(x, str) and x != ""  # Joi.string() refuses the empty string
+
+
+def coinstac_problems(spec: dict) -> list[str]:
+    """What COINSTAC's compspec validator (compspec version 2) would reject, as messages."""
+    out = []
+    if set(spec) - {"meta", "computation"}:
+        out.append(f"unknown top-level keys {sorted(set(spec) - {'meta', 'computation'})}")
+    meta = spec.get("meta")
+    if not isinstance(meta, dict):
+        return out + ["meta missing"]
+    for k in ("id", "name", "description", "repository", "version"):
+        if not _nonempty_str(meta.get(k)):
+            out.append(f"meta.{k} must be a non-empty string")
+    if meta.get("compspecVersion") != 2:
+        out.append("meta.compspecVersion must be 2 (coinstac.start websocket runtime)")
+    comp = spec.get("computation")
+    if not isinstance(comp, dict):
+        return out + ["computation missing"]
+    allowed = {"type", "dockerImage", "command", "remote", "input", "output", "display"}
+    if set(comp) - allowed:
+        out.append(f"unknown keys in computation: {sorted(set(comp) - allowed)}")
+    for k in ("type", "dockerImage", "command", "input", "output", "display"):
+        if k not in comp:
+            out.append(f"computation.{k} is required")
+
+    def runner(d, where):
+        if not _nonempty_str(d.get("type")) or not _nonempty_str(d.get("dockerImage")):
+            out.append(f"{where}: type and dockerImage must be non-empty strings")
+        cmd = d.get("command")
+        if not (isinstance(cmd, list) and cmd and all(_nonempty_str(c) for c in cmd)):
+            out.append(f"{where}.command must be a non-empty list of strings")
+
+    runner(comp, "computation")
+    if comp.get("type") != "docker":
+        out.append("computation.type must be 'docker'")
+    remote = comp.get("remote")
+    if not isinstance(remote, dict):
+        out.append("a decentralized computation needs computation.remote")
+    else:
+        if set(remote) - {"type", "dockerImage", "command"}:
+            out.append(f"unknown keys in computation.remote: {sorted(set(remote) - {'type', 'dockerImage', 'command'})}")
+        runner(remote, "computation.remote")
+    types = {"number", "string", "boolean", "select", "files", "directory", "array", "object", "csv", "set",
+             "range", "freesurfer", "users"}
+    for name, var in (comp.get("input") or {}).items():
+        if not (_nonempty_str(var.get("label")) and var.get("type") in types):
+            out.append(f"input {name}: needs a label and a known type")
+        if var.get("source") not in ("member", "owner"):
+            out.append(f"input {name}: source must be 'member' or 'owner'")
+        if var.get("source") == "owner" and "default" not in var:
+            out.append(f"owner input {name}: give a default")
+        if var.get("type") == "select" and var.get("default") not in var.get("values", []):
+            out.append(f"input {name}: default not among its values")
+    return out
+
+
+def test_compspec_satisfies_coinstac_rules():
+    spec = _load("compspec.json")
+    assert coinstac_problems(spec) == []
+    # the checks can fail: what COINSTAC rejects, they reject
+    bad = json.loads(json.dumps(spec))
+    bad["meta"]["repository"] = ""
+    bad["computation"]["containerOptions"] = {}
+    del bad["computation"]["remote"]["command"]
+    probs = coinstac_problems(bad)
+    assert any("repository" in p for p in probs) and any("containerOptions" in p for p in probs)
+    assert any("remote.command" in p for p in probs)
+
+    inputs = spec["computation"]["input"]
+    member = {k for k, v in inputs.items() if v["source"] == "member"}
+    assert member == {dcc.DATA_INPUT} and inputs["data"]["type"] == "files"
+    owner = {k for k, v in inputs.items() if v["source"] == "owner"}
+    assert owner == set(dcc.OWNER_INPUTS) | {"seed_policy", "seed"}
+    for k in ("n_components", "pca_epsilon", "ica_epsilon_i", "ica_rounds", "seed_policy"):
+        assert k in owner
+    # the owner's defaults are a valid run whose messages fit COINSTAC's limit
+    settings = dcc.settings_from_inputs({k: v["default"] for k, v in inputs.items() if v["source"] == "owner"})
+    assert settings["seed"] is None  # production default: noise from OS entropy
+    cfg = dcc._config(settings, ["a", "b", "c"], Path("out")).validate(data_sites=[])
+    assert dcc._message_bytes(cfg, settings["parcels"]) < dcc.MAX_MESSAGE_BYTES
+    assert dcc._message_bytes(cfg, 1200) > dcc.MAX_MESSAGE_BYTES  # why parcels are needed
+    assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon_exact"}
+
+
+def test_inputspec_is_a_4_site_run_on_the_synthetic_consortium(tmp_path):
+    spec, inputs = _load("inputspec.json"), _load("compspec.json")["computation"]["input"]
+    assert isinstance(spec, list) and len(spec) == 4
+    settings = [dcc.settings_from_inputs(site) for site in spec]
+    assert all(s == settings[0] for s in settings)
+    for site in spec:
+        assert set(site) <= set(inputs)
+        for k, v in site.items():
+            assert set(v) == {"value"}
+            if inputs[k]["type"] == "select":
+                assert v["value"] in inputs[k]["values"], k
+    # the files are those `dpneuro synth` writes for the command in site_templates/README.md
+    readme = (dc.TEMPLATES / "README.md").read_text()
+    assert "--sites 4 --subjects 3 --components 4 --timepoints 60 --space grid30 --seed 0" in readme
+    man = dc.consortium(tmp_path, n_timepoints=60)
+    for site, s in zip(spec, man["sites"]):
+        assert site["data"]["value"] == [Path(x["path"]).name for x in s["subjects"]]
+    names = [f"site-{i + 1:02d}" for i in range(4)]
+    RunConfig(sites=[], out="", **settings[0])  # every key is a RunConfig field
+    cfg = dcc._config(settings[0], names, tmp_path).validate(data_sites=[])
+    assert cfg.plan == "cape" and cfg.seed == 0
+
+
+def test_entry_point_dockerfile_and_ci():
+    entry = (COINSTAC / "entry.py").read_text()
+    assert "from dpneuro.deploy.coinstac import local, remote" in entry
+    assert "coinstac.start(local, remote)" in entry
+    docker = (COINSTAC / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", docker, re.M)
+    assert 'pip install ".[coinstac]"' in docker
+    assert "COPY site_templates/coinstac/entry.py /computation/entry.py" in docker
+    spec = _load("compspec.json")["computation"]
+    assert f"CMD {json.dumps(spec['command'])}" in docker and spec["remote"]["command"] == spec["command"]
+    for path in ("dpneuro", "workflows", "pyproject.toml", "README.md"):
+        assert (dc.REPO / path).exists() and path in docker
+    pyproject = (dc.REPO / "pyproject.toml").read_text()
+    assert 'coinstac = ["coinstac==0.3.4", "websockets<14"]' in pyproject and '"dpneuro.deploy"' in pyproject
+    assert '.[test,bench,coinstac]' in (dc.REPO / ".ci" / "run").read_text()
+
+
+# -- the suspending exchange and the driver hook, without COINSTAC ------------------------------
+
+def _move(src: Path, *dsts: Path):
+    """COINSTAC's transfer: every file a party wrote goes to each destination, then leaves the source."""
+    for f in src.glob("*.dpnx"):
+        for dst in dsts:
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst / f.name)
+        f.unlink()
+
+
+def test_suspending_exchange_resumes_one_phase_per_call(tmp_path):
+    n, key = 3, bytes(range(32))
+    d = {p: {k: tmp_path / k / p for k in ("base", "transfer", "state")} for p in [f"c{s}" for s in range(n)] + ["r"]}
+
+    def ex(party, **kw):
+        return dcc.CoinstacExchange(run_id="drift", key=key, n_sites=n, base_dir=d[party]["base"],
+                                    transfer_dir=d[party]["transfer"], state_dir=d[party]["state"], **kw)
+
+    proto = lambda: cape_protocol(cw.Drift(), "cape", n_sites=n)  # noqa: E731 - fresh each call, as a new process
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        run_site(proto(), 0, cw.site_data(n)[0], ex("c0", site=0))
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        run_aggregator(proto(), ex("r", site_dirs=["c0", "c1", "c2"]))
+
+    done, agg, calls = {}, None, 0
+    while agg is None:
+        calls += 1
+        assert calls < 40
+        for s in range(n):
+            if s not in done:
+                try:
+                    done[s] = run_site(proto(), s, cw.site_data(n)[s], ex(f"c{s}", site=s),
+                                       checkpoint=ResumableCheckpoint(tmp_path / f"site{s}.npz"))
+                except Suspend as exc:
+                    assert exc.topic is not None
+            _move(d[f"c{s}"]["transfer"], d["r"]["base"] / f"c{s}")
+        try:
+            agg = run_aggregator(proto(), ex("r", site_dirs=["c0", "c1", "c2"]),
+                                 checkpoint=ResumableCheckpoint(tmp_path / "agg.npz"))
+        except Suspend:
+            pass
+        _move(d["r"]["transfer"], *(d[f"c{s}"]["base"] for s in range(n)))
+    # one phase per call: set-up (6 phases in round 0) + 3 phases in each of rounds 1..3
+    assert calls == 6 + 3 * 3
+    ref = run_cape(cw.Drift(), cw.site_data(n), "cape")
+    for a, b in zip(agg["means"], ref.aggregator["means"], strict=True):
+        np.testing.assert_array_equal(a, b)  # bitwise: the rounding generator is checkpointed too
+    for s in range(n):
+        log = ex(f"c{s}", site=s).egress_log(s)
+        assert [r["round"] for r in log if r["topic"] == "release"] == [0, 1, 2, 3]
+        assert all(a["carries"] in ALLOWED for r in log for a in r["arrays"].values())
+
+
+def test_remote_and_local_refuse_disagreeing_settings(tmp_path):
+    spec = _load("inputspec.json")
+    hello = {f"local{i}": dcc.local({"input": spec[i], "cache": {}, "state": _state(tmp_path, f"local{i}")})["output"]
+             for i in range(4)}
+    assert all(h["dpneuro"]["phase"] == "hello" for h in hello.values())
+    odd = json.loads(json.dumps(hello))
+    odd["local2"]["dpneuro"]["settings"]["ica_epsilon_i"] = 8.0
+    with pytest.raises(ConfigError, match="config field 'ica_epsilon_i': site 'local2'"):
+        dcc.remote({"input": odd, "cache": {}, "state": _state(tmp_path, "remote")})
+    out = dcc.remote({"input": hello, "cache": {}, "state": _state(tmp_path, "remote2")})["output"]
+    manifest = out["dpneuro"]["manifest"]
+    assert manifest["sites"] == ["local0", "local1", "local2", "local3"]
+    # a site whose settings differ from the manifest refuses, naming the field, before loading anything
+    forged = json.loads(json.dumps(manifest))
+    forged["config"]["n_colluding"] = 0
+    for f in spec[1]["data"]["value"]:
+        (tmp_path / "input" / "local1" / f).touch()  # the site's files (only their existence is checked first)
+    with pytest.raises(ManifestMismatch, match="config field 'n_colluding'"):
+        dcc.local({"input": {"dpneuro": {"manifest": forged}}, "cache": {}, "state": _state(tmp_path, "local1")})
+
+
+def _state(root: Path, cid: str) -> dict:
+    d = {k: root / k / cid for k in ("input", "output", "transfer", "cache")}
+    for p in d.values():
+        p.mkdir(parents=True, exist_ok=True)
+    return {"baseDirectory": str(d["input"]), "outputDirectory": str(d["output"]),
+            "transferDirectory": str(d["transfer"]), "cacheDirectory": str(d["cache"]), "clientId": cid,
+            "iteration": 1}
+
+
+# -- a full run through real coinstac services ----------------------------------------------------
+
+def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
+    pytest.importorskip("coinstac")
+    pytest.importorskip("websockets")
+    from dpneuro.deploy import coinstac_sim as sim
+
+    spec = _load("inputspec.json")
+    man = dc.consortium(tmp_path / "data", n_timepoints=60)
+    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
+    settings = dcc.settings_from_inputs(spec[0])
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **settings))
+
+    entry = COINSTAC / "entry.py"
+    services = [sim.CoinstacService(entry, log=tmp_path / "sites.log"),
+                sim.CoinstacService(entry, log=tmp_path / "remote.log")]
+    restarts = []
+
+    def restart_midway(it: int):
+        # new service processes mid-run: nothing may live in process memory
+        if it == 20:
+            for svc in services:
+                svc.stop()
+                svc.launch()
+            for svc in services:
+                svc.wait_ready()
+            restarts.append(it)
+
+    try:
+        for svc in services:
+            svc.launch()
+        for svc in services:
+            svc.wait_ready()
+        t0 = time.perf_counter()
+        run = sim.run_computation(spec, tmp_path / "sim", local_url=services[0].url, remote_url=services[1].url,
+                                  call_timeout=60, deadline=120, between_iterations=restart_midway)
+        seconds = time.perf_counter() - t0
+    finally:
+        for svc in services:
+            svc.stop()
+    assert restarts == [20]
+    out = run.output_dir("remote")
+    assert run.output["ica_rounds"] == settings["ica_rounds"] == ref["rounds"]
+    np.testing.assert_array_equal(np.load(out / run.output["W"]), ref["W"])
+    np.testing.assert_array_equal(np.load(out / run.output["basis"]), ref["basis"])
+    priv = json.loads((out / run.output["privacy"]).read_text())
+    for i, cid in enumerate(run.clients):
+        assert dc.same_releases(priv["sites"][cid]["ledger"], ref["ledgers"][f"site-{i + 1:02d}"]), cid
+        assert run.site_outputs[cid][-1]["dpneuro"]["phase"] == "done"
+        site_out = run.output_dir(cid)
+        assert np.loadtxt(site_out / "timecourses.tsv", skiprows=1).shape == (3 * 60, 4)
+        assert (site_out / "components.nii.gz").exists() and (site_out / "privacy.json").exists()
+        logs = list((tmp_path / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"))
+        assert len(logs) == 3  # reduce, unmix, summary
+        for log in logs:
+            for rec in map(json.loads, log.read_text().splitlines()):
+                assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec
+    assert (out / run.output["report"]).exists() and (out / run.output["components"]).exists()
+    rounds = 1 + run.output["ica_rounds"]  # one capePCA round, then the ICA rounds
+    print(f"\nCOINSTAC-driven run: {run.iterations} iterations, {run.messages} message files, {seconds:.1f} s "
+          f"wall ({run.iterations / seconds:.1f} iterations/s, {rounds / seconds:.2f} protocol rounds/s)")

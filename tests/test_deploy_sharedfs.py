@@ -1,0 +1,211 @@
+"""`dpneuro site` / `dpneuro aggregator`: one OS process per party over a shared folder; site templates."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+import deploy_common as dc
+from dpneuro.cli import main
+from dpneuro.config import ConfigError, RunConfig
+from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, run_manifest
+from dpneuro.deploy.sharedfs import load_party_config, site_main
+
+DEADLINE = 90  # seconds for any one process
+ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sharedfs")
+    man = dc.consortium(root / "data")
+    return man, dc.reference(dc.run_config(man, root / "ref"))
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths=None, **kw) -> Path:
+    """A TOML run config for the consortium (``site_paths``: which sites' data this copy names)."""
+    cfg = dc.run_config(man, out, exchange_dir=str(exchange), **kw)
+    lines = [f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)
+             if f.name != "sites" and getattr(cfg, f.name) is not None]
+    for s in cfg.sites:
+        p = s.path if site_paths is None or s.name in site_paths else ""
+        lines += ["[[sites]]", f"name = {_toml(s.name)}", f"path = {_toml(p)}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _start(args, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "NO_ET": "1", "MPLBACKEND": "Agg"}
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "dpneuro.cli", *map(str, args)], stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+
+def _wait_all(procs, logs):
+    for p, log in zip(procs, logs):
+        assert p.wait(timeout=DEADLINE) == 0, log.read_text()[-3000:]
+
+
+def _kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def _egress_ok(shared: Path, n_sites: int) -> dict[int, list]:
+    """Every array any site sent carries noise, a mask, an encryption or is public; returns the logs."""
+    logs = {}
+    for s in range(n_sites):
+        recs = []
+        for stage in ("reduce", "unmix", "summary"):
+            path = shared / "dpneuro" / stage / "egress" / f"site-{s:03d}.jsonl"
+            recs += [{**json.loads(line), "stage": stage} for line in path.read_text().splitlines() if line]
+        for r in recs:
+            for name, arr in r["arrays"].items():
+                assert arr["carries"] in ALLOWED, (s, r["stage"], r["topic"], name, arr["carries"])
+                if arr["carries"] == "cape-noise":
+                    assert r["topic"] == "release"
+        logs[s] = recs
+    return logs
+
+
+def _check_outputs(out: Path, man: dict, ref: dict):
+    np.testing.assert_array_equal(np.load(out / "W.npy"), ref["W"])
+    np.testing.assert_array_equal(np.load(out / "basis.npy"), ref["basis"])
+    priv = json.loads((out / "privacy.json").read_text())
+    for s in man["sites"]:
+        name = s["site"]
+        assert dc.same_releases(priv["sites"][name]["ledger"], ref["ledgers"][name]), name
+        own = json.loads((out / f"site-{name}" / "privacy.json").read_text())
+        assert dc.same_releases(own["ledger"], ref["ledgers"][name])
+        assert own["epsilon_exact"] == pytest.approx(priv["sites"][name]["epsilon_exact"], rel=1e-12)
+        tc = np.loadtxt(out / f"site-{name}" / "timecourses.tsv", skiprows=1)
+        assert tc.shape == (3 * 40, 4)
+    assert "report.html" in os.listdir(out)
+
+
+def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
+    man, ref = consortium
+    cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
+    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
+    procs = []
+    try:
+        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        for s, log in zip(man["sites"], logs[1:]):
+            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
+        _wait_all(procs, logs)
+    finally:
+        _kill_all(procs)
+    _check_outputs(tmp_path / "out", man, ref)
+    egress = _egress_ok(tmp_path / "shared", 4)
+    assert [r["round"] for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"] == list(range(12))
+    key = tmp_path / "shared" / "dpneuro" / "run.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
+    man, ref = consortium
+    cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
+    names = [s["site"] for s in man["sites"]]
+    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{n}.log" for n in names]
+    procs = []
+    try:
+        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        procs += [_start(["site", cfg, "--site", n, "-q"], log) for n, log in zip(names, logs[1:])]
+        # kill site-02 (id 1) mid-ICA: once its egress log shows the release of round 3
+        egress = tmp_path / "shared" / "dpneuro" / "unmix" / "egress" / "site-001.jsonl"
+        deadline = time.monotonic() + DEADLINE
+        while not (egress.exists() and '"round": 3, "run": "unmix", "site": 1, "topic": "release"'
+                   in egress.read_text()):
+            assert time.monotonic() < deadline and procs[2].poll() is None, "site-02 finished before the kill"
+            time.sleep(0.005)
+        procs[2].kill()
+        assert procs[2].wait(timeout=10) != 0
+        procs.append(_start(["site", cfg, "--site", names[1], "-q"], logs[2]))  # restart it
+        procs[2] = procs.pop()
+        _wait_all(procs, logs)
+    finally:
+        _kill_all(procs)
+    _check_outputs(tmp_path / "out", man, ref)  # same W, same ledgers: nothing released twice
+    released = [r["round"] for r in _egress_ok(tmp_path / "shared", 4)[1]
+                if r["stage"] == "unmix" and r["topic"] == "release"]
+    assert released == list(range(12))
+
+
+def test_site_refuses_to_start_when_the_manifest_disagrees(consortium, tmp_path, capsys):
+    man, _ = consortium
+    shared = tmp_path / "shared"
+    agg = dc.run_config(man, tmp_path / "agg", exchange_dir=str(shared))
+    (shared / "dpneuro").mkdir(parents=True)
+    (shared / "dpneuro" / "manifest.json").write_text(json.dumps(run_manifest(agg, "dpneuro")))
+    for field, value in (("pca_epsilon", 8.0), ("n_colluding", 0), ("ica_rounds", 13), ("parcels", 61)):
+        site = dc.run_config(man, tmp_path / "site", exchange_dir=str(shared), **{field: value})
+        with pytest.raises(ManifestMismatch, match=rf"config field '{field}'"):
+            site_main(site, "site-02")
+    other = np.ones((30, 30, 1), np.uint8)
+    other[0, 0, 0] = 0  # same shape and affine, one voxel less
+    nib.Nifti1Image(other, np.eye(4)).to_filename(tmp_path / "mask.nii.gz")
+    site = dc.run_config(man, tmp_path / "site", exchange_dir=str(shared), mask=str(tmp_path / "mask.nii.gz"))
+    with pytest.raises(ManifestMismatch, match="data grid"):
+        site_main(site, "site-02")
+    # the command says the same and exits with an error, before anything is loaded or sent
+    cfg = write_config(tmp_path / "site.toml", man, out=tmp_path / "site", exchange=shared, site_paths=["site-02"],
+                       delta=1e-6)
+    assert main(["site", str(cfg), "--site", "site-02", "-q"]) == 2
+    assert "config field 'delta'" in capsys.readouterr().err
+    assert not (tmp_path / "site" / ".dpneuro").exists()
+
+
+def test_party_configs_need_only_their_own_data(consortium, tmp_path):
+    man, _ = consortium
+    cfg = write_config(tmp_path / "site.toml", man, out=tmp_path / "o", exchange=tmp_path / "x",
+                       site_paths=["site-03"])
+    assert load_party_config(cfg, site="site-03").sites[2].path.endswith("site-03")
+    assert load_party_config(cfg).sites[0].path == ""  # the aggregator holds no data
+    with pytest.raises(ConfigError, match=r"sites\[0\]"):
+        load_party_config(cfg, site="site-01")  # its own data are not named here
+    with pytest.raises(ConfigError, match="no site named"):
+        load_party_config(cfg, site="site-09")
+    with pytest.raises(ConfigError, match=r"sites\[0\]"):
+        RunConfig.load(cfg)  # `dpneuro run` still needs every site's data
+
+
+def test_templates_cover_every_field_and_agree():
+    text = (dc.TEMPLATES / "run.toml").read_text()
+    lines = text.splitlines()
+    for f in fields(RunConfig):
+        if f.name == "sites":
+            assert "[[sites]]" in text
+            continue
+        at = [i for i, ln in enumerate(lines) if re.match(rf"^#? ?{f.name} = ", ln)]
+        assert at, f"run.toml does not mention {f.name}"
+        above = lines[at[0] - 1]
+        assert above.startswith("#") or (at[0] > 1 and lines[at[0] - 2].startswith("#")), f"{f.name} uncommented"
+    run = RunConfig.from_dict(tomllib.loads(text), base=dc.TEMPLATES)
+    site = RunConfig.from_dict(tomllib.loads((dc.TEMPLATES / "site.toml").read_text()), base=dc.TEMPLATES)
+    site.validate(data_sites=[])
+    for name in CONSORTIUM_FIELDS + ("space", "mask"):
+        assert getattr(site, name) == getattr(run, name), name  # a site copies the coordinator's settings
+    assert [s.name for s in site.sites] == [s.name for s in run.sites]
+    readme = (dc.TEMPLATES / "README.md").read_text()
+    for needle in ("privacy.json", "epsilon_exact", "epsilon_collusion", "What leaves your site", "run.key",
+                   "--key-file", "timecourses.tsv"):
+        assert needle in readme
