@@ -159,7 +159,7 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("qNGI (median, bars: min-max)")
         ax.set_ylim(0, 0.5)
         ax2.set_ylabel(f"total epsilon per site (x, thin lines; exact GDP, delta {DELTA_TOTAL:g})")
-        ax2.set_ylim(0, 1.3 * max(r["eps_total_exact"] for r in rows if r["method"] != "nonprivate"))
+        ax2.set_ylim(0, 1.3 * max(r["eps_total_exact"] for r in rows if r["eps_i"] == eps_i))
         ax.set_title(f"eps_i = {eps_i:g}, delta_i = {DELTA_I:g}")
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.tight_layout()

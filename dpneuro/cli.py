@@ -35,9 +35,12 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# The demo's consortium and budget: 128 subjects at 6 mm averaged into 100 data-independent parcels.
+# Subject-level DP noise scales like 1/(number of subjects), so this is what recognisable maps cost
+# (see benchmarks/results/demo_speed.json for the agreement with the truth and the time it takes).
 DEMO = {
-    "sites": 4, "subjects": 16, "components": 8, "timepoints": 100, "space": "mni4mm", "parcels": 200,
-    "pca_epsilon": 4.0, "ica_epsilon_i": 2.0, "ica_rounds": 100,
+    "sites": 4, "subjects": 32, "components": 8, "timepoints": 120, "space": "mni6mm", "parcels": 100,
+    "pca_epsilon": 16.0, "ica_epsilon_i": 0.7, "ica_rounds": 40, "clip": 0.7,
 }
 
 
@@ -49,7 +52,7 @@ def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
         sites=[{"name": s["site"], "path": s["path"]} for s in manifest["sites"]],
         out=str(out / "run"), mask=manifest["mask"], parcels=d["parcels"], n_components=d["components"],
         truth=str(out / "data"), pca_epsilon=d["pca_epsilon"], ica_epsilon_i=d["ica_epsilon_i"],
-        ica_rounds=d["ica_rounds"], seed=args.seed, plan="cape",
+        ica_rounds=d["ica_rounds"], clip_G=d["clip"], clip_h=d["clip"], seed=args.seed, plan="cape",
     )).validate()
 
 

@@ -48,8 +48,12 @@ class RunConfig:
     ica_epsilon_i: float = 1.0
     ica_delta_i: float = 1e-2
     ica_rounds: int = 200
-    clip_G: float = 30.0
-    clip_h: float = 30.0
+    # clipping bound of the ICA gradients; with ica_clip_unit = "subject" it bounds each subject's
+    # mean gradient (003 as published: "sample", B = 30, bias on)
+    clip_G: float = 1.0
+    clip_h: float = 1.0
+    ica_clip_unit: str = "subject"
+    ica_bias: bool = False
     optimizer: str = "fast"
     calibration: str = "analytic"
     standardize: bool = True
@@ -138,6 +142,10 @@ class RunConfig:
                 bad("calibration", str(exc))
         if self.ica_rounds < 1:
             bad("ica_rounds", "must be >= 1")
+        if self.ica_clip_unit not in ("sample", "subject"):
+            bad("ica_clip_unit", "'sample' (003 as published) or 'subject'")
+        if not isinstance(self.ica_bias, bool):
+            bad("ica_bias", "true or false")
         for name in ("clip_G", "clip_h"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")

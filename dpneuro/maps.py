@@ -39,8 +39,12 @@ def _is_2d(mask_shape) -> bool:
 
 
 def render_component(img3d, out_png, *, threshold: float = 2.0, title: str = "", bg_img=None,
-                     vmax: float | None = None) -> Path:
-    """One component as a PNG: ortho cuts on the MNI template (3-D) or an image (2-D grid)."""
+                     vmax: float | None = None, cut_coords=None) -> Path:
+    """One component as a PNG: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+
+    ``cut_coords`` (mm) default to the map's peak; pass the matched truth's peak
+    to show a component and its truth through the same slices.
+    """
     import matplotlib.pyplot as plt
 
     out_png = Path(out_png)
@@ -56,7 +60,8 @@ def render_component(img3d, out_png, *, threshold: float = 2.0, title: str = "",
 
         fig = plt.figure(figsize=(6.0, 2.2))
         plotting.plot_stat_map(img3d, bg_img=bg_img if bg_img is not None else _template(), threshold=threshold,
-                               display_mode="ortho", cut_coords=_peak_mm(img3d), figure=fig, colorbar=True,
+                               display_mode="ortho", cut_coords=cut_coords or peak_mm(img3d), figure=fig,
+                               colorbar=True,
                                annotate=False, draw_cross=False, title=title or None, vmax=vmax)
     fig.savefig(out_png, dpi=80, bbox_inches="tight")
     plt.close(fig)
@@ -69,7 +74,7 @@ def _template():
     return datasets.load_mni152_template(resolution=2)
 
 
-def _peak_mm(img3d) -> tuple[float, float, float]:
+def peak_mm(img3d) -> tuple[float, float, float]:
     """World coordinates of the voxel with the largest |value| (cuts go through the map's peak)."""
     data = np.asarray(img3d.dataobj)
     ijk = np.unravel_index(np.abs(data).argmax(), data.shape)

@@ -77,7 +77,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "load": ("sites", "standardize", "min_volumes"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed"),
     "unmix": ("plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
-              "optimizer", "calibration", "seed"),
+              "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "maps": ("delta", "truth", "plan", "n_colluding", "seed"),
     "report": (),
 }
@@ -263,7 +263,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
                           scaling_note=SCALING_NOTE)
     priv_path = _write_json(d / "privacy.json", priv)
 
-    result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path,
+    result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
               "n_components": int(A.shape[1]), "truth": None}
     truth = _truth(cfg)
     if truth is not None:
@@ -301,19 +301,31 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     figs.mkdir(parents=True, exist_ok=True)
     img = nib.load(mp["components"])
     truth = mp.get("truth")
-    truth_img = nib.load(truth["maps"]) if truth else None
     comps = []
     order = range(img.shape[3])
-    if truth:  # show components in the order of the truth they match
+    truth_img = None
+    if truth:  # components in the order of the truth they match, each beside its truth
+        from .io import mask_to_image
+        from .maps import peak_mm, zscore_columns
+
         order = truth["perm"]
+        mask = _read_json(mp["space"])["mask"]
+        truth_img = mask_to_image(zscore_columns(np.asarray(nib.load(truth["maps"]).dataobj)[
+            np.asarray(nib.load(mask).dataobj) > 0]), mask)
     for j, c in enumerate(order):
         label = f"IC{c + 1:02d}"
-        png = render_component(img.slicer[..., c], figs / f"component_{c + 1:02d}.png", title=label)
-        entry = {"label": label, "png": str(png)}
+        entry = {"label": label}
+        cut = None
+        comp3d = img.slicer[..., c]
         if truth:
-            tpng = render_component(truth_img.slicer[..., j], figs / f"truth_{j + 1:02d}.png",
-                                    title=f"truth {j + 1}", threshold=0.3)
+            t3d = truth_img.slicer[..., j]
+            cut = peak_mm(t3d) if len(t3d.shape) == 3 and t3d.shape[2] > 1 else None
+            if truth["corr"][j] < 0:  # show the component with the truth's sign
+                comp3d = nib.Nifti1Image(-np.asarray(comp3d.dataobj), comp3d.affine)
+            tpng = render_component(t3d, figs / f"truth_{j + 1:02d}.png", title=f"truth {j + 1}", cut_coords=cut)
             entry.update(truth_png=str(tpng), corr=abs(truth["corr"][j]))
+        entry["png"] = str(render_component(comp3d, figs / f"component_{c + 1:02d}.png", title=label,
+                                            cut_coords=cut))
         comps.append(entry)
     first = sites[0]
     S = np.loadtxt(mp["timecourses"][first["site"]], delimiter="\t", skiprows=1, ndmin=2).T

@@ -97,7 +97,8 @@ RUN_ID = "coinstac"
 OWNER_INPUTS: dict[str, type] = {
     "n_components": int, "reduction": str, "plan": str, "n_colluding": int, "delta": float, "pca_epsilon": float,
     "ica_epsilon_i": float, "ica_delta_i": float, "ica_rounds": int, "clip_G": float, "clip_h": float,
-    "optimizer": str, "calibration": str, "space": str, "parcels": int, "standardize": bool, "min_volumes": int,
+    "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
+    "standardize": bool, "min_volumes": int,
 }
 SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory

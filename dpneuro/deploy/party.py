@@ -63,7 +63,8 @@ MANIFEST_VERSION = 1
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
-    "clip_h", "calibration", "reduction", "n_components", "optimizer", "standardize", "min_volumes", "parcels",
+    "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "n_components", "optimizer", "standardize",
+    "min_volumes", "parcels",
     "seed",
 )
 
@@ -143,7 +144,8 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
         if _norm(mine["config"][name]) != _norm(theirs.get(name)):
             what = {"n_colluding": "the collusion assumption", "plan": "the noise plan"}.get(
                 name, "the privacy budget" if name in ("delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i",
-                                                       "ica_rounds", "clip_G", "clip_h", "calibration")
+                                                       "ica_rounds", "clip_G", "clip_h", "ica_clip_unit",
+                                                       "ica_bias", "calibration")
                 else "what is computed")
             refuse(name, mine["config"][name], theirs.get(name), what)
     grid = manifest.get("grid", {})

@@ -176,7 +176,8 @@ def ica_algorithm(cfg: RunConfig):
         raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
     return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
                      clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer], plan=cfg.plan,
-                     calibration=cfg.calibration, seed=stage_seed(cfg, 2))
+                     calibration=cfg.calibration, seed=stage_seed(cfg, 2), clip_unit=cfg.ica_clip_unit,
+                     bias=cfg.ica_bias)
 
 
 def unmix_protocol(cfg: RunConfig, n_sites: int):

@@ -1,0 +1,805 @@
+"""Regenerate benchmarks/README.md from the result files in benchmarks/results/.
+
+Every number in the README is read from a result file (CSV/JSON written by the
+benchmark scripts), so the page and the results cannot drift apart. The
+machine description and the date of each result come from
+``results/environment.json``, written by ``--record`` on the machine that ran
+the benchmarks (so regenerating elsewhere gives the same page).
+
+    python benchmarks/make_readme.py                 # rewrite README.md from the results
+    python benchmarks/make_readme.py --record        # first snapshot this machine and the result dates
+    python benchmarks/make_readme.py --record --runtime cape_delta=3   # plus measured run times (s)
+    python benchmarks/make_readme.py --check         # exit 1 if README.md is not up to date (CI)
+
+``*_quick.*`` files (smoke runs) are ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE / "README.md"
+ENV = RESULTS / "environment.json"
+
+
+# -- reading and formatting ----------------------------------------------------------------------
+
+def read_csv(name: str) -> list[dict]:
+    path = RESULTS / name
+    if not path.exists():
+        return []
+    lines = [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    for r in rows:
+        for k, v in r.items():
+            r[k] = _num(v)
+    return rows
+
+
+def read_json(name: str) -> dict:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _num(v):
+    if v is None or v == "":
+        return v
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return {"True": True, "False": False}.get(v, v)
+    return int(x) if x.is_integer() and "." not in v and "e" not in v.lower() and "inf" not in v else x
+
+
+def fmt(v) -> str:
+    """Numbers to at most 3-4 significant digits; inf/nan spelled out."""
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 0.001:
+            return f"{v:.3f}"
+        return f"{v:.2e}"
+    return str(v)
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(fmt(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def pick(rows, **kw):
+    return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
+
+
+def one(rows, **kw):
+    got = pick(rows, **kw)
+    return got[0] if got else None
+
+
+# -- environment ------------------------------------------------------------------------------------
+
+def record_environment(runtimes: dict[str, float]) -> dict:
+    import numpy as np
+
+    old = json.loads(ENV.read_text()) if ENV.exists() else {}
+    np.dot(np.ones((4, 4)), np.ones((4, 4)))  # load BLAS so threadpoolctl sees it
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [{k: d.get(k) for k in ("internal_api", "version", "num_threads", "threading_layer",
+                                       "architecture")} for d in threadpool_info()]
+    except ImportError:  # pragma: no cover
+        blas = []
+    try:
+        deps = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        np_blas = f"{deps.get('name')} {deps.get('version')} ({deps.get('openblas configuration', '').strip()})"
+    except Exception:  # noqa: BLE001 - older numpy: not essential
+        np_blas = "unknown"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dates = {p.name: datetime.date.fromtimestamp(p.stat().st_mtime).isoformat()
+             for p in sorted(RESULTS.iterdir()) if p.is_file() and "_quick." not in p.name and p != ENV}
+    env = {"recorded": datetime.date.today().isoformat(), "nproc": os.cpu_count(), "cpu": cpu,
+           "os": platform.platform(), "python": platform.python_version(), "numpy": np.__version__,
+           "numpy_blas": np_blas, "threadpoolctl": blas, "load_average_at_record": list(os.getloadavg()),
+           "file_dates": dates, "runtimes_s": {**old.get("runtimes_s", {}), **runtimes}}
+    ENV.write_text(json.dumps(env, indent=1) + "\n")
+    return env
+
+
+# -- sections ----------------------------------------------------------------------------------------
+
+class Page:
+    def __init__(self, env: dict):
+        self.env = env
+        self.parts: list[str] = []
+
+    def add(self, text: str = "") -> None:
+        self.parts.append(text)
+
+    def date(self, *files: str) -> str:
+        d = [self.env.get("file_dates", {}).get(f) for f in files]
+        d = sorted({x for x in d if x})
+        return ", ".join(d) if d else "unknown"
+
+    def meta(self, command: str, files: list[str], runtime_s=None, extra: str = "") -> None:
+        rt = f"{runtime_s:.0f} s" if isinstance(runtime_s, (int, float)) and math.isfinite(runtime_s) else \
+            "not recorded"
+        self.add(f"- command: `{command}`")
+        self.add(f"- results: {', '.join(f'[{f}](results/{f})' for f in files)}; run on {self.date(*files)}; "
+                 f"run time {rt}{extra}")
+        self.add("")
+
+    def fig(self, name: str, alt: str) -> None:
+        if (RESULTS / name).exists():
+            self.add(f"![{alt}](results/{name})")
+            self.add("")
+
+
+def runtime(env, key, fallback=None):
+    return fallback if fallback is not None else env.get("runtimes_s", {}).get(key)
+
+
+def section_pca(p: Page) -> dict:
+    rows = read_csv("pca_utility.csv")
+    meta = read_json("pca_utility.json")
+    facts = {}
+    if not rows:
+        return facts
+    methods = ["capePCA", "conv", "DPdisPCA", "local", "pooled DP"]
+    classic = any(r["calibration"] == "classic" for r in rows)
+    p.add("### capePCA: captured energy vs epsilon (000 Fig. 2(a), 001 Fig. 1(a))")
+    p.add("")
+    p.add(f"Synthetic set-up of 000/001: D = {meta.get('D')}, K = {meta.get('K')}, S = {meta.get('S')} sites x "
+          f"N_s = {meta.get('N_s')}, delta = {meta.get('delta')}, {meta.get('preprocessing')}. "
+          f"q / q_o = captured energy over the non-private pooled top-K subspace's; median of "
+          f"{meta.get('repeats')} repeats (interquartile range in the CSV).")
+    p.add("")
+    p.meta("python benchmarks/pca_utility.py" + (" --classic" if classic else ""),
+           ["pca_utility.csv", "pca_utility.json", "pca_utility.png"], meta.get("wall_seconds"))
+    for cal in ("analytic", "classic"):
+        sub = pick(rows, calibration=cal)
+        if not sub:
+            continue
+        eps = sorted({r["epsilon"] for r in sub})
+        p.add(f"q / q_o, {cal} Gaussian calibration" + (" (the papers' formula, valid for eps < 1)"
+                                                         if cal == "classic" else " (Balle & Wang)"))
+        p.add("")
+        p.add(table(["epsilon"] + methods, [[e] + [one(sub, epsilon=e, method=m)["median"] for m in methods]
+                                            for e in eps]))
+        p.add("")
+    p.fig("pca_utility.png", "capePCA captured energy vs epsilon")
+    an = pick(rows, calibration="analytic")
+    facts["pca_eps_maxdiff"] = max(abs(one(an, epsilon=e, method="capePCA")["median"]
+                                       - one(an, epsilon=e, method="pooled DP")["median"])
+                                   for e in {r["epsilon"] for r in an})
+    facts["pca_beats"] = all(one(an, epsilon=e, method="capePCA")["median"] > max(
+        one(an, epsilon=e, method=m)["median"] for m in ("conv", "DPdisPCA", "local")) for e in {r["epsilon"] for r in an})
+    r05 = {m: one(an, epsilon=0.5, method=m)["median"] for m in methods} if one(an, epsilon=0.5, method="capePCA") \
+        else None
+    facts["pca_eps05"] = r05
+    return facts
+
+
+def section_pca_n(p: Page) -> dict:
+    rows = read_csv("pca_vs_n.csv")
+    meta = read_json("pca_vs_n.json")
+    if not rows:
+        return {}
+    methods = ["capePCA", "conv", "DPdisPCA", "local", "pooled DP"]
+    p.add("### capePCA: captured energy vs samples per site N_s (000 Fig. 2(d), 001 Fig. 1(d))")
+    p.add("")
+    p.add(f"Same set-up as above at epsilon = {meta.get('epsilon')}, delta = {meta.get('delta')} (the papers' "
+          f"text gives neither the N_s grid nor the fixed epsilon of this figure; both are chosen here). "
+          f"Median of {meta.get('repeats')} repeats, a fresh data set per N_s and repeat.")
+    p.add("")
+    p.meta("python benchmarks/pca_vs_n.py", ["pca_vs_n.csv", "pca_vs_n.json", "pca_vs_n.png"],
+           meta.get("wall_seconds"))
+    ns = sorted({r["N_s"] for r in rows})
+    p.add(table(["N_s"] + methods, [[n] + [one(rows, N_s=n, method=m)["median"] for m in methods] for n in ns]))
+    p.add("")
+    p.fig("pca_vs_n.png", "capePCA captured energy vs N_s")
+    maxdiff = max(abs(one(rows, N_s=n, method="capePCA")["median"] - one(rows, N_s=n, method="pooled DP")["median"])
+                  for n in ns)
+    beats = all(one(rows, N_s=n, method="capePCA")["median"] > max(one(rows, N_s=n, method=m)["median"]
+                                                                   for m in ("conv", "DPdisPCA", "local")) for n in ns)
+    return {"pcan_maxdiff": maxdiff, "pcan_beats": beats, "pcan_eps": meta.get("epsilon"),
+            "pcan_gain": {n: (one(rows, N_s=n, method="capePCA")["median"], one(rows, N_s=n, method="conv")["median"])
+                          for n in ns}}
+
+
+def section_pca_power(p: Page) -> dict:
+    rows = read_csv("pca_power.csv")
+    meta = read_json("pca_power.json")
+    if not rows:
+        return {}
+    r0 = rows[0]
+    p.add("### capePCA power mode at voxel level (2 mm MNI brain)")
+    p.add("")
+    p.add(f"D = {r0['D']:,} voxels, k = {r0['k']}, {r0['sites']} sites (separate OS processes over a directory "
+          f"exchange) x {r0['subjects_per_site']} subjects x {r0['tps']} time points, {r0['n_iter']} power "
+          f"iterations, subject-level privacy, delta = {r0['delta']}. Single run per plan (memory and time of one "
+          f"deployment-like run).")
+    p.add("")
+    p.meta("python benchmarks/pca_power.py", ["pca_power.csv", "pca_power.json", "pca_power.png"],
+           meta.get("total_seconds"))
+    p.add(table(["plan", "epsilon per site", "q / q_o", "run wall s", "site peak RSS MB", "site traced MB",
+                 "MB sent per site"],
+                [[r["plan"], r["epsilon"], r["q_over_qo"], r["run_wall_s"], r["site_peak_rss_mb_max"],
+                  r["site_peak_traced_mb_max"], r["site_mb_sent"]] for r in rows]))
+    p.add("")
+    sweep = meta.get("memory_sweep", [])
+    if sweep:
+        p.add("Site memory does not grow with the site's data (plan none, 3 rounds):")
+        p.add("")
+        p.add(table(["subjects per site", "site data MB", "site peak RSS MB", "site traced MB", "s per round"],
+                    [[s["subjects_per_site"], s["site_data_mb"], s["site_peak_rss_mb_max"],
+                      s["site_peak_traced_mb_max"], s["site_wall_s_per_round"]] for s in sweep]))
+        p.add("")
+    p.fig("pca_power.png", "power-mode capePCA memory and utility")
+    cape = one(rows, plan="cape")
+    none = one(rows, plan="none")
+    return {"power_cape": cape["q_over_qo"] if cape else None, "power_none": none["q_over_qo"] if none else None,
+            "power_eps": cape["epsilon"] if cape else None}
+
+
+AGN_METHODS = ["capeagn", "conv", "local", "agn_pooled", "avn_pooled", "nonprivate", "random"]
+
+
+def section_agn(p: Page) -> dict:
+    rows = read_csv("agn_utility.csv")
+    meta = read_json("agn_utility.json")
+    if not rows:
+        return {}
+    p.add("### capeAGN: q_comp vs epsilon, MOG and STM (000 Figs. 3-4, top rows)")
+    p.add("")
+    p.add(f"000 Sec. VI-B set-ups: S = {meta.get('sites')} sites, delta = {meta.get('delta')} split "
+          f"{meta.get('split')} between the stages, sigma^2 = {meta.get('sigma2')} (MOG), "
+          f"{meta.get('calibration')}. q_comp = mean distance of each recovered a_k to the nearest true a_j "
+          f"(lower is better; Hungarian-matched version in the CSV); median of {meta.get('repeats')} repeats.")
+    p.add("")
+    p.meta("python benchmarks/agn_utility.py", ["agn_utility.csv", "agn_utility.json", "agn_utility.png",
+                                                 "agn_timings.csv"], meta.get("runtime_s"))
+    configs = sorted({(r["model"], r["D"], r["K"], r["N"]) for r in rows}, key=lambda c: (c[0], c[1]))
+    for model, D, K, N in configs:
+        sub = pick(rows, model=model, D=D)
+        eps = sorted({r["epsilon"] for r in sub})
+        p.add(f"{model.upper()}, D = {D}, K = {K}, N = {N:,} (N_s = {N // sub[0]['S']:,})")
+        p.add("")
+        p.add(table(["epsilon"] + AGN_METHODS, [[e] + [one(sub, epsilon=e, method=m)["q_comp_median"]
+                                                       for m in AGN_METHODS] for e in eps]))
+        p.add("")
+    p.fig("agn_utility.png", "capeAGN q_comp vs epsilon")
+    t = read_csv("agn_timings.csv")
+    if t:
+        p.add("Timings (seconds, best of a few calls): symmetric noise tensor from its C(D+2,3) unique draws, a site's "
+              "full third moment, a whole capeAGN run (plan cape with secure aggregation) and pooled AGN.")
+        p.add("")
+        p.add(table(["D", "K", "N", "noise tensor s", "M3 one site s", "capeAGN run s", "stage 1 s", "stage 2 s",
+                     "pooled AGN s"],
+                    [[r["D"], r["K"], r["N"], r["noise_tensor_s"], r["m3_full_one_site_s"], r["capeagn_run_s"],
+                      r["capeagn_stage1_s"], r["capeagn_stage2_s"], r["agn_pooled_run_s"]] for r in t]))
+        p.add("")
+    facts = {}
+    wins, total = 0, 0
+    for model, D, K, N in configs:
+        for e in sorted({r["epsilon"] for r in pick(rows, model=model, D=D)}):
+            g = {m: one(rows, model=model, D=D, epsilon=e, method=m)["q_comp_median"] for m in AGN_METHODS}
+            total += 1
+            wins += g["capeagn"] < min(g["conv"], g["local"])
+    facts["agn_wins"] = (wins, total)
+    mog50 = pick(rows, model="mog", D=50)
+    facts["agn_mog50"] = [(r["epsilon"], r["q_comp_median"], one(mog50, epsilon=r["epsilon"], method="random")
+                           ["q_comp_median"]) for r in mog50 if r["method"] == "capeagn"]
+    return facts
+
+
+def section_agn_n(p: Page) -> dict:
+    rows = read_csv("agn_vs_n.csv")
+    meta = read_json("agn_vs_n.json")
+    if not rows:
+        return {}
+    p.add("### capeAGN: q_comp vs sample size N (000 Figs. 3-4, bottom rows)")
+    p.add("")
+    p.add(f"D = {meta.get('D')}, K = {meta.get('K')}, S = {meta.get('S')} (N_s = N / {meta.get('S')}), "
+          f"delta = {meta.get('delta')}; epsilon in {meta.get('epsilons')} (000's text gives neither the N grid nor "
+          f"the fixed epsilon; chosen here). Median of {meta.get('repeats')} repeats.")
+    p.add("")
+    p.meta("python benchmarks/agn_vs_n.py", ["agn_vs_n.csv", "agn_vs_n.json", "agn_vs_n.png"], meta.get("runtime_s"))
+    for model in ("mog", "stm"):
+        for e in meta.get("epsilons", []):
+            sub = pick(rows, model=model, epsilon=e)
+            if not sub:
+                continue
+            p.add(f"{model.upper()}, D = {meta.get('D')}, epsilon = {fmt(float(e))}")
+            p.add("")
+            ns = sorted({r["N"] for r in sub})
+            p.add(table(["N"] + AGN_METHODS, [[f"{n:,}"] + [one(sub, N=n, method=m)["q_comp_median"]
+                                                          for m in AGN_METHODS] for n in ns]))
+            p.add("")
+    p.fig("agn_vs_n.png", "capeAGN q_comp vs N")
+    big = max(r["N"] for r in rows)
+    facts = {"agnn_bigN": big, "agnn": {}}
+    for model in ("mog", "stm"):
+        for e in meta.get("epsilons", []):
+            g = {m: one(rows, model=model, epsilon=e, N=big, method=m)["q_comp_median"] for m in AGN_METHODS}
+            facts["agnn"][(model, e)] = g
+    return facts
+
+
+def section_cape_delta(p: Page) -> dict:
+    rows = read_csv("cape_delta.csv")
+    if not rows:
+        return {}
+    p.add("### CAPE delta vs noise level and colluding sites (003 Fig. 5 / App. F)")
+    p.add("")
+    p.add("For per-site sensitivity 1/N_s (N_s = 100) at epsilon = 0.5: delta of CAPE (003 Thm. 1 with the "
+          "corrected mu_z, see docs/privacy.md), of 003 eq. (1) as printed, of the conventional scheme with the same "
+          "aggregator noise and of pooled data (exact Gaussian curve). Selected rows; all rows in the CSV.")
+    p.add("")
+    p.meta("python benchmarks/cape_delta.py", ["cape_delta.csv", "cape_delta.png"],
+           runtime(p.env, "cape_delta"))
+    taus = sorted({r["tau"] for r in pick(rows, sweep="tau")})
+    show = sorted({min(taus, key=lambda t: abs(t - x)) for x in (0.03, 0.05, 0.1, 0.2)})
+    p.add(table(["S", "colluding S_C", "tau", "delta CAPE", "delta 003 eq. (1)", "delta conv", "delta pooled"],
+                [[r["S"], r["S_C"], r["tau"], r["cape"], r["paper"], r["conv"], r["pool"]]
+                 for r in pick(rows, sweep="tau") if r["tau"] in show]))
+    p.add("")
+    col = pick(rows, sweep="colluders")
+    if col:
+        p.add(f"Colluders sweep, S = {col[0]['S']}, tau = {col[0]['tau']}:")
+        p.add("")
+        p.add(table(["S_C", "delta CAPE", "delta 003 eq. (1)", "delta conv"],
+                    [[r["S_C"], r["cape"], r["paper"], r["conv"]] for r in col]))
+        p.add("")
+    p.fig("cape_delta.png", "CAPE delta")
+    return {}
+
+
+def section_secagg(p: Page) -> dict:
+    rows = read_csv("secagg_overhead.csv")
+    if not rows:
+        return {}
+    head = (RESULTS / "secagg_overhead.csv").read_text().splitlines()[0].lstrip("# ")
+    p.add("### Secure aggregation overhead per round")
+    p.add("")
+    p.add(f"One secure sum per round over the in-process exchange (both phases, all parties' work, encoding and "
+          f"authentication) against a plain float sum; set-up excluded. File header: \"{head}\".")
+    p.add("")
+    p.meta(f"python benchmarks/secagg_overhead.py --reps {rows[0]['reps']}", ["secagg_overhead.csv"],
+           runtime(p.env, "secagg_overhead"))
+    p.add(table(["sites", "payload", "secure s/round", "plain s/round", "overhead s", "secure CPU s", "plain CPU s",
+                 "upload B/site/round secure", "plain"],
+                [[r["n_sites"], r["payload"], r["secure_round_s_median"], r["plain_round_s_median"],
+                  r["overhead_s_median"], r["secure_cpu_s_median"], r["plain_cpu_s_median"],
+                  r["site_upload_bytes_secure"], r["site_upload_bytes_plain"]] for r in rows]))
+    p.add("")
+    return {}
+
+
+def section_djica_speed(p: Page) -> dict:
+    rows = read_csv("djica_speed.csv")
+    meta = read_json("djica_speed.json")
+    if not rows:
+        return {}
+    p.add("### capeDJICA speed per round")
+    p.add("")
+    p.add(f"R = {meta.get('R')}, N = {meta.get('N'):,} samples in all, S = {meta.get('S')} sites; median of "
+          f"{meta.get('repeats')} repeats. 'compute' = every site's clipped gradients plus the aggregator update; "
+          f"'naive' materialises every per-sample R x R gradient; 'protocol' = a full round over the in-process "
+          f"exchange (slope of wall time against rounds; secure aggregation included for plan cape).")
+    p.add("")
+    p.meta("python benchmarks/djica_speed.py", ["djica_speed.csv", "djica_speed.json", "djica_speed.png"],
+           runtime(p.env, "djica_speed"))
+    p.add(table(["what", "kernel", "dtype", "site threads", "BLAS threads", "plan", "ms per round"],
+                [[r["what"], r["kernel"], r["dtype"], r["site_threads"], r["blas_threads"], r["plan"],
+                  1e3 * r["seconds_per_round"]] for r in rows]))
+    p.add("")
+    p.fig("djica_speed.png", "capeDJICA ms per round")
+    naive = one(rows, kernel="naive")
+    fast = one(rows, what="compute", kernel="sample", dtype="float64", site_threads=1)
+    cape = one(rows, what="protocol", plan="cape")
+    return {"dj_naive_ratio": naive["seconds_per_round"] / fast["seconds_per_round"] if naive and fast else None,
+            "dj_cape_ms": 1e3 * cape["seconds_per_round"] if cape else None}
+
+
+def section_djica_utility(p: Page) -> dict:
+    rows = read_csv("djica_utility.csv")
+    meta = read_json("djica_utility.json")
+    if not rows:
+        return {}
+    st = meta.get("settings", {})
+    p.add("### capeDJICA: qNGI vs total epsilon (003 Fig. 1 set-up)")
+    p.add("")
+    p.add(f"003 Sec. V synthetic data: R = {st.get('R')} GARCH sources, {st.get('T')} time points per subject, "
+          f"30 x 30 grid (D = {st.get('D')}), S = {st.get('S')} sites, whitening by pooled non-private PCA "
+          f"(epsilon of the ICA only, as 003), delta_i = {st.get('delta_i')}, total epsilon per site at "
+          f"delta = {st.get('delta_total')} (exact GDP). Configurations: 'paper' = 003's optimizer and clipping "
+          f"(B_G = B_h = 30, rho = 0.015 / ln R, <= 1000 rounds); 'fast' = dpneuro's optimizer, 003's clipping, "
+          f"200 rounds; 'tuned' = fast optimizer, subject-level clipping B_G = 2, no bias release, 200 rounds. "
+          f"Median over {st.get('repeats')} noise seeds ({st.get('paper_repeats')} for 'paper').")
+    p.add("")
+    p.meta("python benchmarks/djica_utility.py", ["djica_utility.csv", "djica_utility.json", "djica_utility.png"],
+           st.get("wall_seconds"))
+    for M in sorted({r["M"] for r in rows}):
+        p.add(f"M = {M} subjects: median qNGI (total epsilon per site)")
+        p.add("")
+        keys = sorted({(r["config"], r["method"]) for r in pick(rows, M=M)},
+                      key=lambda k: (["paper", "fast", "tuned"].index(k[0]) if k[0] in ("paper", "fast", "tuned")
+                                     else 9, k[1]))
+        eps_all = sorted({r["eps_i"] for r in pick(rows, M=M) if r["eps_i"] != ""})
+        body = []
+        for config, method in keys:
+            line = [config, method]
+            for e in eps_all:
+                r = one(rows, M=M, config=config, method=method, eps_i=e)
+                if method == "nonprivate":
+                    r = one(rows, M=M, config=config, method=method)
+                line.append("" if r is None else f"{fmt(r['qngi_median'])}" +
+                            ("" if method == "nonprivate" else f" ({fmt(r['eps_total_exact'])})"))
+            body.append(line)
+        p.add(table(["config", "method"] + [f"eps_i = {fmt(float(e))}" for e in eps_all], body))
+        p.add("")
+    stars = meta.get("eps_star", [])
+    if stars:
+        p.add("Smallest total epsilon reaching median qNGI <= 0.1 (grid point; log-linear interpolation):")
+        p.add("")
+        p.add(table(["M", "config", "method", "eps* (grid)", "eps* (interpolated)", "best median qNGI"],
+                    [[s["M"], s["config"], s["method"], s["eps_star_grid"], s["eps_star_interp"],
+                      s["best_median_qngi"]] for s in stars]))
+        p.add("")
+    e2e = meta.get("end_to_end_capepca", [])
+    if e2e:
+        p.add("End to end with capePCA whitening (plan cape, subject level) instead of the pooled PCA:")
+        p.add("")
+        p.add(table(["M", "eps PCA", "eps_i", "qNGI", "eps ICA", "eps total"],
+                    [[r["M"], r["eps_pca"], r["eps_i"], r["qngi"], r["eps_ica"], r["eps_total_exact"]] for r in e2e]))
+        p.add("")
+    p.fig("djica_utility.png", "capeDJICA qNGI vs epsilon")
+    f = {}
+    for s in stars:
+        f[(s["M"], s["config"], s["method"])] = s
+    return {"dju_stars": f, "dju_e2e": e2e}
+
+
+def section_djica_m(p: Page) -> dict:
+    rows = read_csv("djica_vs_m.csv")
+    meta = read_json("djica_vs_m.json")
+    if not rows:
+        return {}
+    st = meta.get("settings", {})
+    p.add("### capeDJICA: qNGI and total epsilon vs number of subjects M (003 Fig. 2), spatial maps (003 Fig. 3)")
+    p.add("")
+    p.add(f"Data and configurations of djica_utility.py; M in {st.get('M')} (M / 4 subjects per site), "
+          f"eps_i in {{0.5 (classic), 2 (analytic)}}, delta_i = {st.get('delta_i')}, configuration 'tuned' "
+          f"(200 rounds) for all methods, 'paper' for capeDJICA and non-private at the first eps_i. Median over "
+          f"{st.get('repeats')} noise seeds ({st.get('paper_repeats')} for 'paper'); 003 used 10 runs and up to "
+          f"1000 rounds: reduced to keep the run near 10 minutes.")
+    p.add("")
+    p.meta("python benchmarks/djica_vs_m.py", ["djica_vs_m.csv", "djica_vs_m.json", "djica_vs_m.png",
+                                               "djica_maps.png"], meta.get("wall_seconds"))
+    Ms = sorted({r["M"] for r in rows})
+    keys = []
+    for r in rows:
+        k = (r["config"], r["method"], r["eps_i"])
+        if k not in keys:
+            keys.append(k)
+    body = []
+    for config, method, e in keys:
+        line = [config, method, "-" if e == "" else e]
+        for M in Ms:
+            r = one(rows, config=config, method=method, eps_i=e, M=M)
+            line.append("" if r is None else fmt(r["qngi_median"]) +
+                        ("" if method == "nonprivate" else f" ({fmt(r['eps_total_exact'])})"))
+        body.append(line)
+    p.add("Median qNGI (total epsilon per site at delta 1e-5, exact GDP):")
+    p.add("")
+    p.add(table(["config", "method", "eps_i"] + [f"M = {M}" for M in Ms], body))
+    p.add("")
+    p.fig("djica_vs_m.png", "capeDJICA qNGI vs M")
+    mf = meta.get("maps_figure", {})
+    if mf:
+        lab = {"cape": "capeDJICA", "conv": "conv", "local": "local DP-ICA", "nonprivate": "non-private"}
+        p.add(f"Spatial maps at M = {max(Ms)}, eps_i = {keys[1][2] if len(keys) > 1 else ''} (first seed; "
+              "6 of 20 components, Hungarian-matched to the truth):")
+        p.add("")
+        p.add(table(["method", "mean abs r (20 maps)", "qNGI", "total epsilon"],
+                    [[lab.get(m, m), v["mean_abs_r"], v["qngi"], v["eps_total_exact"]] for m, v in mf.items()]))
+        p.add("")
+        p.fig("djica_maps.png", "spatial maps")
+    big = max(Ms)
+    e0 = min(r["eps_i"] for r in rows if r["eps_i"] != "")
+    g = {m: one(rows, config="tuned", method=m, eps_i=e0, M=big) for m in ("cape", "conv", "local")}
+    g["nonprivate"] = one(rows, config="tuned", method="nonprivate", M=big)
+    small = min(Ms)
+    return {"djm": g, "djm_M": big, "djm_eps": e0,
+            "djm_small": one(rows, config="tuned", method="cape", eps_i=e0, M=small), "djm_small_M": small,
+            "djm_paper": one(rows, config="paper", method="cape", M=big),
+            "djm_eps_const": len({round(r["eps_total_exact"], 6) for r in pick(rows, config="tuned", method="cape",
+                                                                              eps_i=e0)}) == 1}
+
+
+def section_central(p: Page) -> dict:
+    rows = read_csv("centralized_tools.csv")
+    meta = read_json("centralized_tools.json")
+    if not rows:
+        return {}
+    s = meta.get("setup", {})
+    v = meta.get("versions", {})
+    p.add("### dpneuro vs centralized non-private tools (same data)")
+    p.add("")
+    p.add(f"One dpneuro.synth consortium: {s.get('space')} ({meta.get('n_voxels'):,} voxels), {s.get('sites')} sites "
+          f"x {s.get('subjects')} subjects x {s.get('timepoints')} volumes, R = {s.get('components')} true maps, noise "
+          f"{s.get('noise')}. A = from the NIfTI files to maps: nilearn {v.get('nilearn')} CanICA (voxels, its "
+          f"defaults) vs the dpneuro workflow (load, capePCA, capeDJICA, maps, report) on {s.get('parcels')} "
+          f"data-independent parcels, plan none and plan cape (pca_epsilon {s.get('pca_epsilon')}, eps_i "
+          f"{s.get('ica_epsilon_i')}, {s.get('ica_rounds')} rounds). B = unmixing only, on the same whitened data "
+          f"(the plan-none run's): scikit-learn {v.get('scikit-learn')} FastICA and MNE {v.get('mne')} infomax "
+          f"(their defaults) vs capeDJICA plan none / cape (ICA epsilon only). mean |r| = Hungarian-matched "
+          f"correlation of the maps with the truth; qNGI where an unmixing matrix exists. Times: median of "
+          f"{meta.get('repeats')} repeats; ratio = the method's time over the reference's (CanICA in A, FastICA in "
+          f"B) in the same repeat, then the median. BLAS threads at each library's default.")
+    p.add("")
+    p.meta("python benchmarks/centralized_tools.py", ["centralized_tools.csv", "centralized_tools.json",
+                                                       "centralized_tools.png"], meta.get("wall_seconds"))
+    p.add(table(["group", "method", "wall s", "CPU s", "wall / ref", "CPU / ref", "mean abs r", "qNGI",
+                 "total epsilon"],
+                [[r["group"], r["method"], r["wall_s"], r["cpu_s"], r["wall_ratio"], r["cpu_ratio"],
+                  r["mean_abs_r"], r["qngi"], r["eps_total"]] for r in rows]))
+    p.add("")
+    p.fig("centralized_tools.png", "centralized tools")
+    return {"central": {r["method"]: r for r in rows}}
+
+
+def section_coinstac(p: Page) -> dict:
+    rows = read_csv("coinstac_run.csv")
+    meta = read_json("coinstac_run.json").get("meta", {})
+    if not rows:
+        return {}
+    p.add("### A whole run as a COINSTAC computation")
+    p.add("")
+    p.add("Real coinstac websocket services on 127.0.0.1 driven by dpneuro.deploy.coinstac_sim (4 sites x 3 "
+          "subjects x 60 volumes, 30 x 30 grid, 100 parcels, k = 4) against the in-process simulation of the same "
+          f"reduce + unmix stages; COINSTAC's own Docker/network overhead not included. {meta.get('note', '')}.")
+    p.add("")
+    p.meta("python benchmarks/coinstac_run.py --rounds " + " ".join(str(r["ica_rounds"]) for r in rows),
+           ["coinstac_run.csv", "coinstac_run.json", "coinstac_run.png"], runtime(p.env, "coinstac_run"))
+    p.add(table(["ICA rounds", "iterations", "message files", "COINSTAC s", "ms per iteration", "in-process s",
+                 "same W"],
+                [[r["ica_rounds"], r["iterations"], r["message_files"], r["coinstac_seconds"],
+                  r["ms_per_iteration"], r["inprocess_seconds"], r["same_W_as_inprocess"]] for r in rows]))
+    p.add("")
+    p.fig("coinstac_run.png", "COINSTAC run")
+    return {}
+
+
+def section_demo(p: Page) -> dict:
+    d = read_json("demo_speed.json")
+    p.add("### End-to-end `dpneuro demo`")
+    p.add("")
+    if not d:
+        p.add("Not measured in this snapshot (see the report that accompanies it).")
+        p.add("")
+        return {}
+    p.add("`dpneuro demo` in a fresh process and folder: synthesize a 4-site consortium and run the whole private "
+          "analysis (load, capePCA, capeDJICA, maps, report).")
+    p.add("")
+    p.meta(f"python benchmarks/demo_speed.py --repeats {d.get('repeats')}", ["demo_speed.json"],
+           sum(d.get("wall_s", [])) or None)
+    p.add(table(["repeats", "median wall s", "peak RSS MB", "mean abs r with truth", "qNGI", "epsilon per site"],
+                [[d.get("repeats"), d.get("median_wall_s"), d.get("peak_rss_mb"), d.get("mean_abs_r"), d.get("qngi"),
+                  ", ".join(fmt(x) for x in d.get("eps_exact", []))]]))
+    p.add("")
+    return {"demo": d}
+
+
+# -- summary ------------------------------------------------------------------------------------------
+
+def summary(f: dict) -> list[str]:
+    out = []
+    row = []
+    if "pca_eps_maxdiff" in f:
+        v = f["pca_eps05"] or {}
+        same = f["pca_eps_maxdiff"] < 0.01 and f.get("pcan_maxdiff", 0) < 0.01
+        row.append(["000 Sec. VI-A: capePCA reaches the pooled-data utility (CAPE's claim) and beats DPdisPCA, "
+                    "conv and local",
+                    f"q/q_o at eps = 0.5: capePCA {fmt(v.get('capePCA'))}, pooled DP {fmt(v.get('pooled DP'))}, "
+                    f"conv {fmt(v.get('conv'))}, DPdisPCA {fmt(v.get('DPdisPCA'))}, local {fmt(v.get('local'))}; "
+                    f"largest |capePCA - pooled DP| over every eps and N_s: "
+                    f"{fmt(max(f['pca_eps_maxdiff'], f.get('pcan_maxdiff', 0)))}",
+                    "matches" if same and f["pca_beats"] and f.get("pcan_beats", True) else "partly"])
+    if "pcan_gain" in f:
+        g = f["pcan_gain"]
+        n1 = min(g)
+        nb = max(g)
+        row.append(["000 Fig. 2(d): utility grows with N_s and reaches non-private pooled",
+                    f"eps = {fmt(f['pcan_eps'])}: capePCA {fmt(g[n1][0])} at N_s = {n1} to {fmt(g[nb][0])} at "
+                    f"N_s = {nb:,} (conv {fmt(g[n1][1])} to {fmt(g[nb][1])})",
+                    "matches" if g[nb][0] > 0.99 else "partly"])
+    if f.get("power_cape") is not None:
+        row.append(["Voxel-level capePCA (power mode, 2 mm, subject level)",
+                    f"plan none q/q_o {fmt(f['power_none'])}; plan cape at eps = {fmt(f['power_eps'])}: "
+                    f"{fmt(f['power_cape'])}",
+                    "no utility: voxel-level DP noise swamps the signal at eps = 1 (use parcels)"
+                    if f["power_cape"] < 0.1 else "usable"])
+    if "agn_wins" in f:
+        w, t = f["agn_wins"]
+        row.append(["000 Figs. 3-4: capeAGN beats conv and local",
+                    f"lower q_comp than both in {w} of {t} (set-up, eps) points", "matches" if w == t else
+                    ("mostly" if w >= 0.8 * t else "partly")])
+        bad = [(e, q, r) for e, q, r in f.get("agn_mog50", []) if e <= 1]
+        if bad:
+            row.append(["capeAGN, MOG D = 50, N = 50k",
+                        "; ".join(f"eps {fmt(e)}: q_comp {fmt(q)} vs random vectors {fmt(r)}" for e, q, r in bad),
+                        "doesn't: no better than random at eps <= 1" if all(q >= 0.9 * r for _, q, r in bad)
+                        else "better than random"])
+    if "agnn" in f:
+        parts = []
+        for (model, e), g in f["agnn"].items():
+            parts.append(f"{model.upper()} eps {fmt(float(e))}: capeAGN {fmt(g['capeagn'])} vs non-private "
+                         f"{fmt(g['nonprivate'])}")
+        row.append([f"000 Figs. 3-4 (bottom): capeAGN approaches non-private as N grows (D = 10)",
+                    f"at N = {f['agnn_bigN']:,}: " + "; ".join(parts), "matches"])
+    if "dju_stars" in f:
+        s = f["dju_stars"]
+        paper = [v for (M, c, m), v in s.items() if c == "paper" and m == "cape"]
+        tuned = {M: v for (M, c, m), v in s.items() if c == "tuned" and m == "cape"}
+        if paper:
+            row.append(["003 Figs. 1-2: capeDJICA reaches qNGI <= 0.1 with 003's optimizer and clipping",
+                        "best median qNGI with the 'paper' configuration: " + ", ".join(
+                            f"M = {v['M']}: {fmt(v['best_median_qngi'])}" for v in paper),
+                        "doesn't reproduce: 003's rules (rho = 0.015 / ln R, B = 30) stop near qNGI 0.26 even "
+                        "without noise"])
+        if tuned:
+            row.append(["capeDJICA with dpneuro's optimizer ('tuned')",
+                        "smallest total epsilon with median qNGI <= 0.1: " + ", ".join(
+                            f"M = {M}: {fmt(v['eps_star_grid'])} (interp. {fmt(v['eps_star_interp'])})"
+                            for M, v in sorted(tuned.items())),
+                        "beats 003's configuration (usable maps), at single- to double-digit epsilon for M = 1024"])
+    if "djm" in f:
+        g = f["djm"]
+        if all(g.values()):
+            row.append([f"003 Fig. 2: capeDJICA beats conv and local and approaches non-private as M grows",
+                        f"M = {f['djm_M']}, eps_i = {fmt(float(f['djm_eps']))}: capeDJICA "
+                        f"{fmt(g['cape']['qngi_median'])}, conv {fmt(g['conv']['qngi_median'])}, local "
+                        f"{fmt(g['local']['qngi_median'])}, non-private {fmt(g['nonprivate']['qngi_median'])}; "
+                        f"capeDJICA at M = {f['djm_small_M']}: {fmt(f['djm_small']['qngi_median'])}",
+                        "matches (tuned configuration)" if g["cape"]["qngi_median"] < min(
+                            g["conv"]["qngi_median"], g["local"]["qngi_median"]) else "partly"])
+        if f.get("djm_eps_const"):
+            row.append(["003 Fig. 2: overall epsilon decreases with M",
+                        "total epsilon per site is the same for every M at a fixed round count (each release is "
+                        "calibrated to (eps_i, delta_i); sensitivity 2B/M_s shrinks the noise instead)",
+                        "differs by design: more subjects buy utility, not epsilon"])
+    if "central" in f:
+        c = f["central"]
+        a, n, k = c.get("CanICA"), c.get("dpneuro none"), c.get("dpneuro cape")
+        if a and n:
+            row.append(["dpneuro vs nilearn CanICA, files to maps (non-private)",
+                        f"wall {fmt(n['wall_s'])} s vs {fmt(a['wall_s'])} s (ratio {fmt(n['wall_ratio'])}), CPU ratio "
+                        f"{fmt(n['cpu_ratio'])}; mean |r| with truth {fmt(n['mean_abs_r'])} vs {fmt(a['mean_abs_r'])}",
+                        ("faster" if n["wall_ratio"] < 1 else "slower") + ", " +
+                        ("better maps" if n["mean_abs_r"] > a["mean_abs_r"] else "less accurate maps (parcels)")])
+        if k:
+            row.append(["dpneuro private end to end (plan cape, same small data set)",
+                        f"mean |r| {fmt(k['mean_abs_r'])}, qNGI {fmt(k['qngi'])} at total epsilon "
+                        f"{fmt(k['eps_total'])}",
+                        "no usable maps with 64 subjects" if k["mean_abs_r"] < 0.5 else "usable"])
+        fi, im, dn = c.get("FastICA"), c.get("MNE infomax"), c.get("capeDJICA none")
+        if fi and im and dn:
+            row.append(["Unmixing the same whitened data: capeDJICA (none) vs FastICA / MNE infomax",
+                        f"time {fmt(dn['wall_s'])} s vs {fmt(fi['wall_s'])} s / {fmt(im['wall_s'])} s; qNGI "
+                        f"{fmt(dn['qngi'])} vs {fmt(fi['qngi'])} / {fmt(im['qngi'])}",
+                        ("as accurate" if dn["qngi"] <= 1.1 * min(fi["qngi"], im["qngi"]) else "less accurate")
+                        + ("; slower than FastICA" if dn["wall_s"] > fi["wall_s"] else "; faster than FastICA")])
+    if f.get("dj_naive_ratio"):
+        row.append(["capeDJICA per-round cost (R = 20, N = 256K, S = 4)",
+                    f"per-sample clipping without per-sample matrices: {fmt(f['dj_naive_ratio'])}x faster than the "
+                    f"naive kernel; full CAPE round with secure aggregation {fmt(f['dj_cape_ms'])} ms",
+                    "faster than a direct implementation"])
+    if f.get("demo"):
+        d = f["demo"]
+        row.append(["`dpneuro demo` end to end", f"{fmt(d.get('median_wall_s'))} s; mean |r| with truth "
+                    f"{fmt(d.get('mean_abs_r'))}, qNGI {fmt(d.get('qngi'))}", "measured"])
+    out.append(table(["paper claim / question", "dpneuro, measured (medians)", "verdict"], row))
+    return out
+
+
+def build(env: dict) -> str:
+    p = Page(env)
+    facts: dict = {}
+    body = Page(env)
+    for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
+               section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
+               section_coinstac, section_demo):
+        facts.update(fn(body) or {})
+    blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "
+                     f"{b.get('num_threads')} threads, {b.get('architecture')})" for b in env.get("threadpoolctl", []))
+    p.add("# Benchmarks and reproduction report")
+    p.add("")
+    p.add("<!-- generated by benchmarks/make_readme.py from benchmarks/results/; do not edit by hand -->")
+    p.add("")
+    p.add("What dpneuro reproduces from the papers (000 Imtiaz & Sarwate 2018, 001 ICASSP 2018, 003 Imtiaz et al. "
+          "2021), where it is faster or better, and where it is not. Every number below is measured by the script "
+          "named with it, a median over the stated repeats; ratios come from one run. Regenerate this page with "
+          "`python benchmarks/make_readme.py` after re-running a benchmark (`--record` also snapshots the machine "
+          "and the result dates). CI runs every script with `--quick` (smoke size, `*_quick.*` outputs, not "
+          "committed).")
+    p.add("")
+    p.add("## Machine")
+    p.add("")
+    p.add(f"- cores (`nproc`): {env.get('nproc')}; CPU: {env.get('cpu')}; {env.get('os')}")
+    p.add(f"- Python {env.get('python')}, numpy {env.get('numpy')}; BLAS (numpy.show_config): "
+          f"{env.get('numpy_blas')}; at run time (threadpoolctl): {blas or 'unknown'}")
+    la = env.get("load_average_at_record")
+    p.add(f"- shared machine: other jobs ran alongside (load average {', '.join(f'{x:.1f}' for x in la)} when this "
+          f"snapshot was recorded on {env.get('recorded')}), so wall times are upper bounds; CPU times are given "
+          f"where a script measures them" if la else "")
+    p.add("")
+    p.add("## At a glance")
+    p.add("")
+    p.parts += summary(facts)
+    p.add("")
+    p.add("## Results")
+    p.add("")
+    p.parts += body.parts
+    return "\n".join(p.parts).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--record", action="store_true", help="snapshot this machine and the result dates first")
+    ap.add_argument("--runtime", action="append", default=[], metavar="NAME=SECONDS",
+                    help="with --record: a measured run time for a script that does not record its own")
+    ap.add_argument("--check", action="store_true", help="exit 1 if README.md differs from the generated page")
+    a = ap.parse_args(argv)
+    if a.record:
+        env = record_environment({k: float(v) for k, v in (x.split("=", 1) for x in a.runtime)})
+    else:
+        env = json.loads(ENV.read_text()) if ENV.exists() else {}
+    text = build(env)
+    if a.check:
+        if not README.exists() or README.read_text() != text:
+            print("benchmarks/README.md is out of date: run python benchmarks/make_readme.py", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(text)
+    print(f"wrote {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
