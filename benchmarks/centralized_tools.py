@@ -19,14 +19,23 @@ A. From the NIfTI files to R spatial maps (what each tool does end to end):
                       100 rounds (the ``dpneuro demo`` settings); the total
                       epsilon per site at delta = 1e-5 is in the table.
 
-B. Unmixing only, on the same whitened data Z (the non-private dpneuro run's
-parcel data, unit-norm time points, whitened with its PCA basis; R x 6,400):
+B. Unmixing only, on the same whitened data Z: the non-private dpneuro run's
+loaded parcel data with every time point scaled to unit norm (the scaling that
+bounds a subject's influence for DP) and whitened with the run's PCA basis,
+exactly as a dpneuro site does (R x 6,400):
 
 ``FastICA``           scikit-learn FastICA(whiten=False), its defaults.
 ``MNE infomax``       mne.preprocessing.infomax, its defaults (extended infomax).
-``capeDJICA none``    dpneuro's unmixing, plan "none" (the run's settings).
-``capeDJICA cape``    plan "cape" at eps_i = 2 (ICA private; this Z comes from
-                      a non-private PCA, so only the ICA's epsilon is counted).
+``capeDJICA none``    the pipeline's own unmixing code (``unmix_inprocess``:
+                      site whitening + capeDJICA with the run's settings), plan "none".
+``capeDJICA cape``    the same with plan "cape" (ICA private; this Z comes from a
+                      non-private PCA, so only the ICA's epsilon is counted).
+
+C. FastICA and MNE infomax again, on a conventional whitening of the same
+parcel data (pooled PCA, no unit-norm scaling), which is what these tools are
+usually given: the unit-norm scaling makes the whitened components a scale
+mixture, which FastICA and extended infomax handle far worse than dpneuro's
+infomax (compare B and C).
 
 Map quality: the estimated maps (CanICA's components; V Lambda^{1/2} W^{-1}
 painted back from parcels to voxels for the others) against the true maps:
@@ -35,7 +44,7 @@ and qNGI of W (A_w) where an unmixing matrix of the whitened data exists
 (not for CanICA, which never forms one). Time: wall clock and CPU time
 (process plus children, all threads) of each method, median over repeats;
 ``ratio`` columns are per repeat (same run, same machine state) and then the
-median: the method's time over the reference's (CanICA in A, FastICA in B).
+median: the method's time over the reference's (CanICA in A, FastICA in B and C).
 BLAS threads are left at each library's default, as a user would run them.
 
     python benchmarks/centralized_tools.py            # full: 3 repeats, about 6-10 minutes on 2 cores
@@ -58,11 +67,13 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dpneuro.algorithms.djica import cape_djica, spatial_maps  # noqa: E402
+from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
+from dpneuro.deploy.roles import unmix_inprocess  # noqa: E402
 from dpneuro.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,25 +108,19 @@ def map_quality(maps_vox: np.ndarray, A_true: np.ndarray) -> float:
     return float(np.mean(np.abs(corr)))
 
 
-class Reference:
-    """What the unmixing-only methods share: whitened data, basis, parcels, truth."""
+class Whitening:
+    """Whitened data of every site, with what is needed to score an unmixing matrix of them."""
 
-    def __init__(self, run_dir: Path, A_true: np.ndarray):
+    def __init__(self, V, lam, X_sites, parcels, A_true, unit: bool):
         from dpneuro.deploy.roles import site_whiten
-        from dpneuro.parcellation import Parcellation
 
-        work = Path(run_dir) / "work"
-        red = json.loads(next(work.glob("reduce-*/reduce.json")).read_text())
-        space = json.loads(next(work.glob("space-*/space.json")).read_text())
-        sites = sorted((json.loads(p.read_text()) for p in work.glob("load-*/site.json")), key=lambda s: s["site"])
-        self.V, self.lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-        self.parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
-        self.Z = [site_whiten(np.load(s["X"]), self.V, self.lam) for s in sites]
-        self.lengths = [[b - a for a, b in s["boundaries"]] for s in sites]
-        self.A_true = A_true
-        A_red = self.parcels.reduce(A_true) if self.parcels is not None else A_true
-        self.Aw = (self.V / np.sqrt(self.lam)).T @ A_red  # true mixing in the whitened space
-        self.W_run = np.load(Path(run_dir) / "W.npy")
+        self.V, self.lam, self.parcels, self.A_true = V, lam, parcels, A_true
+        if unit:  # exactly what a dpneuro site does: unit-norm time points, then the public basis
+            self.Z = [site_whiten(X, V, lam) for X in X_sites]
+        else:
+            self.Z = [((V / np.sqrt(lam)).T @ X).astype(np.float32) for X in X_sites]
+        A_red = parcels.reduce(A_true) if parcels is not None else A_true
+        self.Aw = (V / np.sqrt(lam)).T @ A_red  # true mixing in this whitened space
 
     def maps(self, W: np.ndarray) -> np.ndarray:
         A = spatial_maps(self.V, self.lam, W)
@@ -123,6 +128,32 @@ class Reference:
 
     def quality(self, W: np.ndarray) -> dict:
         return {"mean_abs_r": map_quality(self.maps(W), self.A_true), "qngi": qngi(W @ self.Aw)}
+
+
+class Reference:
+    """A finished dpneuro run: its loaded site data, basis, parcels and W, and two whitenings of the data.
+
+    ``unit``: the run's own whitened data (unit-norm time points, the run's PCA basis), what capeDJICA
+    unmixes. ``raw``: conventional whitening of the same loaded parcel data (pooled PCA without the
+    unit-norm scaling), what FastICA or infomax would usually be given.
+    """
+
+    def __init__(self, run_dir: Path, A_true: np.ndarray, R: int):
+        from dpneuro.parcellation import Parcellation
+
+        work = Path(run_dir) / "work"
+        red = json.loads(next(work.glob("reduce-*/reduce.json")).read_text())
+        space = json.loads(next(work.glob("space-*/space.json")).read_text())
+        sites = sorted((json.loads(p.read_text()) for p in work.glob("load-*/site.json")), key=lambda s: s["site"])
+        parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
+        self.X = [np.load(s["X"]) for s in sites]
+        self.lengths = [[b - a for a, b in s["boundaries"]] for s in sites]
+        self.V, self.lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+        self.unit = Whitening(self.V, self.lam, self.X, parcels, A_true, unit=True)
+        Xall = np.concatenate(self.X, axis=1).astype(np.float64)
+        lam, V = np.linalg.eigh(Xall @ Xall.T / Xall.shape[1])
+        self.raw = Whitening(V[:, ::-1][:, :R], lam[::-1][:R], self.X, parcels, A_true, unit=False)
+        self.W_run = np.load(Path(run_dir) / "W.npy")
 
 
 # -- the methods ------------------------------------------------------------------------------
@@ -209,32 +240,39 @@ def main(argv=None) -> int:
         out_none = work / f"run-none-{rep}"
         with Clock() as c:
             cfg, res = run_dpneuro(manifest, work / "data", out_none, cfg_over, "none", seed=rep)
-        ref = Reference(out_none, A_true)
-        rec["dpneuro none"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref.quality(ref.W_run), eps=float("inf"))
+        ref = Reference(out_none, A_true, R)
+        rec["dpneuro none"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref.unit.quality(ref.W_run),
+                                   eps=float("inf"))
         out_cape = work / f"run-cape-{rep}"
         with Clock() as c:
             cfg_c, res_c = run_dpneuro(manifest, work / "data", out_cape, cfg_over, "cape", seed=rep)
-        ref_c = Reference(out_cape, A_true)
-        rec["dpneuro cape"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref_c.quality(ref_c.W_run),
+        ref_c = Reference(out_cape, A_true, R)
+        rec["dpneuro cape"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref_c.unit.quality(ref_c.W_run),
                                    eps=privacy_of(res_c["maps"]))
-        # B. unmixing only, on the non-private run's whitened data
+        # B. unmixing only, on the non-private run's own whitened data (unit-norm time points)
         with Clock() as c:
-            W = run_fastica(ref.Z, R, seed=rep)
-        rec["FastICA"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.quality(W), eps=float("inf"))
+            W = run_fastica(ref.unit.Z, R, seed=rep)
+        rec["FastICA"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.unit.quality(W), eps=float("inf"))
         with Clock() as c:
-            W = run_infomax(ref.Z, seed=rep)
-        rec["MNE infomax"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.quality(W), eps=float("inf"))
-        kw = dict(optimizer=cfg.optimizer, rounds=cfg.ica_rounds, clip_G=cfg.clip_G, clip_h=cfg.clip_h, seed=rep)
+            W = run_infomax(ref.unit.Z, seed=rep)
+        rec["MNE infomax"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.unit.quality(W), eps=float("inf"))
+        for plan in ("none", "cape"):
+            # the pipeline's own unmixing code (site whitening + capeDJICA with the run's settings)
+            with Clock() as c:
+                u = unmix_inprocess(replace(cfg, plan=plan), ref.X, ref.lengths, ref.V, ref.lam)
+            eps = max(led.epsilon(DELTA) for led in u.ledgers if led is not None) if plan != "none" else float("inf")
+            rec[f"capeDJICA {plan}"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.unit.quality(u.W), eps=eps)
+        # C. conventional whitening of the same parcel data (no unit-norm scaling), as these tools expect
         with Clock() as c:
-            r_none = cape_djica(ref.Z, ref.lengths, plan="none", **kw)
-        rec["capeDJICA none"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.quality(r_none.W), eps=float("inf"))
+            W = run_fastica(ref.raw.Z, R, seed=rep)
+        rec["FastICA (raw whitening)"] = dict(group="C", wall=c.wall, cpu=c.cpu, **ref.raw.quality(W),
+                                              eps=float("inf"))
         with Clock() as c:
-            r_cape = cape_djica(ref.Z, ref.lengths, plan="cape", epsilon_i=cfg.ica_epsilon_i,
-                                delta_i=cfg.ica_delta_i, calibration=cfg.calibration, **kw)
-        rec["capeDJICA cape"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.quality(r_cape.W),
-                                     eps=r_cape.epsilon(DELTA))
+            W = run_infomax(ref.raw.Z, seed=rep)
+        rec["MNE infomax (raw whitening)"] = dict(group="C", wall=c.wall, cpu=c.cpu, **ref.raw.quality(W),
+                                                  eps=float("inf"))
         for method, r in rec.items():
-            refm = "CanICA" if r["group"] == "A" else "FastICA"
+            refm = {"A": "CanICA", "B": "FastICA", "C": "FastICA (raw whitening)"}[r["group"]]
             runs.append(dict(repeat=rep, method=method, **r, wall_ratio=r["wall"] / rec[refm]["wall"],
                              cpu_ratio=r["cpu"] / rec[refm]["cpu"], reference=refm))
         print(f"repeat {rep + 1}/{repeats}: " + ", ".join(f"{m} {r['wall']:.1f} s" for m, r in rec.items()),
@@ -266,10 +304,10 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d"), "runs": runs}
     (a.out / f"{name}.json").write_text(json.dumps(meta, indent=1))
 
-    print(f"\n{'group':5} {'method':16} {'wall s':>8} {'CPU s':>8} {'ratio wall':>10} {'ratio CPU':>9} "
-          f"{'mean|r|':>8} {'qNGI':>6} {'eps':>7}   (median of {repeats}; ratio vs CanICA in A, FastICA in B)")
+    print(f"\n{'group':5} {'method':28} {'wall s':>8} {'CPU s':>8} {'ratio wall':>10} {'ratio CPU':>9} "
+          f"{'mean|r|':>8} {'qNGI':>6} {'eps':>7}   (median of {repeats}; ratio vs CanICA in A, FastICA in B and C)")
     for r in rows:
-        print(f"{r['group']:5} {r['method']:16} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['wall_ratio']:10.3f} "
+        print(f"{r['group']:5} {r['method']:28} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['wall_ratio']:10.3f} "
               f"{r['cpu_ratio']:9.3f} {r['mean_abs_r']:8.3f} {r['qngi']:6.3f} {r['eps_total']:7.1f}")
 
     import matplotlib.pyplot as plt
@@ -293,7 +331,7 @@ def main(argv=None) -> int:
     ax2.set_xlim(0, 1)
     ax2.set_xlabel("mean |r| with the true maps (Hungarian-matched)")
     fig.suptitle(f"{P['space']}, {len(files)} subjects x {P['timepoints']} volumes, R = {R}: "
-                 "A = files to maps, B = unmixing of the same whitened data", fontsize=9)
+                 "A = files to maps, B = unmixing of dpneuro's whitened data, C = of conventionally whitened data", fontsize=9)
     fig.tight_layout()
     fig.savefig(a.out / f"{name}.png", dpi=120)
     if a.workdir is None:

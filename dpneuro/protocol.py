@@ -291,13 +291,22 @@ def simulate(
     *,
     exchange: Exchange | None = None,
     options: RunOptions | None = None,
+    checkpoint_dir=None,
 ) -> SimulationResult:
     """Run every party of ``protocol`` in this process: one thread per site.
 
     ``exchange`` defaults to a fresh :class:`~dpneuro.exchange.InProcessExchange`.
+    With ``checkpoint_dir`` every party keeps a checkpoint there
+    (``aggregator.npz``, ``site-XXX.npz``), so calling again with the same
+    folder and a persistent exchange resumes without releasing anything twice.
     Any party's exception stops the run and is re-raised here.
     """
-    from .exchange import InProcessExchange
+    from pathlib import Path
+
+    from .exchange import DirectoryCheckpoint, InProcessExchange
+
+    def ckpt(name: str):
+        return None if checkpoint_dir is None else DirectoryCheckpoint(Path(checkpoint_dir) / f"{name}.npz")
 
     n = len(site_data)
     ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
@@ -311,7 +320,7 @@ def simulate(
         try:
             # a site waits for the aggregator, which may itself wait out a slow site
             site_timeout = None if opts.timeout is None else 3 * opts.timeout
-            results[s] = run_site(protocol, s, site_data[s], ex, timeout=site_timeout)
+            results[s] = run_site(protocol, s, site_data[s], ex, timeout=site_timeout, checkpoint=ckpt(f"site-{s:03d}"))
         except (SimulatedDropout, SiteDropped):
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
@@ -324,7 +333,7 @@ def simulate(
     for t in threads:
         t.start()
     try:
-        agg = run_aggregator(protocol, ex, options=opts)
+        agg = run_aggregator(protocol, ex, options=opts, checkpoint=ckpt("aggregator"))
     except BaseException as exc:
         if limits is not None:
             limits.restore_original_limits()

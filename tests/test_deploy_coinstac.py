@@ -14,7 +14,8 @@ import deploy_common as dc
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
-from dpneuro.deploy.party import ManifestMismatch, ResumableCheckpoint
+from dpneuro.deploy.party import ManifestMismatch
+from dpneuro.exchange import DirectoryCheckpoint
 from dpneuro.exchange import Suspend
 from dpneuro.protocol import run_aggregator, run_site
 
@@ -187,13 +188,13 @@ def test_suspending_exchange_resumes_one_phase_per_call(tmp_path):
             if s not in done:
                 try:
                     done[s] = run_site(proto(), s, cw.site_data(n)[s], ex(f"c{s}", site=s),
-                                       checkpoint=ResumableCheckpoint(tmp_path / f"site{s}.npz"))
+                                       checkpoint=DirectoryCheckpoint(tmp_path / f"site{s}.npz"))
                 except Suspend as exc:
                     assert exc.topic is not None
             _move(d[f"c{s}"]["transfer"], d["r"]["base"] / f"c{s}")
         try:
             agg = run_aggregator(proto(), ex("r", site_dirs=["c0", "c1", "c2"]),
-                                 checkpoint=ResumableCheckpoint(tmp_path / "agg.npz"))
+                                 checkpoint=DirectoryCheckpoint(tmp_path / "agg.npz"))
         except Suspend:
             pass
         _move(d["r"]["transfer"], *(d[f"c{s}"]["base"] for s in range(n)))

@@ -75,25 +75,19 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import privacy
 from ..cape import ReleaseSpec, cape_protocol, ledgers
-from ..exchange import DirectoryCheckpoint, ExchangeError, Payload
+from ..exchange import Payload
 from ..privacy import PrivacyLedger
 from ..protocol import (
     RunOptions,
-    SimulatedDropout,
     SimulationResult,
-    SiteDropped,
-    run_aggregator,
-    run_site,
     simulate,
 )
 
@@ -963,10 +957,7 @@ def cape_djica(
     for s, data in enumerate(site_data):
         alg.site_init(s, data)
     proto = cape_protocol(alg, plan, n_sites=len(site_data), secagg_config=secagg_config)
-    if checkpoint is None:
-        sim = simulate(proto, site_data, exchange=exchange, options=options)
-    else:
-        sim = _simulate_checkpointed(proto, site_data, Path(checkpoint), exchange, options)
+    sim = simulate(proto, site_data, exchange=exchange, options=options, checkpoint_dir=checkpoint)
     st = sim.aggregator["ica"]
     W, b = _reported(st)
     return DJICAResult(
@@ -990,51 +981,3 @@ def local_dp_ica(Z, subjects, **kwargs) -> DJICAResult:
     if plan == "cape":
         raise ValueError("local DP-ICA runs on one site: plan 'cape' needs >= 3 sites; use 'conv'")
     return cape_djica([Z], [subjects], plan=plan, **kwargs)
-
-
-def _simulate_checkpointed(proto, site_data, folder: Path, exchange, options) -> SimulationResult:
-    """:func:`dpneuro.protocol.simulate` with a DirectoryCheckpoint per party.
-
-    (``simulate`` takes no checkpoints; this mirrors it, threads and all.)
-    """
-    from threadpoolctl import threadpool_limits
-
-    from ..exchange import InProcessExchange
-
-    n = len(site_data)
-    ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
-    opts = options or RunOptions()
-    site_timeout = None if opts.timeout is None else 3 * opts.timeout
-    results: list = [None] * n
-    errors: list[BaseException] = []
-
-    def worker(s: int) -> None:
-        try:
-            results[s] = run_site(proto, s, site_data[s], ex, timeout=site_timeout,
-                                  checkpoint=DirectoryCheckpoint(folder / f"site-{s:03d}.npz"))
-        except (SimulatedDropout, SiteDropped):
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            ex.close()
-
-    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
-    with threadpool_limits(limits=1, user_api="blas"):  # S site threads: one BLAS thread each
-        for t in threads:
-            t.start()
-        try:
-            agg = run_aggregator(proto, ex, options=opts,
-                                 checkpoint=DirectoryCheckpoint(folder / "aggregator.npz"))
-        except BaseException as exc:
-            ex.close()
-            for t in threads:
-                t.join(timeout=5)
-            causes = [e for e in errors if not isinstance(e, ExchangeError)]
-            if causes and isinstance(exc, ExchangeError):
-                raise causes[0] from None
-            raise
-        for t in threads:
-            t.join(timeout=site_timeout)
-    if errors:
-        raise errors[0]
-    return SimulationResult(aggregator=agg, sites=results, exchange=ex)

@@ -260,7 +260,7 @@ class PDSVD:
         state: State = {"site": site, "_src": src, "_secret": None if secret is None else bytes(secret),
                         "dim": src.dim, "ledger": ledger}
         # stochastic rounding in the fixed-point secure sum (not privacy noise)
-        state["_rng"] = np.random.default_rng(None if self.seed is None else [int(self.seed), int(site), 7])
+        state["rounding_rng"] = np.random.default_rng(None if self.seed is None else [int(self.seed), int(site), 7])
         return state
 
     def aggregator_init(self) -> State:

@@ -138,8 +138,9 @@ class _CapeProtocol:
         state.setdefault("rng", privacy.default_rng())
         state.setdefault("site", site)
         # stochastic rounding in secure aggregation: not privacy noise, but
-        # reproducible with the site's seed so backends give identical sums
-        state["_rng"] = np.random.default_rng(state["rng"].bit_generator.seed_seq.spawn(1)[0])
+        # reproducible with the site's seed (and checkpointed) so backends and
+        # restarted parties give identical sums
+        state.setdefault("rounding_rng", np.random.default_rng(state["rng"].bit_generator.seed_seq.spawn(1)[0]))
         return state
 
     def aggregator_init(self) -> State:

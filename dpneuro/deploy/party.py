@@ -47,7 +47,6 @@ __all__ = [
     "AggregatorContext",
     "CONSORTIUM_FIELDS",
     "ManifestMismatch",
-    "ResumableCheckpoint",
     "SiteContext",
     "check_manifest",
     "grid_fingerprint",
@@ -157,31 +156,6 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
 
 
 # -- files -------------------------------------------------------------------------------------
-
-class ResumableCheckpoint(DirectoryCheckpoint):
-    """A :class:`~dpneuro.exchange.DirectoryCheckpoint` that also keeps the secure-sum rounding generator.
-
-    CAPE's site state holds, under the transient key ``_rng``, the generator of
-    the secure sum's stochastic rounding (not privacy noise, not data). The
-    plain checkpoint drops it and a restarted site re-derives it from its seed,
-    so its rounding (at 2**-32) differs from an uninterrupted run's. Keeping it
-    makes a resumed party, and so every COINSTAC iteration, bitwise identical
-    to an uninterrupted run.
-    """
-
-    KEEP = ("_rng",)
-
-    def save(self, record: dict[str, Any]) -> None:
-        st = record.get("state") or {}
-        kept = {k: st[k] for k in self.KEEP if isinstance(st.get(k), np.random.Generator)}
-        super().save({**record, "kept_transient": kept} if kept else record)
-
-    def load(self) -> dict[str, Any] | None:
-        rec = super().load()
-        if rec is not None and rec.get("kept_transient"):
-            rec["state"] = {**rec["state"], **rec.pop("kept_transient")}
-        return rec
-
 
 def _cached(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The result stored at ``path``, or ``compute()`` stored there (atomically) first."""
@@ -294,8 +268,8 @@ class SiteContext:
     def n_sites(self) -> int:
         return len(self.cfg.sites)
 
-    def checkpoint(self, stage: str) -> ResumableCheckpoint:
-        return ResumableCheckpoint(self.work / f"{stage}.ckpt.npz")
+    def checkpoint(self, stage: str) -> DirectoryCheckpoint:
+        return DirectoryCheckpoint(self.work / f"{stage}.ckpt.npz")
 
 
 def load_site_data(ctx: SiteContext) -> dict[str, Any]:
@@ -398,8 +372,8 @@ class AggregatorContext:
     def n_sites(self) -> int:
         return len(self.cfg.sites)
 
-    def checkpoint(self, stage: str) -> ResumableCheckpoint:
-        return ResumableCheckpoint(self.work / f"{stage}.ckpt.npz")
+    def checkpoint(self, stage: str) -> DirectoryCheckpoint:
+        return DirectoryCheckpoint(self.work / f"{stage}.ckpt.npz")
 
 
 def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:

@@ -26,8 +26,8 @@ def privacy_report(
     assumptions = []
     if plan == "cape":
         assumptions += [
-            f"Correlated noise (CAPE): each site's release alone carries the noise its own budget needs; "
-            f"the zero-sum parts cancel in the average, which carries the pooled-data noise level.",
+            "Correlated noise (CAPE): each site's release alone carries the noise its own budget needs; "
+            "the zero-sum parts cancel in the average, which carries the pooled-data noise level.",
             f"Sites and aggregator follow the protocol (honest but curious); at most {S_C} of the {n_sites} "
             f"sites collude with the aggregator (the most CAPE allows is ceil(S/3) - 1). The column "
             f"'vs aggregator + colluders' is the guarantee against that coalition.",

@@ -296,7 +296,8 @@ def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
         if u not in keyset:
             raise SecAggDropped(f"site {u} is no longer in the secure-aggregation key set; it must not rejoin")
 
-        rng = state.get("_rng") if isinstance(state.get("_rng"), np.random.Generator) else None
+        rng = state.get("rounding_rng")
+        rng = rng if isinstance(rng, np.random.Generator) else None
         x = np.asarray(get_input(state, round))
         y = config.encode(x, rng=rng).reshape(-1)  # a fresh array: masks are added in place
 
