@@ -191,7 +191,8 @@ class RunConfig:
             raise ConfigError(f"config: {exc}") from exc
 
     @classmethod
-    def load(cls, path) -> RunConfig:
+    def read(cls, path) -> RunConfig:
+        """Parse a TOML config (paths relative to its folder) without validating the inputs."""
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} not found")
@@ -199,4 +200,9 @@ class RunConfig:
             d = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-        return cls.from_dict(d, base=path.parent).validate()
+        return cls.from_dict(d, base=path.parent)
+
+    @classmethod
+    def load(cls, path) -> RunConfig:
+        """Parse and validate a TOML config and every input it names."""
+        return cls.read(path).validate()

@@ -34,7 +34,6 @@ import json
 import os
 import secrets
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -64,14 +63,7 @@ class WaitTimeout(RuntimeError):
 
 def load_party_config(path, *, site: str | None = None) -> RunConfig:
     """Read a run configuration for one party: only ``site``'s data (if any) must exist here."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    try:
-        d = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-    cfg = RunConfig.from_dict(d, base=path.parent)
+    cfg = RunConfig.read(path)
     if site is not None and site not in [s.name for s in cfg.sites]:
         raise ConfigError(f"config field 'sites': no site named {site!r} in {path} "
                           f"(sites: {[s.name for s in cfg.sites]})")

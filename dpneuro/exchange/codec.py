@@ -472,7 +472,8 @@ def decode_state(json_obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 _RECORD_KEY = "__record__"
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path) -> None:
+    """fsync a folder so a rename into it survives a crash (best effort)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -518,7 +519,7 @@ def save_state_file(path: str | os.PathLike[str], record: Mapping[str, Any]) -> 
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def load_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:

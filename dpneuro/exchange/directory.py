@@ -45,6 +45,7 @@ from .codec import (
     check_name,
     decode_payload,
     encode_payload,
+    fsync_dir,
     load_state_file,
     save_state_file,
 )
@@ -58,19 +59,6 @@ from .inprocess import (
 )
 
 _KEY_CHECK = b"dpneuro directory exchange: key check"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every file system lets a directory be fsynced
-    finally:
-        os.close(fd)
 
 
 def _publish(path: Path, blob: bytes) -> bool:
@@ -107,7 +95,7 @@ def _publish(path: Path, blob: bytes) -> bool:
         except FileNotFoundError:
             pass
     if created:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return created
 
 
