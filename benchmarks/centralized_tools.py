@@ -200,6 +200,36 @@ def run_infomax(Z, seed):
     return infomax(np.concatenate(Z, axis=1).T.astype(np.float64), rng=seed, verbose=False)
 
 
+def plot(rows: list[dict], title: str, repeats: int, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    y = np.arange(len(rows))
+    colors = ["tab:gray" if r["eps_total"] == float("inf") else "tab:red" for r in rows]
+    ax1.barh(y, [r["wall_s"] for r in rows], color=colors)
+    ax1.set_xscale("log")
+    ax1.set_yticks(y, [f"{r['group']}: {r['method']}" for r in rows])
+    ax1.invert_yaxis()
+    ax1.set_xlabel(f"wall seconds (median of {repeats}); red: private")
+    ax2.barh(y, [r["mean_abs_r"] for r in rows], color=colors)
+    for yi, r in zip(y, rows):
+        txt = f"qNGI {r['qngi']:.3f}" if np.isfinite(r["qngi"]) else ""
+        if np.isfinite(r["eps_total"]):
+            txt += f", eps {r['eps_total']:.0f}"
+        inside = r["mean_abs_r"] > 0.45  # the label fits in the bar; else it goes after it
+        ax2.text(0.02 if inside else r["mean_abs_r"] + 0.02, yi, txt, va="center", fontsize=7,
+                 color="w" if inside else "k")
+    ax2.set_yticks(y, [])
+    ax2.invert_yaxis()
+    ax2.set_xlim(0, 1)
+    ax2.set_xlabel("mean |r| with the true maps (Hungarian-matched)")
+    fig.suptitle(f"{title}: A = files to maps, B = unmixing of dpneuro's whitened data, "
+                 "C = of conventionally whitened data", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -310,30 +340,8 @@ def main(argv=None) -> int:
         print(f"{r['group']:5} {r['method']:28} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['wall_ratio']:10.3f} "
               f"{r['cpu_ratio']:9.3f} {r['mean_abs_r']:8.3f} {r['qngi']:6.3f} {r['eps_total']:7.1f}")
 
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    y = np.arange(len(rows))
-    colors = ["tab:gray" if r["eps_total"] == float("inf") else "tab:red" for r in rows]
-    ax1.barh(y, [r["wall_s"] for r in rows], color=colors)
-    ax1.set_xscale("log")
-    ax1.set_yticks(y, [f"{r['group']}: {r['method']}" for r in rows])
-    ax1.invert_yaxis()
-    ax1.set_xlabel(f"wall seconds (median of {repeats}); red: private")
-    ax2.barh(y, [r["mean_abs_r"] for r in rows], color=colors)
-    for yi, r in zip(y, rows):
-        txt = f"qNGI {r['qngi']:.3f}" if np.isfinite(r["qngi"]) else ""
-        if np.isfinite(r["eps_total"]):
-            txt += f", eps {r['eps_total']:.0f}"
-        ax2.text(0.02, yi, txt, va="center", fontsize=7, color="w")
-    ax2.set_yticks(y, [])
-    ax2.invert_yaxis()
-    ax2.set_xlim(0, 1)
-    ax2.set_xlabel("mean |r| with the true maps (Hungarian-matched)")
-    fig.suptitle(f"{P['space']}, {len(files)} subjects x {P['timepoints']} volumes, R = {R}: "
-                 "A = files to maps, B = unmixing of dpneuro's whitened data, C = of conventionally whitened data", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(a.out / f"{name}.png", dpi=120)
+    plot(rows, f"{P['space']}, {len(files)} subjects x {P['timepoints']} volumes, R = {R}", repeats,
+         a.out / f"{name}.png")
     if a.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nwrote {a.out / (name + '.csv')}, .json, .png in {time.perf_counter() - t_all:.0f} s")

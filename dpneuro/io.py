@@ -19,6 +19,7 @@ import gzip
 import json
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -584,3 +585,21 @@ def open_site_data(npy_path) -> SiteData:
         detrend=meta["detrend"],
         memmap_path=str(npy_path),
     )
+
+
+def write_json(path, obj) -> Path:
+    """Write JSON atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
+    tmp.replace(path)
+    return path
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)

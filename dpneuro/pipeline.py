@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .config import RunConfig
+from .io import write_json
 
 SCALING_NOTE = (
     "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, so one subject "
@@ -47,18 +48,7 @@ def _stage_dir(cfg: RunConfig, stage: str, *parts: Any) -> Path:
 
 
 def _write_json(path: Path, obj: Any) -> str:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
-    tmp.replace(path)
-    return str(path)
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
+    return str(write_json(path, obj))
 
 
 def _read_json(path) -> dict:

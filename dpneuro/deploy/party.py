@@ -39,6 +39,7 @@ import numpy as np
 from ..config import ConfigError, RunConfig
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
+from ..io import write_json
 from ..privacy import PrivacyLedger
 from ..protocol import RunOptions
 from . import roles
@@ -166,22 +167,6 @@ def _cached(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]
     return result
 
 
-def write_json(path: Path, obj: Any) -> Path:
-    """Write JSON atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default))
-    tmp.replace(path)
-    return path
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
 
 
 def _save_npy(path: Path, a: np.ndarray) -> None:
