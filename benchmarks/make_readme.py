@@ -82,10 +82,17 @@ def fmt(v) -> str:
             return f"{v:.0f}"
         if a >= 10:
             return f"{v:.1f}"
+        if a >= 1:
+            return f"{v:.2f}"
         if a >= 0.001:
             return f"{v:.3f}"
         return f"{v:.2e}"
     return str(v)
+
+
+def par(v) -> str:
+    """A set parameter (epsilon, delta, ...) as written: 0.5, 2, 1e-05; not a measurement."""
+    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -198,7 +205,7 @@ def section_pca(p: Page) -> dict:
         p.add(f"q / q_o, {cal} Gaussian calibration" + (" (the papers' formula, valid for eps < 1)"
                                                          if cal == "classic" else " (Balle & Wang)"))
         p.add("")
-        p.add(table(["epsilon"] + methods, [[e] + [one(sub, epsilon=e, method=m)["median"] for m in methods]
+        p.add(table(["epsilon"] + methods, [[par(e)] + [one(sub, epsilon=e, method=m)["median"] for m in methods]
                                             for e in eps]))
         p.add("")
     p.fig("pca_utility.png", "capePCA captured energy vs epsilon")
@@ -258,7 +265,7 @@ def section_pca_power(p: Page) -> dict:
            meta.get("total_seconds"))
     p.add(table(["plan", "epsilon per site", "q / q_o", "run wall s", "site peak RSS MB", "site traced MB",
                  "MB sent per site"],
-                [[r["plan"], r["epsilon"], r["q_over_qo"], r["run_wall_s"], r["site_peak_rss_mb_max"],
+                [[r["plan"], par(r["epsilon"]), r["q_over_qo"], r["run_wall_s"], r["site_peak_rss_mb_max"],
                   r["site_peak_traced_mb_max"], r["site_mb_sent"]] for r in rows]))
     p.add("")
     sweep = meta.get("memory_sweep", [])
@@ -299,7 +306,7 @@ def section_agn(p: Page) -> dict:
         eps = sorted({r["epsilon"] for r in sub})
         p.add(f"{model.upper()}, D = {D}, K = {K}, N = {N:,} (N_s = {N // sub[0]['S']:,})")
         p.add("")
-        p.add(table(["epsilon"] + AGN_METHODS, [[e] + [one(sub, epsilon=e, method=m)["q_comp_median"]
+        p.add(table(["epsilon"] + AGN_METHODS, [[par(e)] + [one(sub, epsilon=e, method=m)["q_comp_median"]
                                                        for m in AGN_METHODS] for e in eps]))
         p.add("")
     p.fig("agn_utility.png", "capeAGN q_comp vs epsilon")
@@ -344,7 +351,7 @@ def section_agn_n(p: Page) -> dict:
             sub = pick(rows, model=model, epsilon=e)
             if not sub:
                 continue
-            p.add(f"{model.upper()}, D = {meta.get('D')}, epsilon = {fmt(float(e))}")
+            p.add(f"{model.upper()}, D = {meta.get('D')}, epsilon = {par(e)}")
             p.add("")
             ns = sorted({r["N"] for r in sub})
             p.add(table(["N"] + AGN_METHODS, [[f"{n:,}"] + [one(sub, N=n, method=m)["q_comp_median"]
@@ -375,7 +382,7 @@ def section_cape_delta(p: Page) -> dict:
     taus = sorted({r["tau"] for r in pick(rows, sweep="tau")})
     show = sorted({min(taus, key=lambda t: abs(t - x)) for x in (0.03, 0.05, 0.1, 0.2)})
     p.add(table(["S", "colluding S_C", "tau", "delta CAPE", "delta 003 eq. (1)", "delta conv", "delta pooled"],
-                [[r["S"], r["S_C"], r["tau"], r["cape"], r["paper"], r["conv"], r["pool"]]
+                [[r["S"], r["S_C"], f"{r['tau']:.3f}", r["cape"], r["paper"], r["conv"], r["pool"]]
                  for r in pick(rows, sweep="tau") if r["tau"] in show]))
     p.add("")
     col = pick(rows, sweep="colluders")
@@ -407,7 +414,7 @@ def section_secagg(p: Page) -> dict:
                   r["overhead_s_median"], r["secure_cpu_s_median"], r["plain_cpu_s_median"],
                   r["site_upload_bytes_secure"], r["site_upload_bytes_plain"]] for r in rows]))
     p.add("")
-    return {}
+    return {"secagg": rows}
 
 
 def section_djica_speed(p: Page) -> dict:
@@ -471,7 +478,7 @@ def section_djica_utility(p: Page) -> dict:
                 line.append("" if r is None else f"{fmt(r['qngi_median'])}" +
                             ("" if method == "nonprivate" else f" ({fmt(r['eps_total_exact'])})"))
             body.append(line)
-        p.add(table(["config", "method"] + [f"eps_i = {fmt(float(e))}" for e in eps_all], body))
+        p.add(table(["config", "method"] + [f"eps_i = {par(e)}" for e in eps_all], body))
         p.add("")
     stars = meta.get("eps_star", [])
     if stars:
@@ -486,7 +493,7 @@ def section_djica_utility(p: Page) -> dict:
         p.add("End to end with capePCA whitening (plan cape, subject level) instead of the pooled PCA:")
         p.add("")
         p.add(table(["M", "eps PCA", "eps_i", "qNGI", "eps ICA", "eps total"],
-                    [[r["M"], r["eps_pca"], r["eps_i"], r["qngi"], r["eps_ica"], r["eps_total_exact"]] for r in e2e]))
+                    [[r["M"], par(r["eps_pca"]), par(r["eps_i"]), r["qngi"], r["eps_ica"], r["eps_total_exact"]] for r in e2e]))
         p.add("")
     p.fig("djica_utility.png", "capeDJICA qNGI vs epsilon")
     f = {}
@@ -519,7 +526,7 @@ def section_djica_m(p: Page) -> dict:
             keys.append(k)
     body = []
     for config, method, e in keys:
-        line = [config, method, "-" if e == "" else e]
+        line = [config, method, "-" if e == "" else par(e)]
         for M in Ms:
             r = one(rows, config=config, method=method, eps_i=e, M=M)
             line.append("" if r is None else fmt(r["qngi_median"]) +
@@ -533,7 +540,8 @@ def section_djica_m(p: Page) -> dict:
     mf = meta.get("maps_figure", {})
     if mf:
         lab = {"cape": "capeDJICA", "conv": "conv", "local": "local DP-ICA", "nonprivate": "non-private"}
-        p.add(f"Spatial maps at M = {max(Ms)}, eps_i = {keys[1][2] if len(keys) > 1 else ''} (first seed; "
+        e_map = min(r["eps_i"] for r in rows if r["eps_i"] != "")
+        p.add(f"Spatial maps at M = {max(Ms)}, eps_i = {par(e_map)}, tuned (first seed; "
               "6 of 20 components, Hungarian-matched to the truth):")
         p.add("")
         p.add(table(["method", "mean abs r (20 maps)", "qNGI", "total epsilon"],
@@ -635,6 +643,16 @@ def section_demo(p: Page) -> dict:
 
 # -- summary ------------------------------------------------------------------------------------------
 
+def _random_verdict(pts) -> str:
+    """pts: (eps, q_comp, random q_comp); 'no better' = within 10% of random vectors or worse."""
+    worse = [e for e, q, r in pts if q >= 0.9 * r]
+    if not worse:
+        return "better than random vectors"
+    rest = [(e, q, r) for e, q, r in pts if e > max(worse)]
+    tail = "; " + ", ".join(f"only {fmt(r / q)}x better than random at eps {par(e)}" for e, q, r in rest) if rest else ""
+    return f"doesn't: no better than random vectors at eps <= {par(max(worse))}{tail}"
+
+
 def summary(f: dict) -> list[str]:
     out = []
     row = []
@@ -643,7 +661,7 @@ def summary(f: dict) -> list[str]:
         same = f["pca_eps_maxdiff"] < 0.01 and f.get("pcan_maxdiff", 0) < 0.01
         row.append(["000 Sec. VI-A: capePCA reaches the pooled-data utility (CAPE's claim) and beats DPdisPCA, "
                     "conv and local",
-                    f"q/q_o at eps = 0.5: capePCA {fmt(v.get('capePCA'))}, pooled DP {fmt(v.get('pooled DP'))}, "
+                    f"q/q_o at eps = 0.5 (N_s = 1000): capePCA {fmt(v.get('capePCA'))}, pooled DP {fmt(v.get('pooled DP'))}, "
                     f"conv {fmt(v.get('conv'))}, DPdisPCA {fmt(v.get('DPdisPCA'))}, local {fmt(v.get('local'))}; "
                     f"largest |capePCA - pooled DP| over every eps and N_s: "
                     f"{fmt(max(f['pca_eps_maxdiff'], f.get('pcan_maxdiff', 0)))}",
@@ -653,12 +671,12 @@ def summary(f: dict) -> list[str]:
         n1 = min(g)
         nb = max(g)
         row.append(["000 Fig. 2(d): utility grows with N_s and reaches non-private pooled",
-                    f"eps = {fmt(f['pcan_eps'])}: capePCA {fmt(g[n1][0])} at N_s = {n1} to {fmt(g[nb][0])} at "
+                    f"eps = {par(f['pcan_eps'])}: capePCA {fmt(g[n1][0])} at N_s = {n1} to {fmt(g[nb][0])} at "
                     f"N_s = {nb:,} (conv {fmt(g[n1][1])} to {fmt(g[nb][1])})",
                     "matches" if g[nb][0] > 0.99 else "partly"])
     if f.get("power_cape") is not None:
         row.append(["Voxel-level capePCA (power mode, 2 mm, subject level)",
-                    f"plan none q/q_o {fmt(f['power_none'])}; plan cape at eps = {fmt(f['power_eps'])}: "
+                    f"plan none q/q_o {fmt(f['power_none'])}; plan cape at eps = {par(f['power_eps'])}: "
                     f"{fmt(f['power_cape'])}",
                     "no utility: voxel-level DP noise swamps the signal at eps = 1 (use parcels)"
                     if f["power_cape"] < 0.1 else "usable"])
@@ -670,13 +688,12 @@ def summary(f: dict) -> list[str]:
         bad = [(e, q, r) for e, q, r in f.get("agn_mog50", []) if e <= 1]
         if bad:
             row.append(["capeAGN, MOG D = 50, N = 50k",
-                        "; ".join(f"eps {fmt(e)}: q_comp {fmt(q)} vs random vectors {fmt(r)}" for e, q, r in bad),
-                        "doesn't: no better than random at eps <= 1" if all(q >= 0.9 * r for _, q, r in bad)
-                        else "better than random"])
+                        "; ".join(f"eps {par(e)}: q_comp {fmt(q)} vs random vectors {fmt(r)}" for e, q, r in bad),
+                        _random_verdict(bad)])
     if "agnn" in f:
         parts = []
         for (model, e), g in f["agnn"].items():
-            parts.append(f"{model.upper()} eps {fmt(float(e))}: capeAGN {fmt(g['capeagn'])} vs non-private "
+            parts.append(f"{model.upper()} eps {par(e)}: capeAGN {fmt(g['capeagn'])} vs non-private "
                          f"{fmt(g['nonprivate'])}")
         row.append(["000 Figs. 3-4 (bottom): capeAGN approaches non-private as N grows (D = 10)",
                     f"at N = {f['agnn_bigN']:,}: " + "; ".join(parts), "matches"])
@@ -700,7 +717,7 @@ def summary(f: dict) -> list[str]:
         g = f["djm"]
         if all(g.values()):
             row.append(["003 Fig. 2: capeDJICA beats conv and local and approaches non-private as M grows",
-                        f"M = {f['djm_M']}, eps_i = {fmt(float(f['djm_eps']))}: capeDJICA "
+                        f"M = {f['djm_M']}, eps_i = {par(f['djm_eps'])}: capeDJICA "
                         f"{fmt(g['cape']['qngi_median'])}, conv {fmt(g['conv']['qngi_median'])}, local "
                         f"{fmt(g['local']['qngi_median'])}, non-private {fmt(g['nonprivate']['qngi_median'])}; "
                         f"capeDJICA at M = {f['djm_small_M']}: {fmt(f['djm_small']['qngi_median'])}",
@@ -740,6 +757,14 @@ def summary(f: dict) -> list[str]:
                          "as accurate" if dn["qngi"] <= 1.1 * min(fi["qngi"], im["qngi"]) else "less accurate")
                         + (f"; {fmt(dn['wall_ratio'])}x FastICA's time" if dn["wall_s"] > fi["wall_s"]
                            else "; faster than FastICA")])
+    if f.get("secagg"):
+        rs = f["secagg"]
+        row.append(["Secure aggregation (CAPE's zero-sum noise without a trusted party, 003 App. B-A)",
+                    "; ".join(f"{r['n_sites']} sites x {r['payload']}: {fmt(1e3 * r['secure_round_s_median'])} ms "
+                              f"vs {fmt(1e3 * r['plain_round_s_median'])} ms plain" for r in rs),
+                    "measured cost (upload within 0.1% of plain for large payloads)"
+                    if all(r["site_upload_bytes_secure"] < 1.001 * r["site_upload_bytes_plain"] for r in rs
+                           if r["n_values"] > 10_000) else "measured cost"])
     if f.get("dj_naive_ratio"):
         row.append(["capeDJICA per-round cost (R = 20, N = 256K, S = 4)",
                     f"per-sample clipping without per-sample matrices: {fmt(f['dj_naive_ratio'])}x faster than the "

@@ -244,8 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not getattr(args, "quiet", True):
+        os.environ["DPNEURO_PROGRESS"] = "1"  # stages run in this process under Pydra's serial plugin
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

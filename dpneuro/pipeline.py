@@ -51,6 +51,19 @@ def _write_json(path: Path, obj: Any) -> str:
     return str(write_json(path, obj))
 
 
+def _progress() -> bool:
+    """Progress bars on (the CLI sets DPNEURO_PROGRESS=1 unless --quiet; Pydra runs stages in-process)."""
+    import os
+
+    return os.environ.get("DPNEURO_PROGRESS", "") == "1"
+
+
+def _options(desc: str):
+    from .protocol import RunOptions
+
+    return RunOptions(progress=_progress(), description=desc)
+
+
 def _read_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
@@ -126,7 +139,7 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
         return str(out)
     parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
     t0 = time.perf_counter()
-    sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize,
+    sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
                    min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels)
     return _write_json(out, {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
                              "n_features": sd.n_features, "n_samples": sd.n_samples,
@@ -166,7 +179,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
         return str(out)
     t0 = time.perf_counter()
     X = [np.load(s["X"], mmap_mode="r") for s in sites]
-    res = reduce_inprocess(cfg, X, [_lengths(s) for s in sites])
+    res = reduce_inprocess(cfg, X, [_lengths(s) for s in sites], options=_options("capePCA"))
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
@@ -191,7 +204,7 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
     t0 = time.perf_counter()
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
     res = unmix_inprocess(cfg, [np.load(s["X"], mmap_mode="r") for s in sites], [_lengths(s) for s in sites],
-                          V, lam)
+                          V, lam, options=_options("capeDJICA"))
     np.save(d / "W.npy", res.W)
     np.save(d / "b.npy", res.b)
     hist = {k: [float(x) for x in v] for k, v in res.history.items()}

@@ -108,3 +108,24 @@ def test_cli_run_rejects_broken_config_and_mismatched_grid(tmp_path, consortium,
     assert main(["run", str(cfg), "-q"]) != 0
     err = capsys.readouterr().err
     assert "sub-9999_bold.nii.gz" in err and "affine" in err
+
+
+def test_budget_planner_round_trip_and_cli(capsys):
+    from dpneuro.budget import plan_budget, spend
+
+    plan = plan_budget(8.0, 1e-5, sites=4, subjects=40, rounds=50, clip=1.0, pca_share=0.3)
+    assert plan["epsilon_exact"] == pytest.approx(8.0, rel=1e-6)
+    # the proposal, spent as configured, gives the target back
+    again = spend(1e-5, sites=4, subjects=40, rounds=50, clip=1.0, pca_epsilon=plan["pca_epsilon"],
+                  ica_epsilon_i=plan["ica_epsilon_i"], ica_delta_i=plan["ica_delta_i"])
+    assert again["epsilon_exact"] == pytest.approx(8.0, rel=1e-6)
+    assert again["epsilon_rdp"] > again["epsilon_exact"]
+    assert again["epsilon_collusion"] > again["epsilon_exact"]
+    # noise after CAPE averaging scales like 1 / (S M)
+    more = spend(1e-5, sites=4, subjects=80, rounds=50, clip=1.0, pca_epsilon=plan["pca_epsilon"],
+                 ica_epsilon_i=plan["ica_epsilon_i"])
+    assert more["noise_sd_gradient"] == pytest.approx(again["noise_sd_gradient"] / 2, rel=1e-9)
+    assert main(["budget", "--sites", "4", "--subjects", "40", "--rounds", "50", "--clip", "1",
+                 "--target-epsilon", "8"]) == 0
+    assert "total per site: eps = 8" in capsys.readouterr().out
+    assert main(["budget", "--sites", "0", "--subjects", "40"]) == 2
