@@ -1,9 +1,10 @@
 """dpneuro against the centralized, non-private tools a user would otherwise pick, on the same synthetic data.
 
-Data: one ``dpneuro.synth`` consortium (real 4-D NIfTI files): the MNI152
-6 mm brain mask (D = 8,735 voxels), 4 sites x 16 subjects x 100 volumes,
-R = 8 ground-truth maps (Gaussian blobs) with GARCH time courses, noise 0.5,
-seed 0. Generated once; every method reads the same files.
+Data: one ``dpneuro.synth`` consortium (real 4-D NIfTI files) with the data set
+of ``dpneuro demo`` (read from ``dpneuro.cli.DEMO`` at run time; at the time of
+writing the MNI152 6 mm brain mask, D = 8,735 voxels, 4 sites x 32 subjects x
+120 volumes, R = 8 ground-truth maps), noise 0.5, seed 0. Generated once;
+every method reads the same files. The settings used are in the JSON.
 
 A. From the NIfTI files to R spatial maps (what each tool does end to end):
 
@@ -12,17 +13,16 @@ A. From the NIfTI files to R spatial maps (what each tool does end to end):
                       inits) with the consortium mask (works offline).
 ``dpneuro none``      ``dpneuro run`` in-process (Pydra workflow: load,
                       capePCA, capeDJICA, maps, report) with plan "none"
-                      (not private) on 200 data-independent parcels
-                      (``dpneuro.parcellation``), ``optimizer="fast"``.
-``dpneuro cape``      the same workflow with plan "cape": capePCA
-                      pca_epsilon = 4 and capeDJICA eps_i = 2, delta_i = 1e-2,
-                      100 rounds (the ``dpneuro demo`` settings); the total
-                      epsilon per site at delta = 1e-5 is in the table.
+                      (not private) on the demo's number of data-independent
+                      parcels (``dpneuro.parcellation``).
+``dpneuro cape``      the same workflow with plan "cape" and the demo's
+                      privacy settings (pca_epsilon, eps_i, rounds, clipping);
+                      the total epsilon per site at delta = 1e-5 is in the table.
 
 B. Unmixing only, on the same whitened data Z: the non-private dpneuro run's
 loaded parcel data with every time point scaled to unit norm (the scaling that
 bounds a subject's influence for DP) and whitened with the run's PCA basis,
-exactly as a dpneuro site does (R x 6,400):
+exactly as a dpneuro site does (R x all time points):
 
 ``FastICA``           scikit-learn FastICA(whiten=False), its defaults.
 ``MNE infomax``       mne.preprocessing.infomax, its defaults (extended infomax).
@@ -33,13 +33,15 @@ exactly as a dpneuro site does (R x 6,400):
 
 C. FastICA and MNE infomax again, on a conventional whitening of the same
 parcel data (pooled PCA, no unit-norm scaling), which is what these tools are
-usually given: the unit-norm scaling makes the whitened components a scale
-mixture, which FastICA and extended infomax handle far worse than dpneuro's
-infomax (compare B and C).
+usually given. The unit-norm scaling multiplies every time point by its own
+factor, so the whitened components become a scale mixture; in our runs
+FastICA and extended infomax suffer from it and dpneuro's infomax does not
+(compare B and C).
 
 Map quality: the estimated maps (CanICA's components; V Lambda^{1/2} W^{-1}
 painted back from parcels to voxels for the others) against the true maps:
-mean |Pearson r| after Hungarian matching (``dpneuro.metrics.match_components``),
+mean |Pearson r| after Hungarian matching (``dpneuro.metrics.match_components``;
+the JSON also gives the parcel ceiling, the true maps averaged within parcels),
 and qNGI of W (A_w) where an unmixing matrix of the whitened data exists
 (not for CanICA, which never forms one). Time: wall clock and CPU time
 (process plus children, all threads) of each method, median over repeats;
@@ -47,7 +49,7 @@ and qNGI of W (A_w) where an unmixing matrix of the whitened data exists
 median: the method's time over the reference's (CanICA in A, FastICA in B and C).
 BLAS threads are left at each library's default, as a user would run them.
 
-    python benchmarks/centralized_tools.py            # full: 3 repeats, about 6-10 minutes on 2 cores
+    python benchmarks/centralized_tools.py            # full: 3 repeats, about 5-8 minutes on 2 cores
     python benchmarks/centralized_tools.py --quick    # seconds-long smoke run on grid30 (writes *_quick.*)
 
 Writes benchmarks/results/centralized_tools.{csv,json,png}.
@@ -78,8 +80,20 @@ from dpneuro.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+#: fallback when ``dpneuro demo``'s settings cannot be read (the full run follows the demo, see demo_settings)
 FULL = dict(space="mni6mm", sites=4, subjects=16, components=8, timepoints=100, parcels=200, noise=0.5,
             pca_epsilon=4.0, ica_epsilon_i=2.0, ica_rounds=100, repeats=3)
+_DEMO_KEYS = ("space", "sites", "subjects", "components", "timepoints", "parcels", "pca_epsilon", "ica_epsilon_i",
+              "ica_rounds", "clip")
+
+
+def demo_settings() -> dict:
+    """The data set and privacy settings of ``dpneuro demo`` (so plan "cape" here is what the demo runs)."""
+    try:
+        from dpneuro.cli import DEMO
+    except ImportError:  # pragma: no cover - the CLI is optional here
+        DEMO = {}
+    return {**FULL, **{k: DEMO[k] for k in _DEMO_KEYS if k in DEMO}, "from_demo": bool(DEMO)}
 QUICK = dict(space="grid30", sites=3, subjects=4, components=4, timepoints=60, parcels=0, noise=0.5,
              pca_epsilon=4.0, ica_epsilon_i=2.0, ica_rounds=20, repeats=1)
 DELTA = 1e-5
@@ -154,6 +168,9 @@ class Reference:
         lam, V = np.linalg.eigh(Xall @ Xall.T / Xall.shape[1])
         self.raw = Whitening(V[:, ::-1][:, :R], lam[::-1][:R], self.X, parcels, A_true, unit=False)
         self.W_run = np.load(Path(run_dir) / "W.npy")
+        # the best any method working on these parcels can do: the true maps averaged within parcels
+        self.ceiling = (map_quality(parcels.expand(parcels.reduce(A_true)), A_true) if parcels is not None
+                        else 1.0)
 
 
 # -- the methods ------------------------------------------------------------------------------
@@ -239,7 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     a = ap.parse_args(argv)
-    P = dict(QUICK if a.quick else FULL)
+    P = dict(QUICK) if a.quick else demo_settings()
     repeats = a.repeats or P["repeats"]
     name = "centralized_tools_quick" if a.quick else "centralized_tools"
     a.out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +275,8 @@ def main(argv=None) -> int:
           f"R = {R}; synthesized in {c_syn.wall:.0f} s", flush=True)
     cfg_over = dict(parcels=P["parcels"], n_components=R, pca_epsilon=P["pca_epsilon"],
                     ica_epsilon_i=P["ica_epsilon_i"], ica_rounds=P["ica_rounds"], delta=DELTA)
+    if "clip" in P:
+        cfg_over.update(clip_G=P["clip"], clip_h=P["clip"])
 
     runs = []  # one dict per (repeat, method)
     for rep in range(repeats):
@@ -327,7 +346,8 @@ def main(argv=None) -> int:
     import nilearn
     import sklearn
 
-    meta = {"setup": P, "delta": DELTA, "n_voxels": manifest["n_voxels"], "n_subjects": len(files),
+    run_cfg = {k: v for k, v in cfg.to_json().items() if k not in ("sites", "out", "mask", "truth", "seed")}
+    meta = {"setup": P, "delta": DELTA, "dpneuro_config": run_cfg, "parcel_ceiling_mean_abs_r": ref.ceiling, "n_voxels": manifest["n_voxels"], "n_subjects": len(files),
             "repeats": repeats, "synth_seconds": c_syn.wall, "wall_seconds": time.perf_counter() - t_all,
             "versions": {"nilearn": nilearn.__version__, "scikit-learn": sklearn.__version__,
                          "mne": mne.__version__, "numpy": np.__version__},
@@ -340,6 +360,7 @@ def main(argv=None) -> int:
         print(f"{r['group']:5} {r['method']:28} {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['wall_ratio']:10.3f} "
               f"{r['cpu_ratio']:9.3f} {r['mean_abs_r']:8.3f} {r['qngi']:6.3f} {r['eps_total']:7.1f}")
 
+    print(f"parcel ceiling (true maps averaged within the parcels): mean |r| {ref.ceiling:.3f}")
     plot(rows, f"{P['space']}, {len(files)} subjects x {P['timepoints']} volumes, R = {R}", repeats,
          a.out / f"{name}.png")
     if a.workdir is None:

@@ -190,9 +190,11 @@ class PDSVD:
             self._secagg = secagg
             self.cfg = secagg_config or secagg.SecAggConfig(n_sites=self.n_sites)
             value_range = self.cfg.value_range
+            self._frac_bits = self.cfg.frac_bits
         else:
             self._secagg, self.cfg = None, None
             value_range = 2.0**20
+            self._frac_bits = 52  # plain float sums: rounding at double precision
         if not self.reveal and 2.0**self.blinding.hi > value_range:
             raise ValueError(f"blinding factors up to 2^{self.blinding.hi:g} exceed the secure sum's value range "
                              f"{value_range:g}")
@@ -315,7 +317,9 @@ class PDSVD:
                                "sites' data and cannot continue without them")
 
     def _input_count(self, state: State, rnd: int) -> np.ndarray:
-        return np.array([state["_src"].n_samples * self._count_factor(state) * _COUNT_UNIT])
+        # the second entry sums to exactly n_sites under a common secret: a check that cannot pass by chance
+        f = self._count_factor(state) * _COUNT_UNIT
+        return np.array([state["_src"].n_samples * f, f])
 
     def _on_count(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         self._check_all(state, "pdsvd-n")
@@ -326,9 +330,16 @@ class PDSVD:
 
     def _n(self, state: State) -> int:
         if "n" not in state:
-            n = float(state["pdsvd/nsum"][0]) / (self._count_factor(state) * _COUNT_UNIT)
+            f = self._count_factor(state) * _COUNT_UNIT
+            n = float(state["pdsvd/nsum"][0]) / f
             state["n"] = int(round(n))
-            if state["n"] < 1 or abs(n - state["n"]) > 0.25:
+            sites = float(state["pdsvd/nsum"][1]) / f
+            k = int(round(sites))
+            tol = max(1e-9, 4 * self.n_sites * 2.0**-self._frac_bits / f)  # fixed-point error of the sum
+            if k != self.n_sites and abs(sites - k) <= tol and 1 <= k < self.n_sites:
+                raise RuntimeError(f"site {state['site']}: only {k} of {self.n_sites} sites are in the count sum "
+                                   "(a site dropped out): PD-SVD needs all sites")
+            if state["n"] < 1 or abs(sites - self.n_sites) > tol:
                 raise RuntimeError(f"site {state['site']}: the count sum does not decode ({n}); do all sites "
                                    "share the same secret?")
         return state["n"]
