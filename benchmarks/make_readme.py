@@ -579,12 +579,15 @@ def section_central(p: Page) -> dict:
     v = meta.get("versions", {})
     p.add("### dpneuro vs centralized non-private tools (same data)")
     p.add("")
-    p.add(f"One dpneuro.synth consortium: {s.get('space')} ({meta.get('n_voxels'):,} voxels), {s.get('sites')} sites "
+    cfg = meta.get("dpneuro_config", {})
+    demo = "the data set and privacy settings of `dpneuro demo` at run time: " if s.get("from_demo") else ""
+    p.add(f"One dpneuro.synth consortium, {demo}{s.get('space')} ({meta.get('n_voxels'):,} voxels), {s.get('sites')} sites "
           f"x {s.get('subjects')} subjects x {s.get('timepoints')} volumes, R = {s.get('components')} true maps, noise "
           f"{s.get('noise')}. A = from the NIfTI files to maps: nilearn {v.get('nilearn')} CanICA (voxels, its "
           f"defaults) vs the dpneuro workflow (load, capePCA, capeDJICA, maps, report) on {s.get('parcels')} "
-          f"data-independent parcels, plan none and plan cape (pca_epsilon {s.get('pca_epsilon')}, eps_i "
-          f"{s.get('ica_epsilon_i')}, {s.get('ica_rounds')} rounds). B = unmixing only, on the plan-none run's own "
+          f"data-independent parcels, plan none and plan cape (pca_epsilon {par(cfg.get('pca_epsilon'))}, eps_i "
+          f"{par(cfg.get('ica_epsilon_i'))}, {cfg.get('ica_rounds')} rounds, clip {par(cfg.get('clip_G'))} per "
+          f"{cfg.get('ica_clip_unit', 'sample')}; full configuration in the JSON). B = unmixing only, on the plan-none run's own "
           f"whitened data (every time point scaled to unit norm, as dpneuro sites do for DP, then the run's PCA "
           f"basis): scikit-learn {v.get('scikit-learn')} FastICA and MNE {v.get('mne')} infomax (their defaults) vs "
           f"the pipeline's capeDJICA unmixing, plan none / cape (ICA epsilon only). C = FastICA and MNE infomax on "
@@ -594,6 +597,10 @@ def section_central(p: Page) -> dict:
           f"(CanICA in A, FastICA in B and C) in the same repeat, then the median. BLAS threads at each library's "
           f"default.")
     p.add("")
+    if meta.get("parcel_ceiling_mean_abs_r") is not None:
+        p.add(f"Parcel ceiling: the true maps averaged within the parcels correlate with the true maps at mean |r| "
+              f"{fmt(meta['parcel_ceiling_mean_abs_r'])}; no method working on these parcels can exceed it.")
+        p.add("")
     p.meta("python benchmarks/centralized_tools.py", ["centralized_tools.csv", "centralized_tools.json",
                                                        "centralized_tools.png"], meta.get("wall_seconds"))
     p.add(table(["group", "method", "wall s", "CPU s", "wall / ref", "CPU / ref", "mean abs r", "qNGI",
@@ -602,7 +609,8 @@ def section_central(p: Page) -> dict:
                   r["mean_abs_r"], r["qngi"], r["eps_total"]] for r in rows]))
     p.add("")
     p.fig("centralized_tools.png", "centralized tools")
-    return {"central": {r["method"]: r for r in rows}}
+    return {"central": {r["method"]: r for r in rows}, "central_ceiling": meta.get("parcel_ceiling_mean_abs_r"),
+            "central_setup": s}
 
 
 def section_coinstac(p: Page) -> dict:
@@ -723,6 +731,14 @@ def summary(f: dict) -> list[str]:
                         "beats 003's configuration: usable maps (qNGI <= 0.1), at a total epsilon that falls "
                         "with M" if len(tuned) < 2 or tuned[max(tuned)]["eps_star_grid"] < tuned[min(tuned)]
                         ["eps_star_grid"] else "beats 003's configuration: usable maps (qNGI <= 0.1)"])
+    if f.get("dju_e2e"):
+        e2e = f["dju_e2e"]
+        row.append(["003 end to end: capePCA whitening (Alg. 3, private) then capeDJICA, M = "
+                    f"{e2e[0]['M']}",
+                    "; ".join(f"eps_pca {par(r['eps_pca'])}, eps_i {par(r['eps_i'])}: qNGI {fmt(r['qngi'])} at "
+                              f"total epsilon {fmt(r['eps_total_exact'])}" for r in e2e),
+                    "doesn't reach qNGI 0.1: the private whitening, not the ICA, limits utility"
+                    if all(r["qngi"] > 0.1 for r in e2e) else "reaches qNGI 0.1"])
     if "djm" in f:
         g = f["djm"]
         if all(g.values()):
@@ -749,12 +765,16 @@ def summary(f: dict) -> list[str]:
                         f"wall {fmt(n['wall_s'])} s vs {fmt(a['wall_s'])} s (ratio {fmt(n['wall_ratio'])}), CPU ratio "
                         f"{fmt(n['cpu_ratio'])}; mean |r| with truth {fmt(n['mean_abs_r'])} vs {fmt(a['mean_abs_r'])}",
                         ("faster" if n["wall_ratio"] < 1 else "slower") + ", " +
-                        ("better maps" if n["mean_abs_r"] > a["mean_abs_r"] else "less accurate maps (parcels)")])
+                        ("better maps" if n["mean_abs_r"] > a["mean_abs_r"] else
+                         "less accurate maps" + (f" (parcel ceiling {fmt(f['central_ceiling'])})"
+                                                 if f.get("central_ceiling") else ""))])
         if k:
-            row.append(["dpneuro private end to end (plan cape, same small data set)",
+            su = f.get("central_setup", {})
+            row.append([f"dpneuro private end to end (plan cape, {su.get('sites')} x {su.get('subjects')} subjects)",
                         f"mean |r| {fmt(k['mean_abs_r'])}, qNGI {fmt(k['qngi'])} at total epsilon "
                         f"{fmt(k['eps_total'])}",
-                        "no usable maps with 64 subjects" if k["mean_abs_r"] < 0.5 else "usable"])
+                        "no usable maps at this size" if k["mean_abs_r"] < 0.5 else
+                        "usable maps" if k["qngi"] <= 0.1 else "rough maps (qNGI above 0.1)"])
         fi, im, dn = c.get("FastICA"), c.get("MNE infomax"), c.get("capeDJICA none")
         fr, ir = c.get("FastICA (raw whitening)"), c.get("MNE infomax (raw whitening)")
         if fi and im and dn:

@@ -50,7 +50,8 @@ def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
     d = DEMO
     return RunConfig.from_dict(dict(
         sites=[{"name": s["site"], "path": s["path"]} for s in manifest["sites"]],
-        out=str(out / "run"), mask=manifest["mask"], parcels=d["parcels"], n_components=d["components"],
+        out=str(out / "run"), mask=manifest["mask"], space=d["space"], parcels=d["parcels"],
+        n_components=d["components"],
         truth=str(out / "data"), pca_epsilon=d["pca_epsilon"], ica_epsilon_i=d["ica_epsilon_i"],
         ica_rounds=d["ica_rounds"], clip_G=d["clip"], clip_h=d["clip"], seed=args.seed, plan="cape",
     )).validate()

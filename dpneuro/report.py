@@ -58,6 +58,15 @@ def privacy_section(privacy: dict) -> str:
            f"{html.escape(privacy['unit'])}).</p>",
            _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "ε vs aggregator + colluders", "μ (GDP)",
                    "releases"], rows)]
+    from .privacy import gdp_epsilon
+
+    per_stage = []
+    for site, s in privacy["sites"].items():
+        for stage, mu in s.get("by_stage_mu", {}).items():
+            per_stage.append([site, stage, mu, gdp_epsilon(delta, mu) if mu > 0 else 0.0])
+    if per_stage:
+        out.append("<p>Per stage (each stage alone; the totals above compose them):</p>"
+                   + _table(["site", "stage", "μ (GDP)", f"ε at δ = {delta:g}"], per_stage))
     stage_rows = []
     for site, s in privacy["sites"].items():
         for r in s["ledger"]["releases"]:
