@@ -347,7 +347,8 @@ def main(argv=None) -> int:
     import sklearn
 
     run_cfg = {k: v for k, v in cfg.to_json().items() if k not in ("sites", "out", "mask", "truth", "seed")}
-    meta = {"setup": P, "delta": DELTA, "dpneuro_config": run_cfg, "parcel_ceiling_mean_abs_r": ref.ceiling, "n_voxels": manifest["n_voxels"], "n_subjects": len(files),
+    meta = {"setup": P, "delta": DELTA, "dpneuro_config": run_cfg, "parcel_ceiling_mean_abs_r": ref.ceiling,
+            "n_voxels": manifest["n_voxels"], "n_subjects": len(files),
             "repeats": repeats, "synth_seconds": c_syn.wall, "wall_seconds": time.perf_counter() - t_all,
             "versions": {"nilearn": nilearn.__version__, "scikit-learn": sklearn.__version__,
                          "mne": mne.__version__, "numpy": np.__version__},

@@ -249,7 +249,8 @@ def main(argv=None) -> int:
          "runs": [{k: v for k, v in r.items() if k not in ("maps", "truth_maps")} for r in results]},
         indent=1, default=str))
 
-    print(f"\n{'config':6} {'method':10} {'eps_i':>5} " + "".join(f"{'M=' + str(M):>16}" for M in sorted({r['M'] for r in rows})))
+    Ms = sorted({r["M"] for r in rows})
+    print(f"\n{'config':6} {'method':10} {'eps_i':>5} " + "".join(f"{'M=' + str(M):>16}" for M in Ms))
     for key in sorted({(r["config"], r["method"], r["eps_i"]) for r in rows},
                       key=lambda k: (k[0] != "tuned", METHODS.index(k[1]), k[2] or 0)):
         rs = sorted((r for r in rows if (r["config"], r["method"], r["eps_i"]) == key), key=lambda r: r["M"])
