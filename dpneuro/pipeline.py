@@ -68,10 +68,6 @@ def _read_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def _seed(cfg: RunConfig, stage: int):
-    return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
-
-
 # -- mask and parcels ------------------------------------------------------------------------
 
 #: configuration fields each stage depends on (a change re-runs that stage and what follows)

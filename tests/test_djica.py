@@ -243,9 +243,9 @@ def test_polyak_average_is_reported():
     for k in range(4):
         _lr_step(st_, opt, np.full((R, R), float(k)), np.zeros(R))
     # W after rounds 3 and 4: I + (0+1+2) and I + (0+1+2+3)
-    from dpneuro.algorithms.djica import _reported
+    from dpneuro.algorithms.djica import reported_unmixing
 
-    np.testing.assert_allclose(_reported(st_)[0], np.eye(R) + 4.5)
+    np.testing.assert_allclose(reported_unmixing(st_)[0], np.eye(R) + 4.5)
 
 
 # -- privacy: ledgers and calibration --------------------------------------------------------

@@ -679,7 +679,7 @@ class CapeDJICA:
         _lr_step(st, self.optimizer, G, h)
         hist = st["history"]
         if "qngi" in hist:
-            hist["qngi"].append(_qngi(_reported(st)[0], self.truth))
+            hist["qngi"].append(_qngi(reported_unmixing(st)[0], self.truth))
         stop = st["status"] != "running" or round >= self.rounds - 1
         if stop and st["status"] == "running":
             st["status"] = "max_rounds"
@@ -762,7 +762,7 @@ def _lr_step(st: dict, opt: LearningRate, G: np.ndarray, h: np.ndarray) -> None:
     hist["restarts"].append(st["restarts"])
 
 
-def _reported(st: dict) -> tuple[np.ndarray, np.ndarray]:
+def reported_unmixing(st: dict) -> tuple[np.ndarray, np.ndarray]:
     """The (W, b) a run reports: the Polyak average if one is kept (and the run did not converge)."""
     if st["n_avg"] > 0 and st["status"] != "converged":
         return st["W_sum"] / st["n_avg"], st["b_sum"] / st["n_avg"]
@@ -959,7 +959,7 @@ def cape_djica(
     proto = cape_protocol(alg, plan, n_sites=len(site_data), secagg_config=secagg_config)
     sim = simulate(proto, site_data, exchange=exchange, options=options, checkpoint_dir=checkpoint)
     st = sim.aggregator["ica"]
-    W, b = _reported(st)
+    W, b = reported_unmixing(st)
     return DJICAResult(
         W=np.array(W), b=np.array(b), W_last=np.array(st["W"]), b_last=np.array(st["b"]),
         history={k: np.asarray(v, float) for k, v in st["history"].items()},

@@ -62,9 +62,7 @@ DEPLOYABLE_REDUCTIONS = ("capepca", "capepca-power", "none")
 
 def stage_seed(cfg: RunConfig, stage: int) -> int | None:
     """The seed of stage ``stage`` (1 reduce, 2 unmix); None (OS entropy) when the config has none."""
-    from ..pipeline import _seed
-
-    return _seed(cfg, stage)
+    return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
 
 
 # -- reduce: capePCA -----------------------------------------------------------------------
@@ -200,10 +198,10 @@ class UnmixResult:
 
 
 def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
-    from ..algorithms.djica import _reported
+    from ..algorithms.djica import reported_unmixing
 
     st = agg["ica"]
-    W, b = _reported(st)  # the Polyak average when the optimizer keeps one, else the last iterate
+    W, b = reported_unmixing(st)  # the Polyak average when the optimizer keeps one, else the last iterate
     hist = {k: [float(x) for x in v] for k, v in st["history"].items()}
     return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]), ledgers)
 
