@@ -152,6 +152,18 @@ def _sites(site_jsons: list[str]) -> list[dict]:
     return sites
 
 
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("dpneuro", "numpy", "scipy", "nibabel", "nilearn", "pydra", "dp-accounting", "cryptography"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
 def _lengths(site: dict) -> list[int]:
     return [b - a for a, b in site["boundaries"]]
 
@@ -351,6 +363,11 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     for site, p in mp["timecourses"].items():
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
     np.save(out / "W.npy", np.load(unm["W"]))
+    write_json(out / "run.json", {
+        "config": cfg.to_json(), "versions": _versions(),
+        "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
+        else "OS entropy (fresh noise every run)",
+        "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"]})
     notes = []
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")

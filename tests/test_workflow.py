@@ -53,6 +53,9 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert len(re.findall(r'<img alt="IC\d\d"', html)) == R  # one image per component
     assert len(re.findall(r'<img alt="truth IC\d\d"', html)) == R
     assert "Total privacy spent by every site" in html and "site-03" in html
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["pca_epsilon"] == 50.0 and run["versions"]["pydra"] == "0.25"
+    assert run["seed_policy"].startswith("fixed seed 1") and run["ica_rounds_run"] >= 1
     for tsv in (out / "timecourses").glob("*.tsv"):
         assert np.loadtxt(tsv, skiprows=1).shape[1] == R
 
