@@ -66,6 +66,27 @@ def run_method(name, Xs, X, K, eps, delta, seed, calibration="analytic"):
     raise ValueError(name)
 
 
+def plot_ratio(rows, x_key: str, xlabel: str, title: str, path) -> None:
+    """Median q / q_o with its interquartile band per method, against ``x_key`` (log axis)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, mk in zip(METHODS, "osd^v"):
+        r = [x for x in rows if x["method"] == m]
+        xs = [x[x_key] for x in r]
+        ax.plot(xs, [x["median"] for x in r], marker=mk, label=m)
+        ax.fill_between(xs, [x["q25"] for x in r], [x["q75"] for x in r], alpha=0.15)
+    ax.axhline(1.0, color="k", lw=0.8, ls=":", label="non-private pooled")
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("captured energy q / q_o")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="seconds-long smoke run at small size")
@@ -128,22 +149,8 @@ def main(argv=None) -> int:
             med = {r["method"]: r["median"] for r in rows if r["epsilon"] == eps and r["calibration"] == "classic"}
             print(f"{eps:<6} " + "".join(f"{med[m]:>11.3f}" for m in METHODS))
 
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, mk in zip(METHODS, "osd^v"):
-        r = [x for x in rows if x["method"] == m and x["calibration"] == "analytic"]
-        e = [x["epsilon"] for x in r]
-        ax.plot(e, [x["median"] for x in r], marker=mk, label=m)
-        ax.fill_between(e, [x["q25"] for x in r], [x["q75"] for x in r], alpha=0.15)
-    ax.axhline(1.0, color="k", lw=0.8, ls=":", label="non-private pooled")
-    ax.set_xscale("log")
-    ax.set_xlabel("epsilon (per site, delta = 0.01)")
-    ax.set_ylabel("captured energy q / q_o")
-    ax.set_title(f"D={D}, K={K}, S={S}, N_s={Ns} (median of {repeats})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(a.out / f"{name}.png", dpi=120)
+    plot_ratio([x for x in rows if x["calibration"] == "analytic"], "epsilon", "epsilon (per site, delta = 0.01)",
+               f"D={D}, K={K}, S={S}, N_s={Ns} (median of {repeats})", a.out / f"{name}.png")
     print(f"\nwrote {a.out / (name + '.csv')}, .json, .png in {time.time() - t_start:.0f} s")
     return 0
 

@@ -37,7 +37,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pca_utility import METHODS, make_data, run_method  # noqa: E402
+from pca_utility import METHODS, make_data, plot_ratio, run_method  # noqa: E402
 
 from dpneuro.metrics import captured_energy  # noqa: E402
 
@@ -96,22 +96,8 @@ def main(argv=None) -> int:
         med = {r["method"]: r["median"] for r in rows if r["N_s"] == Ns}
         print(f"{Ns:<6} " + "".join(f"{med[m]:>11.3f}" for m in METHODS))
 
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m, mk in zip(METHODS, "osd^v"):
-        r = [x for x in rows if x["method"] == m]
-        n = [x["N_s"] for x in r]
-        ax.plot(n, [x["median"] for x in r], marker=mk, label=m)
-        ax.fill_between(n, [x["q25"] for x in r], [x["q75"] for x in r], alpha=0.15)
-    ax.axhline(1.0, color="k", lw=0.8, ls=":", label="non-private pooled")
-    ax.set_xscale("log")
-    ax.set_xlabel("samples per site N_s")
-    ax.set_ylabel("captured energy q / q_o")
-    ax.set_title(f"D={D}, K={K}, S={S}, eps={eps}, delta={delta} (median of {repeats})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(a.out / f"{name}.png", dpi=120)
+    plot_ratio(rows, "N_s", "samples per site N_s", f"D={D}, K={K}, S={S}, eps={eps}, delta={delta} (median of {repeats})",
+               a.out / f"{name}.png")
     print(f"\nwrote {a.out / (name + '.csv')}, .json, .png in {time.time() - t_start:.0f} s")
     return 0
 
