@@ -754,6 +754,11 @@ def _prepare_sites(X_sites, subjects, k: int) -> list[SiteSource]:
     for s, X in enumerate(X_sites):
         src = as_source(X, None if subjects is None else subjects[s])
         srcs.append(src.validate(f"site {s}"))
+    return check_sources(srcs, k)
+
+
+def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
+    """Refuse sites with different D, or k > min(D, N), before anything is released."""
     dims = [src.dim for src in srcs]
     if len(set(dims)) != 1:
         raise ValueError(f"all sites must have the same number of features D; got {dims}")

@@ -99,7 +99,7 @@ from scipy import stats
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
 from ..protocol import Phase, RunOptions, State, simulate
-from .pca import SiteSource, _check_k, as_source, orthonormalize
+from .pca import SiteSource, _check_k, as_source, check_sources, orthonormalize
 
 __all__ = [
     "KSPrivacyResult",
@@ -434,14 +434,7 @@ class PDSVDResult:
 def _sources(X_sites, k: int) -> list[SiteSource]:
     if isinstance(X_sites, np.ndarray) or not isinstance(X_sites, Sequence) or len(X_sites) == 0:
         raise ValueError("X_sites must be a non-empty list with one data matrix (or source) per site")
-    srcs = [as_source(X).validate(f"site {s}") for s, X in enumerate(X_sites)]
-    dims = [s.dim for s in srcs]
-    if len(set(dims)) != 1:
-        raise ValueError(f"all sites must have the same number of features D; got {dims}")
-    n = sum(s.n_samples for s in srcs)
-    if k > min(dims[0], n):
-        raise ValueError(f"k = {k} exceeds min(D, N) = min({dims[0]}, {n})")
-    return srcs
+    return check_sources([as_source(X).validate(f"site {s}") for s, X in enumerate(X_sites)], k)
 
 
 def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,

@@ -136,13 +136,10 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     before anything is released.
     """
     srcs = [_pca_source(X, n).validate(f"site {s}") for s, (X, n) in enumerate(zip(X_sites, lengths, strict=True))]
-    dims = [src.dim for src in srcs]
-    if len(set(dims)) != 1:
-        raise ValueError(f"all sites must have the same number of features D; got {dims}")
-    n_total = sum(src.n_samples for src in srcs)
-    if cfg.n_components > min(dims[0], n_total):
-        raise ValueError(f"k = {cfg.n_components} exceeds min(D, N) = min({dims[0]}, {n_total})")
-    sim = simulate(reduce_protocol(cfg, len(srcs), dims[0]), srcs, options=options)
+    from ..algorithms.pca import check_sources
+
+    check_sources(srcs, cfg.n_components)
+    sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
     agg = sim.aggregator
     return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
                         [s["ledger"] if s is not None else None for s in sim.sites])
