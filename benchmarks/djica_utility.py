@@ -54,7 +54,7 @@ import numpy as np
 
 from dpneuro.algorithms.djica import cape_djica, local_dp_ica, whiten
 from dpneuro.metrics import qngi
-from dpneuro.synth import garch_sources
+from dpneuro.synth import paper_ica_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_TOTAL = 1e-5
@@ -69,37 +69,9 @@ CONFIGS = {
 
 # -- data ------------------------------------------------------------------------------------
 
-def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
-    """D x R maps: 1-3 truncated Gaussian blobs (sd 1.5-3 voxels) per component, unit max."""
-    yy, xx = np.mgrid[0:n, 0:n]
-    coords = np.c_[yy.ravel(), xx.ravel()].astype(float)
-    A = np.zeros((n * n, R))
-    for r in range(R):
-        for _ in range(int(rng.integers(1, 4))):
-            c, s = coords[rng.integers(n * n)], rng.uniform(1.5, 3.0)
-            d2 = ((coords - c) ** 2).sum(axis=1)
-            A[:, r] += np.where(d2 <= 9 * s * s, rng.uniform(0.5, 1.0) * np.exp(-d2 / (2 * s * s)), 0.0)
-        A[:, r] /= A[:, r].max()
-    return A
-
-
 def make_data(M: int, R: int = 20, T: int = 250, S: int = 4, seed: int = 0) -> dict:
     """Raw per-site data, truth, and the pooled-PCA whitened per-site data (float32)."""
-    rng = np.random.default_rng([seed, M])
-    A = grid_maps(R, rng)
-    alpha = rng.uniform(0.1, 0.2, R)
-    beta = np.minimum(rng.uniform(0.7, 0.8, R), 0.97 - alpha)
-    # one GARCH process per (subject, component), generated together
-    src = garch_sources(T, np.tile(alpha, M), np.tile(beta, M), rng)
-    src = src.reshape(M, R, T).transpose(1, 0, 2).reshape(R, M * T)
-    X = A @ src
-    lam, V = np.linalg.eigh(X @ X.T / X.shape[1])
-    lam, V = lam[::-1][:R], V[:, ::-1][:, :R]
-    Z = whiten(X, V, lam).astype(np.float32)
-    per = M // S
-    cols = per * T
-    return {"Z": [Z[:, s * cols:(s + 1) * cols] for s in range(S)], "subjects": [per] * S,
-            "Aw": whiten(A, V, lam), "A": A, "X": [X[:, s * cols:(s + 1) * cols] for s in range(S)], "T": T}
+    return paper_ica_data(M, np.random.default_rng([seed, M]), R=R, T=T, S=S)
 
 
 _CACHE: dict = {}

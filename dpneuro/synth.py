@@ -524,3 +524,46 @@ def load_manifest(path) -> dict:
     for key in ("maps", "A"):
         man["truth"][key] = res(man["truth"][key])
     return man
+
+
+# ---------------------------------------------------------------------------
+# the 003 Sec. V set-up, in memory
+# ---------------------------------------------------------------------------
+
+def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
+    """D x R maps on an n x n grid: 1-3 truncated Gaussian blobs (sd 1.5-3 voxels) per component, unit max."""
+    yy, xx = np.mgrid[0:n, 0:n]
+    coords = np.c_[yy.ravel(), xx.ravel()].astype(float)
+    A = np.zeros((n * n, R))
+    for r in range(R):
+        for _ in range(int(rng.integers(1, 4))):
+            c, s = coords[rng.integers(n * n)], rng.uniform(1.5, 3.0)
+            d2 = ((coords - c) ** 2).sum(axis=1)
+            A[:, r] += np.where(d2 <= 9 * s * s, rng.uniform(0.5, 1.0) * np.exp(-d2 / (2 * s * s)), 0.0)
+        A[:, r] /= A[:, r].max()
+    return A
+
+
+def paper_ica_data(M: int, rng: np.random.Generator, *, R: int = 20, T: int = 250, S: int = 4) -> dict:
+    """The temporal-ICA set-up of 003 Sec. V held in memory: grid maps x GARCH sources, split over sites.
+
+    Returns the raw per-site data ``X``, the truth ``A``, the pooled-PCA whitened
+    per-site data ``Z`` (float32, the paper whitens non-privately), the truth in
+    that whitened space ``Aw``, ``subjects`` per site and ``T``.
+    """
+    from .algorithms.djica import whiten
+
+    A = grid_maps(R, rng)
+    alpha = rng.uniform(0.1, 0.2, R)
+    beta = np.minimum(rng.uniform(0.7, 0.8, R), 0.97 - alpha)
+    # one GARCH process per (subject, component), generated together
+    src = garch_sources(T, np.tile(alpha, M), np.tile(beta, M), rng)
+    src = src.reshape(M, R, T).transpose(1, 0, 2).reshape(R, M * T)
+    X = A @ src
+    lam, V = np.linalg.eigh(X @ X.T / X.shape[1])
+    lam, V = lam[::-1][:R], V[:, ::-1][:, :R]
+    Z = whiten(X, V, lam).astype(np.float32)
+    per = M // S
+    cols = per * T
+    return {"Z": [Z[:, s * cols:(s + 1) * cols] for s in range(S)], "subjects": [per] * S,
+            "Aw": whiten(A, V, lam), "A": A, "X": [X[:, s * cols:(s + 1) * cols] for s in range(S)], "T": T}

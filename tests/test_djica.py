@@ -29,7 +29,7 @@ from dpneuro.exchange import DirectoryCheckpoint, InProcessExchange
 from dpneuro.metrics import qngi
 from dpneuro.privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, rdp_closed_form_epsilon
 from dpneuro.protocol import run_aggregator, run_site
-from dpneuro.synth import garch_sources
+from dpneuro.synth import paper_ica_data
 
 # -- data helpers --------------------------------------------------------------------------
 
@@ -50,35 +50,10 @@ def _laplace_sites(R=5, N=24_000, S=3, seed=0):
     return np.array_split(Z, S, axis=1), Aw
 
 
-def _grid_maps(R, rng, n=30):
-    """Paper-style spatial maps: 1-3 Gaussian blobs per map on an n x n grid (003 Sec. V)."""
-    yy, xx = np.mgrid[0:n, 0:n]
-    coords = np.c_[yy.ravel(), xx.ravel()].astype(float)
-    A = np.zeros((n * n, R))
-    for r in range(R):
-        for _ in range(rng.integers(1, 4)):
-            c, s = coords[rng.integers(n * n)], rng.uniform(1.5, 3.0)
-            d2 = ((coords - c) ** 2).sum(1)
-            A[:, r] += np.where(d2 <= 9 * s * s, rng.uniform(0.5, 1) * np.exp(-d2 / (2 * s * s)), 0.0)
-        A[:, r] /= A[:, r].max()
-    return A
-
-
 def _paper_data(M, S=4, R=8, T=250, seed=0):
     """GARCH sources x grid maps, pooled PCA whitening; returns per-site Z, subjects, truth."""
-    rng = np.random.default_rng(seed)
-    A = _grid_maps(R, rng)
-    alpha = rng.uniform(0.1, 0.2, R)
-    beta = np.minimum(rng.uniform(0.7, 0.8, R), 0.97 - alpha)
-    src = garch_sources(T, np.tile(alpha, M), np.tile(beta, M), rng)  # one process per (subject, component)
-    src = src.reshape(M, R, T).transpose(1, 0, 2).reshape(R, M * T)
-    X = A @ src
-    lam, V = np.linalg.eigh(X @ X.T / X.shape[1])
-    lam, V = lam[::-1][:R], V[:, ::-1][:, :R]
-    Z = whiten(X, V, lam).astype(np.float32)
-    per = M // S
-    sites = [Z[:, s * per * T:(s + 1) * per * T] for s in range(S)]
-    return sites, [per] * S, whiten(A, V, lam)
+    d = paper_ica_data(M, np.random.default_rng(seed), R=R, T=T, S=S)
+    return d["Z"], d["subjects"], d["Aw"]
 
 
 def _explicit(X, W, b, BG, Bh):
