@@ -90,6 +90,7 @@ from ..protocol import (
     SimulationResult,
     simulate,
 )
+from .pca import _subject_ranges
 
 __all__ = [
     "DJICAResult",
@@ -509,24 +510,14 @@ def time_courses(W, Z, b=None) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 
 def _subject_lengths(subjects, n_samples: int, site: int) -> tuple[int, ...]:
-    """Per-subject sample counts from an int (equal lengths) or a sequence of lengths."""
+    """Per-subject sample counts from an int (equal lengths), a list of lengths or of column ranges."""
     if isinstance(subjects, (bool, np.bool_)):
         raise ValueError(f"site {site}: subjects must be a count or a list of lengths, got {subjects!r}")
-    if isinstance(subjects, (int, np.integer)):
-        m = int(subjects)
-        if m < 1:
-            raise ValueError(f"site {site}: needs at least one subject, got {m}")
-        if n_samples % m:
-            raise ValueError(f"site {site}: {n_samples} samples cannot be {m} subjects of equal length; "
-                             "pass the list of per-subject lengths")
-        return (n_samples // m,) * m
-    lengths = tuple(int(t) for t in subjects)
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"site {site}: subject lengths must be positive, got {list(subjects)}")
-    if sum(lengths) != n_samples:
-        raise ValueError(f"site {site}: subject lengths add up to {sum(lengths)} but the data "
-                         f"have {n_samples} samples")
-    return lengths
+    try:
+        ranges = _subject_ranges(subjects, n_samples)
+    except ValueError as exc:
+        raise ValueError(f"site {site}: {exc}") from None
+    return tuple(b - a for a, b in ranges)
 
 
 def _check_privacy(plan: str, epsilon_i, delta_i, calibration: str) -> float:

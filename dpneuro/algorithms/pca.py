@@ -179,8 +179,10 @@ def _subject_ranges(spec, n: int) -> list[tuple[int, int]]:
         raise ValueError("subjects: empty list")
     if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
         lengths = [int(x) for x in items]
-        if min(lengths) < 1 or sum(lengths) != n:
-            raise ValueError(f"subject lengths {lengths} must be positive and sum to the {n} columns")
+        if min(lengths) < 1:
+            raise ValueError(f"subject lengths must be positive, got {lengths}")
+        if sum(lengths) != n:
+            raise ValueError(f"subject lengths {lengths} add up to {sum(lengths)} but the data have {n} columns")
         stops = np.cumsum(lengths)
         return [(int(stop - length), int(stop)) for length, stop in zip(lengths, stops)]
     ranges = [tuple(int(v) for v in r) for r in items]
