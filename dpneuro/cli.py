@@ -57,6 +57,19 @@ def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
     )).validate()
 
 
+def _print_privacy(priv: dict) -> None:
+    """The privacy headline of a run (from privacy.json), its warnings to stderr."""
+    from .privacy.summary import headline_lines, privacy_warnings
+
+    for line in headline_lines(priv):
+        print(line)
+    for name, s in priv["sites"].items():
+        print(f"  {name}: eps = {s['epsilon']:.2f} (exact GDP), {s['epsilon_rdp']:.2f} (RDP); "
+              f"one site's releases alone: {s['epsilon_single_release']:.2f} (secondary)")
+    for w in privacy_warnings(priv):
+        print(w, file=sys.stderr)
+
+
 def _print_summary(cfg, result: dict, seconds: float) -> None:
     import json as _json
 
@@ -68,10 +81,9 @@ def _print_summary(cfg, result: dict, seconds: float) -> None:
     if maps.get("truth"):
         m = maps["truth"]["metrics"]
         print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in m.items()))
-    for name, s in priv["sites"].items():
-        print(f"{name}: eps = {s['epsilon_exact']:.2f} (exact GDP), {s['epsilon_rdp']:.2f} (RDP), "
-              f"{s['epsilon_collusion']:.2f} vs aggregator + {priv['n_colluding']} colluding site(s); "
-              f"delta = {priv['delta']:g}")
+    _print_privacy(priv)
+    for w in maps.get("warnings", []):
+        print(f"WARNING: {w}", file=sys.stderr)
     print(f"wall time:  {seconds:.1f} s")
 
 
@@ -146,7 +158,8 @@ def _cmd_site(args: argparse.Namespace) -> int:
         print(f"site {args.site}: done in {time.perf_counter() - t0:.1f} s")
         print(f"components:  {res['components']}")
         print(f"time courses: {res['timecourses']} (stay at this site)")
-        print(f"privacy:     {res['privacy']} (eps = {res['epsilon_exact']:.2f}, exact GDP, delta = {cfg.delta:g})")
+        print(f"privacy:     {res['privacy']} (eps = {res['epsilon']:.2f} against the aggregator and its "
+              f"colluders, exact GDP, delta = {cfg.delta:g})")
     return EXIT_OK
 
 
@@ -164,8 +177,9 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         print(f"report:     {res['report']}")
         print(f"components: {res['components']}")
         print(f"privacy:    {res['privacy']}")
-        for name, eps in res["epsilon_exact"].items():
-            print(f"{name}: eps = {eps:.2f} (exact GDP, delta = {res['delta']:g})")
+        import json as _json
+
+        _print_privacy(_json.loads(Path(res["privacy"]).read_text()))
     return EXIT_OK
 
 

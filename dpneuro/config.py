@@ -26,6 +26,8 @@ class SiteInput:
     name: str
     path: str  # folder of 4-D NIfTI files (one per subject) or a single file
     files: list[str] = field(default_factory=list)  # explicit file list instead of a folder
+    # non-BIDS folders: TSV (columns file, subject) grouping files into subjects; default one file = one subject
+    subjects_tsv: str = ""
 
 
 @dataclass
@@ -58,7 +60,11 @@ class RunConfig:
     calibration: str = "analytic"
     standardize: bool = True
     min_volumes: int = 10
+    # BIDS filters: keep only the runs whose entities match (keys task, space, session, run)
+    bids: dict[str, str] = field(default_factory=dict)
     seed: int | None = None  # None: OS entropy (deployments); an int: reproducible simulation
+    # a deployed party (dpneuro site / aggregator, COINSTAC) refuses a seed unless this says the run is a test
+    simulation: bool = False
     backend: str = "inprocess"
     exchange_dir: str = ""
     truth: str = ""  # optional ground truth (synthetic data): folder with manifest.json
@@ -79,6 +85,20 @@ class RunConfig:
         d = self.to_json()
         sel = {k: d[k] for k in fields} if fields else d
         return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def check_deployment(self, party: str) -> RunConfig:
+        """Refuse a fixed noise seed in a deployed party unless the configuration says it is a simulation.
+
+        The configuration is shared by every party, so a seed in it lets anyone
+        regenerate a site's noise and subtract it from its releases.
+        """
+        if self.seed is not None and not self.simulation:
+            raise ConfigError(
+                f"config field 'seed': {party} refuses a fixed noise seed ({self.seed}) in a deployed run: the "
+                "seed is in the shared configuration, so anyone could regenerate a site's noise and remove it. "
+                "Leave 'seed' out (noise then comes from OS entropy); only a test or simulation may set "
+                "simulation = true to keep it")
+        return self
 
     # -- validation ----------------------------------------------------------------------
     def validate(self, *, data_sites: Collection[str] | None = None) -> RunConfig:
@@ -107,12 +127,21 @@ class RunConfig:
             for f in s.files or [s.path]:
                 if not Path(f).exists():
                     bad(f"sites[{i}] ({s.name})", f"{f} does not exist")
+            if s.subjects_tsv and not Path(s.subjects_tsv).is_file():
+                bad(f"sites[{i}].subjects_tsv ({s.name})", f"{s.subjects_tsv} does not exist")
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
         if not self.mask and self.space not in ("mni4mm", "mni6mm", "grid30"):
             bad("space", f"unknown template {self.space!r} (mni4mm, mni6mm, grid30) and no mask given")
         if self.parcels < 0:
             bad("parcels", "must be >= 0")
+        from .io import BIDS_FILTERS
+
+        if not isinstance(self.bids, dict) or set(self.bids) - set(BIDS_FILTERS):
+            bad("bids", f"a table with keys among {list(BIDS_FILTERS)}, got {self.bids!r}")
+        for k, v in self.bids.items():
+            if isinstance(v, bool) or not isinstance(v, (str, int)):
+                bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
         if self.n_components < 2:
             bad("n_components", "must be >= 2")
         if self.reduction not in REDUCTIONS:
@@ -146,6 +175,10 @@ class RunConfig:
             bad("ica_clip_unit", "'sample' (003 as published) or 'subject'")
         if not isinstance(self.ica_bias, bool):
             bad("ica_bias", "true or false")
+        if not isinstance(self.simulation, bool):
+            bad("simulation", "true or false")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            bad("seed", f"an integer (or left out for OS entropy), got {self.seed!r}")
         for name in ("clip_G", "clip_h"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
@@ -174,11 +207,12 @@ class RunConfig:
         for i, s in enumerate(d.pop("sites")):
             if not isinstance(s, dict):
                 raise ConfigError(f"config field 'sites[{i}]': must be a table with name and path")
-            extra = set(s) - {"name", "path", "files"}
+            extra = set(s) - {"name", "path", "files", "subjects_tsv"}
             if extra:
                 raise ConfigError(f"config field 'sites[{i}]': unknown keys {sorted(extra)}")
             sites.append(SiteInput(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
-                                   files=[rel(str(f)) for f in s.get("files", [])]))
+                                   files=[rel(str(f)) for f in s.get("files", [])],
+                                   subjects_tsv=rel(str(s.get("subjects_tsv", "")))))
         for key in ("out", "mask", "exchange_dir", "truth"):
             if d.get(key):
                 d[key] = rel(str(d[key]))

@@ -63,12 +63,17 @@ class SiteData:
         Voxels x time points, subjects concatenated along the columns. A
         read-only ``numpy.memmap`` when loaded with ``memmap_path``.
     subject_ids : list of str
-        One id per subject, from the file names (``sub-01_bold.nii.gz`` ->
-        ``sub-01``).
+        One id per subject (person), from the file names (``sub-01_bold.nii.gz``
+        -> ``sub-01``) or a subject mapping.
     boundaries : list of (int, int)
-        ``(start, stop)`` column range of each subject in `X`.
+        ``(start, stop)`` column range of each subject in `X`: all of one
+        person's runs and sessions, concatenated.
     paths : list of str
-        The source files, in the order of `subject_ids`.
+        The source files, in column order.
+    runs : list of list of str
+        Each subject's files (its runs and sessions), in column order.
+    skipped : list of [path, why]
+        Files found but not used (outside ``func/``, not BOLD, filtered out).
     tr : float or None
         Repetition time in seconds, common to all subjects (None if the
         headers leave it unset, i.e. 0).
@@ -89,6 +94,14 @@ class SiteData:
     standardize: bool = True
     detrend: bool = False
     memmap_path: str | None = None
+    runs: list[list[str]] | None = None
+    skipped: list[list[str]] | None = None
+
+    def __post_init__(self):
+        if self.runs is None:
+            self.runs = [[p] for p in self.paths]
+        if self.skipped is None:
+            self.skipped = []
 
     @property
     def n_subjects(self) -> int:
@@ -126,6 +139,8 @@ class SiteData:
             "subject_ids": list(self.subject_ids),
             "boundaries": [list(b) for b in self.boundaries],
             "paths": list(self.paths),
+            "runs": [list(r) for r in self.runs],
+            "skipped": [list(x) for x in self.skipped],
             "tr": self.tr,
             "mask_path": self.mask_path,
             "standardize": self.standardize,
@@ -244,30 +259,160 @@ def find_nifti(paths_or_dir) -> list[Path]:
     """Resolve a folder, a file or a list of files to a list of NIfTI paths.
 
     A folder is searched for ``*.nii`` / ``*.nii.gz`` (hidden files skipped),
-    sorted by name; if it holds none directly it is searched recursively
-    (BIDS-like ``sub-*/func/`` layouts). Listed paths are kept in the given
-    order and are checked later, when validated.
+    sorted by name; a BIDS folder (``sub-*`` sub-folders) for the BOLD runs in
+    ``sub-*/[ses-*/]func/``. Listed paths are kept in the given order and are
+    checked later, when validated. :func:`find_subjects` groups them by person.
     """
-    if isinstance(paths_or_dir, (str, os.PathLike)):
-        p = Path(paths_or_dir)
+    return [f for _, files in find_subjects(paths_or_dir).subjects for f in files]
+
+
+#: BIDS entities a site may filter its runs by (config ``[bids]``)
+BIDS_FILTERS = ("task", "space", "session", "run")
+_BIDS_KEYS = {"task": "task", "space": "space", "session": "ses", "run": "run"}
+
+
+def bids_entities(path) -> dict[str, str]:
+    """The ``key-value`` entities of a BIDS file name (``sub-01_ses-1_task-rest_run-2_bold.nii.gz``)."""
+    name = Path(path).name
+    for suffix in _NIFTI_SUFFIXES[::-1]:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    out = {}
+    for part in name.split("_"):
+        key, sep, value = part.partition("-")
+        if sep and key and value:
+            out[key] = value
+    return out
+
+
+def _same_label(have: str | None, want: str) -> bool:
+    if have is None:
+        return False
+    if have.isdigit() and str(want).isdigit():
+        return int(have) == int(want)  # run-01 and run-1 are the same run
+    return have == str(want)
+
+
+@dataclass
+class SubjectDiscovery:
+    """The subjects of a site: each person's files (runs and sessions, in order), and what was skipped."""
+
+    subjects: list[tuple[str, list[Path]]]
+    skipped: list[tuple[str, str]]  # (path, why)
+
+
+def _is_bids_folder(p: Path) -> bool:
+    return any(c.is_dir() and c.name.startswith("sub-") for c in p.iterdir())
+
+
+def _read_subject_map(path) -> dict[str, str]:
+    """file -> subject id from a TSV with columns ``file`` and ``subject``."""
+    import csv
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataValidationError(f"{path}: subject mapping file not found")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if not rows or not {"file", "subject"} <= set(rows[0]):
+        raise DataValidationError(f"{path}: a subject mapping needs a header with the columns 'file' and 'subject'")
+    out = {}
+    for i, r in enumerate(rows, start=2):
+        if not r["file"] or not r["subject"]:
+            raise DataValidationError(f"{path}, line {i}: empty file or subject")
+        out[r["file"]] = r["subject"]
+    return out
+
+
+def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> SubjectDiscovery:
+    """The subjects (people) of a site and the files of each: the privacy unit is the person.
+
+    ``source`` is a folder, a file or a list of files. In a BIDS folder (a BIDS
+    root or a site folder of ``sub-*/[ses-*/]func/*_bold.nii[.gz]``) every run
+    and session of one ``sub-`` label forms one subject; files outside
+    ``func/`` (``anat/``, ``fmap/``) and non-BOLD files are skipped and listed.
+    ``filters`` keeps only runs whose BIDS entities match (``task``, ``space``,
+    ``session``, ``run``). Elsewhere, files named ``sub-<label>_...`` belong to
+    subject ``sub-<label>``; other files are one subject each, unless
+    ``subjects_tsv`` (columns ``file``, ``subject``; paths relative to the
+    folder) maps files to subjects.
+    """
+    filters = {k: v for k, v in (filters or {}).items() if v not in (None, "")}
+    unknown = set(filters) - set(BIDS_FILTERS)
+    if unknown:
+        raise DataValidationError(f"unknown BIDS filter(s) {sorted(unknown)}; use {list(BIDS_FILTERS)}")
+    skipped: list[tuple[str, str]] = []
+    base: Path | None = None
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if _is_nifti(f))
+            base = p
+            if _is_bids_folder(p):
+                files = []
+                for f in sorted(p.rglob("*")):
+                    rel = f.relative_to(p)
+                    if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+                        continue
+                    if not f.name.endswith(_NIFTI_SUFFIXES):
+                        continue
+                    if f.parent.name != "func" or not rel.parts[0].startswith("sub-"):
+                        skipped.append((str(f), f"not a functional run (outside sub-*/[ses-*/]func/)"))
+                    elif not bids_entities(f) or not f.name.split(".")[0].endswith("_bold"):
+                        skipped.append((str(f), "not a BOLD run (*_bold.nii[.gz])"))
+                    else:
+                        files.append(f)
+            else:
+                files = sorted(f for f in p.iterdir() if _is_nifti(f))
             if not files:
-                files = sorted(f for f in p.rglob("*.nii*") if _is_nifti(f))
-            if not files:
-                raise DataValidationError(f"{p}: no NIfTI files (*.nii, *.nii.gz) found")
-            return files
-        if not p.exists():
+                raise DataValidationError(f"{p}: no NIfTI files (*.nii, *.nii.gz) found"
+                                          + (f"; skipped {len(skipped)} file(s), e.g. {skipped[0][0]}: "
+                                             f"{skipped[0][1]}" if skipped else ""))
+        elif not p.exists():
             raise DataValidationError(f"{p}: file or folder not found")
-        return [p]
-    files = [Path(f) for f in paths_or_dir]
-    if not files:
-        raise DataValidationError("no input files given")
-    return files
+        else:
+            files = [p]
+    else:
+        files = [Path(f) for f in source]
+        if not files:
+            raise DataValidationError("no input files given")
+        seen: set[Path] = set()
+        for f in files:
+            if f.absolute() in seen:
+                raise DataValidationError(f"{f}: listed twice")
+            seen.add(f.absolute())
+
+    kept = []
+    for f in files:
+        ent = bids_entities(f)
+        miss = [k for k, v in filters.items() if not _same_label(ent.get(_BIDS_KEYS[k]), v)]
+        if miss:
+            skipped.append((str(f), "BIDS filter " + ", ".join(f"{k}={filters[k]}" for k in miss)))
+        else:
+            kept.append(f)
+    if not kept:
+        raise DataValidationError(f"{source}: no file matches the BIDS filters {filters}")
+
+    mapping = _read_subject_map(subjects_tsv) if subjects_tsv else None
+    groups: dict[str, list[Path]] = {}
+    for f in kept:
+        if mapping is not None:
+            key = next((k for k in (str(f), f.name, str(f.relative_to(base)) if base and f.is_relative_to(base)
+                                    else None) if k and k in mapping), None)
+            if key is None:
+                raise DataValidationError(f"{f}: not listed in the subject mapping {subjects_tsv}")
+            sid = mapping[key]
+        else:
+            sid = subject_id_from_path(f)
+        groups.setdefault(sid, []).append(f)
+    return SubjectDiscovery(list(groups.items()), skipped)
 
 
 def subject_id_from_path(path) -> str:
-    """Subject id from a file name: extension and a ``_bold`` suffix removed."""
+    """The person a file belongs to: ``sub-<label>`` for BIDS names, else the name without ``_bold``."""
+    ent = bids_entities(path)
+    if "sub" in ent and Path(path).name.startswith("sub-"):
+        return f"sub-{ent['sub']}"
     name = Path(path).name
     for suffix in (".nii.gz", ".nii"):
         if name.endswith(suffix):
@@ -422,15 +567,17 @@ def load_site(
     memmap_path=None,
     progress: bool = False,
     parcels=None,
+    bids: dict | None = None,
+    subjects_tsv=None,
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
     Parameters
     ----------
     paths_or_dir : str, Path or sequence of paths
-        A folder (its ``*.nii`` / ``*.nii.gz`` files, sorted by name), one
-        file, or a list of files (kept in the given order). One file per
-        subject.
+        A folder (its ``*.nii`` / ``*.nii.gz`` files, sorted by name; or a BIDS
+        folder), one file, or a list of files (kept in the given order).
+        Files are grouped into subjects (people) by :func:`find_subjects`.
     mask : str, Path or nibabel image
         Consortium mask (voxels > 0); every file must be on its grid.
     standardize : bool, default True
@@ -452,6 +599,10 @@ def load_site(
         Average each subject's (preprocessed) voxels into these parcels as it
         is read, so `X` has one row per parcel; data-independent, so it costs
         no privacy.
+    bids : dict, optional
+        BIDS filters (``task``, ``space``, ``session``, ``run``).
+    subjects_tsv : str or Path, optional
+        TSV mapping files to subjects (columns ``file``, ``subject``).
 
     Returns
     -------
@@ -463,7 +614,7 @@ def load_site(
         Naming the file and the problem: not found, unreadable/corrupted
         (incl. truncated gzip), not 4-D, grid or affine different from the
         mask's (affine tolerance 1e-3), fewer than `min_volumes` volumes,
-        TR different from the first file's, duplicate subject id, or
+        TR different from the first file's, a file listed twice, or
         non-finite values inside the mask (found while reading; a partly
         written `memmap_path` is then removed).
     """
@@ -478,26 +629,25 @@ def load_site(
         mask_path = str(Path(mask).absolute())
     else:
         mask_path = mask.get_filename() if hasattr(mask, "get_filename") else None
-    files = find_nifti(paths_or_dir)
+    found = find_subjects(paths_or_dir, filters=bids, subjects_tsv=subjects_tsv)
+    files = [f for _, fs in found.subjects for f in fs]
 
     # ---- pass 1: headers only
     ids, n_vols, trs = [], [], []
-    seen: dict[str, Path] = {}
-    for path in files:
-        n, tr = _inspect(path, mask_bool.shape, mask_affine, min_volumes)
-        sid = subject_id_from_path(path)
-        if sid in seen:
-            raise DataValidationError(
-                f"{path}: duplicate subject id {sid!r} (also from {seen[sid]})"
-            )
-        seen[sid] = path
-        if trs and not np.isclose(tr, trs[0], rtol=_TR_RTOL, atol=1e-6):
-            raise DataValidationError(
-                f"{path}: TR {tr:g} s differs from {trs[0]:g} s of {files[0]}"
-            )
+    run_vols: list[int] = []
+    for sid, runs in found.subjects:
+        total = 0
+        for path in runs:
+            n, tr = _inspect(path, mask_bool.shape, mask_affine, min_volumes)
+            if trs and not np.isclose(tr, trs[0], rtol=_TR_RTOL, atol=1e-6):
+                raise DataValidationError(
+                    f"{path}: TR {tr:g} s differs from {trs[0]:g} s of {files[0]}"
+                )
+            trs.append(tr)
+            run_vols.append(n)
+            total += n
         ids.append(sid)
-        n_vols.append(n)
-        trs.append(tr)
+        n_vols.append(total)
 
     stops = np.cumsum(n_vols)
     boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_vols)]
@@ -507,7 +657,7 @@ def load_site(
             raise DataValidationError(f"the parcellation has {len(parcels.labels)} voxels but the mask has {D}")
         D = parcels.n_parcels
 
-    # ---- pass 2: read subject by subject into the output
+    # ---- pass 2: read run by run into the output (each run preprocessed on its own)
     if memmap_path is not None:
         memmap_path = Path(memmap_path)
         memmap_path.parent.mkdir(parents=True, exist_ok=True)
@@ -517,10 +667,10 @@ def load_site(
 
     from tqdm.auto import tqdm
 
+    run_starts = np.concatenate([[0], np.cumsum(run_vols)])
     try:
-        for path, (a, b) in tqdm(
-            list(zip(files, boundaries)), desc="load", unit="subject", disable=not progress
-        ):
+        for i, path in enumerate(tqdm(files, desc="load", unit="run", disable=not progress)):
+            a, b = int(run_starts[i]), int(run_starts[i + 1])
             block = _read_subject(path, mask_bool, standardize, detrend)
             X[:, a:b] = block if parcels is None else parcels.reduce(block)
     except BaseException:
@@ -534,6 +684,8 @@ def load_site(
         subject_ids=ids,
         boundaries=boundaries,
         paths=[str(p) for p in files],
+        runs=[[str(p) for p in fs] for _, fs in found.subjects],
+        skipped=[list(x) for x in found.skipped],
         tr=trs[0] if trs[0] > 0 else None,
         mask_path=mask_path,
         standardize=standardize,
@@ -579,6 +731,8 @@ def open_site_data(npy_path) -> SiteData:
         subject_ids=meta["subject_ids"],
         boundaries=[tuple(b) for b in meta["boundaries"]],
         paths=meta["paths"],
+        runs=meta.get("runs"),
+        skipped=meta.get("skipped"),
         tr=meta["tr"],
         mask_path=meta["mask_path"],
         standardize=meta["standardize"],

@@ -73,7 +73,7 @@ def _read_json(path) -> dict:
 #: configuration fields each stage depends on (a change re-runs that stage and what follows)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
-    "load": ("sites", "standardize", "min_volumes"),
+    "load": ("sites", "standardize", "min_volumes", "bids"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed"),
     "unmix": ("plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
@@ -129,17 +129,20 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     site = next(s for s in cfg.sites if s.name == site_name)
     space = _read_json(space_json)
-    d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, space, cfg.standardize, cfg.min_volumes)
+    d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, site.subjects_tsv, cfg.bids, space,
+                   cfg.standardize, cfg.min_volumes)
     out = d / "site.json"
     if out.exists():
         return str(out)
     parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
     t0 = time.perf_counter()
     sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
-                   min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels)
+                   min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels, bids=cfg.bids,
+                   subjects_tsv=site.subjects_tsv or None)
     return _write_json(out, {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
                              "n_features": sd.n_features, "n_samples": sd.n_samples,
                              "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
+                             "runs": sd.runs, "skipped": sd.skipped,
                              "seconds": time.perf_counter() - t0})
 
 
@@ -302,7 +305,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     import nibabel as nib
 
     from .maps import convergence_figure, render_component, timecourse_figure
-    from .report import write_report
+    from .report import report_headline, write_report
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -345,11 +348,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     conv_png = convergence_figure(unm["history"], figs / "convergence.png")
 
     priv = _read_json(mp["privacy"])
-    eps = {n: s["epsilon_exact"] for n, s in priv["sites"].items()}
-    headline = [f"{mp['n_components']} components from {len(sites)} sites, "
-                f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.",
-                "Total privacy per site (exact GDP, delta = %g): %s." % (
-                    cfg.delta, ", ".join(f"{n} eps = {e:.2f}" for n, e in eps.items()))]
+    headline = report_headline(f"{mp['n_components']} components from {len(sites)} sites, "
+                               f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.", priv)
     metrics = truth["metrics"] if truth else None
     if metrics:
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))

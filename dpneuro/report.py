@@ -48,16 +48,19 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def privacy_section(privacy: dict) -> str:
     """Per-site totals, per-stage table and the assumptions, all from the ledgers."""
+    from .privacy.summary import threat_model
+
     delta = privacy["delta"]
     rows = []
     for site, s in privacy["sites"].items():
-        rows.append([site, s["n_subjects"], s["epsilon_exact"], s["epsilon_rdp"], s["epsilon_collusion"],
-                     s["mu"], s["releases"]])
-    out = [f"<p>Total privacy spent by every site, (&epsilon;, &delta;) with &delta; = {delta:g}, "
-           f"privacy unit: <b>{html.escape(privacy['unit'])}</b> (neighbouring datasets differ in one "
-           f"{html.escape(privacy['unit'])}).</p>",
-           _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "ε vs aggregator + colluders", "μ (GDP)",
-                   "releases"], rows)]
+        rows.append([site, s["n_subjects"], s["epsilon"], s["epsilon_rdp"], s["mu"], s["epsilon_single_release"],
+                     s["releases"]])
+    who = threat_model(privacy["plan"], privacy["n_colluding"])
+    out = [f"<p>Total privacy spent by every site, (&epsilon;, &delta;) with &delta; = {delta:g}, against "
+           f"{html.escape(who)}. Privacy unit: <b>{html.escape(privacy['unit'])}</b>; "
+           f"{html.escape(privacy.get('neighbour_text', ''))}.</p>",
+           _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "μ (GDP)",
+                   "ε of one site's releases alone (secondary)", "releases"], rows)]
     from .privacy import gdp_epsilon
 
     per_stage = []
@@ -65,18 +68,27 @@ def privacy_section(privacy: dict) -> str:
         for stage, mu in s.get("by_stage_mu", {}).items():
             per_stage.append([site, stage, mu, gdp_epsilon(delta, mu) if mu > 0 else 0.0])
     if per_stage:
-        out.append("<p>Per stage (each stage alone; the totals above compose them):</p>"
+        out.append("<p>Per stage (each stage alone, same adversary; the totals above compose them):</p>"
                    + _table(["site", "stage", "μ (GDP)", f"ε at δ = {delta:g}"], per_stage))
     stage_rows = []
     for site, s in privacy["sites"].items():
         for r in s["ledger"]["releases"]:
-            stage_rows.append([site, r["stage"], r["name"], r["unit"], r["sensitivity"], r["sigma"], r["count"]])
+            stage_rows.append([site, r["stage"], r["name"], r["unit"], r.get("neighbour", "replace"),
+                               r["sensitivity"], r["sigma"], r["count"]])
     out.append("<details><summary>Every release (from the ledgers)</summary>"
-               + _table(["site", "stage", "quantity", "unit", "sensitivity", "noise std", "rounds"], stage_rows)
+               + _table(["site", "stage", "quantity", "unit", "neighbours", "sensitivity", "noise std", "rounds"],
+                        stage_rows)
                + "</details>")
     out.append("<p><b>Assumptions, in plain words.</b></p><ul>"
                + "".join(f"<li>{html.escape(a)}</li>" for a in privacy.get("assumptions", [])) + "</ul>")
     return "\n".join(out)
+
+
+def report_headline(what: str, privacy: dict, extra: list[str] | None = None) -> list[str]:
+    """The box at the top of a report: what ran, the privacy headline and its warnings."""
+    from .privacy.summary import headline_lines, privacy_warnings
+
+    return [what, *headline_lines(privacy), *(extra or []), *privacy_warnings(privacy)]
 
 
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,

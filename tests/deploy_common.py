@@ -26,7 +26,7 @@ def run_config(man: dict, out: Path, **kw) -> RunConfig:
     """A run on the consortium ``man``; small and fast, seeded (tests compare runs)."""
     d = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(out), space="grid30",
              parcels=60, n_components=4, pca_epsilon=20.0, ica_epsilon_i=4.0, ica_delta_i=0.01, ica_rounds=12,
-             clip_G=5.0, clip_h=5.0, seed=3, plan="cape", timeout=60.0)
+             clip_G=5.0, clip_h=5.0, seed=3, simulation=True, plan="cape", timeout=60.0)
     d.update(kw)
     return RunConfig.from_dict(d).validate()
 

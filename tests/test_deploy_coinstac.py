@@ -112,7 +112,7 @@ def test_compspec_satisfies_coinstac_rules():
     cfg = dcc._config(settings, ["a", "b", "c"], Path("out")).validate(data_sites=[])
     assert dcc._message_bytes(cfg, settings["parcels"]) < dcc.MAX_MESSAGE_BYTES
     assert dcc._message_bytes(cfg, 1200) > dcc.MAX_MESSAGE_BYTES  # why parcels are needed
-    assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon_exact"}
+    assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon"}
 
 
 def test_inputspec_is_a_4_site_run_on_the_synthetic_consortium(tmp_path):

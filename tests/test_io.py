@@ -407,11 +407,17 @@ def test_inconsistent_tr_and_time_units(grid_files):
     assert load_site(site, mask).tr == pytest.approx(2.0)
 
 
-def test_duplicate_subject_ids(grid_files):
+def test_files_of_one_subject_label_are_one_person(grid_files):
     site, mask = grid_files
+    before = load_site(site, mask)
     shutil.copy(site / "sub-01_bold.nii.gz", site / "sub-01.nii.gz")
-    with pytest.raises(DataValidationError, match="duplicate subject id 'sub-01'"):
-        load_site(site, mask)
+    after = load_site(site, mask)
+    assert after.n_subjects == before.n_subjects
+    i = after.subject_ids.index("sub-01")
+    a, b = after.boundaries[i]
+    assert b - a == 2 * (before.boundaries[i][1] - before.boundaries[i][0])
+    with pytest.raises(DataValidationError, match="listed twice"):
+        load_site([site / "sub-01.nii.gz", site / "sub-01.nii.gz"], mask)
 
 
 def test_mask_errors(grid_files, tmp_path):
@@ -474,6 +480,7 @@ def test_find_nifti_and_subject_ids(tmp_path):
     assert [p.name for p in find_nifti(bids)] == [
         "sub-01_task-rest_bold.nii.gz", "sub-02_task-rest_bold.nii.gz"]
     assert subject_id_from_path("x/sub-0001_bold.nii.gz") == "sub-0001"
-    assert subject_id_from_path("sub-01_task-rest_bold.nii") == "sub-01_task-rest"
+    assert subject_id_from_path("sub-01_task-rest_bold.nii") == "sub-01"
+    assert subject_id_from_path("sub-01_ses-2_task-rest_run-3_bold.nii.gz") == "sub-01"
     assert subject_id_from_path(os.path.join("d", "functional.nii")) == "functional"
     assert subject_id_from_path("_bold.nii") == "_bold"

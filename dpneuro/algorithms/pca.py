@@ -47,10 +47,13 @@ as the papers did, before calling these functions, and say so.
 
 Privacy unit and sensitivity
 ----------------------------
-Neighbouring datasets add or remove one unit at one site, the site's counts
-``N_s`` (columns) and ``M_s`` (subjects) being public metadata used as the
-denominators -- the convention of the papers, which gives 1/N_s. With
-``neighbour="replace"`` (one unit swapped) every bound is sqrt(2) times larger.
+Neighbouring datasets differ by *replacing* one unit at one site (dpneuro's
+relation, ``neighbour="replace"``, the default): the site's counts ``N_s``
+(columns) and ``M_s`` (subjects) are public metadata used as the denominators.
+``neighbour="add-remove"`` (one unit added or removed while the denominator
+stays N_s, the papers' convention: bounds sqrt(2) times smaller) exists only to
+reproduce the papers' tables; with public counts it is really "zero out one
+unit", which under-states what a swap of one person for another changes.
 
 * Sample level (no subject boundaries): adding x (||x|| <= 1) changes the
   released unique entries u(A_s) (upper triangle with diagonal, the entries
@@ -119,7 +122,7 @@ __all__ = [
 ]
 
 MODES = ("covariance", "power")
-NEIGHBOURS = ("add-remove", "replace")
+NEIGHBOURS = ("replace", "add-remove")
 _NORM_TOL = 1e-6  # relative slack when checking ||x|| <= 1 on already-scaled data
 
 
@@ -405,7 +408,7 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray) -> np.ndarray:
     return Y
 
 
-def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "add-remove") -> float:
+def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "replace") -> float:
     """L2 sensitivity of A_s (and of A_s V) for one unit of ``max_subject_len`` columns.
 
     ``max_subject_len=1`` is the sample level. See the module docstring for the derivation.
@@ -482,7 +485,8 @@ class CapePCA:
         boundaries, else "sample".
     scale : None, float, "clip" or "unit"
         How columns are brought to norm <= 1 (module docstring).
-    neighbour : {"add-remove", "replace"}
+    neighbour : {"replace", "add-remove"}
+        Neighbour relation (module docstring); "add-remove" only to reproduce the papers.
     seed : int or None
         Seeds every site's noise (``default_rng([seed, site])``) and the
         power mode's V_0; None draws from OS entropy (production).
@@ -502,7 +506,7 @@ class CapePCA:
     name = "capepca"
 
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
-                 unit: str | None = None, scale=None, neighbour: str = "add-remove", seed: int | None = None,
+                 unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
                  keep_matrix: bool = False):
         self.k = _check_k(k)
@@ -571,9 +575,9 @@ class CapePCA:
         D = int(state["dim"])
         if self.mode == "covariance":
             return {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
-                                     stage=self.name)}
+                                     stage=self.name, neighbour=self.neighbour)}
         return {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
-                                  stage=f"{self.name}-power")}
+                                  stage=f"{self.name}-power", neighbour=self.neighbour)}
 
     def site_weight(self, state: State) -> float:
         return float(state["n"])
@@ -682,7 +686,8 @@ class DPdisPCA:
         spec = self.base.site_releases(state)["A"]
         A = self.base.site_compute(state, rnd, None)["A"]
         noise = privacy.gaussian(state["rng"], A.shape, spec.tau, state["ledger"], symmetric=True)
-        state["ledger"].record("A", spec.sensitivity, spec.tau, unit=spec.unit, stage=self.name)
+        state["ledger"].record("A", spec.sensitivity, spec.tau, unit=spec.unit, stage=self.name,
+                               neighbour=spec.neighbour)
         lam, U = top_eigh(A + noise, self.R)
         P = U * np.sqrt(np.maximum(lam, 0.0))  # post-processing of the noisy release
         return Payload({"P": P, "weight": np.array([float(state["n"])])}, {},
@@ -771,7 +776,7 @@ def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
 
 
 def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
-             scale=None, neighbour: str = "add-remove", mode: str = "covariance", n_iter: int | None = None,
+             scale=None, neighbour: str = "replace", mode: str = "covariance", n_iter: int | None = None,
              oversample: int = 0, exchange=None, seed: int | None = None, rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None) -> PCAResult:
@@ -846,7 +851,7 @@ def local_pca(X_site, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResu
 
 
 def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=None, unit: str | None = None,
-             scale=None, neighbour: str = "add-remove", exchange=None, seed: int | None = None,
+             scale=None, neighbour: str = "replace", exchange=None, seed: int | None = None,
              rng: np.random.Generator | None = None, options: RunOptions | None = None,
              calibration: str = "analytic") -> PCAResult:
     """DPdisPCA (001 Alg. 1) with intermediate dimension ``R`` (default 2k).

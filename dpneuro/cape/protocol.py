@@ -53,6 +53,7 @@ class ReleaseSpec:
     symmetric: bool = False
     unit: str = "subject"
     stage: str = ""
+    neighbour: str = "replace"
 
     @property
     def tau(self) -> float:
@@ -283,7 +284,7 @@ class _CapeProtocol:
                 var = _release_variance(cs["plan"], name, me)
                 rs = specs[name]
                 state["ledger"].record(name, rs.sensitivity, float(np.sqrt(var)), unit=rs.unit,
-                                       stage=rs.stage or self.alg.name,
+                                       stage=rs.stage or self.alg.name, neighbour=rs.neighbour,
                                        mu_collusion=self._mu_collusion(state, name, rs.sensitivity, me, S))
             else:
                 state["ledger"].mark_not_private("plan 'none': releases carry no noise and are not private")

@@ -98,7 +98,7 @@ OWNER_INPUTS: dict[str, type] = {
     "n_components": int, "reduction": str, "plan": str, "n_colluding": int, "delta": float, "pca_epsilon": float,
     "ica_epsilon_i": float, "ica_delta_i": float, "ica_rounds": int, "clip_G": float, "clip_h": float,
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
-    "standardize": bool, "min_volumes": int,
+    "standardize": bool, "min_volumes": int, "simulation": bool,
 }
 SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory
@@ -306,6 +306,10 @@ def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     if policy not in SEED_POLICIES:
         raise ConfigError(f"COINSTAC input 'seed_policy': one of {SEED_POLICIES}, got {policy!r}")
     out["seed"] = _coerce("seed", int, inputs.get("seed", 0)) if policy == "fixed" else None
+    if out["seed"] is not None and not out["simulation"]:
+        raise ConfigError("COINSTAC input 'seed_policy': 'fixed' seeds every party's noise from a value all "
+                          "parties see, so anyone could regenerate a site's noise and remove it; use 'entropy' "
+                          "(a test or simulation may set the input 'simulation' to true to keep a fixed seed)")
     return out
 
 
@@ -404,7 +408,7 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
         res = run_site_analysis(ctx)
     except Suspend as s:
         return {"output": {"dpneuro": {"phase": "running", "waiting": str(s)}}, "cache": {"dpneuro": "running"}}
-    return {"output": {"dpneuro": {"phase": "done", "epsilon_exact": res["epsilon_exact"]}},
+    return {"output": {"dpneuro": {"phase": "done", "epsilon": res["epsilon"]}},
             "cache": {"dpneuro": "done"}}
 
 
@@ -464,7 +468,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
     if pending:
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
-    final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon_exact", "delta", "plan")}
+    final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}
     for k in ("components", "privacy", "report", "W", "basis"):
         final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
     return {"output": final, "cache": {"dpneuro": "done"}, "success": True}

@@ -65,7 +65,7 @@ CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
     "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "n_components", "optimizer", "standardize",
     "min_volumes", "parcels",
-    "seed",
+    "seed", "simulation",
 )
 
 
@@ -338,7 +338,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
-            "subjects": subjects, "epsilon_exact": priv["epsilon_exact"]}
+            "subjects": subjects, "epsilon": priv["epsilon"]}
 
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -410,7 +410,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     from ..maps import convergence_figure, render_component, write_components
     from ..pipeline import SCALING_NOTE
     from ..privacy import privacy_report
-    from ..report import write_report
+    from ..report import report_headline, write_report
 
     cfg, out = ctx.cfg, ctx.out
     out.mkdir(parents=True, exist_ok=True)
@@ -444,11 +444,9 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
                                           title=f"IC{c + 1:02d}"))} for c in range(img.shape[3])]
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
                               figs / "convergence.png")
-    eps = {n: s["epsilon_exact"] for n, s in priv["sites"].items()}
-    headline = [f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} subjects; "
-                f"plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).",
-                "Total privacy per site (exact GDP, delta = %g): %s." % (
-                    cfg.delta, ", ".join(f"{n} eps = {e:.2f}" for n, e in eps.items()))]
+    eps = dict(priv["epsilon"])
+    headline = report_headline(f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} "
+                               f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv)
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
@@ -458,5 +456,5 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
                           timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes)
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
-            "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon_exact": eps,
+            "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
             "delta": cfg.delta, "plan": cfg.plan}

@@ -68,6 +68,7 @@ def load_party_config(path, *, site: str | None = None) -> RunConfig:
         raise ConfigError(f"config field 'sites': no site named {site!r} in {path} "
                           f"(sites: {[s.name for s in cfg.sites]})")
     cfg.validate(data_sites=[site] if site is not None else [])
+    cfg.check_deployment(f"site {site!r}" if site is not None else "the aggregator")
     if not cfg.exchange_dir:
         raise ConfigError("config field 'exchange_dir': a site/aggregator run needs the shared folder")
     return cfg

@@ -10,6 +10,9 @@ from typing import Any
 from .gaussian import gdp_epsilon
 
 UNITS = ("subject", "sample")
+#: neighbouring datasets: "replace" swaps one unit for another (counts public; dpneuro's relation),
+#: "add-remove" adds or deletes one (only to reproduce papers that use it)
+NEIGHBOURS = ("replace", "add-remove")
 METHODS = ("exact", "rdp", "pld")
 
 
@@ -28,6 +31,7 @@ class Release:
     # number of sites (CAPE, 003 Thm. 1); 0 when that adversary sees no more
     # than the release itself
     mu_collusion: float = 0.0
+    neighbour: str = "replace"
 
     @property
     def noise_multiplier(self) -> float:
@@ -68,6 +72,7 @@ class PrivacyLedger:
     def record(
         self, name: str, sensitivity: float, sigma: float, count: int = 1, *,
         unit: str = "subject", stage: str = "", note: str = "", mu_collusion: float = 0.0,
+        neighbour: str = "replace",
     ) -> Release:
         """Add a Gaussian release of L2 ``sensitivity`` with noise std ``sigma``."""
         if not (sensitivity >= 0 and math.isfinite(sensitivity)):
@@ -78,7 +83,10 @@ class PrivacyLedger:
             raise ValueError(f"release {name!r}: count must be a positive integer, got {count}")
         if unit not in UNITS:
             raise ValueError(f"release {name!r}: unit must be one of {UNITS}, got {unit!r}")
-        rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note, float(mu_collusion))
+        if neighbour not in NEIGHBOURS:
+            raise ValueError(f"release {name!r}: neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
+        rel = Release(name, float(sensitivity), float(sigma), int(count), unit, stage, note, float(mu_collusion),
+                      neighbour)
         for i, r in enumerate(self.releases):
             if replace(r, count=rel.count) == rel:
                 # repeated rounds with one calibration: one entry with a count keeps ledgers small
@@ -143,24 +151,33 @@ class PrivacyLedger:
             acc.compose(dp_accounting.GaussianDpEvent(z), int(r.count))
         return acc
 
-    def by_stage(self) -> dict[str, float]:
-        """mu of each stage alone (stages compose: total mu^2 is the sum)."""
+    def by_stage(self, *, collusion: bool = True) -> dict[str, float]:
+        """mu of each stage alone (stages compose: total mu^2 is the sum), against the aggregator by default."""
         out: dict[str, float] = {}
         for r in self.releases:
-            out[r.stage] = out.get(r.stage, 0.0) + r.mu_squared
+            out[r.stage] = out.get(r.stage, 0.0) + (r.mu_squared_collusion if collusion else r.mu_squared)
         return {k: math.sqrt(v) for k, v in out.items()}
 
     def summary(self, delta: float) -> dict[str, Any]:
+        """The totals a report shows.
+
+        ``epsilon`` is the headline: the guarantee against the aggregator
+        colluding with the assumed number of sites (it sees every release and
+        the zero-sum total), exact GDP composition; ``epsilon_rdp`` is the same
+        adversary by the RDP accountant. ``epsilon_single_release`` is the
+        weaker view of someone who sees this party's releases alone.
+        """
         return {
             "owner": self.owner,
             "delta": delta,
-            "mu": self.mu,
-            "epsilon_exact": self.epsilon(delta, "exact"),
-            "epsilon_rdp": self.epsilon(delta, "rdp"),
-            "mu_collusion": self.mu_collusion,
-            "epsilon_collusion": self.epsilon(delta, "exact", collusion=True),
+            "epsilon": self.epsilon(delta, "exact", collusion=True),
+            "epsilon_rdp": self.epsilon(delta, "rdp", collusion=True),
+            "mu": self.mu_collusion,
+            "epsilon_single_release": self.epsilon(delta, "exact"),
+            "mu_single_release": self.mu,
             "releases": sum(r.count for r in self.releases),
             "units": sorted({r.unit for r in self.releases}),
+            "neighbours": sorted({r.neighbour for r in self.releases}),
         }
 
     # -- persistence ---------------------------------------------------------------
