@@ -1,96 +1,254 @@
-"""Privacy budget planning: what a setting spends, and settings that spend a target.
+"""Privacy budget planning: what a configuration spends, and the settings that spend a target.
 
-Both directions use the same accounting as the run itself (a ledger with the
-releases the run will make), so the numbers the planner prints are the ones
-the report will show for the same configuration.
+The planner never models releases on its own: it builds every stage's
+algorithm from the run configuration exactly as the run does
+(:mod:`dpneuro.deploy.roles`), asks it for each site's releases from the
+site's public counts, and records them with the function the CAPE protocol
+records real releases with (:func:`dpneuro.cape.planned_ledgers`). So the
+planned ledgers are the ones the run fills (for a run that uses all its
+ICA rounds; one that stops early spends less), and the headline is the
+same: eps against the aggregator colluding with the assumed sites.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from .privacy import PrivacyLedger, cape_mu_z, gaussian_sigma, gdp_epsilon, gdp_mu, max_colluding
+from .config import ConfigError, RunConfig
+from .privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, gdp_mu
+from .privacy.summary import headline_lines, privacy_report, privacy_warnings
 
 
-def _ledger(S: int, M: int, J: int, clip: float, z_pca: float, z_ica: float) -> PrivacyLedger:
-    """The releases one site makes: one covariance (sensitivity 1/M), then G and h every round."""
-    led = PrivacyLedger("site")
-    led.record("A", 1.0 / M, z_pca / M, stage="capepca")
-    for name in ("G", "h"):
-        led.record(name, 2 * clip / M, z_ica * 2 * clip / M, count=J, stage="capedjica")
-    return led
+@dataclass(frozen=True)
+class SiteShape:
+    """A site's public counts: its subjects' time points (the privacy unit is the subject)."""
+
+    name: str
+    lengths: tuple[int, ...]
+
+    @property
+    def n_samples(self) -> int:
+        return int(sum(self.lengths))
 
 
-def _table(delta, S, M, J, clip, z_pca, z_ica, n_features, pca_eps, ica_eps_i, ica_delta_i) -> dict[str, Any]:
-    led = _ledger(S, M, J, clip, z_pca, z_ica)
-    S_C = max_colluding(S) if S >= 3 else 0
-    factor = math.sqrt(2 * cape_mu_z(1.0, 1.0, S, S_C)) if S >= 3 else 1.0
-    eps = led.epsilon(delta)
-    eps_rdp = led.epsilon(delta, "rdp")
-    eps_coll = gdp_epsilon(delta, led.mu * factor)
-    M_total = S * M
-    sd_cov = z_pca / M_total  # per entry of the averaged covariance under CAPE (pooled level)
-    sd_grad = z_ica * 2 * clip / M_total
-    lines = [
-        f"sites S = {S}, subjects per site M_s = {M} (privacy unit: one subject), ICA rounds J = {J}, "
-        f"clip B = {clip:g}, delta = {delta:g}",
-        f"capePCA : eps = {pca_eps:.3g} for the one release; noise multiplier z = {z_pca:.3g}",
-        f"capeDJICA: eps_i = {ica_eps_i:.3g}, delta_i = {ica_delta_i:g} per release (G and h, every round); "
-        f"z = {z_ica:.3g}",
-        f"total per site: eps = {eps:.3g} (exact GDP, mu = {led.mu:.3g}), {eps_rdp:.3g} (RDP); "
-        f"{eps_coll:.3g} against the aggregator with {S_C} colluding site(s)",
-        f"expected noise after CAPE averaging: covariance entries sd {sd_cov:.3g}, gradient entries sd "
-        f"{sd_grad:.3g} (per round)",
-    ]
-    if n_features:
-        # spectral norm of a D x D symmetric Gaussian matrix ~ 2 sd sqrt(D); unit-norm time points put
-        # the whole signal's eigenvalues (summing to 1) above it only if it is small
-        lines.append(f"with D = {n_features} features the covariance noise has spectral norm ~ "
-                     f"{2 * sd_cov * math.sqrt(n_features):.3g} (eigenvalues of the data sum to 1: components "
-                     f"whose eigenvalue is below this are lost)")
-    return {"delta": delta, "sites": S, "subjects_per_site": M, "rounds": J, "clip": clip,
-            "pca_epsilon": pca_eps, "pca_noise_multiplier": z_pca, "ica_epsilon_i": ica_eps_i,
-            "ica_delta_i": ica_delta_i, "ica_noise_multiplier": z_ica, "mu": led.mu, "epsilon_exact": eps,
-            "epsilon_rdp": eps_rdp, "epsilon_collusion": eps_coll, "noise_sd_covariance": sd_cov,
-            "noise_sd_gradient": sd_grad, "lines": lines}
+def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int | None = None) -> list[SiteShape]:
+    """Each site's subject lengths: from its files' headers (no image data read), or ``subjects`` x ``timepoints``."""
+    if subjects is not None:
+        if subjects < 1 or (timepoints or 1) < 1:
+            raise ConfigError("--subjects and --timepoints must be >= 1")
+        return [SiteShape(s.name, (int(timepoints or 150),) * int(subjects)) for s in cfg.sites]
+    from .io import DataValidationError, _load_image, find_subjects
 
-
-def _check_shape(sites: int, subjects: int, rounds: int, clip: float) -> None:
-    if sites < 1 or subjects < 1 or rounds < 1:
-        raise ValueError("sites, subjects and rounds must be >= 1")
-    if not clip > 0:
-        raise ValueError("clip must be > 0")
-
-
-def spend(delta: float, *, sites: int, subjects: int, rounds: int, clip: float, pca_epsilon: float,
-          ica_epsilon_i: float, ica_delta_i: float = 1e-2, calibration: str = "analytic",
-          n_features: int | None = None) -> dict[str, Any]:
-    """Total privacy per site of a run with these settings (pipeline calibration: PCA at delta/2)."""
-    _check_shape(sites, subjects, rounds, clip)
-    z_pca = gaussian_sigma(pca_epsilon, delta / 2)
-    z_ica = gaussian_sigma(ica_epsilon_i, ica_delta_i, method=calibration)
-    return _table(delta, sites, subjects, rounds, clip, z_pca, z_ica, n_features, pca_epsilon, ica_epsilon_i,
-                  ica_delta_i)
-
-
-def plan_budget(target_epsilon: float, delta: float, *, sites: int, subjects: int, rounds: int, clip: float,
-                pca_share: float = 0.25, ica_delta_i: float = 1e-2, n_features: int | None = None) -> dict[str, Any]:
-    """Per-stage budgets whose composition is ``target_epsilon`` at ``delta`` (exact GDP).
-
-    ``pca_share`` of mu^2 goes to the PCA release, the rest is spread evenly
-    over the 2 J ICA releases; per-release eps come from the analytic Gaussian.
-    """
-    _check_shape(sites, subjects, rounds, clip)
-    if not 0 < pca_share < 1:
-        raise ValueError(f"pca_share must be in (0, 1), got {pca_share}")
-    mu = gdp_mu(target_epsilon, delta)
-    mu_pca = math.sqrt(pca_share) * mu
-    z_pca = 1 / mu_pca
-    z_ica = math.sqrt(2 * rounds / ((1 - pca_share) * mu * mu))
-    pca_eps = gdp_epsilon(delta / 2, mu_pca)
-    ica_eps_i = gdp_epsilon(ica_delta_i, 1 / z_ica)
-    out = _table(delta, sites, subjects, rounds, clip, z_pca, z_ica, n_features, pca_eps, ica_eps_i, ica_delta_i)
-    out["lines"].insert(0, f"proposal for a total eps = {target_epsilon:g} per site at delta = {delta:g} "
-                           f"({pca_share:.0%} of mu^2 to capePCA):")
+    out = []
+    for s in cfg.sites:
+        src = s.files or s.path
+        if not src or (isinstance(src, str) and not Path(src).exists()):
+            raise ConfigError(f"site {s.name!r}: its data are not here ({src or 'no path'}); give --subjects and "
+                              "--timepoints to plan without data")
+        try:
+            found = find_subjects(src, filters=cfg.bids, subjects_tsv=s.subjects_tsv or None)
+        except DataValidationError as exc:
+            raise ConfigError(f"site {s.name!r}: {exc}") from None
+        out.append(SiteShape(s.name, tuple(sum(int(_load_image(f).shape[3]) for f in fs)
+                                           for _, fs in found.subjects)))
     return out
+
+
+def _dim(cfg: RunConfig, features: int | None) -> int:
+    if features is not None:
+        return int(features)
+    if cfg.mask:
+        from .io import load_mask
+
+        n_vox = int(load_mask(cfg.mask)[0].sum())
+    else:
+        from .synth import load_space
+
+        n_vox = int(load_space(cfg.space)[0].sum())
+    return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
+
+
+def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> dict[str, PrivacyLedger]:
+    """Every site's ledger of a run of ``cfg`` on sites of these shapes (no data needed)."""
+    from .cape import planned_ledgers as cape_planned
+    from .deploy.roles import ica_algorithm, pca_algorithm, reduce_plan
+
+    pca = pca_algorithm(cfg, dim)
+    red = cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
+                                               for i, s in enumerate(shapes)])
+    ica = ica_algorithm(cfg)
+    unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+    out = {}
+    for s, a, b in zip(shapes, red, unm):
+        led = PrivacyLedger.merge_all([a, b])
+        led.owner = s.name
+        out[s.name] = led
+    return out
+
+
+def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: dict) -> dict[str, float]:
+    """Expected noise std of the averaged releases: covariance entries, gradient entries (per round).
+
+    Under CAPE the zero-sum parts cancel in the N_s-weighted average, which keeps the local parts
+    (variance tau_s^2 / S); under 'conv' every site's full noise stays.
+    """
+    n = dict(n_samples)
+    N, S = sum(n.values()), len(n)
+    share = 1.0 / S if cfg.plan == "cape" else 1.0
+    out = {}
+    for stage, name, key in (("capepca", "A", "covariance"), ("capepca-power", "AV", "covariance"),
+                             ("ica", "G", "gradient (per round)")):
+        var = 0.0
+        for site, s in privacy["sites"].items():
+            for r in s["ledger"]["releases"]:
+                if r["stage"] == stage and r["name"] == name:
+                    var += (n[site] / N) ** 2 * share * r["sigma"] ** 2
+        if var > 0:
+            out[key] = math.sqrt(var)
+    if "covariance" in out:
+        out["covariance spectral norm"] = 2 * out["covariance"] * math.sqrt(dim)
+    return out
+
+
+def run_warnings(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: dict) -> list[str]:
+    """What a user must hear before trusting a run: weak privacy, components the data cannot carry, noise maps.
+
+    ``n_samples``: time points per site (public), ``dim``: features D after reduction.
+    """
+    out = list(privacy_warnings(privacy))
+    n_total = sum(n_samples.values())
+    if cfg.n_components >= 0.5 * min(dim, n_total):
+        out.append(f"WARNING: n_components = {cfg.n_components} is close to or above half of min(D = {dim}, "
+                   f"time points = {n_total}): components cannot be recovered reliably.")
+    spec = expected_noise(cfg, n_samples, dim, privacy).get("covariance spectral norm")
+    if spec is not None and spec > 1.0 / cfg.n_components:
+        out.append(f"WARNING: the covariance noise (spectral norm ~{spec:.3g}) exceeds the average signal "
+                   f"eigenvalue of {cfg.n_components} components (~{1 / cfg.n_components:.3g}; unit-norm time "
+                   "points put eigenvalues summing to 1): expect noise maps. Add subjects, use fewer features "
+                   "(parcels) or components, or a larger budget.")
+    return out
+
+
+@dataclass
+class BudgetPlan:
+    """What a configuration spends per site, and the noise to expect; prints as a table."""
+
+    config: RunConfig
+    shapes: list[SiteShape]
+    dim: int
+    privacy: dict[str, Any]
+    target_epsilon: float | None = None
+
+    @property
+    def epsilon(self) -> dict[str, float]:
+        """Headline eps per site (against the aggregator and its colluders)."""
+        return dict(self.privacy["epsilon"])
+
+    def noise(self) -> dict[str, float]:
+        """Expected noise std of the averaged releases (see :func:`expected_noise`)."""
+        return expected_noise(self.config, self._n_samples(), self.dim, self.privacy)
+
+    def warnings(self) -> list[str]:
+        return run_warnings(self.config, self._n_samples(), self.dim, self.privacy)
+
+    def _n_samples(self) -> dict[str, int]:
+        return {s.name: s.n_samples for s in self.shapes}
+
+    def lines(self) -> list[str]:
+        cfg = self.config
+        M = [len(s.lengths) for s in self.shapes]
+        out = []
+        if self.target_epsilon is not None:
+            out.append(f"proposal for eps = {self.target_epsilon:g} per site at delta = {cfg.delta:g} "
+                       f"(against the aggregator and its colluders):")
+        out.append(f"sites S = {len(self.shapes)}, subjects per site {M} (privacy unit: one subject, replace "
+                   f"neighbours), D = {self.dim} features, plan '{cfg.plan}', reduction '{cfg.reduction}', "
+                   f"ICA rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
+                   f"bias {'on' if cfg.ica_bias else 'off'}")
+        out.append(f"settings: pca_epsilon = {cfg.pca_epsilon:.6g} (at delta/2), ica_epsilon_i = "
+                   f"{cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, calibration "
+                   f"'{cfg.calibration}'")
+        out += headline_lines(self.privacy)
+        for name, s in self.privacy["sites"].items():
+            stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)
+            out.append(f"  {name}: eps = {s['epsilon']:.3f} (exact GDP), {s['epsilon_rdp']:.3f} (RDP); "
+                       f"by stage: {stages}; one site's releases alone {s['epsilon_single_release']:.3f}")
+        noise = self.noise()
+        if noise:
+            out.append("expected noise after averaging: " + ", ".join(f"{k} sd {v:.3g}" if "norm" not in k
+                                                                         else f"{k} {v:.3g}"
+                                                                         for k, v in noise.items()))
+        return out + self.warnings()
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "delta": self.config.delta, "target_epsilon": self.target_epsilon,
+                "pca_epsilon": self.config.pca_epsilon, "ica_epsilon_i": self.config.ica_epsilon_i,
+                "ica_delta_i": self.config.ica_delta_i, "sites": {s.name: list(s.lengths) for s in self.shapes},
+                "dim": self.dim, "noise": self.noise(), "privacy": self.privacy, "warnings": self.warnings(),
+                "lines": self.lines()}
+
+
+def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> BudgetPlan:
+    """What a run of ``cfg`` spends per site (refuses what the run refuses)."""
+    cfg.validate(data_sites=())
+    leds = planned_ledgers(cfg, shapes, dim)
+    priv = privacy_report(leds, delta=cfg.delta, n_subjects={s.name: len(s.lengths) for s in shapes},
+                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
+    return BudgetPlan(cfg, shapes, dim, priv)
+
+
+def _pca_noise_multiplier(cfg: RunConfig) -> float:
+    return gaussian_sigma(cfg.pca_epsilon, cfg.pca_delta)
+
+
+def _ica_noise_multiplier(cfg: RunConfig) -> float:
+    return gaussian_sigma(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
+
+
+def _with_multipliers(cfg: RunConfig, z_pca: float, z_ica: float) -> RunConfig:
+    """``cfg`` with the per-stage settings that give these noise multipliers."""
+    pca_eps = gdp_epsilon(cfg.pca_delta, 1.0 / z_pca)
+    if cfg.calibration == "classic":
+        ica_eps = math.sqrt(2 * math.log(1.25 / cfg.ica_delta_i)) / z_ica
+    else:
+        ica_eps = gdp_epsilon(cfg.ica_delta_i, 1.0 / z_ica)
+    for name, v, delta in (("pca_epsilon", pca_eps, cfg.pca_delta), ("ica_epsilon_i", ica_eps, cfg.ica_delta_i)):
+        if not v > 0:
+            raise ConfigError(f"the target needs a noise multiplier the setting {name!r} cannot express at delta "
+                              f"{delta:g} (eps would be 0); raise the target, lower "
+                              f"{'ica_delta_i' if name == 'ica_epsilon_i' else 'delta'}, or use fewer ICA rounds")
+    return replace(cfg, pca_epsilon=pca_eps, ica_epsilon_i=ica_eps)
+
+
+def plan_budget(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
+                pca_share: float = 0.25) -> BudgetPlan:
+    """The settings of ``cfg`` rescaled so that the largest headline eps over the sites is ``target_epsilon``.
+
+    ``pca_share`` of mu^2 goes to the reduction, the rest to the ICA rounds.
+    """
+    if not 0 < pca_share < 1:
+        raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ConfigError(f"target epsilon must be a finite number > 0, got {target_epsilon}")
+    if cfg.plan == "none" or cfg.reduction == "none":
+        raise ConfigError("plan 'none' / reduction 'none' add no noise: there is no budget to plan")
+    cfg.validate(data_sites=())
+    mu_t = gdp_mu(target_epsilon, cfg.delta)
+    base = spend(cfg, shapes, dim)
+    stage_mu = {n: s["by_stage_mu"] for n, s in base.privacy["sites"].items()}
+    red = max(math.sqrt(sum(v**2 for k, v in st.items() if k.startswith("capepca"))) for st in stage_mu.values())
+    ica = max(st.get("ica", 0.0) for st in stage_mu.values())
+    # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
+    z_pca = _pca_noise_multiplier(cfg) * red / (math.sqrt(pca_share) * mu_t)
+    z_ica = _ica_noise_multiplier(cfg) * ica / (math.sqrt(1 - pca_share) * mu_t)
+    trial = spend(_with_multipliers(cfg, z_pca, z_ica), shapes, dim)
+    mu_max = max(s["mu"] for s in trial.privacy["sites"].values())
+    planned = spend(_with_multipliers(cfg, z_pca * mu_max / mu_t, z_ica * mu_max / mu_t), shapes, dim)
+    planned.target_epsilon = target_epsilon
+    return planned

@@ -57,8 +57,8 @@ def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
     )).validate()
 
 
-def _print_privacy(priv: dict) -> None:
-    """The privacy headline of a run (from privacy.json), its warnings to stderr."""
+def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
+    """The privacy headline of a run (from privacy.json), its warnings (default: the privacy ones) to stderr."""
     from .privacy.summary import headline_lines, privacy_warnings
 
     for line in headline_lines(priv):
@@ -66,7 +66,7 @@ def _print_privacy(priv: dict) -> None:
     for name, s in priv["sites"].items():
         print(f"  {name}: eps = {s['epsilon']:.2f} (exact GDP), {s['epsilon_rdp']:.2f} (RDP); "
               f"one site's releases alone: {s['epsilon_single_release']:.2f} (secondary)")
-    for w in privacy_warnings(priv):
+    for w in privacy_warnings(priv) if warnings is None else warnings:
         print(w, file=sys.stderr)
 
 
@@ -81,9 +81,7 @@ def _print_summary(cfg, result: dict, seconds: float) -> None:
     if maps.get("truth"):
         m = maps["truth"]["metrics"]
         print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in m.items()))
-    _print_privacy(priv)
-    for w in maps.get("warnings", []):
-        print(f"WARNING: {w}", file=sys.stderr)
+    _print_privacy(priv, maps.get("warnings"))
     print(f"wall time:  {seconds:.1f} s")
 
 
@@ -125,24 +123,56 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: ``dpneuro budget`` options that override a configuration field (None: keep the configuration's value)
+BUDGET_OVERRIDES = {
+    "rounds": "ica_rounds", "clip": ("clip_G", "clip_h"), "pca_epsilon": "pca_epsilon",
+    "ica_epsilon_i": "ica_epsilon_i", "ica_delta_i": "ica_delta_i", "calibration": "calibration",
+    "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
+    "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding",
+}
+
+
+def _budget_config(args: argparse.Namespace):
+    """The configuration to plan: a run.toml, or the defaults with ``--sites`` placeholder sites."""
+    from dataclasses import replace
+
+    from .config import ConfigError, RunConfig, SiteInput
+
+    if args.config:
+        if args.sites is not None:
+            raise ConfigError("give either a run configuration or --sites, not both")
+        cfg = RunConfig.read(args.config)
+    else:
+        if args.sites is None or args.subjects is None:
+            raise ConfigError("give a run configuration (dpneuro budget run.toml) or --sites and --subjects")
+        cfg = RunConfig(sites=[SiteInput(f"site-{i + 1:02d}", "") for i in range(max(args.sites, 0))], out="")
+    changes = {}
+    for opt, fields in BUDGET_OVERRIDES.items():
+        v = getattr(args, opt)
+        if v is not None:
+            for f in (fields,) if isinstance(fields, str) else fields:
+                changes[f] = v
+    if args.ica_bias is not None:
+        changes["ica_bias"] = args.ica_bias == "on"
+    return replace(cfg, **changes).validate(data_sites=())
+
+
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from .budget import plan_budget, spend
+    import json as _json
 
+    from .budget import _dim, plan_budget, site_shapes, spend
+
+    cfg = _budget_config(args)
+    shapes = site_shapes(cfg, subjects=args.subjects, timepoints=args.timepoints)
+    dim = _dim(cfg, args.features)
     if args.target_epsilon is not None:
-        table = plan_budget(args.target_epsilon, args.delta, sites=args.sites, subjects=args.subjects,
-                            rounds=args.rounds, clip=args.clip, pca_share=args.pca_share,
-                            ica_delta_i=args.ica_delta_i, n_features=args.features)
+        plan = plan_budget(cfg, shapes, dim, args.target_epsilon, pca_share=args.pca_share)
     else:
-        table = spend(args.delta, sites=args.sites, subjects=args.subjects, rounds=args.rounds, clip=args.clip,
-                      pca_epsilon=args.pca_epsilon, ica_epsilon_i=args.ica_epsilon_i,
-                      ica_delta_i=args.ica_delta_i, calibration=args.calibration, n_features=args.features)
+        plan = spend(cfg, shapes, dim)
     if args.json:
-        import json as _json
-
-        print(_json.dumps(table, indent=1))
+        print(_json.dumps(plan.to_dict(), indent=1, default=str))
     else:
-        for line in table["lines"]:
-            print(line)
+        print(plan)
     return EXIT_OK
 
 
@@ -179,7 +209,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         print(f"privacy:    {res['privacy']}")
         import json as _json
 
-        _print_privacy(_json.loads(Path(res["privacy"]).read_text()))
+        _print_privacy(_json.loads(Path(res["privacy"]).read_text()), res.get("warnings"))
     return EXIT_OK
 
 
@@ -238,20 +268,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("budget", help="plan per-stage privacy budgets, or see what a setting spends")
-    s.add_argument("--sites", type=int, required=True)
-    s.add_argument("--subjects", type=int, required=True, help="subjects per site")
-    s.add_argument("--rounds", type=int, default=200, help="ICA rounds J")
-    s.add_argument("--clip", type=float, default=30.0, help="ICA clipping bound B_G = B_h")
-    s.add_argument("--features", type=int, default=None, help="features D after reduction (for noise hints)")
-    s.add_argument("--delta", type=float, default=1e-5, help="total delta per site")
-    s.add_argument("--target-epsilon", type=float, default=None, help="propose budgets for this total eps")
-    s.add_argument("--pca-share", type=float, default=0.25, help="share of mu^2 given to the PCA stage")
-    s.add_argument("--pca-epsilon", type=float, default=4.0)
-    s.add_argument("--ica-epsilon-i", type=float, default=1.0)
-    s.add_argument("--ica-delta-i", type=float, default=1e-2)
-    s.add_argument("--calibration", default="analytic", choices=["analytic", "classic"])
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser(
+        "budget", help="what a configuration spends per site, or the settings that spend a target epsilon",
+        description="Plans from the same release list the run records, so the prediction is what the run's "
+                    "privacy.json will show (for a run that uses all its ICA rounds). The headline is eps "
+                    "against the aggregator colluding with the assumed number of sites.")
+    s.add_argument("config", nargs="?", default=None,
+                   help="run configuration (run.toml); subject counts are read from the sites' file headers")
+    s.add_argument("--sites", type=int, default=None, help="without a configuration: number of sites")
+    s.add_argument("--subjects", type=int, default=None,
+                   help="subjects per site (instead of reading the data; required without a configuration)")
+    s.add_argument("--timepoints", type=int, default=None, help="volumes per subject with --subjects (default 150)")
+    s.add_argument("--features", type=int, default=None,
+                   help="features D after reduction, for the noise estimate (default: from mask/space/parcels)")
+    s.add_argument("--target-epsilon", type=float, default=None,
+                   help="propose pca_epsilon and ica_epsilon_i so that the largest per-site eps is this")
+    s.add_argument("--pca-share", type=float, default=0.25,
+                   help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default 0.25)")
+    over = s.add_argument_group("overrides of configuration fields (default: the configuration's value)")
+    over.add_argument("--plan", choices=["cape", "conv", "none"], default=None, help="noise plan (field plan)")
+    over.add_argument("--reduction", default=None, help="field reduction (capepca, capepca-power, none)")
+    over.add_argument("--components", type=int, default=None, help="field n_components")
+    over.add_argument("--n-colluding", type=int, default=None, help="field n_colluding")
+    over.add_argument("--delta", type=float, default=None, help="total delta per site (field delta)")
+    over.add_argument("--pca-epsilon", type=float, default=None, help="field pca_epsilon")
+    over.add_argument("--ica-epsilon-i", type=float, default=None, help="field ica_epsilon_i (per ICA release)")
+    over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")
+    over.add_argument("--rounds", type=int, default=None, help="ICA rounds (field ica_rounds)")
+    over.add_argument("--clip", type=float, default=None, help="ICA clipping bound (fields clip_G and clip_h)")
+    over.add_argument("--clip-unit", choices=["subject", "sample"], default=None, help="field ica_clip_unit")
+    over.add_argument("--ica-bias", choices=["on", "off"], default=None, help="release the bias gradient h too")
+    over.add_argument("--calibration", default=None, choices=["analytic", "classic"], help="field calibration")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_budget)
 
     _add_party_parsers(sub)

@@ -82,8 +82,8 @@ def peak_mm(img3d) -> tuple[float, float, float]:
     return tuple(float(v) for v in xyz[:3])
 
 
-def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None = None) -> Path:
-    """Each component's time course and power spectrum (one row per component)."""
+def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None = None, title: str = "") -> Path:
+    """Each component's time course and power spectrum (one row per component); ``title`` names the data."""
     import matplotlib.pyplot as plt
     from scipy import signal
 
@@ -103,6 +103,8 @@ def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None =
                 ax.set_xticklabels([])
     axes[-1, 0].set_xlabel("time (s)", fontsize=8)
     axes[-1, 1].set_xlabel("frequency (Hz)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out_png, dpi=80)
     plt.close(fig)

@@ -276,9 +276,12 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
                           scaling_note=SCALING_NOTE)
     priv_path = _write_json(d / "privacy.json", priv)
+    from .budget import run_warnings
+
+    warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
-              "n_components": int(A.shape[1]), "truth": None}
+              "n_components": int(A.shape[1]), "truth": None, "warnings": warnings}
     truth = _truth(cfg)
     if truth is not None:
         A_true = np.load(truth["truth"]["A"]).astype(np.float64)
@@ -341,15 +344,21 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         entry["png"] = str(render_component(comp3d, figs / f"component_{c + 1:02d}.png", title=label,
                                             cut_coords=cut))
         comps.append(entry)
-    first = sites[0]
-    S = np.loadtxt(mp["timecourses"][first["site"]], delimiter="\t", skiprows=1, ndmin=2).T
-    a, b = first["boundaries"][0]
-    tc_png = timecourse_figure(S[:, a:b], first["tr"] or 2.0, figs / "timecourses.png")
+    # time courses are each site's own (un-noised) data: a figure per site beside its TSV, never in the
+    # consortium report
+    tc_dir = out / "timecourses"
+    tc_dir.mkdir(exist_ok=True)
+    for s in sites:
+        S = np.loadtxt(mp["timecourses"][s["site"]], delimiter="\t", skiprows=1, ndmin=2).T
+        a, b = s["boundaries"][0]
+        timecourse_figure(S[:, a:b], s["tr"] or 2.0, tc_dir / f"{s['site']}.png",
+                          title=f"site {s['site']}, subject {s['subject_ids'][0]}: for this site only")
     conv_png = convergence_figure(unm["history"], figs / "convergence.png")
 
     priv = _read_json(mp["privacy"])
     headline = report_headline(f"{mp['n_components']} components from {len(sites)} sites, "
-                               f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.", priv)
+                               f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.", priv,
+                               mp.get("warnings"))
     metrics = truth["metrics"] if truth else None
     if metrics:
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
@@ -358,8 +367,6 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     timings["unmix (capeDJICA)"] = unm["seconds"]
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
-    tc_dir = out / "timecourses"
-    tc_dir.mkdir(exist_ok=True)
     for site, p in mp["timecourses"].items():
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
     np.save(out / "W.npy", np.load(unm["W"]))
@@ -372,6 +379,5 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
-                          components=comps, privacy=priv, metrics=metrics, timecourses_png=tc_png,
-                          convergence_png=conv_png, timings=timings, run=cfg.to_json(), notes=notes)
+                          components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png, timings=timings, run=cfg.to_json(), notes=notes)
     return str(report)

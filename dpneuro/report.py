@@ -84,15 +84,15 @@ def privacy_section(privacy: dict) -> str:
     return "\n".join(out)
 
 
-def report_headline(what: str, privacy: dict, extra: list[str] | None = None) -> list[str]:
-    """The box at the top of a report: what ran, the privacy headline and its warnings."""
+def report_headline(what: str, privacy: dict, warnings: list[str] | None = None) -> list[str]:
+    """The box at the top of a report: what ran, the privacy headline and the run's warnings."""
     from .privacy.summary import headline_lines, privacy_warnings
 
-    return [what, *headline_lines(privacy), *(extra or []), *privacy_warnings(privacy)]
+    return [what, *headline_lines(privacy), *(privacy_warnings(privacy) if warnings is None else warnings)]
 
 
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
-                 metrics: dict | None = None, timecourses_png=None, convergence_png=None,
+                 metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None) -> Path:
     """Write ``report.html``.
 
@@ -120,11 +120,11 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         parts.append("".join(cell))
     parts.append("</div>")
 
-    if timecourses_png:
-        parts.append("<h2>Time courses and power spectra</h2>")
-        parts.append('<p class="small">Time courses stay at each site; shown: one site\'s own subjects, '
-                     "computed locally from the shared unmixing.</p>")
-        parts.append(_img(timecourses_png, "time courses"))
+    parts.append("<h2>Time courses</h2>")
+    parts.append('<p class="small">Time courses are computed by each site from its own data and the shared '
+                 "unmixing; they are not private releases, so this consortium report shows none. Each site finds "
+                 "its subjects' time courses (a TSV, and a figure) in its own outputs: "
+                 "<code>timecourses/&lt;site&gt;.tsv</code>.</p>")
     parts.append("<h2>Privacy</h2>")
     parts.append(privacy_section(privacy))
     if convergence_png:

@@ -168,3 +168,14 @@ def test_protocol_needs_the_shared_secret():
     with pytest.raises(ValueError, match="shared secret"):
         simulate(PDSVD(2, 3, n_sites=3, secure=False, norm_bound=50.0), Xs)
     assert math.isfinite(PDSVD(2, 3, n_sites=3, reveal_singular_values=True).norm_bound)
+
+
+def test_what_the_ledger_and_the_aggregator_say_is_what_happens():
+    """The ledger is not private (eps infinite) and the aggregator learns n exactly, as documented."""
+    Xs = sites_with_gap(D=12, k=2, S=3, Ns=25, seed=6)
+    res = pd_svd(Xs, 2, 3, seed=1, site_secret=b"s" * 32)
+    for led in res.ledgers:
+        assert led.epsilon(1e-5) == math.inf and led.not_private and not led.releases
+    t = next(x for x in res.transcript if x["topic"] == "n")
+    n = sum(X.shape[1] for X in Xs)
+    assert round(t["value"] / t["check"] * len(Xs)) == n  # up to the secure sum's fixed-point rounding

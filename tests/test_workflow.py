@@ -48,7 +48,9 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     for s in priv["sites"].values():
         stages = {r["stage"] for r in s["ledger"]["releases"]}
         assert len(stages) == 2  # capePCA and capeDJICA releases composed
-        assert s["epsilon_exact"] > 0 and s["epsilon_collusion"] > s["epsilon_exact"]
+        assert s["epsilon_single_release"] > 0 and s["epsilon"] > s["epsilon_single_release"]
+        assert s["neighbours"] == ["replace"]
+    assert priv["neighbour"] == "replace" and priv["epsilon"] == {n: s["epsilon"] for n, s in priv["sites"].items()}
     html = Path(res["report"]).read_text()
     assert len(re.findall(r'<img alt="IC\d\d"', html)) == R  # one image per component
     assert len(re.findall(r'<img alt="truth IC\d\d"', html)) == R
@@ -111,24 +113,3 @@ def test_cli_run_rejects_broken_config_and_mismatched_grid(tmp_path, consortium,
     assert main(["run", str(cfg), "-q"]) != 0
     err = capsys.readouterr().err
     assert "sub-9999_bold.nii.gz" in err and "affine" in err
-
-
-def test_budget_planner_round_trip_and_cli(capsys):
-    from dpneuro.budget import plan_budget, spend
-
-    plan = plan_budget(8.0, 1e-5, sites=4, subjects=40, rounds=50, clip=1.0, pca_share=0.3)
-    assert plan["epsilon_exact"] == pytest.approx(8.0, rel=1e-6)
-    # the proposal, spent as configured, gives the target back
-    again = spend(1e-5, sites=4, subjects=40, rounds=50, clip=1.0, pca_epsilon=plan["pca_epsilon"],
-                  ica_epsilon_i=plan["ica_epsilon_i"], ica_delta_i=plan["ica_delta_i"])
-    assert again["epsilon_exact"] == pytest.approx(8.0, rel=1e-6)
-    assert again["epsilon_rdp"] > again["epsilon_exact"]
-    assert again["epsilon_collusion"] > again["epsilon_exact"]
-    # noise after CAPE averaging scales like 1 / (S M)
-    more = spend(1e-5, sites=4, subjects=80, rounds=50, clip=1.0, pca_epsilon=plan["pca_epsilon"],
-                 ica_epsilon_i=plan["ica_epsilon_i"])
-    assert more["noise_sd_gradient"] == pytest.approx(again["noise_sd_gradient"] / 2, rel=1e-9)
-    assert main(["budget", "--sites", "4", "--subjects", "40", "--rounds", "50", "--clip", "1",
-                 "--target-epsilon", "8"]) == 0
-    assert "total per site: eps = 8" in capsys.readouterr().out
-    assert main(["budget", "--sites", "0", "--subjects", "40"]) == 2

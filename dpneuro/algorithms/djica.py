@@ -600,12 +600,16 @@ class CapeDJICA:
             raise ValueError(f"site {site}: no samples")
         if not np.all(np.isfinite(Z)):
             raise ValueError(f"site {site}: whitened data contain NaN or infinite values")
-        lengths = _subject_lengths(subjects, Z.shape[1], site)
-        state = {"_Z": Z, "_lengths": lengths, "n": int(Z.shape[1]), "subjects": len(lengths),
-                 "t_max": max(lengths)}
+        state = self.public_state(site, _subject_lengths(subjects, Z.shape[1], site))
+        state["_Z"] = Z
         if self.seed is not None:
             state["rng"] = np.random.default_rng(_site_seed(self.seed, site))
         return state
+
+    def public_state(self, site: int, lengths: Sequence[int]) -> dict:
+        """What a site's releases depend on: its subjects' lengths (the planner calls this without data)."""
+        lengths = tuple(int(n) for n in lengths)
+        return {"_lengths": lengths, "n": int(sum(lengths)), "subjects": len(lengths), "t_max": max(lengths)}
 
     def sensitivity(self, state) -> tuple[float, float]:
         """Subject-level L2 sensitivities of the released means (G, h) at this site.

@@ -550,26 +550,30 @@ class CapePCA:
             raise ValueError(f"site {site}: a column has norm {src.max_norm:.4g} > 1; bring the data to the "
                              "consortium-agreed norm bound (scale=c with the public constant c) or pass "
                              "scale='clip' / 'unit'. Nothing was released")
-        unit = self.unit or ("subject" if src.has_subjects else "sample")
-        if unit == "subject" and not src.has_subjects:
+        state = self.public_state(site, src.lengths if src.has_subjects else None, src.n_samples, src.dim)
+        state["_src"] = src
+        if self.seed is not None:
+            state["rng"] = np.random.default_rng([int(self.seed), int(site)])
+        return state
+
+    def public_state(self, site: int, lengths: Sequence[int] | None, n_samples: int, dim: int) -> State:
+        """What a site's releases depend on: its public counts (the planner calls this without data)."""
+        unit = self.unit or ("subject" if lengths is not None else "sample")
+        if unit == "subject" and lengths is None:
             raise ValueError(f"site {site}: unit='subject' needs subject boundaries (subjects=..., a SiteData, "
                              "or one block per subject)")
-        max_len = max(src.lengths) if unit == "subject" else 1
-        sens = pca_sensitivity(src.n_samples, max_len, self.neighbour)
+        max_len = max(lengths) if unit == "subject" else 1
+        sens = pca_sensitivity(n_samples, max_len, self.neighbour)
         ledger = PrivacyLedger(owner=f"site-{site}")
         ledger.note(_scale_note(self.scale))
         what = "one subject (all its time points)" if unit == "subject" else "one sample (column)"
         ledger.note(f"{self.name}: privacy unit = {what}, neighbours by {self.neighbour}, counts N_s (and M_s) "
                     f"public; sensitivity {sens:.6g} = {'sqrt(2) * ' if self.neighbour == 'replace' else ''}"
-                    f"{max_len}/{src.n_samples}")
+                    f"{max_len}/{n_samples}")
         if self.mode == "power":
             ledger.note(f"{self.name} power mode: {self.n_iter} releases of A_s V_t, per-release noise multiplier "
                         f"sqrt({self.n_iter}) * z(eps, delta) so that their composition is the run's (eps, delta)")
-        state: State = {"_src": src, "site": site, "dim": src.dim, "n": src.n_samples, "unit": unit,
-                        "sensitivity": sens, "ledger": ledger}
-        if self.seed is not None:
-            state["rng"] = np.random.default_rng([int(self.seed), int(site)])
-        return state
+        return {"site": site, "dim": dim, "n": n_samples, "unit": unit, "sensitivity": sens, "ledger": ledger}
 
     def site_releases(self, state: State) -> dict[str, ReleaseSpec]:
         D = int(state["dim"])

@@ -3,8 +3,9 @@
 No differential-privacy noise is added here. PD-SVD computes the *exact*
 top-k subspace of the pooled data (up to the iteration's convergence and the
 fixed-point resolution of secure aggregation); its privacy is *measured* with
-:func:`ks_privacy`, never stated as (eps, delta). Every site's ledger says so
-and records no release (its ``epsilon()`` is therefore 0 and meaningless).
+:func:`ks_privacy`, never stated as (eps, delta). Every site's ledger records
+no Gaussian release and is marked not private, so its ``epsilon()`` is
+infinite: PD-SVD gives no differential-privacy guarantee.
 
 Orientation
 -----------
@@ -20,7 +21,7 @@ Protocol (block power iteration, 002 Alg. 3-4, on the generic driver)
                  V_0 = orth(N(0, 1/D)^{D x k}) drawn from the agreed public
                  seed, and a public run nonce.
 secure sums      (secure aggregation, dpneuro.secagg; SECSUM of 002 App. C)
-  ``pdsvd-n``     the total count n (blinded, see below);
+  ``pdsvd-n``     the total count n (the aggregator learns it, see below);
   ``pdsvd-mean``  PD-PCA only (002 App. D, Alg. 6): the global mean
                   mu = sum_s X_s 1 / n; each site then works with
                   X_s - mu 1^T (secure centring);
@@ -56,8 +57,12 @@ Who learns what (honest-but-curious parties):
   value stays hidden within a factor 2^a (not reduced by repetition: rho_i is
   fixed for the run), iteration-to-iteration changes within a factor 2^b per
   observation, and ratios between columns are blinded by independent factors.
-  It also sees n and the global mean only blinded the same way (r_n in
-  [1, 2^6]; the mean's direction is visible). It never sees one site's
+  It learns the total number of time points n *exactly*: the count sum is
+  [n r_n, S r_n] (the second entry lets every site check that all S sites
+  joined with the same secret), and S is public, so n = S x first / second.
+  That is no leak in dpneuro's model, where every site's numbers of subjects
+  and time points are public anyway. The global mean (PD-PCA) is blinded by
+  one factor (its direction is visible). It never sees one site's
   contribution: secure aggregation masks each input.
   This is *statistical* hiding of the singular values, weaker than 002's
   MPC normalisation (which reveals nothing but s / ||s||); the KS
@@ -115,7 +120,8 @@ __all__ = [
 _COUNT_UNIT = 2.0**-20  # counts enter the secure sum as n_m * r_n * 2^-20 (exact after rounding)
 _COUNT_BITS = 6.0
 _NOTE = ("PD-SVD adds no differential-privacy noise: its privacy is measured (KS distributional privacy, "
-         "002 Alg. 5), not an (eps, delta) guarantee, so its epsilon() is infinite. What the aggregator "
+         "002 Alg. 5), not an (eps, delta) guarantee, so its epsilon() is infinite. The aggregator learns "
+         "the total number of time points n (public in dpneuro's model). What the aggregator "
          "and the sites learn: dpneuro.algorithms.pdsvd module docstring")
 
 
@@ -323,7 +329,8 @@ class PDSVD:
 
     def _on_count(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         self._check_all(state, "pdsvd-n")
-        state["transcript"].append({"topic": "n", "value": float(total[0])})
+        # what the aggregator sees: [n r_n, S r_n], i.e. n itself (S is public)
+        state["transcript"].append({"topic": "n", "value": float(total[0]), "check": float(total[1])})
         if self.reveal:
             state["n"] = int(round(float(total[0]) / _COUNT_UNIT))
         return Payload({"pdsvd/nsum": np.asarray(total, dtype=np.float64)})

@@ -280,30 +280,11 @@ class _CapeProtocol:
                 # zero-sum parts still cancel, sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0
                 arrays[name] = np.asarray(post(state, name, arrays[name]), dtype=np.float64)
             carries[name] = CARRIES[kind]
-            if kind != "none":
-                var = _release_variance(cs["plan"], name, me)
-                rs = specs[name]
-                state["ledger"].record(name, rs.sensitivity, float(np.sqrt(var)), unit=rs.unit,
-                                       stage=rs.stage or self.alg.name, neighbour=rs.neighbour,
-                                       mu_collusion=self._mu_collusion(state, name, rs.sensitivity, me, S))
-            else:
-                state["ledger"].mark_not_private("plan 'none': releases carry no noise and are not private")
+            record_release(state["ledger"], self.plan, name, specs[name], cs["plan"], me,
+                           stage=self.alg.name, cache=cs.setdefault("mu_collusion", {}))
         cs.pop("e_hat", None)
         state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
         return Payload(arrays, {}, carries)
-
-    def _mu_collusion(self, state: State, name: str, sensitivity: float, me: int, S: int) -> float:
-        """GDP mu of this release against the aggregator and the assumed colluders (cached per plan)."""
-        if self.plan.kind != "cape":
-            return 0.0
-        plan = state["cape"]["plan"]
-        key = f"{name}:{sensitivity!r}:{plan['cape/sites'].tolist()}"
-        cache = state["cape"].setdefault("mu_collusion", {})
-        if key not in cache:
-            n_c = max_colluding(S) if self.plan.n_colluding is None else self.plan.n_colluding
-            cache[key] = privacy.cape_release_mu(sensitivity, plan[f"cape/e_var/{name}"],
-                                                 plan[f"cape/g_var/{name}"], plan["cape/weights"], me, n_c)
-        return cache[key]
 
     def _agg_release(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
         cs = state["cape"]
@@ -319,6 +300,63 @@ class _CapeProtocol:
             plan_arrays, _ = _plan_payload(self.plan.kind, cs["specs"], cs["taus"], cs["weights"], active)
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: ReleaseSpec,
+                   plan_arrays: dict[str, np.ndarray], me: int, *, stage: str, count: int = 1,
+                   cache: dict | None = None) -> None:
+    """Record one release of ``name`` by the site at position ``me`` of the variance plan.
+
+    The one place a CAPE release enters a ledger: the protocol calls it after
+    every release, the budget planner (:func:`planned_ledgers`) with the
+    number of rounds, so the two always agree.
+    """
+    if plan.kind == "none":
+        ledger.mark_not_private("plan 'none': releases carry no noise and are not private")
+        return
+    var = _release_variance(plan_arrays, name, me)
+    mu_c = 0.0
+    if plan.kind == "cape":
+        sites = plan_arrays["cape/sites"]
+        key = f"{name}:{spec.sensitivity!r}:{np.asarray(sites).tolist()}"
+        if cache is None or key not in cache:
+            S = len(sites)
+            n_c = max_colluding(S) if plan.n_colluding is None else plan.n_colluding
+            mu_c = privacy.cape_release_mu(spec.sensitivity, plan_arrays[f"cape/e_var/{name}"],
+                                           plan_arrays[f"cape/g_var/{name}"], plan_arrays["cape/weights"], me, n_c)
+            if cache is not None:
+                cache[key] = mu_c
+        else:
+            mu_c = cache[key]
+    ledger.record(name, spec.sensitivity, float(np.sqrt(var)), count, unit=spec.unit, stage=spec.stage or stage,
+                  neighbour=spec.neighbour, mu_collusion=mu_c)
+
+
+def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Sequence[State], *,
+                    rounds: int | None = None) -> list[PrivacyLedger]:
+    """The ledgers a run of ``algorithm`` under ``plan`` would fill, from the sites' public states alone.
+
+    ``states`` are the algorithm's ``public_state`` of every site (counts and
+    lengths, no data). The variance plan, the release std and the guarantee
+    against the aggregator come from the same functions the protocol uses;
+    every release is counted ``rounds`` times (default: the algorithm's
+    ``max_rounds``, an upper bound when a run stops early).
+    """
+    plan = NoisePlan.coerce(plan)
+    plan.check(len(states))
+    specs = [algorithm.site_releases(st) for st in states]
+    names = list(specs[0])
+    weights = np.array([float(algorithm.site_weight(st)) for st in states])
+    taus = {n: np.array([sp[n].tau for sp in specs]) for n in names}
+    plan_arrays, _ = _plan_payload(plan.kind, {n: None for n in names}, taus, weights, list(range(len(states))))
+    count = int(algorithm.max_rounds if rounds is None else rounds)
+    out = []
+    for me, (st, sp) in enumerate(zip(states, specs)):
+        led = st.get("ledger") or PrivacyLedger(owner=f"site-{me}")
+        for n in names:
+            record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=count)
+        out.append(led)
+    return out
 
 
 def _release_variance(plan: dict[str, np.ndarray], name: str, me: int) -> float:

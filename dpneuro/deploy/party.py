@@ -445,8 +445,13 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
                               figs / "convergence.png")
     eps = dict(priv["epsilon"])
+    from ..budget import run_warnings
+
+    n_samples = {name: int((declared.get(s) or declared.get(str(s)))["n_samples"]) for s, name in enumerate(names)}
+    warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv)
     headline = report_headline(f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} "
-                               f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv)
+                               f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv,
+                               warnings)
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
@@ -457,4 +462,4 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
-            "delta": cfg.delta, "plan": cfg.plan}
+            "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings}

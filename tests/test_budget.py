@@ -1,0 +1,88 @@
+"""The planner spends what the run spends: same releases, same calibration, same headline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import deploy_common as dc
+from dpneuro.budget import plan_budget, site_shapes, spend
+from dpneuro.cli import main
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.synth import make_consortium
+
+DELTA = 1e-5
+
+
+@pytest.fixture(scope="module")
+def consortia(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    sym = dc.consortium(root / "sym")
+    asym = make_consortium(root / "asym", n_sites=4, subjects_per_site=[3, 5, 2, 4], n_components=4,
+                           n_timepoints=40, space="grid30", seed=1)
+    return {"sym": sym, "asym": asym}
+
+
+CASES = {
+    "default": ("sym", {}),
+    "bias, sample clipping": ("sym", {"ica_bias": True, "ica_clip_unit": "sample", "clip_G": 20.0, "clip_h": 5.0}),
+    "power mode": ("sym", {"reduction": "capepca-power", "pca_epsilon": 5000.0}),
+    "conv": ("sym", {"plan": "conv"}),
+    "classic calibration": ("sym", {"calibration": "classic", "ica_epsilon_i": 0.8}),
+    "asymmetric sites": ("asym", {"ica_bias": True}),
+    "asymmetric sites, no colluders": ("asym", {"n_colluding": 0}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
+    which, kw = CASES[case]
+    cfg = dc.run_config(consortia[which], tmp_path / "run", ica_rounds=6, **kw)
+    ref = dc.reference(cfg)
+    assert ref["rounds"] == cfg.ica_rounds  # a run that stops early spends less than planned
+    plan = spend(cfg, site_shapes(cfg), int(ref["basis"].shape[0]))
+    for name, led in ref["ledgers"].items():
+        run = PrivacyLedger.from_dict(led)
+        planned = PrivacyLedger.from_dict(plan.privacy["sites"][name]["ledger"])
+        assert plan.epsilon[name] == pytest.approx(run.epsilon(DELTA, collusion=True), rel=1e-9, abs=1e-12)
+        assert planned.mu_collusion == pytest.approx(run.mu_collusion, rel=1e-9)
+        assert planned.mu == pytest.approx(run.mu, rel=1e-9)
+        assert sorted((r.name, r.count, r.neighbour) for r in planned.releases) == \
+            sorted((r.name, r.count, r.neighbour) for r in run.releases)
+    if cfg.plan == "cape":
+        # the headline is the guarantee against the aggregator: never below a single release's
+        assert all(s["epsilon"] > s["epsilon_single_release"] for s in plan.privacy["sites"].values())
+
+
+def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
+    cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
+    shapes = site_shapes(cfg)
+    plan = plan_budget(cfg, shapes, 60, 8.0, pca_share=0.3)
+    assert max(plan.epsilon.values()) == pytest.approx(8.0, rel=1e-6)
+    ref = dc.reference(plan.config)
+    spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
+    assert spent == pytest.approx(8.0, rel=1e-6)
+
+
+def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(consortia, tmp_path, capsys):
+    man = consortia["sym"]
+    sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'out = "{tmp_path / "o"}"\nspace = "grid30"\nparcels = 60\nn_components = 4\n'
+                    f'ica_rounds = 6\n{sites}')
+    assert main(["budget", str(toml), "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["sites"] == {s["site"]: [40] * 3 for s in man["sites"]}  # read from the file headers
+    eps = max(out["epsilon"].values())
+    assert main(["budget", str(toml), "--target-epsilon", "6"]) == 0
+    assert "site-01 6.00" in capsys.readouterr().out
+    # refuses what the run refuses, with the field named
+    assert main(["budget", "--sites", "2", "--subjects", "40"]) == 2
+    assert "CAPE needs at least 3 sites" in capsys.readouterr().err
+    assert main(["budget", str(toml), "--target-epsilon", "0.01"]) == 2
+    assert "ica_epsilon_i" in capsys.readouterr().err
+    assert main(["budget", "--sites", "4"]) == 2
+    assert eps > 0 and math.isfinite(eps)
