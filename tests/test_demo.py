@@ -12,7 +12,8 @@ def test_demo_recovers_truth_at_printed_privacy(tmp_path, capsys):
     m = re.search(r"mean \|r\| with truth = ([0-9.]+), min \|r\| with truth = ([0-9.]+), qNGI = ([0-9.]+)", out)
     assert m, out
     mean_r, min_r, q = map(float, m.groups())
-    # default seed 0 gives mean |r| 0.60, min 0.48, qNGI 0.135 (replace-one-subject PCA noise) (parcel-averaged maps at 6 mm cap |r| near 0.8)
+    # default seed 0 gives mean |r| 0.60, min 0.48, qNGI 0.135 with replace-one-subject PCA noise
+    # (parcel-averaged maps at 6 mm cap |r| near 0.8)
     assert mean_r > 0.55 and min_r > 0.42 and q < 0.16
     priv = json.loads((tmp_path / "run" / "privacy.json").read_text())
     printed = [float(x) for x in re.findall(r"eps = ([0-9.]+) \(exact GDP\)", out)]

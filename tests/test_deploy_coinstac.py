@@ -283,7 +283,9 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     out = run.output_dir("remote")
     assert run.output["ica_rounds"] == settings["ica_rounds"] == ref["rounds"]
     np.testing.assert_array_equal(np.load(out / run.output["W"]), ref["W"])
-    np.testing.assert_array_equal(np.load(out / run.output["basis"]), ref["basis"])
+    # the service processes run BLAS with more threads than a simulated site (one), so the second moments
+    # can differ in the last bit; everything after the noisy release agrees to rounding
+    np.testing.assert_allclose(np.load(out / run.output["basis"]), ref["basis"], rtol=1e-9, atol=1e-12)
     priv = json.loads((out / run.output["privacy"]).read_text())
     for i, cid in enumerate(run.clients):
         assert dc.same_releases(priv["sites"][cid]["ledger"], ref["ledgers"][f"site-{i + 1:02d}"]), cid

@@ -43,7 +43,7 @@ def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths
     """A TOML run config for the consortium (``site_paths``: which sites' data this copy names)."""
     cfg = dc.run_config(man, out, exchange_dir=str(exchange), **kw)
     lines = [f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)
-             if f.name != "sites" and getattr(cfg, f.name) is not None]
+             if f.name != "sites" and getattr(cfg, f.name) not in (None, {})]
     for s in cfg.sites:
         p = s.path if site_paths is None or s.name in site_paths else ""
         lines += ["[[sites]]", f"name = {_toml(s.name)}", f"path = {_toml(p)}"]
@@ -96,7 +96,7 @@ def _check_outputs(out: Path, man: dict, ref: dict):
         assert dc.same_releases(priv["sites"][name]["ledger"], ref["ledgers"][name]), name
         own = json.loads((out / f"site-{name}" / "privacy.json").read_text())
         assert dc.same_releases(own["ledger"], ref["ledgers"][name])
-        assert own["epsilon_exact"] == pytest.approx(priv["sites"][name]["epsilon_exact"], rel=1e-12)
+        assert own["epsilon"] == pytest.approx(priv["sites"][name]["epsilon"], rel=1e-12)
         tc = np.loadtxt(out / f"site-{name}" / "timecourses.tsv", skiprows=1)
         assert tc.shape == (3 * 40, 4)
     assert "report.html" in os.listdir(out)
@@ -206,6 +206,6 @@ def test_templates_cover_every_field_and_agree():
         assert getattr(site, name) == getattr(run, name), name  # a site copies the coordinator's settings
     assert [s.name for s in site.sites] == [s.name for s in run.sites]
     readme = (dc.TEMPLATES / "README.md").read_text()
-    for needle in ("privacy.json", "epsilon_exact", "epsilon_collusion", "What leaves your site", "run.key",
+    for needle in ("privacy.json", "sites.<name>.epsilon`", "epsilon_single_release", "What leaves your site", "run.key",
                    "--key-file", "timecourses.tsv"):
         assert needle in readme

@@ -14,6 +14,7 @@ from dpneuro.metrics import captured_energy
 from dpneuro.privacy import gaussian_sigma
 
 DELTA = 0.01
+R2 = math.sqrt(2)  # replace-one-subject neighbours: sqrt(2) times the add/remove bound
 
 
 def synthetic(D=40, K=8, S=5, Ns=300, seed=0):
@@ -77,7 +78,7 @@ def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
     Xs, X = synthetic(D=40, S=S, Ns=Ns, seed=1)
     A = X @ X.T / X.shape[1]
     z = gaussian_sigma(eps, DELTA)
-    tau_pool = z / (S * Ns)
+    tau_pool = R2 * z / (S * Ns)  # replace-one sensitivity sqrt(2) / N
     cape = cape_pca(Xs, 5, eps, DELTA, plan="cape", seed=3)
     conv = cape_pca(Xs, 5, eps, DELTA, plan="conv", seed=3)
     pooled = pooled_dp_pca(X, 5, eps, DELTA, seed=3)
@@ -87,11 +88,11 @@ def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
     for res in (cape, conv):
         for led in res.ledgers:
             (rel,) = led.releases
-            assert rel.sensitivity == pytest.approx(1 / Ns) and rel.unit == "sample"
-            assert rel.sigma == pytest.approx(z / Ns, rel=1e-9)
+            assert rel.sensitivity == pytest.approx(R2 / Ns) and rel.unit == "sample"
+            assert rel.sigma == pytest.approx(R2 * z / Ns, rel=1e-9)
             assert led.epsilon(DELTA) == pytest.approx(eps, rel=1e-6)
     (rel,) = pooled.ledgers[0].releases
-    assert pooled.ledgers[0].owner == "pooled" and rel.sensitivity == pytest.approx(1 / (S * Ns))
+    assert pooled.ledgers[0].owner == "pooled" and rel.sensitivity == pytest.approx(R2 / (S * Ns))
 
 
 def test_cape_with_unequal_sites_still_has_the_pooled_noise():
@@ -102,9 +103,9 @@ def test_cape_with_unequal_sites_still_has_the_pooled_noise():
     A = X @ X.T / X.shape[1]
     z = gaussian_sigma(1.0, DELTA)
     res = cape_pca(Xs, 5, 1.0, DELTA, plan="cape", seed=4)
-    assert chi2_var_ok(unique_entries(res.info["A_hat"] - A), (z / 800) ** 2)
+    assert chi2_var_ok(unique_entries(res.info["A_hat"] - A), (R2 * z / 800) ** 2)
     for led, n in zip(res.ledgers, sizes):
-        assert led.releases[0].sigma == pytest.approx(z / n, rel=1e-6)
+        assert led.releases[0].sigma == pytest.approx(R2 * z / n, rel=1e-6)
         assert led.epsilon(DELTA) == pytest.approx(1.0, rel=1e-5)
 
 
@@ -112,20 +113,23 @@ def test_subject_level_units_and_sensitivities():
     Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
     eq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], seed=0)
     assert eq.unit == "subject"
-    assert all(led.releases[0].sensitivity == pytest.approx(1 / 6) and led.releases[0].unit == "subject"
+    assert all(led.releases[0].sensitivity == pytest.approx(R2 / 6) and led.releases[0].unit == "subject"
                for led in eq.ledgers)
     ranges = [[(0, 10), (10, 60)], [(0, 30), (30, 60)], [20, 20, 20]]
     uneq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=ranges, seed=0)
-    assert [led.releases[0].sensitivity for led in uneq.ledgers] == pytest.approx([50 / 60, 30 / 60, 20 / 60])
-    rep = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], neighbour="replace", seed=0)
-    assert rep.ledgers[0].releases[0].sensitivity == pytest.approx(math.sqrt(2) / 6)
+    assert [led.releases[0].sensitivity for led in uneq.ledgers] == pytest.approx([R2 * 50 / 60, R2 * 30 / 60,
+                                                                                   R2 * 20 / 60])
+    old = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], neighbour="add-remove", seed=0)
+    assert old.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 6)
+    assert old.ledgers[0].releases[0].neighbour == "add-remove"
     # per-subject blocks mean subject level; unit='sample' forces the column level
     blocks = [[X[:, i:i + 10] for i in range(0, 60, 10)] for X in Xs]
     b = cape_pca(blocks, 3, 1.0, DELTA, plan="conv", seed=0)
-    assert b.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 6)
+    assert b.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 6)
     smp = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], unit="sample", seed=0)
-    assert smp.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 60)
-    assert pca_sensitivity(100, 1) == pytest.approx(0.01)
+    assert smp.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 60)
+    assert pca_sensitivity(100, 1) == pytest.approx(R2 * 0.01)
+    assert pca_sensitivity(100, 1, "add-remove") == pytest.approx(0.01)
     # the same noise realisation gives the same basis whatever the block layout
     assert np.allclose(b.basis, eq.basis)
 
@@ -142,7 +146,7 @@ def test_sitedata_boundaries_make_the_unit_subject():
     Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
     sd = [FakeSiteData(X, [(0, 20), (20, 40), (40, 60)]) for X in Xs]
     res = cape_pca(sd, 3, 1.0, DELTA, plan="conv", seed=0)
-    assert res.unit == "subject" and res.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 3)
+    assert res.unit == "subject" and res.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 3)
 
 
 def test_scale_options_and_their_ledger_notes():
@@ -208,7 +212,7 @@ def test_dpdispca_ledger_and_noiseless_limit():
     assert res.info["R"] == 8
     for led in res.ledgers:
         (rel,) = led.releases
-        assert rel.sensitivity == pytest.approx(1 / 200) and rel.stage == "dpdispca"
+        assert rel.sensitivity == pytest.approx(R2 / 200) and rel.stage == "dpdispca"
         assert led.epsilon(DELTA) == pytest.approx(1.0, rel=1e-6)
     # with R = D and (almost) no noise, P_s P_s^T = A_s and the answer is the pooled subspace
     _, _, U = exact(X, 4)
@@ -262,8 +266,8 @@ def test_power_mode_streams_float32_and_composes_its_releases():
     for led in res.ledgers:
         (rel,) = led.releases
         assert rel.count == n_iter and rel.unit == "subject"
-        assert rel.sensitivity == pytest.approx(20 / 80)  # one subject of 20 of the site's 80 columns
-        assert rel.sigma == pytest.approx(math.sqrt(n_iter) * z1 * 20 / 80, rel=1e-9)
+        assert rel.sensitivity == pytest.approx(R2 * 20 / 80)  # one subject of 20 of the site's 80 columns
+        assert rel.sigma == pytest.approx(math.sqrt(n_iter) * z1 * R2 * 20 / 80, rel=1e-9)
         assert led.epsilon(DELTA) == pytest.approx(eps, rel=1e-6)
     assert np.allclose(res.basis.T @ res.basis, np.eye(k), atol=1e-10)
     with pytest.raises(ValueError, match="n_iter >= 2"):
