@@ -27,6 +27,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         space=args.space,
         seed=args.seed,
         progress=not args.quiet,
+        dtype=args.dtype,
     )
     if not args.quiet:
         n_subj = sum(len(s["subjects"]) for s in manifest["sites"])
@@ -35,25 +36,24 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# The demo's consortium and budget: 128 subjects at 6 mm averaged into 100 data-independent parcels.
-# Subject-level DP noise scales like 1/(number of subjects), so this is what recognisable maps cost
-# (see benchmarks/results/demo_speed.json for the agreement with the truth and the time it takes).
-DEMO = {
-    "sites": 4, "subjects": 32, "components": 8, "timepoints": 120, "space": "mni6mm", "parcels": 100,
-    "pca_epsilon": 16.0, "ica_epsilon_i": 0.7, "ica_rounds": 40, "clip": 0.7,
-}
+def _demo_settings() -> dict:
+    """The demo: the default synthetic consortium analysed with the recommended settings."""
+    from .config import RECOMMENDED, SYNTHETIC_CONSORTIUM
+
+    return {**SYNTHETIC_CONSORTIUM, **RECOMMENDED, "components": RECOMMENDED["n_components"],
+            "clip": RECOMMENDED["clip_G"]}
+
+
+#: the demo's consortium and budget (read by benchmarks/centralized_tools.py)
+DEMO = _demo_settings()
 
 
 def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
-    from .config import RunConfig
+    from .config import RECOMMENDED, RunConfig
 
-    d = DEMO
     return RunConfig.from_dict(dict(
         sites=[{"name": s["site"], "path": s["path"]} for s in manifest["sites"]],
-        out=str(out / "run"), mask=manifest["mask"], space=d["space"], parcels=d["parcels"],
-        n_components=d["components"],
-        truth=str(out / "data"), pca_epsilon=d["pca_epsilon"], ica_epsilon_i=d["ica_epsilon_i"],
-        ica_rounds=d["ica_rounds"], clip_G=d["clip"], clip_h=d["clip"], seed=args.seed, plan="cape",
+        out=str(out / "run"), mask=manifest["mask"], truth=str(out / "data"), seed=args.seed, **RECOMMENDED,
     )).validate()
 
 
@@ -92,21 +92,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .workflows import run_workflow
 
     t0 = time.perf_counter()
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     d = DEMO
     if not args.quiet:
         print(f"synthesizing a {d['sites']}-site consortium ({d['subjects']} subjects per site, "
               f"{d['space']}) in {out / 'data'} ...")
     manifest = make_consortium(out / "data", n_sites=d["sites"], subjects_per_site=d["subjects"],
                                n_components=d["components"], n_timepoints=d["timepoints"], space=d["space"],
-                               seed=args.seed, progress=not args.quiet)
+                               seed=args.seed, progress=not args.quiet, dtype=d["dtype"])
     cfg = _demo_config(out, manifest, args)
     if not args.quiet:
         print("running the workflow (load -> capePCA -> capeDJICA -> maps -> report) ...")
     result = run_workflow(cfg)
     if not args.quiet:
         _print_summary(cfg, result, time.perf_counter() - t0)
+    else:
+        _print_warnings(result)
+    if not args.keep_work:
+        import shutil
+
+        shutil.rmtree(Path(cfg.out) / "work", ignore_errors=True)  # intermediate files: ~as large as the data
+    if not args.quiet:
+        print(f"disk:       {_du(out) / 2**20:.0f} MB in {out} (synthetic data {_du(out / 'data') / 2**20:.0f} MB)")
     return EXIT_OK
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -120,7 +132,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     result = run_workflow(cfg, plugin=args.plugin)
     if not args.quiet:
         _print_summary(cfg, result, time.perf_counter() - t0)
+    else:
+        _print_warnings(result)
     return EXIT_OK
+
+
+def _print_warnings(result: dict) -> None:
+    """Warnings reach the user even with --quiet."""
+    import json as _json
+
+    for w in _json.loads(Path(result["maps"]).read_text()).get("warnings", []):
+        print(w, file=sys.stderr)
 
 
 #: ``dpneuro budget`` options that override a configuration field (None: keep the configuration's value)
@@ -224,7 +246,7 @@ def _add_party_parsers(sub) -> None:
     common.add_argument("--key-file", default=None,
                         help="the run's message key (hex), handed out of band; default: the aggregator "
                              "writes <exchange_dir>/<run-id>/run.key (0600)")
-    common.add_argument("-q", "--quiet", action="store_true")
+    common.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s = sub.add_parser("site", parents=[common],
                        help="run one site's part of a consortium run over the shared folder exchange_dir")
     s.add_argument("--site", required=True, help="this site's name (as listed in the config's sites)")
@@ -242,30 +264,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    s = sub.add_parser("synth", help="write a synthetic multi-site fMRI consortium (ground truth known)")
+    from .config import SYNTHETIC_CONSORTIUM as SC
+
+    s = sub.add_parser("synth", help="write a synthetic multi-site fMRI consortium (ground truth known)",
+                       description="Defaults: the consortium the demo and site_templates/run.toml are tuned for.")
     s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--sites", type=int, default=4, help="number of sites (default 4)")
+    s.add_argument("--sites", type=int, default=SC["sites"], help=f"number of sites (default {SC['sites']})")
     s.add_argument(
-        "--subjects", default="16",
-        help="subjects per site: one number, or a comma list with one entry per site (default 16)",
+        "--subjects", default=str(SC["subjects"]),
+        help=f"subjects per site: one number, or a comma list with one entry per site (default {SC['subjects']})",
     )
-    s.add_argument("--components", type=int, default=20, help="number of spatial maps (default 20)")
-    s.add_argument("--timepoints", type=int, default=150, help="volumes per subject (default 150)")
-    s.add_argument("--space", default="mni4mm", choices=["mni4mm", "mni6mm", "grid30"])
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--components", type=int, default=SC["components"],
+                   help=f"number of spatial maps (default {SC['components']})")
+    s.add_argument("--timepoints", type=int, default=SC["timepoints"],
+                   help=f"volumes per subject (default {SC['timepoints']})")
+    s.add_argument("--space", default=SC["space"], choices=["mni4mm", "mni6mm", "grid30"],
+                   help=f"voxel grid and mask (default {SC['space']})")
+    s.add_argument("--dtype", default=SC["dtype"], choices=["int16", "float32"],
+                   help=f"storage of the BOLD images: int16 with a scale factor (half the disk) or float32 "
+                        f"(default {SC['dtype']})")
+    s.add_argument("--seed", type=int, default=0, help="seed of everything generated (default 0)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     s.set_defaults(func=_cmd_synth)
 
     s = sub.add_parser("demo", help="synthesize a 4-site consortium and run the whole private analysis on it")
-    s.add_argument("--out", default="dpneuro_demo", help="output folder (default ./dpneuro_demo)")
+    s.add_argument("--out", default="dpneuro_demo",
+                   help="output folder, relative to the current folder (default ./dpneuro_demo)")
     s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the noise (default 0)")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--keep-work", action="store_true",
+                   help="keep the intermediate files (run/work: data matrices, Pydra cache)")
+    s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=_cmd_demo)
 
     s = sub.add_parser("run", help="run a consortium analysis described by a TOML config")
     s.add_argument("config", help="run configuration (see site_templates/run.toml)")
-    s.add_argument("--plugin", default="serial", choices=["serial", "cf"], help="Pydra execution plugin")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--plugin", default="serial", choices=["serial", "cf"],
+                   help="Pydra execution plugin: serial (default) or cf (concurrent workers)")
+    s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=_cmd_run)
 
     s = sub.add_parser(

@@ -17,6 +17,20 @@ BACKENDS = ("inprocess", "directory")
 REDUCTIONS = ("capepca", "capepca-power", "pdsvd", "none")
 
 
+#: The recommended analysis settings, shared by the demo and ``site_templates/run.toml`` (a test checks
+#: they agree): measured on :data:`SYNTHETIC_CONSORTIUM` by ``benchmarks/demo_speed.py``. Subject-level
+#: noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget`` first.
+RECOMMENDED: dict[str, Any] = {
+    "space": "mni6mm", "parcels": 100, "n_components": 8, "pca_epsilon": 16.0, "ica_epsilon_i": 0.7,
+    "ica_rounds": 40, "clip_G": 0.7, "clip_h": 0.7, "plan": "cape",
+}
+
+#: What ``dpneuro synth`` writes by default and the demo analyses: 128 subjects at 6 mm.
+SYNTHETIC_CONSORTIUM: dict[str, Any] = {
+    "sites": 4, "subjects": 32, "components": 8, "timepoints": 120, "space": "mni6mm", "dtype": "int16",
+}
+
+
 class ConfigError(ValueError):
     """A field of the run configuration is missing or invalid (the message names it)."""
 
@@ -85,6 +99,26 @@ class RunConfig:
         d = self.to_json()
         sel = {k: d[k] for k in fields} if fields else d
         return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    #: fields holding a file or folder path (besides the sites' path, files and subjects_tsv)
+    PATH_FIELDS = ("out", "mask", "exchange_dir", "truth")
+
+    def resolved(self, base: Path | str | None = None) -> RunConfig:
+        """A copy with every path absolute: relative ones are taken against ``base`` (default: the working folder).
+
+        Every entry point calls this before anything runs, so that stages that
+        run elsewhere (Pydra tasks run in their own cache folders) find the files.
+        """
+        from dataclasses import replace
+
+        root = Path.cwd() if base is None else Path(base)
+
+        def ab(p: str) -> str:
+            return str((root / p).resolve()) if p and not Path(p).is_absolute() else p
+
+        sites = [replace(s, path=ab(s.path), files=[ab(f) for f in s.files], subjects_tsv=ab(s.subjects_tsv))
+                 for s in self.sites]
+        return replace(self, sites=sites, **{f: ab(getattr(self, f)) for f in self.PATH_FIELDS})
 
     def check_deployment(self, party: str) -> RunConfig:
         """Refuse a fixed noise seed in a deployed party unless the configuration says it is a simulation.

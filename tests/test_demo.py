@@ -6,8 +6,10 @@ import re
 from dpneuro.cli import main
 
 
-def test_demo_recovers_truth_at_printed_privacy(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path)]) == 0
+def test_demo_recovers_truth_at_printed_privacy(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the README's command as typed: default output folder, relative
+    assert main(["demo"]) == 0
+    tmp_path = tmp_path / "dpneuro_demo"
     out = capsys.readouterr().out
     m = re.search(r"mean \|r\| with truth = ([0-9.]+), min \|r\| with truth = ([0-9.]+), qNGI = ([0-9.]+)", out)
     assert m, out

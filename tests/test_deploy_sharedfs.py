@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -39,9 +40,14 @@ def _toml(v) -> str:
     return json.dumps(str(v))
 
 
-def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths=None, **kw) -> Path:
+def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths=None, sites_override=None,
+                 **kw) -> Path:
     """A TOML run config for the consortium (``site_paths``: which sites' data this copy names)."""
     cfg = dc.run_config(man, out, exchange_dir=str(exchange), **kw)
+    if sites_override is not None:
+        from dpneuro.config import SiteInput
+
+        cfg.sites = [SiteInput(s["name"], s["path"]) for s in sites_override]
     lines = [f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)
              if f.name != "sites" and getattr(cfg, f.name) not in (None, {})]
     for s in cfg.sites:
@@ -76,7 +82,7 @@ def _egress_ok(shared: Path, n_sites: int) -> dict[int, list]:
     for s in range(n_sites):
         recs = []
         for stage in ("reduce", "unmix", "summary"):
-            path = shared / "dpneuro" / stage / "egress" / f"site-{s:03d}.jsonl"
+            path = shared / "dpneuro" / stage / "egress" / f"site-{s + 1:02d}.jsonl"  # logs carry site names
             recs += [{**json.loads(line), "stage": stage} for line in path.read_text().splitlines() if line]
         for r in recs:
             for name, arr in r["arrays"].items():
@@ -94,10 +100,10 @@ def _check_outputs(out: Path, man: dict, ref: dict):
     for s in man["sites"]:
         name = s["site"]
         assert dc.same_releases(priv["sites"][name]["ledger"], ref["ledgers"][name]), name
-        own = json.loads((out / f"site-{name}" / "privacy.json").read_text())
+        own = json.loads((out / name / "privacy.json").read_text())
         assert dc.same_releases(own["ledger"], ref["ledgers"][name])
         assert own["epsilon"] == pytest.approx(priv["sites"][name]["epsilon"], rel=1e-12)
-        tc = np.loadtxt(out / f"site-{name}" / "timecourses.tsv", skiprows=1)
+        tc = np.loadtxt(out / name / "timecourses.tsv", skiprows=1)
         assert tc.shape == (3 * 40, 4)
     assert "report.html" in os.listdir(out)
 
@@ -131,7 +137,7 @@ def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
         procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
         procs += [_start(["site", cfg, "--site", n, "-q"], log) for n, log in zip(names, logs[1:])]
         # kill site-02 (id 1) mid-ICA: once its egress log shows the release of round 3
-        egress = tmp_path / "shared" / "dpneuro" / "unmix" / "egress" / "site-001.jsonl"
+        egress = tmp_path / "shared" / "dpneuro" / "unmix" / "egress" / "site-02.jsonl"
         deadline = time.monotonic() + DEADLINE
         while not (egress.exists() and '"round": 3, "run": "unmix", "site": 1, "topic": "release"'
                    in egress.read_text()):
@@ -148,6 +154,53 @@ def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
     released = [r["round"] for r in _egress_ok(tmp_path / "shared", 4)[1]
                 if r["stage"] == "unmix" and r["topic"] == "release"]
     assert released == list(range(12))
+
+
+def test_a_failing_site_stops_every_party_within_seconds_naming_it(consortium, tmp_path):
+    man, _ = consortium
+    bad = tmp_path / "bad"
+    shutil.copytree(man["sites"][2]["path"], bad)
+    victim = sorted(bad.glob("*.nii.gz"))[1]
+    victim.write_bytes(victim.read_bytes()[: 2000])  # truncated: refused while loading, before any message
+    sites = [dict(name=s["site"], path=str(bad) if i == 2 else s["path"]) for i, s in enumerate(man["sites"])]
+    cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
+                       timeout=600.0, sites_override=sites)
+    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['name']}.log" for s in sites]
+    procs = []
+    t0 = time.monotonic()
+    try:
+        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        procs += [_start(["site", cfg, "--site", s["name"], "-q"], log) for s, log in zip(sites, logs[1:])]
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        _kill_all(procs)
+    seconds = time.monotonic() - t0
+    assert all(c != 0 for c in codes), codes
+    assert seconds < 60, seconds  # not the 600 s message timeout
+    assert victim.name in logs[3].read_text()  # the failing site names its file
+    for log in [logs[0], logs[1], logs[2], logs[4]]:
+        text = log.read_text()
+        assert "site 'site-03' stopped with an error" in text and victim.name in text, text[-2000:]
+
+
+def test_a_new_run_id_does_not_reuse_an_old_runs_state(consortium, tmp_path):
+    man, ref = consortium
+    cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
+    names = [s["site"] for s in man["sites"]]
+    for run_id in ("first", "second"):
+        logs = [tmp_path / f"aggregator-{run_id}.log"] + [tmp_path / f"{n}-{run_id}.log" for n in names]
+        procs = []
+        try:
+            procs.append(_start(["aggregator", cfg, "--run-id", run_id, "-q"], logs[0]))
+            procs += [_start(["site", cfg, "--site", n, "--run-id", run_id, "-q"], log)
+                      for n, log in zip(names, logs[1:])]
+            _wait_all(procs, logs)
+        finally:
+            _kill_all(procs)
+        # the second run exchanged its own messages (a reused state would finish without any)
+        rel = tmp_path / "shared" / run_id / "unmix" / "egress" / "site-01.jsonl"
+        assert len([x for x in rel.read_text().splitlines() if '"topic": "release"' in x]) == 12
+        assert (tmp_path / "out" / ".dpneuro" / run_id / "site-01").is_dir()
 
 
 def test_site_refuses_to_start_when_the_manifest_disagrees(consortium, tmp_path, capsys):
@@ -200,6 +253,10 @@ def test_templates_cover_every_field_and_agree():
         above = lines[at[0] - 1]
         assert above.startswith("#") or (at[0] > 1 and lines[at[0] - 2].startswith("#")), f"{f.name} uncommented"
     run = RunConfig.from_dict(tomllib.loads(text), base=dc.TEMPLATES)
+    from dpneuro.config import RECOMMENDED
+
+    for name, value in RECOMMENDED.items():  # the template carries the recommended settings (the demo's)
+        assert getattr(run, name) == value, name
     site = RunConfig.from_dict(tomllib.loads((dc.TEMPLATES / "site.toml").read_text()), base=dc.TEMPLATES)
     site.validate(data_sites=[])
     for name in CONSORTIUM_FIELDS + ("space", "mask"):

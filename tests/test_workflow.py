@@ -77,6 +77,37 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert Path(res["report"]).stat().st_mtime_ns != report_mtime
 
 
+def test_relative_paths_are_taken_against_the_working_folder(tmp_path, consortium, monkeypatch):
+    """A config built in Python with relative paths runs from wherever the caller stands."""
+    import shutil
+
+    root, man = consortium
+    shutil.copytree(root / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    d = dict(sites=[{"name": s["site"], "path": str(Path("data") / s["site"])} for s in man["sites"]],
+             out="rel_out", mask="data/mask.nii.gz", n_components=R, pca_epsilon=50.0, ica_epsilon_i=50.0,
+             ica_rounds=5, seed=1)
+    res = run_workflow(RunConfig.from_dict(d))
+    assert Path(res["report"]) == tmp_path / "rel_out" / "report.html" and Path(res["report"]).exists()
+
+
+def test_data_errors_reach_the_user_as_one_line(tmp_path, consortium, capsys):
+    import shutil
+
+    root, man = consortium
+    bad = tmp_path / "bad"
+    shutil.copytree(man["sites"][1]["path"], bad)
+    victim = sorted(bad.glob("*.nii.gz"))[0]
+    victim.write_bytes(victim.read_bytes()[:1500])
+    sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{bad if i == 1 else s["path"]}"\n'
+                    for i, s in enumerate(man["sites"]))
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f'out = "{tmp_path / "o"}"\nmask = "{man["mask"]}"\nn_components = {R}\nseed = 0\n{sites}')
+    assert main(["run", str(cfg), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and victim.name in err and not err.startswith("dpneuro run: error: (")
+
+
 def test_config_errors_name_the_field(tmp_path, consortium):
     root, man = consortium
     good = {"sites": [{"name": "a", "path": man["sites"][0]["path"]}], "out": str(tmp_path / "o"), "plan": "conv"}
@@ -113,3 +144,17 @@ def test_cli_run_rejects_broken_config_and_mismatched_grid(tmp_path, consortium,
     assert main(["run", str(cfg), "-q"]) != 0
     err = capsys.readouterr().err
     assert "sub-9999_bold.nii.gz" in err and "affine" in err
+
+
+def test_every_option_of_every_command_is_documented():
+    import argparse
+
+    from dpneuro.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"dpneuro {name} {'/'.join(action.option_strings) or action.dest}: no help"

@@ -88,11 +88,31 @@ def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
     return wf
 
 
+class WorkflowError(RuntimeError):
+    """A stage failed; the message is the stage's own error, in one line."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """Pydra wraps a task's error as (message, 'full crash report is here: <file>'): keep the message."""
+    parts = [str(a) for a in exc.args] or [type(exc).__name__]
+    msg = " ".join(parts[0].split()) or type(exc).__name__
+    crash = next((p.split("is here:", 1)[1].strip() for p in parts[1:] if "is here:" in p), None)
+    return msg + (f" (crash report: {crash})" if crash else "")
+
+
 def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, **plugin_args) -> dict:
-    """Build and run the workflow; returns {"report": path, "maps": path}."""
+    """Build and run the workflow; returns {"report": path, "maps": path}.
+
+    Relative paths in ``cfg`` are taken against the current working folder
+    (Pydra runs every stage from its own cache folder).
+    """
+    cfg = cfg.resolved()
     wf = build_workflow(cfg, cache_dir)
-    with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
-        sub(wf)
+    try:
+        with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
+            sub(wf)
+    except Exception as exc:  # noqa: BLE001 - re-raised as one readable line
+        raise WorkflowError(_one_line(exc)) from exc
     res = wf.result(return_inputs=False)
     if res.errored:
         raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")

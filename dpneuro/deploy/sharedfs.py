@@ -9,6 +9,7 @@ cloud folder with atomic renames). Layout of a run::
     <exchange_dir>/<run_id>/reduce/...        capePCA messages (DirectoryExchange)
     <exchange_dir>/<run_id>/unmix/...         capeDJICA messages
     <exchange_dir>/<run_id>/summary/...       ledgers in, reported unmixing out
+    <exchange_dir>/<run_id>/failed/<party>.json  a party that stopped with an error, and why
 
 Trust assumptions. Messages are authenticated with an HMAC key per run.
 By default the aggregator writes it to ``run.key`` with permissions 0600, so
@@ -21,9 +22,11 @@ messages is protected regardless of who reads the folder: only CAPE-noised
 or secure-aggregation-masked arrays and public metadata leave a site; the
 key only guards integrity.
 
-Each party keeps its own progress under ``<out>/.dpneuro/`` (checkpoints and
-intermediate results; a site's hold un-noised statistics of its data, so this
-folder stays private). A killed party restarted with the same command
+Each party keeps its own progress under ``<out>/.dpneuro/<run_id>/<party>/``
+(checkpoints and intermediate results; a site's hold un-noised statistics of
+its data, so this folder stays private); a new run id starts afresh. A party
+that fails leaves ``<exchange_dir>/<run_id>/failed/<party>.json`` so that the
+others stop at once with its name and error. A killed party restarted with the same command
 resumes where it stopped: it re-sends the message it had written ahead
 instead of computing it again, so nothing is ever released twice.
 """
@@ -113,9 +116,12 @@ def _create_key(path: Path) -> bytes:
     return _read_key_file(path)
 
 
-def _wait_for(path: Path, timeout: float | None, what: str) -> None:
+def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: str) -> None:
+    from ..exchange.directory import check_failure_notices
+
     deadline = None if timeout is None else time.monotonic() + timeout
     while not path.exists():
+        check_failure_notices(folder, me)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"waited {timeout} s for {what} ({path}); is the aggregator running with the "
                                "same exchange_dir and run id?")
@@ -139,11 +145,35 @@ def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _exchange_factory(folder: Path, n_sites: int, key: bytes):
+def _exchange_factory(folder: Path, cfg: RunConfig, key: bytes):
+    names = [s.name for s in cfg.sites]
+
     def make(stage: str) -> DirectoryExchange:
-        return DirectoryExchange(folder, n_sites, run_id=stage, key=key)
+        return DirectoryExchange(folder, len(names), run_id=stage, key=key, site_names=names)
 
     return make
+
+
+def _party_work(cfg: RunConfig, run_id: str, party: str) -> Path:
+    """A party's private progress, keyed by the run id: a new run id never reuses an old run's state."""
+    return Path(cfg.out) / ".dpneuro" / run_id / party
+
+
+def _reporting(folder: Path, party: str, run):
+    """Run ``run()``; if it fails, leave a notice so that the other parties stop at once, naming ``party``."""
+    from ..exchange import PartyFailed
+    from ..exchange.directory import clear_failure_notice, write_failure_notice
+
+    folder.mkdir(parents=True, exist_ok=True)
+    clear_failure_notice(folder, party)  # a restarted party is alive again
+    try:
+        return run()
+    except PartyFailed:
+        raise  # another party's failure: it left its own notice
+    except BaseException as exc:
+        write_failure_notice(folder, party, str(exc) if isinstance(exc, ValueError)
+                             else f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=None,
@@ -151,36 +181,48 @@ def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=No
     """Run the aggregator of ``cfg`` over ``exchange_dir``; write the consortium outputs to ``cfg.out``.
 
     Writes the run manifest and (without ``key_file``) the run key first, then
-    waits for the sites; every wait is bounded by ``cfg.timeout``.
+    waits for the sites; every wait is bounded by ``cfg.timeout``, and a site
+    that fails ends the wait at once with its name and error.
     """
+    cfg = cfg.resolved()
     folder = run_folder(cfg, run_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
-    _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
-    out = Path(cfg.out)
-    ctx = AggregatorContext(cfg=cfg, work=out / ".dpneuro" / "aggregator", out=out,
-                            exchange=_exchange_factory(folder, len(cfg.sites), key),
-                            options=RunOptions(timeout=cfg.timeout, progress=progress))
-    return run_aggregator_analysis(ctx)
+
+    def run() -> dict[str, Any]:
+        key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
+        _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
+        out = Path(cfg.out)
+        ctx = AggregatorContext(cfg=cfg, work=_party_work(cfg, run_id, "aggregator"), out=out,
+                                exchange=_exchange_factory(folder, cfg, key),
+                                options=RunOptions(timeout=cfg.timeout, progress=progress))
+        return run_aggregator_analysis(ctx)
+
+    return _reporting(folder, "aggregator", run)
 
 
 def site_main(cfg: RunConfig, site: str, *, run_id: str = DEFAULT_RUN_ID, key_file=None) -> dict[str, Any]:
-    """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/site-<site>/``.
+    """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/<site>/``.
 
     Refuses to start (:class:`~dpneuro.deploy.party.ManifestMismatch`, naming
     the field) if its configuration disagrees with the aggregator's manifest.
+    If it fails (bad data, a crash), it leaves a notice in the shared folder so
+    that the aggregator and the other sites stop within seconds, naming it.
     """
+    cfg = cfg.resolved()
     folder = run_folder(cfg, run_id)
-    manifest_path = folder / "manifest.json"
-    _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest")
-    check_manifest(cfg, json.loads(manifest_path.read_text()), party=f"site {site!r}",
-                   source=f"the aggregator's run manifest {manifest_path}")
-    if key_file:
-        key = _read_key_file(key_file)
-    else:
-        _wait_for(folder / "run.key", cfg.timeout, "the run key")
-        key = _read_key_file(folder / "run.key")
-    out = Path(cfg.out)
-    ctx = SiteContext(cfg=cfg, site=site, work=out / ".dpneuro" / f"site-{site}", out=out / f"site-{site}",
-                      exchange=_exchange_factory(folder, len(cfg.sites), key), timeout=cfg.timeout)
-    return run_site_analysis(ctx)
+    check_name("site name", site)
+
+    def run() -> dict[str, Any]:
+        manifest_path = folder / "manifest.json"
+        _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest", folder, site)
+        check_manifest(cfg, json.loads(manifest_path.read_text()), party=f"site {site!r}",
+                       source=f"the aggregator's run manifest {manifest_path}")
+        if key_file:
+            key = _read_key_file(key_file)
+        else:
+            _wait_for(folder / "run.key", cfg.timeout, "the run key", folder, site)
+            key = _read_key_file(folder / "run.key")
+        ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=Path(cfg.out) / site,
+                          exchange=_exchange_factory(folder, cfg, key), timeout=cfg.timeout)
+        return run_site_analysis(ctx)
+
+    return _reporting(folder, site, run)

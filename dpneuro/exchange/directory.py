@@ -24,7 +24,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from .base import (
     ExchangeError,
     MessageRejected,
     MessageSpec,
+    PartyFailed,
     Payload,
     SiteTimeout,
     describe,
@@ -99,6 +100,37 @@ def _publish(path: Path, blob: bytes) -> bool:
     return created
 
 
+def write_failure_notice(root, party: str, error: str) -> None:
+    """``<root>/failed/<party>.json``: ``party`` stopped with ``error`` (the other parties' waits end)."""
+    d = Path(root) / "failed"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{check_name('party', party)}.json"
+    tmp = d / f".{party}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"party": party, "error": str(error)[:2000]}))
+    tmp.replace(path)
+
+
+def clear_failure_notice(root, party: str) -> None:
+    """A restarted party withdraws its old notice."""
+    (Path(root) / "failed" / f"{check_name('party', party)}.json").unlink(missing_ok=True)
+
+
+def check_failure_notices(root, me: str) -> None:
+    """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``."""
+    d = Path(root) / "failed"
+    if not d.is_dir():
+        return
+    for f in sorted(d.glob("*.json")):
+        if f.stem == me:
+            continue
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced: seen on the next poll
+        who = "the aggregator" if info.get("party") == "aggregator" else f"site {info.get('party')!r}"
+        raise PartyFailed(f"{who} stopped with an error: {info.get('error')}")
+
+
 class DirectoryExchange(Exchange):
     """An :class:`Exchange` over a shared folder.
 
@@ -137,9 +169,16 @@ class DirectoryExchange(Exchange):
         self, root: str | os.PathLike[str], n_sites: int, *, run_id: str, key: bytes,
         poll_interval: float = 0.01, max_bytes: int = DEFAULT_MAX_BYTES,
         liveness_timeout: float = 60.0, heartbeat_interval: float = 1.0,
+        site_names: Sequence[str] | None = None,
     ) -> None:
         if int(n_sites) < 1:
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
+        if site_names is not None:
+            site_names = [check_name("site name", n) for n in site_names]
+            if len(site_names) != int(n_sites) or len(set(site_names)) != len(site_names) \
+                    or "aggregator" in site_names:
+                raise ValueError(f"site_names must be {n_sites} distinct names (not 'aggregator'), got {site_names}")
+        self.site_names = list(site_names) if site_names is not None else None
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise ValueError("the run key must be bytes of length >= 16")
         self.n_sites = int(n_sites)
@@ -158,12 +197,27 @@ class DirectoryExchange(Exchange):
         self._log_needs_newline: dict[int, bool] = {}
         for sub in ("egress", "alive"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        # failure notices are shared by every exchange under root (the stages of one deployed run)
+        self.failed_dir = self.root / "failed"
         self._check_run_file()
 
     # -- paths -------------------------------------------------------------------
-    @staticmethod
-    def _party(sender: int) -> str:
-        return "aggregator" if sender == AGGREGATOR else f"site-{sender:03d}"
+    def _party(self, sender: int) -> str:
+        """The party's name in files and messages: its site name when known."""
+        if sender == AGGREGATOR:
+            return "aggregator"
+        return self.site_names[sender] if self.site_names is not None else f"site-{sender:03d}"
+
+    def who(self, sender: int) -> str:
+        return "the aggregator" if sender == AGGREGATOR else f"site {self._party(sender)!r}"
+
+    # -- failures ----------------------------------------------------------------
+    def report_failure(self, party: int, error: str) -> None:
+        """Leave a notice that ``party`` stopped; every other party's wait ends with :class:`PartyFailed`."""
+        write_failure_notice(self.root, self._party(party), error)
+
+    def _check_failures(self, me: int) -> None:
+        check_failure_notices(self.root, self._party(me))
 
     def message_path(self, sender: int, round: int, topic: str) -> Path:
         """Where the message from ``sender`` (a site id or ``AGGREGATOR``) for ``(round, topic)`` lives."""
@@ -292,12 +346,13 @@ class DirectoryExchange(Exchange):
         last_beat = time.monotonic()
         while True:
             self._check_open()
+            self._check_failures(site)
             blob = self._read(path, AGGREGATOR, round, topic, limit)
             if blob is not None:
                 return self._decode(blob, AGGREGATOR, round, topic, expect)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise SiteTimeout(receive_timeout_message(site, round, topic, timeout),
+                raise SiteTimeout(receive_timeout_message(site, round, topic, timeout, self.who),
                                   missing=[AGGREGATOR], received={})
             if now - last_beat >= self.heartbeat_interval:
                 self.heartbeat(site)
@@ -319,6 +374,7 @@ class DirectoryExchange(Exchange):
         received: dict[int, Payload] = {}
         while True:
             self._check_open()
+            self._check_failures(AGGREGATOR)
             for s in list(waiting):
                 blob = self._read(self.message_path(s, round, topic), s, round, topic, limit)
                 if blob is not None:
@@ -327,7 +383,7 @@ class DirectoryExchange(Exchange):
             if not waiting:
                 return dict(sorted(received.items()))
             if deadline is not None and time.monotonic() >= deadline:
-                raise SiteTimeout(gather_timeout_message(round, topic, waiting, timeout),
+                raise SiteTimeout(gather_timeout_message(round, topic, waiting, timeout, self.who),
                                   missing=waiting, received=received)
             self._wait(deadline)
 

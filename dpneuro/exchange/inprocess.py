@@ -59,14 +59,18 @@ def check_round(round: int) -> int:
     return operator.index(round)
 
 
-def gather_timeout_message(round: int, topic: str, missing: Iterable[int], timeout: float | None) -> str:
+def gather_timeout_message(round: int, topic: str, missing: Iterable[int], timeout: float | None,
+                           who=None) -> str:
+    """``who(site)`` names a site (default ``site <id>``)."""
+    who = who or (lambda s: f"site {s}")
     missing = sorted(missing)
-    who = ", ".join(f"site {s}" for s in missing)
-    return f"timed out after {timeout} s in round {round}, topic {topic!r}: no message from {who}"
+    return (f"timed out after {timeout} s in round {round}, topic {topic!r}: no message from "
+            + ", ".join(who(s) for s in missing))
 
 
-def receive_timeout_message(site: int, round: int, topic: str, timeout: float | None) -> str:
-    return (f"site {site} timed out after {timeout} s waiting for the broadcast "
+def receive_timeout_message(site: int, round: int, topic: str, timeout: float | None, who=None) -> str:
+    who = who or (lambda s: f"site {s}")
+    return (f"{who(site)} timed out after {timeout} s waiting for the broadcast "
             f"({describe(AGGREGATOR, round, topic)})")
 
 
