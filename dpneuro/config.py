@@ -82,6 +82,7 @@ class RunConfig:
     backend: str = "inprocess"
     exchange_dir: str = ""
     truth: str = ""  # optional ground truth (synthetic data): folder with manifest.json
+    interactive_maps: bool = False  # embed nilearn's interactive viewer per component in the report (~0.6 MB each)
     timeout: float = 600.0
 
     # -- derived -------------------------------------------------------------------------
@@ -211,6 +212,8 @@ class RunConfig:
             bad("ica_bias", "true or false")
         if not isinstance(self.simulation, bool):
             bad("simulation", "true or false")
+        if not isinstance(self.interactive_maps, bool):
+            bad("interactive_maps", "true or false")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             bad("seed", f"an integer (or left out for OS entropy), got {self.seed!r}")
         for name in ("clip_G", "clip_h"):

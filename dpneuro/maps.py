@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 
 from .io import mask_to_image
@@ -25,47 +26,170 @@ def write_components(maps_vox: np.ndarray, mask, path) -> Path:
     return path
 
 
-def write_timecourses(S: np.ndarray, path, tr: float | None = None) -> Path:
-    """Write R x T time courses as TSV: one column per component, one row per volume."""
+def write_timecourses(S: np.ndarray, path, tr: float | None = None, *, subjects=None) -> Path:
+    """Write R x T time courses as TSV: a ``subject`` column (``subjects``: ids and (start, stop)
+    column ranges), a ``volume`` column (index within the subject), one column per component."""
     S = np.asarray(S)
     path = Path(path)
-    header = "\t".join(f"IC{i + 1:02d}" for i in range(S.shape[0]))
-    np.savetxt(path, S.T, delimiter="\t", header=header, comments="", fmt="%.6g")
+    T = S.shape[1]
+    if subjects is None:
+        ids, ranges = ["all"], [(0, T)]
+    else:
+        ids, ranges = subjects
+    sub = np.empty(T, dtype=object)
+    vol = np.zeros(T, dtype=np.int64)
+    for sid, (a, b) in zip(ids, ranges):
+        sub[a:b] = sid
+        vol[a:b] = np.arange(b - a)
+    header = "\t".join(["subject", "volume"] + [f"IC{i + 1:02d}" for i in range(S.shape[0])])
+    with open(path, "w") as f:
+        f.write(header + "\n")
+        for t in range(T):
+            f.write(f"{sub[t]}\t{vol[t]}\t" + "\t".join(f"{x:.6g}" for x in S[:, t]) + "\n")
     return path
+
+
+def read_timecourses(path) -> tuple[list[str], np.ndarray]:
+    """The subject of every volume and the R x T time courses of a file from :func:`write_timecourses`."""
+    rows = [ln.rstrip("\n").split("\t") for ln in Path(path).read_text().splitlines()[1:] if ln.strip()]
+    subjects = [r[0] for r in rows]
+    S = np.array([[float(x) for x in r[2:]] for r in rows], dtype=np.float64).T
+    return subjects, S
 
 
 def _is_2d(mask_shape) -> bool:
     return len(mask_shape) == 3 and mask_shape[2] == 1
 
 
-def render_component(img3d, out_png, *, threshold: float = 2.0, title: str = "", bg_img=None,
-                     vmax: float | None = None, cut_coords=None) -> Path:
+#: maps are z-scored; voxels with |z| above this are coloured
+MAP_THRESHOLD = 2.0
+
+
+def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
+                     vmax: float | None = None, cut_coords=None, on_template: bool = True) -> Path:
     """One component as a PNG: ortho cuts on the MNI template (3-D) or an image (2-D grid).
 
-    ``cut_coords`` (mm) default to the map's peak; pass the matched truth's peak
-    to show a component and its truth through the same slices.
+    The cuts are annotated with their coordinates (mm) and L/R, and the colour
+    bar is labelled with the threshold. ``cut_coords`` (mm) default to the
+    map's peak; pass the matched truth's peak to show a component and its
+    truth through the same slices. ``on_template=False`` (data not in MNI
+    space) draws the map on its own grid, without the template.
     """
     import matplotlib.pyplot as plt
 
     out_png = Path(out_png)
     data = np.asarray(img3d.dataobj, dtype=np.float64)
     if _is_2d(data.shape):
-        fig, ax = plt.subplots(figsize=(2.4, 2.4))
+        fig, ax = plt.subplots(figsize=(3.6, 3.6))
         lim = vmax or max(np.abs(data).max(), 1e-12)
-        ax.imshow(data[:, :, 0].T, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set_title(title, fontsize=9)
+        im = ax.imshow(data[:, :, 0].T, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim)
+        ax.set_title(title, fontsize=10)
         ax.axis("off")
+        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        cb.set_label("z-score", fontsize=8)
     else:
         from nilearn import plotting
 
-        fig = plt.figure(figsize=(6.0, 2.2))
-        plotting.plot_stat_map(img3d, bg_img=bg_img if bg_img is not None else _template(), threshold=threshold,
-                               display_mode="ortho", cut_coords=cut_coords or peak_mm(img3d), figure=fig,
-                               colorbar=True,
-                               annotate=False, draw_cross=False, title=title or None, vmax=vmax)
-    fig.savefig(out_png, dpi=80, bbox_inches="tight")
+        fig = plt.figure(figsize=(9.0, 3.2))
+        bg = (bg_img if bg_img is not None else _template()) if on_template else False
+        plotting.plot_stat_map(img3d, bg_img=bg, threshold=threshold, display_mode="ortho",
+                               cut_coords=cut_coords or peak_mm(img3d), figure=fig, colorbar=True,
+                               annotate=True, draw_cross=False, title=title or None, vmax=vmax)
+        fig.text(0.995, 0.005, f"colour: z-score, |z| > {threshold:g} shown", ha="right", va="bottom", fontsize=9,
+                 color="0.75")
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return out_png
+
+
+def template_problem(mask_img) -> str | None:
+    """Why maps on this grid must not be drawn on the MNI152 template (None: they may).
+
+    The mask's voxels are looked up in the MNI152 brain mask through the
+    affines: native-space data (another head position, scanner coordinates)
+    land largely outside it.
+    """
+    from nilearn import datasets
+
+    img = nib.load(str(mask_img)) if not hasattr(mask_img, "affine") else mask_img
+    m = np.asarray(img.dataobj) > 0
+    if _is_2d(m.shape):
+        return None
+    ref = datasets.load_mni152_brain_mask(resolution=2)
+    ijk = np.argwhere(m)
+    xyz = img.affine @ np.c_[ijk, np.ones(len(ijk))].T
+    vox = np.rint(np.linalg.inv(ref.affine) @ xyz)[:3].astype(int).T
+    inside = np.all((vox >= 0) & (vox < np.array(ref.shape[:3])), axis=1)
+    refd = np.asarray(ref.dataobj) > 0
+    frac = float(refd[tuple(vox[inside].T)].mean() * inside.mean()) if inside.any() else 0.0
+    if frac < 0.7:
+        return (f"the data grid is not in MNI space (only {frac:.0%} of its mask lies inside the MNI152 brain): "
+                "maps are drawn on their own grid, not on the template; register the data to MNI space to "
+                "compare them with atlases")
+    return None
+
+
+def interactive_view(img3d, *, threshold: float = MAP_THRESHOLD, on_template: bool = True) -> str:
+    """nilearn's interactive viewer (view_img) as a self-contained HTML page (no network access)."""
+    import re
+
+    from nilearn import plotting
+
+    import warnings
+
+    with warnings.catch_warnings():  # numpy's note on nilearn's masked-array percentile
+        warnings.filterwarnings("ignore", message=".*partition.*will ignore the 'mask'")
+        view = plotting.view_img(img3d, threshold=threshold, bg_img=_template() if on_template else False,
+                                 symmetric_cmap=True, colorbar=True, title=None)
+    html_doc = view.get_standalone()
+    return re.sub(r"<link[^>]*rel=[\"']?(?:shortcut )?icon[^>]*>", "", html_doc)  # the only remote resource
+
+
+def render_components(components_path, mask_path, figs: Path, *, truth: dict | None = None,
+                      interactive: bool = False) -> tuple[list[dict], str, list[str]]:
+    """Every component of a 4-D maps file as report entries: (entries, how they are drawn, warnings).
+
+    ``truth`` (``maps``, ``perm``, ``corr``): components in the order of the
+    truth maps they match, each beside its truth, through the same slices and
+    with the truth's sign. Data outside MNI space are drawn on their own grid,
+    with a warning (:func:`template_problem`).
+    """
+    figs = Path(figs)
+    figs.mkdir(parents=True, exist_ok=True)
+    img = nib.load(str(components_path))
+    problem = template_problem(mask_path)
+    on_template = problem is None
+    three_d = not _is_2d(img.shape[:3])
+    order = list(range(img.shape[3]))
+    truth_img = None
+    if truth:
+        order = list(truth["perm"])
+        mask = np.asarray(nib.load(str(mask_path)).dataobj) > 0
+        truth_img = mask_to_image(zscore_columns(np.asarray(nib.load(truth["maps"]).dataobj)[mask]), mask_path)
+    entries = []
+    for j, c in enumerate(order):
+        label = f"IC{c + 1:02d}"
+        entry: dict = {"label": label}
+        cut = None
+        comp3d = img.slicer[..., c]
+        if truth_img is not None:
+            t3d = truth_img.slicer[..., j]
+            cut = peak_mm(t3d) if three_d else None
+            if truth["corr"][j] < 0:
+                comp3d = nib.Nifti1Image(-np.asarray(comp3d.dataobj), comp3d.affine)
+            entry.update(truth_png=str(render_component(t3d, figs / f"truth_{j + 1:02d}.png", title=f"truth {j + 1}",
+                                                        cut_coords=cut, on_template=on_template)),
+                         corr=abs(truth["corr"][j]))
+        entry["png"] = str(render_component(comp3d, figs / f"component_{c + 1:02d}.png", title=label,
+                                            cut_coords=cut, on_template=on_template))
+        if interactive and three_d:
+            entry["interactive"] = interactive_view(comp3d, on_template=on_template)
+        entries.append(entry)
+    where = ("on the MNI152 template (2 mm), through each map's peak (slice coordinates in mm; L = left)"
+             if three_d and on_template else "on the data's own grid")
+    note = (f"Each map is z-scored over voxels; voxels with |z| > {MAP_THRESHOLD:g} are coloured (colour bar: "
+            f"z-score), shown {where}.")
+    return entries, note, [f"WARNING: {problem}"] if problem else []
 
 
 def _template():
@@ -85,6 +209,7 @@ def peak_mm(img3d) -> tuple[float, float, float]:
 def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None = None, title: str = "") -> Path:
     """Each component's time course and power spectrum (one row per component); ``title`` names the data."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     from scipy import signal
 
     S = np.asarray(S)
@@ -99,8 +224,12 @@ def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None =
         axes[i, 1].semilogy(f, p, lw=0.8, color="C0")
         for ax in axes[i]:
             ax.tick_params(labelsize=6)
+            ax.xaxis.set_major_locator(MaxNLocator(5))
+            ax.yaxis.set_major_locator(MaxNLocator(3) if ax is axes[i, 0] else plt.LogLocator(numticks=3))
             if i < R - 1:
                 ax.set_xticklabels([])
+    axes[0, 0].set_title("time course (z)", fontsize=8)
+    axes[0, 1].set_title("power spectrum", fontsize=8)
     axes[-1, 0].set_xlabel("time (s)", fontsize=8)
     axes[-1, 1].set_xlabel("frequency (Hz)", fontsize=8)
     if title:

@@ -264,7 +264,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     for s in sites:  # in a deployment each site does this on its own machine
         Z = whiten(unit_columns(np.load(s["X"], mmap_mode="r")), V, lam)
         S = time_courses(W, Z, b)
-        tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv"))
+        tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
+                                               subjects=(s["subject_ids"], s["boundaries"])))
 
     names = [s["site"] for s in sites]
     ledgers = {}
@@ -278,7 +279,12 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     priv_path = _write_json(d / "privacy.json", priv)
     from .budget import run_warnings
 
+    from .maps import template_problem
+
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
+    problem = template_problem(space["mask"])
+    if problem:
+        warnings.append(f"WARNING: {problem}")
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
               "n_components": int(A.shape[1]), "truth": None, "warnings": warnings}
@@ -305,9 +311,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     """report.html (self-contained) plus the final outputs copied to the run folder."""
     import shutil
 
-    import nibabel as nib
-
-    from .maps import convergence_figure, render_component, timecourse_figure
+    from .maps import convergence_figure, read_timecourses, render_components, timecourse_figure
     from .report import report_headline, write_report
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
@@ -316,40 +320,15 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     out = Path(cfg.out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    img = nib.load(mp["components"])
     truth = mp.get("truth")
-    comps = []
-    order = range(img.shape[3])
-    truth_img = None
-    if truth:  # components in the order of the truth they match, each beside its truth
-        from .io import mask_to_image
-        from .maps import peak_mm, zscore_columns
-
-        order = truth["perm"]
-        mask = _read_json(mp["space"])["mask"]
-        truth_img = mask_to_image(zscore_columns(np.asarray(nib.load(truth["maps"]).dataobj)[
-            np.asarray(nib.load(mask).dataobj) > 0]), mask)
-    for j, c in enumerate(order):
-        label = f"IC{c + 1:02d}"
-        entry = {"label": label}
-        cut = None
-        comp3d = img.slicer[..., c]
-        if truth:
-            t3d = truth_img.slicer[..., j]
-            cut = peak_mm(t3d) if len(t3d.shape) == 3 and t3d.shape[2] > 1 else None
-            if truth["corr"][j] < 0:  # show the component with the truth's sign
-                comp3d = nib.Nifti1Image(-np.asarray(comp3d.dataobj), comp3d.affine)
-            tpng = render_component(t3d, figs / f"truth_{j + 1:02d}.png", title=f"truth {j + 1}", cut_coords=cut)
-            entry.update(truth_png=str(tpng), corr=abs(truth["corr"][j]))
-        entry["png"] = str(render_component(comp3d, figs / f"component_{c + 1:02d}.png", title=label,
-                                            cut_coords=cut))
-        comps.append(entry)
+    comps, maps_note, _ = render_components(mp["components"], _read_json(mp["space"])["mask"], figs,
+                                                       truth=truth, interactive=cfg.interactive_maps)
     # time courses are each site's own (un-noised) data: a figure per site beside its TSV, never in the
     # consortium report
     tc_dir = out / "timecourses"
     tc_dir.mkdir(exist_ok=True)
     for s in sites:
-        S = np.loadtxt(mp["timecourses"][s["site"]], delimiter="\t", skiprows=1, ndmin=2).T
+        S = read_timecourses(mp["timecourses"][s["site"]])[1]
         a, b = s["boundaries"][0]
         timecourse_figure(S[:, a:b], s["tr"] or 2.0, tc_dir / f"{s['site']}.png",
                           title=f"site {s['site']}, subject {s['subject_ids'][0]}: for this site only")
@@ -379,5 +358,6 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
-                          components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png, timings=timings, run=cfg.to_json(), notes=notes)
+                          components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
+                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes)
     return str(report)

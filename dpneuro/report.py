@@ -88,25 +88,46 @@ def report_headline(what: str, privacy: dict, warnings: list[str] | None = None)
     """The box at the top of a report: what ran, the privacy headline and the run's warnings."""
     from .privacy.summary import headline_lines, privacy_warnings
 
-    return [what, *headline_lines(privacy), *(privacy_warnings(privacy) if warnings is None else warnings)]
+    # the first headline line names every site's eps; the privacy box below says what it means
+    return [what, headline_lines(privacy)[0], *(privacy_warnings(privacy) if warnings is None else warnings)]
+
+
+def privacy_box(privacy: dict) -> str:
+    """What the headline eps protects against, and whether it is strong, moderate or weak, in plain words."""
+    from .privacy.summary import plain_reading, strength, threat_model
+
+    eps = privacy.get("epsilon") or {n: s["epsilon"] for n, s in privacy["sites"].items()}
+    worst = max(eps.values()) if eps else 0.0
+    label = strength(worst)
+    what = {"strong": "strong", "moderate": "moderate", "weak": "WEAK", "none": "NONE (not private)"}[label]
+    return (f'<div class="privacybox {label}"><b>Privacy: {what}.</b> Every subject at every site is protected '
+            f"with eps up to {worst:.3g} at delta = {privacy['delta']:g} against "
+            f"{html.escape(threat_model(privacy['plan'], privacy['n_colluding']))}. "
+            f"{html.escape(plain_reading(worst, privacy['delta']))} Rule of thumb: eps &le; 1 is strong, up to 10 "
+            "moderate, above 10 weak.</div>")
 
 
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
                  metrics: dict | None = None, convergence_png=None,
-                 timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None) -> Path:
+                 timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
+                 maps_note: str = "") -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
-    ``truth_png`` and ``corr`` (matched ground-truth map and its correlation)
-    and ``label``.
+    ``truth_png`` and ``corr`` (matched ground-truth map and its correlation),
+    ``interactive`` (a self-contained HTML viewer, embedded) and ``label``.
+    ``maps_note`` says how the maps are drawn (threshold, template).
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     parts.append('<div class="headline">' + "<br/>".join(html.escape(h) for h in headline) + "</div>")
+    parts.append(privacy_box(privacy))
     for n in notes or []:
         parts.append(f'<p class="warn">{html.escape(n)}</p>')
 
     parts.append("<h2>Spatial maps</h2>")
+    if maps_note:
+        parts.append(f'<p class="small">{html.escape(maps_note)}</p>')
     if metrics:
         parts.append(_table(list(metrics), [list(metrics.values())]))
     parts.append('<div class="grid">')
@@ -116,6 +137,10 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
                 _img(c["png"], c["label"])]
         if c.get("truth_png"):
             cell.append("<p>matched ground truth</p>" + _img(c["truth_png"], "truth " + c["label"]))
+        if c.get("interactive"):
+            cell.append("<details><summary>interactive view</summary>"
+                        f'<iframe title="{html.escape(c["label"])} interactive" '
+                        f'srcdoc="{html.escape(c["interactive"], quote=True)}"></iframe></details>')
         cell.append("</div>")
         parts.append("".join(cell))
     parts.append("</div>")

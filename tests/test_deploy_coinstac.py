@@ -11,6 +11,7 @@ import pytest
 
 import cape_workers as cw
 import deploy_common as dc
+from dpneuro.maps import read_timecourses
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
@@ -291,7 +292,8 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
         assert dc.same_releases(priv["sites"][cid]["ledger"], ref["ledgers"][f"site-{i + 1:02d}"]), cid
         assert run.site_outputs[cid][-1]["dpneuro"]["phase"] == "done"
         site_out = run.output_dir(cid)
-        assert np.loadtxt(site_out / "timecourses.tsv", skiprows=1).shape == (3 * 60, 4)
+        subjects, tc = read_timecourses(site_out / "timecourses.tsv")
+        assert tc.shape == (4, 3 * 60) and len(set(subjects)) == 3
         assert (site_out / "components.nii.gz").exists() and (site_out / "privacy.json").exists()
         logs = list((tmp_path / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"))
         assert len(logs) == 3  # reduce, unmix, summary

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import deploy_common as dc
+from dpneuro.maps import read_timecourses
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, run_manifest
@@ -103,8 +104,8 @@ def _check_outputs(out: Path, man: dict, ref: dict):
         own = json.loads((out / name / "privacy.json").read_text())
         assert dc.same_releases(own["ledger"], ref["ledgers"][name])
         assert own["epsilon"] == pytest.approx(priv["sites"][name]["epsilon"], rel=1e-12)
-        tc = np.loadtxt(out / name / "timecourses.tsv", skiprows=1)
-        assert tc.shape == (3 * 40, 4)
+        subjects, tc = read_timecourses(out / name / "timecourses.tsv")
+        assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
     assert "report.html" in os.listdir(out)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpneuro.cli import main
+from dpneuro.maps import read_timecourses
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.synth import make_consortium
 from dpneuro.workflows import run_workflow
@@ -59,7 +60,8 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert run["config"]["pca_epsilon"] == 50.0 and run["versions"]["pydra"] == "0.25"
     assert run["seed_policy"].startswith("fixed seed 1") and run["ica_rounds_run"] >= 1
     for tsv in (out / "timecourses").glob("*.tsv"):
-        assert np.loadtxt(tsv, skiprows=1).shape[1] == R
+        subjects, tc = read_timecourses(tsv)
+        assert tc.shape[0] == R and len(set(subjects)) == 3 and subjects[0].startswith("sub-")
 
     # same cache: nothing runs again
     before = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.is_file() and "pydra" not in str(p)}

@@ -326,7 +326,8 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     out.mkdir(parents=True, exist_ok=True)
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
     Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
-    tc = write_timecourses(time_courses(W, Z, b), out / "timecourses.tsv")
+    tc = write_timecourses(time_courses(W, Z, b), out / "timecourses.tsv",
+                           subjects=(info["subject_ids"], info["boundaries"]))
     comp = write_components(_component_maps(info["space"], red["basis"], red["eigenvalues"], W),
                             info["space"]["mask"], out / "components.nii.gz")
     np.save(out / "W.npy", W)
@@ -405,9 +406,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, declared: dict,
                               seconds: float) -> dict[str, Any]:
-    import nibabel as nib
-
-    from ..maps import convergence_figure, render_component, write_components
+    from ..maps import convergence_figure, render_components, write_components
     from ..pipeline import SCALING_NOTE
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
@@ -437,18 +436,15 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     priv_path = write_json(out / "privacy.json", priv)
 
     figs = out / "figures"
-    figs.mkdir(exist_ok=True)
-    img = nib.load(comp_path)
-    comps = [{"label": f"IC{c + 1:02d}",
-              "png": str(render_component(img.slicer[..., c], figs / f"component_{c + 1:02d}.png",
-                                          title=f"IC{c + 1:02d}"))} for c in range(img.shape[3])]
+    comps, maps_note, map_warnings = render_components(comp_path, space["mask"], figs,
+                                                       interactive=cfg.interactive_maps)
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
                               figs / "convergence.png")
     eps = dict(priv["epsilon"])
     from ..budget import run_warnings
 
     n_samples = {name: int((declared.get(s) or declared.get(str(s)))["n_samples"]) for s, name in enumerate(names)}
-    warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv)
+    warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv) + map_warnings
     headline = report_headline(f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} "
                                f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv,
                                warnings)
@@ -457,7 +453,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     if cfg.seed is not None:
         notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
-                          components=comps, privacy=priv, convergence_png=conv,
+                          components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
                           timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes)
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,

@@ -1,0 +1,71 @@
+"""The report as a neuroscientist opens it: in a real browser, offline, every image there."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from browser import chromium, inspect_page
+from dpneuro.config import RunConfig
+from dpneuro.maps import read_timecourses, template_problem
+from dpneuro.synth import load_space, make_consortium
+from dpneuro.workflows import run_workflow
+
+
+@pytest.fixture(scope="module")
+def mni_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    man = make_consortium(root / "data", n_sites=3, subjects_per_site=4, n_components=4, n_timepoints=40,
+                          space="mni6mm", seed=2, dtype="int16")
+    cfg = RunConfig.from_dict(dict(
+        sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(root / "run"),
+        mask=man["mask"], space="mni6mm", parcels=40, n_components=4, truth=str(root / "data"),
+        pca_epsilon=200.0, ica_epsilon_i=5.0, ica_rounds=10, clip_G=0.7, clip_h=0.7, seed=0,
+        interactive_maps=True)).validate()
+    res = run_workflow(cfg)
+    return cfg, res
+
+
+def test_report_content(mni_run):
+    cfg, res = mni_run
+    html = open(res["report"], encoding="utf-8").read()
+    assert "slice coordinates in mm" in html and "|z| &gt; 2" in html
+    assert html.count("<iframe") == 4  # one interactive view per component
+    assert 'alt="time courses"' not in html  # no site's subject data in the consortium report
+    tsvs = sorted((Path(cfg.out) / "timecourses").glob("*.tsv"))
+    assert len(tsvs) == 3
+    for tsv in tsvs:
+        subjects, tc = read_timecourses(tsv)
+        assert tc.shape[0] == 4 and len(set(subjects)) == 4
+    privacy = json.loads((Path(cfg.out) / "privacy.json").read_text())
+    assert "against the aggregator" in html and f'class="privacybox {privacy["strength"]}"' in html
+
+
+def test_report_loads_offline_in_a_browser_with_every_image(mni_run, tmp_path):
+    if chromium() is None:
+        if os.environ.get("DPNEURO_REQUIRE_BROWSER"):
+            pytest.fail("Chromium is required here (DPNEURO_REQUIRE_BROWSER) but not installed")
+        pytest.skip("needs Debian's chromium (installed by .ci/run)")
+    _, res = mni_run
+    page = inspect_page(Path(res["report"]), screenshot=tmp_path / "report.png")
+    assert page["errors"] == [], page["errors"]
+    assert page["remote_requests"] == [], page["remote_requests"]
+    assert len(page["images"]) >= 4 + 4 + 1  # maps, their truths, convergence
+    assert all(w > 0 and h > 0 for _, w, h in page["images"]), page["images"]
+    assert page["iframes"] == 4
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_native_space_grids_are_not_drawn_on_the_template():
+    mask, affine = load_space("mni6mm")
+    img = nib.Nifti1Image(mask.astype(np.uint8), affine)
+    assert template_problem(img) is None
+    shifted = affine.copy()
+    shifted[:3, 3] += [0.0, 120.0, 90.0]  # a head in scanner coordinates, far from MNI's origin
+    problem = template_problem(nib.Nifti1Image(mask.astype(np.uint8), shifted))
+    assert problem and "not in MNI space" in problem
