@@ -198,7 +198,7 @@ def run_dpneuro(manifest, data_dir, out, cfg_over: dict, plan: str, seed: int):
 def privacy_of(maps_json: str) -> float:
     maps = json.loads(Path(maps_json).read_text())
     priv = json.loads(Path(maps["privacy"]).read_text())
-    return max(s["epsilon_exact"] for s in priv["sites"].values())
+    return max(s["epsilon"] for s in priv["sites"].values())  # against the aggregator and its colluders
 
 
 def run_fastica(Z, R, seed):
@@ -309,7 +309,8 @@ def main(argv=None) -> int:
             # the pipeline's own unmixing code (site whitening + capeDJICA with the run's settings)
             with Clock() as c:
                 u = unmix_inprocess(replace(cfg, plan=plan), ref.X, ref.lengths, ref.V, ref.lam)
-            eps = max(led.epsilon(DELTA) for led in u.ledgers if led is not None) if plan != "none" else float("inf")
+            eps = (max(led.epsilon(DELTA, collusion=True) for led in u.ledgers if led is not None)
+                   if plan != "none" else float("inf"))
             rec[f"capeDJICA {plan}"] = dict(group="B", wall=c.wall, cpu=c.cpu, **ref.unit.quality(u.W), eps=eps)
         # C. conventional whitening of the same parcel data (no unit-norm scaling), as these tools expect
         with Clock() as c:

@@ -294,12 +294,29 @@ def test_cli_synth(tmp_path, capsys):
     assert capsys.readouterr().out == ""
     man = load_manifest(out)
     assert [len(s["subjects"]) for s in man["sites"]] == [2, 3]
-    assert man["n_components"] == 20 and man["n_timepoints"] == 20
+    from dpneuro.config import SYNTHETIC_CONSORTIUM
+
+    assert man["n_components"] == SYNTHETIC_CONSORTIUM["components"] and man["n_timepoints"] == 20
     for sub in all_subjects(man):
-        assert nib.load(sub["path"]).shape == (30, 30, 1, 20)
+        img = nib.load(sub["path"])
+        assert img.shape == (30, 30, 1, 20) and img.get_data_dtype() == np.int16  # the default storage
     assert (out / "truth" / "A.npy").is_file()
 
     rc = main(["synth", "--out", str(tmp_path / "bad"), "--sites", "0",
                "--space", "grid30", "-q"])
     assert rc == 2
     assert "n_sites" in capsys.readouterr().err
+
+
+def test_int16_storage_keeps_the_data_to_its_quantisation_step(tmp_path):
+    a = make_consortium(tmp_path / "f", n_sites=1, subjects_per_site=1, n_components=3, n_timepoints=30,
+                        space="grid30", seed=5)
+    b = make_consortium(tmp_path / "i", n_sites=1, subjects_per_site=1, n_components=3, n_timepoints=30,
+                        space="grid30", seed=5, dtype="int16")
+    x = np.asarray(nib.load(all_subjects(a)[0]["path"]).dataobj, dtype=np.float64)
+    y = np.asarray(nib.load(all_subjects(b)[0]["path"]).dataobj, dtype=np.float64)
+    step = np.ptp(x) / 65535
+    assert np.abs(x - y).max() <= step and np.abs(x - y).max() > 0
+    assert nib.load(all_subjects(b)[0]["path"]).get_data_dtype() == np.int16
+    with pytest.raises(ValueError, match="dtype"):
+        make_consortium(tmp_path / "z", n_sites=1, subjects_per_site=1, space="grid30", dtype="float16")

@@ -209,7 +209,10 @@ class DirectoryExchange(Exchange):
         return self.site_names[sender] if self.site_names is not None else f"site-{sender:03d}"
 
     def who(self, sender: int) -> str:
-        return "the aggregator" if sender == AGGREGATOR else f"site {self._party(sender)!r}"
+        """The party as messages name it: ``site 'site-02'`` with site names, else ``site 1``."""
+        if sender == AGGREGATOR:
+            return "the aggregator"
+        return f"site {self._party(sender)!r}" if self.site_names is not None else f"site {sender}"
 
     # -- failures ----------------------------------------------------------------
     def report_failure(self, party: int, error: str) -> None:
