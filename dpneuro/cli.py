@@ -346,11 +346,13 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "quiet", True):
-        os.environ["DPNEURO_PROGRESS"] = "1"  # stages run in this process under Pydra's serial plugin
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    # stages run in this process under Pydra's serial plugin and read this; restored afterwards so that
+    # one call's setting never leaks into the next (a notebook, the test suite)
+    before = os.environ.get("DPNEURO_PROGRESS")
+    os.environ["DPNEURO_PROGRESS"] = "0" if getattr(args, "quiet", True) else "1"
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -359,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if before is None:
+            os.environ.pop("DPNEURO_PROGRESS", None)
+        else:
+            os.environ["DPNEURO_PROGRESS"] = before
 
 
 if __name__ == "__main__":  # pragma: no cover

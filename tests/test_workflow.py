@@ -160,3 +160,12 @@ def test_every_option_of_every_command_is_documented():
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, f"dpneuro {name} {'/'.join(action.option_strings) or action.dest}: no help"
+
+
+def test_quiet_is_quiet_after_a_verbose_call(monkeypatch, capsys):
+    import os
+
+    monkeypatch.delenv("DPNEURO_PROGRESS", raising=False)
+    assert main(["budget", "--sites", "3", "--subjects", "10"]) == 0
+    assert "DPNEURO_PROGRESS" not in os.environ  # nothing leaks into the next call
+    capsys.readouterr()
