@@ -11,13 +11,14 @@ import pytest
 
 import cape_workers as cw
 import deploy_common as dc
-from dpneuro.maps import read_timecourses
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
+from dpneuro.deploy import coinstac_sim as sim
 from dpneuro.deploy.party import ManifestMismatch
 from dpneuro.exchange import DirectoryCheckpoint
 from dpneuro.exchange import Suspend
+from dpneuro.maps import read_timecourses
 from dpneuro.protocol import run_aggregator, run_site
 
 COINSTAC = dc.TEMPLATES / "coinstac"
@@ -215,20 +216,43 @@ def test_remote_and_local_refuse_disagreeing_settings(tmp_path):
     hello = {f"local{i}": dcc.local({"input": spec[i], "cache": {}, "state": _state(tmp_path, f"local{i}")})["output"]
              for i in range(4)}
     assert all(h["dpneuro"]["phase"] == "hello" for h in hello.values())
-    odd = json.loads(json.dumps(hello))
+    hello = node(hello)  # COINSTAC carries every output through Node.js
+    odd = node(hello)
     odd["local2"]["dpneuro"]["settings"]["ica_epsilon_i"] = 8.0
     with pytest.raises(ConfigError, match="config field 'ica_epsilon_i': site 'local2'"):
         dcc.remote({"input": odd, "cache": {}, "state": _state(tmp_path, "remote")})
-    out = dcc.remote({"input": hello, "cache": {}, "state": _state(tmp_path, "remote2")})["output"]
+    out = node(dcc.remote({"input": hello, "cache": {}, "state": _state(tmp_path, "remote2")})["output"])
     manifest = out["dpneuro"]["manifest"]
     assert manifest["sites"] == ["local0", "local1", "local2", "local3"]
     # a site whose settings differ from the manifest refuses, naming the field, before loading anything
-    forged = json.loads(json.dumps(manifest))
+    forged = node(manifest)
     forged["config"]["n_colluding"] = 0
     for f in spec[1]["data"]["value"]:
         (tmp_path / "input" / "local1" / f).touch()  # the site's files (only their existence is checked first)
     with pytest.raises(ManifestMismatch, match="config field 'n_colluding'"):
         dcc.local({"input": {"dpneuro": {"manifest": forged}}, "cache": {}, "state": _state(tmp_path, "local1")})
+
+
+def node(obj):
+    """A JSON round trip through Node.js, as COINSTAC makes every message take (Node is required)."""
+    assert shutil.which("node"), "Node.js is needed: COINSTAC's messages are Node's JSON"
+    return sim.node_json_roundtrip(obj)
+
+
+def test_everything_derived_from_a_message_survives_nodes_json(tmp_path):
+    """Node writes 20.0 as 20 and -0.0 as 0, rounds ints beyond 2**53 and may reorder keys."""
+    from dpneuro.exchange.codec import canonical_json
+
+    cfg = dc.run_config(dc.consortium(tmp_path / "c"), tmp_path / "o", simulation=True)
+    manifest = dcc.run_manifest(cfg, "coinstac")
+    assert any(isinstance(v, float) and v.is_integer() for row in manifest["grid"]["affine"] for v in row)
+    after = node(manifest)
+    assert json.dumps(after, sort_keys=True) != json.dumps(manifest, sort_keys=True)  # Node did rewrite it
+    assert dcc.manifest_key(after) == dcc.manifest_key(manifest)
+    odd = {"b": [20.0, -0.0, 2**60 + 1, 1e-05, {"z": 1.5, "a": True, "n": None}], "a": "x"}
+    assert canonical_json(node(odd)) == canonical_json(odd)
+    assert canonical_json({"a": 1}) != canonical_json({"a": 1.5})
+    dcc.check_manifest(cfg, after, party="test")  # comparisons of settings agree too
 
 
 def _state(root: Path, cid: str) -> dict:
@@ -245,7 +269,6 @@ def _state(root: Path, cid: str) -> dict:
 def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     pytest.importorskip("coinstac")
     pytest.importorskip("websockets")
-    from dpneuro.deploy import coinstac_sim as sim
 
     spec = _load("inputspec.json")
     man = dc.consortium(tmp_path / "data", n_timepoints=60)

@@ -66,7 +66,7 @@ from ..exchange.base import (
     egress_record,
     validate,
 )
-from ..exchange.codec import blob_limit, check_name, decode_payload, encode_payload
+from ..exchange.codec import blob_limit, canonical_json, check_name, decode_payload, encode_payload
 from ..protocol import RunOptions
 from .party import (
     AggregatorContext,
@@ -323,8 +323,12 @@ def _files(inputs: dict[str, Any], base_dir: Path) -> list[str]:
 
 
 def manifest_key(manifest: dict[str, Any]) -> bytes:
-    """The run's message key, derived from the (public) manifest: integrity, not secrecy (module notes)."""
-    return hashlib.sha256(b"dpneuro/coinstac/v1\0" + json.dumps(manifest, sort_keys=True).encode()).digest()
+    """The run's message key, derived from the (public) manifest: integrity, not secrecy (module notes).
+
+    Taken over the manifest's canonical JSON: the sites receive the manifest
+    through COINSTAC's Node.js, which rewrites numbers (20.0 -> 20).
+    """
+    return hashlib.sha256(b"dpneuro/coinstac/v2\0" + canonical_json(manifest).encode()).digest()
 
 
 def _state_dir(state: dict[str, Any], role: str) -> Path:
@@ -422,7 +426,7 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     first = outs[sites[0]]["settings"]
     for c in sites[1:]:
         for k in sorted(set(first) | set(outs[c]["settings"])):
-            if first.get(k) != outs[c]["settings"].get(k):
+            if canonical_json(first.get(k)) != canonical_json(outs[c]["settings"].get(k)):
                 raise ConfigError(f"config field {k!r}: site {c!r} has {outs[c]['settings'].get(k)!r} but site "
                                   f"{sites[0]!r} has {first.get(k)!r}; every site must run the same settings")
     cfg = _config(first, sites, sd / "work").validate(data_sites=[])

@@ -48,6 +48,7 @@ __all__ = [
     "ServiceError",
     "SimulationRun",
     "free_port",
+    "node_json_roundtrip",
     "prepare_inputs",
     "run_computation",
 ]
@@ -227,10 +228,57 @@ class SimulationRun:
         return self.root / "output" / cid / RUN
 
 
+_NODE_LOOP = ("const rl=require('readline').createInterface({input:process.stdin});"
+              "rl.on('line',l=>process.stdout.write(JSON.stringify(JSON.parse(l))+'\\n'));")
+
+
+class NodeJSON:
+    """One Node.js process that gives back every JSON value after JSON.parse / JSON.stringify.
+
+    That is what COINSTAC does to every message between the parties: Node
+    writes integral floats as integers (20.0 -> 20) and -0.0 as 0; a
+    computation must give the same results after it. Callable; close() ends it.
+    """
+
+    def __init__(self) -> None:
+        node = shutil.which("node")
+        if node is None:
+            raise ServiceError("Node.js (node) is needed to carry messages as COINSTAC does")
+        self._proc = subprocess.Popen([node, "-e", _NODE_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+
+    def __call__(self, obj: Any) -> Any:
+        self._proc.stdin.write(json.dumps(obj) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise ServiceError("the Node.js JSON process stopped")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+
+
+def node_json_roundtrip(obj: Any) -> Any:
+    """``obj`` after one JSON.parse / JSON.stringify in Node.js (see :class:`NodeJSON`)."""
+    node = NodeJSON()
+    try:
+        return node(obj)
+    finally:
+        node.close()
+
+
 def run_computation(inputspec: Sequence[Mapping[str, Any]], root, *, local_url: str | Mapping[str, str],
                     remote_url: str, call_timeout: float = 300.0, deadline: float = 3600.0,
                     max_iterations: int = 100_000,
-                    between_iterations: Callable[[int], None] | None = None) -> SimulationRun:
+                    between_iterations: Callable[[int], None] | None = None,
+                    carry: Callable[[Any], Any] | None | str = "node") -> SimulationRun:
     """Drive a decentralized computation to its end (see the module notes).
 
     Parameters
@@ -250,13 +298,28 @@ def run_computation(inputspec: Sequence[Mapping[str, Any]], root, *, local_url: 
     between_iterations : callable, optional
         Called with the iteration number after each full iteration (for
         tests: e.g. restart the services mid-run).
+    carry : "node", callable or None
+        What happens to the JSON between the parties: "node" (default) a round
+        trip through Node.js (:class:`NodeJSON`), as in COINSTAC; None passes
+        it through Python only.
     """
-    root = Path(root)
+    node = NodeJSON() if carry == "node" else None
+    try:
+        return _drive(inputspec, Path(root), local_url, remote_url, call_timeout, deadline, max_iterations,
+                      between_iterations, node or carry or (lambda x: x))
+    finally:
+        if node is not None:
+            node.close()
+
+
+def _drive(inputspec, root: Path, local_url, remote_url, call_timeout: float, deadline: float, max_iterations: int,
+           between_iterations, carry: Callable[[Any], Any]) -> SimulationRun:
     clients = [f"local{i}" for i in range(len(inputspec))]
     urls = {c: local_url if isinstance(local_url, str) else local_url[c] for c in clients}
     # COINSTAC passes each input's value (coinstac-pipeline: output[key] = val.value)
     inputs = {c: {k: (v["value"] if isinstance(v, Mapping) and "value" in v else v) for k, v in spec.items()}
               for c, spec in zip(clients, inputspec)}
+    inputs = carry(inputs)
     dirs = {c: _dirs(root, c) for c in clients + ["remote"]}
     caches: dict[str, dict] = {c: {} for c in clients + ["remote"]}
     t0 = time.monotonic()
@@ -270,16 +333,17 @@ def run_computation(inputspec: Sequence[Mapping[str, Any]], root, *, local_url: 
             for c in clients])
         outs = {}
         for c, r in zip(clients, replies):
-            caches[c].update(r.get("cache") or {})
+            caches[c].update(carry(r.get("cache") or {}))
             outs[c] = r.get("output")
             history[c].append(outs[c])
             moved += _move_all(Path(dirs[c]["transferDirectory"]), [Path(dirs["remote"]["baseDirectory"]) / c])
-        r = await _call(remote_url, "remote", {"input": outs, "cache": caches["remote"], "state": states["remote"]},
-                        call_timeout)
-        caches["remote"].update(r.get("cache") or {})
+        r = await _call(remote_url, "remote", {"input": carry(outs), "cache": caches["remote"],
+                                               "state": states["remote"]}, call_timeout)
+        caches["remote"].update(carry(r.get("cache") or {}))
         moved += _move_all(Path(dirs["remote"]["transferDirectory"]),
                            [Path(dirs[c]["baseDirectory"]) for c in clients])
-        inputs = {c: r.get("output") for c in clients}
+        output = carry(r.get("output"))  # the same JSON goes to every site
+        inputs = {c: output for c in clients}
         return r
 
     for it in range(1, max_iterations + 1):

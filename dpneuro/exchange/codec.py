@@ -36,6 +36,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import struct
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "VERSION",
     "blob_limit",
+    "canonical_json",
     "check_name",
     "decode_payload",
     "decode_state",
@@ -77,6 +79,33 @@ ALLOWED_DTYPES = frozenset(
 )
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def _canonical(obj: Any) -> Any:
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, (int, float, np.integer, np.floating)):
+        x = float(obj)  # what a JavaScript number holds: ints beyond 2**53 round, 20.0 and 20 are one value
+        if not math.isfinite(x):
+            raise ValueError(f"{obj!r} has no JSON form")
+        return 0.0 if x == 0 else x  # -0.0 is written as 0 by JavaScript
+    if isinstance(obj, Mapping):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    raise TypeError(f"no canonical JSON form for {type(obj).__name__}")
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON text of ``obj`` that a round trip through another JSON implementation cannot change.
+
+    COINSTAC carries every message between the parties through Node.js,
+    whose JSON writes integral floats as integers (20.0 -> 20), -0.0 as 0,
+    rounds integers beyond 2**53 and may reorder keys. Keys, digests and
+    comparisons of anything that travelled that way are taken over this form:
+    every number as a float64, keys sorted, no insignificant white space.
+    """
+    return json.dumps(_canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def check_name(kind: str, name: str) -> str:
