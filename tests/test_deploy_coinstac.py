@@ -105,7 +105,7 @@ def test_compspec_satisfies_coinstac_rules():
     member = {k for k, v in inputs.items() if v["source"] == "member"}
     assert member == {dcc.DATA_INPUT} and inputs["data"]["type"] == "files"
     owner = {k for k, v in inputs.items() if v["source"] == "owner"}
-    assert owner == set(dcc.OWNER_INPUTS) | {"seed_policy", "seed"}
+    assert owner == set(dcc.OWNER_INPUTS) | {"seed_policy", "seed", "max_stalled_iterations"}
     for k in ("n_components", "pca_epsilon", "ica_epsilon_i", "ica_rounds", "seed_policy"):
         assert k in owner
     # the owner's defaults are a valid run whose messages fit COINSTAC's limit
@@ -327,3 +327,53 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     rounds = 1 + run.output["ica_rounds"]  # one capePCA round, then the ICA rounds
     print(f"\nCOINSTAC-driven run: {run.iterations} iterations, {run.messages} message files, {seconds:.1f} s "
           f"wall ({run.iterations / seconds:.1f} iterations/s, {rounds / seconds:.2f} protocol rounds/s)")
+
+
+def _services_run(tmp_path, spec, man, **kw):
+    entry = COINSTAC / "entry.py"
+    services = [sim.CoinstacService(entry, log=tmp_path / "sites.log"),
+                sim.CoinstacService(entry, log=tmp_path / "remote.log")]
+    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
+    try:
+        for svc in services:
+            svc.launch()
+        for svc in services:
+            svc.wait_ready()
+        return sim.run_computation(spec, tmp_path / "sim", local_url=services[0].url, remote_url=services[1].url,
+                                   call_timeout=60, deadline=180, **kw)
+    finally:
+        for svc in services:
+            svc.stop()
+
+
+def test_lost_messages_are_sent_again_and_a_lost_cause_ends_the_run(tmp_path):
+    pytest.importorskip("coinstac")
+    spec = [{**site, "ica_rounds": {"value": 5}} for site in _load("inputspec.json")]
+    man = dc.consortium(tmp_path / "data", n_timepoints=60)
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
+    lost = []
+
+    def once(it, party, name):
+        # COINSTAC loses site local2's release of ICA round 2 and the remote's broadcast of round 3, once each
+        hit = (party == "local2" and "unmix.r000002.release.site-002" in name) or \
+              (party == "remote" and "unmix.r000003.release.aggregator" in name)
+        if hit and name not in lost:
+            lost.append(name)
+            return True
+        return False
+
+    run = _services_run(tmp_path / "a", spec, man, drop=once)
+    assert len(lost) == 2
+    out = run.output_dir("remote")
+    np.testing.assert_array_equal(np.load(out / run.output["W"]), ref["W"])
+    priv = json.loads((out / run.output["privacy"]).read_text())
+    for i, cid in enumerate(run.clients):  # a re-send is the same message: no new release, no new noise
+        assert dc.same_releases(priv["sites"][cid]["ledger"], ref["ledgers"][f"site-{i + 1:02d}"]), cid
+
+    spec = [{**site, "max_stalled_iterations": {"value": 3}} for site in spec]
+    with pytest.raises(sim.ComputationError) as err:
+        _services_run(tmp_path / "b", spec, man,
+                      drop=lambda it, party, name: party in ("local1", "local3") and name.startswith("unmix.r000001.release."))
+    msg = str(err.value)
+    assert "no progress for 3 COINSTAC iterations" in msg and "'release' of round 1" in msg
+    assert "local1" in msg and "local3" in msg

@@ -90,6 +90,8 @@ __all__ = [
 
 #: COINSTAC moves files between iterations; keep each message below this
 MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+#: iterations the remote may stay in the same wait before it ends the run (owner input max_stalled_iterations)
+MAX_STALLED_ITERATIONS = 8
 SUFFIX = ".dpnx"
 RUN_ID = "coinstac"
 
@@ -202,7 +204,25 @@ class CoinstacExchange(Exchange):
             tmp = self.transfer_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
             tmp.write_bytes(blob)
             tmp.replace(self.transfer_dir / name)
-            marker.touch()
+            # the blob itself, so a message COINSTAC loses can be sent again unchanged (resend)
+            mtmp = marker.with_name(f".{name}.{os.getpid()}.tmp")
+            mtmp.write_bytes(blob)
+            mtmp.replace(marker)
+
+    def resend(self, sender: int, round: int, topic: str) -> bool:
+        """Put an already sent message into the transfer folder again (the same bytes: no new release).
+
+        Returns False if ``sender`` never sent it (then there is nothing to resend).
+        """
+        name = message_name(self.run_id, round, check_name("topic", topic), sender)
+        marker = self.state_dir / "sent" / name
+        if not marker.is_file() or marker.stat().st_size == 0:
+            return False
+        self.transfer_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.transfer_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(marker.read_bytes())
+        tmp.replace(self.transfer_dir / name)
+        return True
 
     def _read(self, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload | None:
         path = self._inbox(sender) / message_name(self.run_id, round, topic, sender)
@@ -226,7 +246,7 @@ class CoinstacExchange(Exchange):
         got = self._read(AGGREGATOR, round, topic, expect)
         if got is None:
             raise Suspend(f"site {site} waits for the aggregator's {topic!r} of round {round}",
-                          round=round, topic=topic)
+                          round=round, topic=topic, run_id=self.run_id)
         return got
 
     def has_sent(self, site: int, round: int, topic: str) -> bool:
@@ -243,8 +263,9 @@ class CoinstacExchange(Exchange):
             else:
                 got[s] = p
         if missing:
-            raise Suspend(f"the aggregator waits for {topic!r} of round {round} from sites {missing}",
-                          round=round, topic=topic)
+            names = [self.site_dirs[m] for m in missing] if self.site_dirs else missing
+            raise Suspend(f"the aggregator waits for {topic!r} of round {round} (stage {self.run_id!r}) from "
+                          f"sites {names}", round=round, topic=topic, run_id=self.run_id, missing=missing)
         return got
 
     def broadcast(self, round: int, topic: str, payload: Payload) -> None:
@@ -389,7 +410,12 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
         settings = settings_from_inputs(inputs)
         files = _files(inputs, Path(state["baseDirectory"]))
         write_json(sd / "inputs.json", {"settings": settings, "files": files})
-        return {"output": {"dpneuro": {"phase": "hello", "settings": settings, "n_files": len(files)}},
+        limit = _coerce("max_stalled_iterations", int,
+                        _value(inputs.get("max_stalled_iterations", MAX_STALLED_ITERATIONS)))
+        if limit < 1:
+            raise ConfigError(f"COINSTAC input 'max_stalled_iterations': must be >= 1, got {limit}")
+        return {"output": {"dpneuro": {"phase": "hello", "settings": settings, "n_files": len(files),
+                                       "max_stalled_iterations": limit}},
                 "cache": {"dpneuro": "hello"}}
     if not (sd / "inputs.json").exists():
         raise RuntimeError(f"site {me!r}: its state folder {sd} lost the inputs of iteration 1")
@@ -407,11 +433,16 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
                                 transfer_dir=state["transferDirectory"], state_dir=sd / "exchange" / stage,
                                 site=index)
 
+    for m in inputs["dpneuro"].get("missing") or []:
+        if me in m.get("sites", []):  # COINSTAC lost a message of ours: the same bytes again, no new release
+            exchange(m["stage"]).resend(index, int(m["round"]), m["topic"])
     ctx = SiteContext(cfg=cfg, site=me, work=sd / "work", out=Path(state["outputDirectory"]), exchange=exchange)
     try:
         res = run_site_analysis(ctx)
     except Suspend as s:
-        return {"output": {"dpneuro": {"phase": "running", "waiting": str(s)}}, "cache": {"dpneuro": "running"}}
+        wait = {"stage": s.run_id, "round": s.round, "topic": s.topic}
+        return {"output": {"dpneuro": {"phase": "running", "waiting": str(s), "wait": wait}},
+                "cache": {"dpneuro": "running"}}
     return {"output": {"dpneuro": {"phase": "done", "epsilon": res["epsilon"]}},
             "cache": {"dpneuro": "done"}}
 
@@ -440,8 +471,24 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
                           f"{MAX_MESSAGE_BYTES / 2**20:.0f} MB; use parcels <= 1100 or "
                           "reduction = 'capepca-power'")
     write_json(sd / "settings.json", first)
+    write_json(sd / "limits.json", {"max_stalled_iterations": min(int(outs[c].get("max_stalled_iterations")
+                                                                      or MAX_STALLED_ITERATIONS) for c in sites)})
     write_json(sd / "manifest.json", manifest)
     return manifest
+
+
+def _check_progress(sd: Path, signature: list, waiting: str) -> None:
+    """End the run when the remote waits for the same thing iteration after iteration (a message that stays lost)."""
+    path = sd / "progress.json"
+    last = json.loads(path.read_text()) if path.exists() else {}
+    same = canonical_json(last.get("signature")) == canonical_json(signature)
+    count = int(last.get("count", 0)) + 1 if same else 1
+    limits = sd / "limits.json"
+    limit = json.loads(limits.read_text())["max_stalled_iterations"] if limits.exists() else MAX_STALLED_ITERATIONS
+    if count > limit:
+        raise ExchangeError(f"no progress for {count - 1} COINSTAC iterations: {waiting}; the missing message "
+                            "was re-sent and did not arrive (is a site's transfer failing?)")
+    write_json(path, {"signature": signature, "count": count})
 
 
 def _remote(args: dict[str, Any]) -> dict[str, Any]:
@@ -460,16 +507,26 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
                                 base_dir=state["baseDirectory"], transfer_dir=state["transferDirectory"],
                                 state_dir=sd / "exchange" / stage, site_dirs=manifest["sites"])
 
+    for c, o in outs.items():  # a site still waits for a broadcast already sent: COINSTAC lost it
+        w = o.get("wait")
+        if w and w.get("stage"):
+            exchange(w["stage"]).resend(AGGREGATOR, int(w["round"]), w["topic"])
     out_dir = Path(state["outputDirectory"])
     ctx = AggregatorContext(cfg=cfg, work=sd / "work", out=out_dir, exchange=exchange,
                             options=RunOptions(timeout=None))
     try:
         res = run_aggregator_analysis(ctx)
     except Suspend as s:
-        return {"output": {"dpneuro": {"manifest": manifest, "phase": "running", "waiting": str(s)}},
+        names = [manifest["sites"][i] for i in (s.missing or [])]
+        missing = [{"stage": s.run_id, "round": s.round, "topic": s.topic, "sites": names}] if names else []
+        _check_progress(sd, ["running", s.run_id, s.round, s.topic, names], str(s))
+        return {"output": {"dpneuro": {"manifest": manifest, "phase": "running", "waiting": str(s),
+                                       "missing": missing}},
                 "cache": {"dpneuro": "running"}}
     pending = [c for c in manifest["sites"] if outs.get(c, {}).get("phase") != "done"]
     if pending:
+        _check_progress(sd, ["finishing", pending, [outs.get(c, {}).get("waiting") for c in pending]],
+                        f"the remote waits for sites {pending} to finish")
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
     final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}

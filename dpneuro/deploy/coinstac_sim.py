@@ -185,11 +185,17 @@ def _dirs(root: Path, cid: str) -> dict[str, str]:
             "cacheDirectory": str(d["cache"]), "transferDirectory": str(d["transfer"])}
 
 
-def _move_all(src: Path, dests: Sequence[Path]) -> int:
-    """Move every file of ``src`` to each of ``dests`` (copy to all, then remove); returns the count."""
+def _move_all(src: Path, dests: Sequence[Path], drop: Callable[[str], bool] | None = None) -> int:
+    """Move every file of ``src`` to each of ``dests`` (copy to all, then remove); returns the count.
+
+    ``drop(name)`` True loses that file on the way (tests: COINSTAC losing a transfer).
+    """
     n = 0
     for f in sorted(src.iterdir()):
         if not f.is_file() or f.name.startswith("."):
+            continue
+        if drop is not None and drop(f.name):
+            f.unlink()
             continue
         for d in dests:
             d.mkdir(parents=True, exist_ok=True)
@@ -278,7 +284,8 @@ def run_computation(inputspec: Sequence[Mapping[str, Any]], root, *, local_url: 
                     remote_url: str, call_timeout: float = 300.0, deadline: float = 3600.0,
                     max_iterations: int = 100_000,
                     between_iterations: Callable[[int], None] | None = None,
-                    carry: Callable[[Any], Any] | None | str = "node") -> SimulationRun:
+                    carry: Callable[[Any], Any] | None | str = "node",
+                    drop: Callable[[int, str, str], bool] | None = None) -> SimulationRun:
     """Drive a decentralized computation to its end (see the module notes).
 
     Parameters
@@ -302,18 +309,21 @@ def run_computation(inputspec: Sequence[Mapping[str, Any]], root, *, local_url: 
         What happens to the JSON between the parties: "node" (default) a round
         trip through Node.js (:class:`NodeJSON`), as in COINSTAC; None passes
         it through Python only.
+    drop : callable, optional
+        ``drop(iteration, party, file_name)`` True loses that transfer file
+        (tests of COINSTAC losing a message).
     """
     node = NodeJSON() if carry == "node" else None
     try:
         return _drive(inputspec, Path(root), local_url, remote_url, call_timeout, deadline, max_iterations,
-                      between_iterations, node or carry or (lambda x: x))
+                      between_iterations, node or carry or (lambda x: x), drop)
     finally:
         if node is not None:
             node.close()
 
 
 def _drive(inputspec, root: Path, local_url, remote_url, call_timeout: float, deadline: float, max_iterations: int,
-           between_iterations, carry: Callable[[Any], Any]) -> SimulationRun:
+           between_iterations, carry: Callable[[Any], Any], drop) -> SimulationRun:
     clients = [f"local{i}" for i in range(len(inputspec))]
     urls = {c: local_url if isinstance(local_url, str) else local_url[c] for c in clients}
     # COINSTAC passes each input's value (coinstac-pipeline: output[key] = val.value)
@@ -336,12 +346,14 @@ def _drive(inputspec, root: Path, local_url, remote_url, call_timeout: float, de
             caches[c].update(carry(r.get("cache") or {}))
             outs[c] = r.get("output")
             history[c].append(outs[c])
-            moved += _move_all(Path(dirs[c]["transferDirectory"]), [Path(dirs["remote"]["baseDirectory"]) / c])
+            moved += _move_all(Path(dirs[c]["transferDirectory"]), [Path(dirs["remote"]["baseDirectory"]) / c],
+                               None if drop is None else (lambda name, c=c: drop(it, c, name)))
         r = await _call(remote_url, "remote", {"input": carry(outs), "cache": caches["remote"],
                                                "state": states["remote"]}, call_timeout)
         caches["remote"].update(carry(r.get("cache") or {}))
         moved += _move_all(Path(dirs["remote"]["transferDirectory"]),
-                           [Path(dirs[c]["baseDirectory"]) for c in clients])
+                           [Path(dirs[c]["baseDirectory"]) for c in clients],
+                           None if drop is None else (lambda name: drop(it, "remote", name)))
         output = carry(r.get("output"))  # the same JSON goes to every site
         inputs = {c: output for c in clients}
         return r

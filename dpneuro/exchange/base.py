@@ -40,10 +40,13 @@ class Suspend(Exception):
     stopped, without recomputing or redrawing anything.
     """
 
-    def __init__(self, message: str, *, round: int | None = None, topic: str | None = None):
+    def __init__(self, message: str, *, round: int | None = None, topic: str | None = None,
+                 run_id: str | None = None, missing: list[int] | None = None):
         super().__init__(message)
         self.round = round
         self.topic = topic
+        self.run_id = run_id  # the exchange's run (a stage of a deployed run)
+        self.missing = list(missing) if missing is not None else None  # aggregator: the sites not heard from
 
 
 class PartyFailed(ExchangeError):
