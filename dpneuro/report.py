@@ -110,13 +110,15 @@ def privacy_box(privacy: dict) -> str:
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
                  metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
-                 maps_note: str = "") -> Path:
+                 maps_note: str = "", timecourses_png=None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
     ``truth_png`` and ``corr`` (matched ground-truth map and its correlation),
     ``interactive`` (a self-contained HTML viewer, embedded) and ``label``.
     ``maps_note`` says how the maps are drawn (threshold, template).
+    ``timecourses_png`` only in a site's own report: time courses are a
+    site's un-noised data and never appear in the consortium's.
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -146,10 +148,14 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     parts.append("</div>")
 
     parts.append("<h2>Time courses</h2>")
-    parts.append('<p class="small">Time courses are computed by each site from its own data and the shared '
-                 "unmixing; they are not private releases, so this consortium report shows none. Each site finds "
-                 "its subjects' time courses (a TSV, and a figure) in its own outputs: "
-                 "<code>timecourses/&lt;site&gt;.tsv</code>.</p>")
+    if timecourses_png:
+        parts.append('<p class="small">This site\'s own subjects, computed here from its data and the shared '
+                     "unmixing (all subjects: <code>timecourses.tsv</code>).</p>"
+                     + _img(timecourses_png, "time courses"))
+    else:
+        parts.append('<p class="small">Time courses are computed by each site from its own data and the '
+                     "shared unmixing; they are not private releases, so this consortium report shows none. "
+                     "Each site finds its subjects' time courses (a TSV, and a figure) in its own outputs.</p>")
     parts.append("<h2>Privacy</h2>")
     parts.append(privacy_section(privacy))
     if convergence_png:

@@ -329,18 +329,27 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
           f"wall ({run.iterations / seconds:.1f} iterations/s, {rounds / seconds:.2f} protocol rounds/s)")
 
 
-def _services_run(tmp_path, spec, man, **kw):
+def _services_run(tmp_path, spec, man, *, new_process_every_iteration=False, **kw):
     entry = COINSTAC / "entry.py"
     services = [sim.CoinstacService(entry, log=tmp_path / "sites.log"),
                 sim.CoinstacService(entry, log=tmp_path / "remote.log")]
     sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
+
+    def restart(it: int):  # COINSTAC may start fresh containers every iteration
+        for svc in services:
+            svc.stop()
+            svc.launch()
+        for svc in services:
+            svc.wait_ready()
+
     try:
         for svc in services:
             svc.launch()
         for svc in services:
             svc.wait_ready()
         return sim.run_computation(spec, tmp_path / "sim", local_url=services[0].url, remote_url=services[1].url,
-                                   call_timeout=60, deadline=180, **kw)
+                                   call_timeout=60, deadline=300,
+                                   between_iterations=restart if new_process_every_iteration else None, **kw)
     finally:
         for svc in services:
             svc.stop()
@@ -377,3 +386,22 @@ def test_lost_messages_are_sent_again_and_a_lost_cause_ends_the_run(tmp_path):
     msg = str(err.value)
     assert "no progress for 3 COINSTAC iterations" in msg and "'release' of round 1" in msg
     assert "local1" in msg and "local3" in msg
+
+
+@pytest.mark.slow  # ~2 minutes: 25 iterations, each with new service processes (CI runs it explicitly)
+def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_iteration(tmp_path):
+    pytest.importorskip("coinstac")
+    man = dc.consortium(tmp_path / "data", n_timepoints=60)
+    base = _load("inputspec.json")
+    first = _services_run(tmp_path, [{**s, "ica_rounds": {"value": 3}} for s in base], man)
+    spec = [{**s, "ica_rounds": {"value": 4}} for s in base]
+    again = _services_run(tmp_path, spec, man, new_process_every_iteration=True)  # same simulator folders
+    assert first.output["ica_rounds"] == 3 and again.output["ica_rounds"] == 4
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
+    out = again.output_dir("remote")
+    np.testing.assert_array_equal(np.load(out / again.output["W"]), ref["W"])
+    priv = json.loads((out / again.output["privacy"]).read_text())
+    assert "COINSTAC" in priv["transport"] and "forge" in priv["transport"]
+    for cid in again.clients:  # every member receives its own report: maps, its privacy, its time courses
+        html = (again.output_dir(cid) / "report.html").read_text()
+        assert 'alt="time courses"' in html and html.count('<img alt="IC') == 4 and "privacybox" in html

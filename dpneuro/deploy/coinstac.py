@@ -38,9 +38,24 @@ Iterations, read from the input keys:
    ledger to its ``outputDirectory``; once every site reports ``done`` the
    remote returns the final output with ``"success": true``.
 
-Message authentication: the HMAC key is derived from the run manifest, so it
-guards against corrupted, misplaced or replayed files; who the parties are is
-COINSTAC's business (its own authenticated transport).
+Message authentication: the HMAC key is derived from the run manifest's
+canonical JSON (COINSTAC carries the manifest through Node.js, which writes
+20.0 as 20), so it guards against corrupted, misplaced or replayed files; who
+the parties are is COINSTAC's business (its own authenticated transport, see
+:data:`TRANSPORT`, which ``privacy.json`` repeats).
+
+Lost messages: COINSTAC can lose a transfer file. The remote's output lists
+what it still waits for (``missing``) and each site's output what it waits for
+(``wait``); a party that had sent that message puts the very same bytes into
+its transfer folder again (no new release, no new noise). If the remote waits
+for the same thing for ``max_stalled_iterations`` iterations (owner input,
+default 8) the run ends with an error naming the sites and the message.
+
+State: a run's first iteration starts from an empty state folder and removes
+message files an earlier run left in the same folders; nothing lives in
+process memory, so COINSTAC may start a new container every iteration.
+Each member receives its own ``report.html`` (the group maps, what it spent,
+its subjects' time courses) in its output folder.
 """
 
 from __future__ import annotations
@@ -49,6 +64,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,6 +106,14 @@ __all__ = [
 
 #: COINSTAC moves files between iterations; keep each message below this
 MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+#: what authenticates a COINSTAC run's messages (privacy.json and docs/privacy.md say it)
+TRANSPORT = (
+    "Messages travel through COINSTAC, whose authenticated, encrypted transport (the client's login and "
+    "TLS to the remote) is what identifies the parties. dpneuro's own message tag is keyed by the public run "
+    "manifest: it catches corrupted, misplaced or replayed files, not forgery. An active attacker on "
+    "COINSTAC's path (or COINSTAC's operator) could therefore forge or alter messages: change the broadcast "
+    "basis or unmixing (wrong results), or withhold messages (the run stops). It could not learn more about a "
+    "subject than the noised and masked releases allow: privacy rests on the noise, not on the tag.")
 #: iterations the remote may stay in the same wait before it ends the run (owner input max_stalled_iterations)
 MAX_STALLED_ITERATIONS = 8
 SUFFIX = ".dpnx"
@@ -352,22 +376,34 @@ def manifest_key(manifest: dict[str, Any]) -> bytes:
     return hashlib.sha256(b"dpneuro/coinstac/v2\0" + canonical_json(manifest).encode()).digest()
 
 
-def _state_dir(state: dict[str, Any], role: str) -> Path:
-    """This party's private folder: in the cacheDirectory if COINSTAC gives one, named by clientId and run."""
+def _state_dir(state: dict[str, Any], role: str, *, fresh: bool = False) -> Path:
+    """This party's private folder: in the cacheDirectory if COINSTAC gives one, named by clientId and run.
+
+    ``fresh=True`` (a run's first iteration) removes what an earlier run left
+    there: COINSTAC may reuse the same folders (the simulator always does), and
+    a new run must never continue an old one's state.
+    """
     root = state.get("cacheDirectory") or os.path.join(state["outputDirectory"], ".dpneuro-cache")
     cid = str(state.get("clientId", role))
     run = hashlib.sha256(str(state.get("baseDirectory", "")).encode()).hexdigest()[:10]
     path = Path(root) / f"dpneuro-{role}-{re.sub(r'[^A-Za-z0-9_.-]', '_', cid)}-{run}"
+    if fresh and path.exists():
+        shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def _clear_transfer(transfer_dir) -> None:
-    """Remove this computation's messages of the previous iteration: COINSTAC has delivered them."""
-    d = Path(transfer_dir)
+def _clear_messages(folder) -> None:
+    """Remove this computation's message files from ``folder`` (at a run's start: an earlier run's)."""
+    d = Path(folder)
     if d.is_dir():
         for p in d.glob(f"*{SUFFIX}"):
             p.unlink(missing_ok=True)
+
+
+def _clear_transfer(transfer_dir) -> None:
+    """Remove this computation's messages of the previous iteration: COINSTAC has delivered them."""
+    _clear_messages(transfer_dir)
 
 
 def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None):
@@ -404,7 +440,10 @@ def remote(args: dict[str, Any]) -> dict[str, Any]:
 def _local(args: dict[str, Any]) -> dict[str, Any]:
     state, inputs = args["state"], args.get("input") or {}
     me = str(state["clientId"])
-    sd = _state_dir(state, "site")
+    first = "dpneuro" not in inputs  # the run's first iteration
+    sd = _state_dir(state, "site", fresh=first)
+    if first:
+        _clear_messages(state["baseDirectory"])  # an earlier run's broadcasts, left in the same folder
     _clear_transfer(state["transferDirectory"])
     if "dpneuro" not in inputs:  # first iteration: the computation's inputs
         settings = settings_from_inputs(inputs)
@@ -493,9 +532,14 @@ def _check_progress(sd: Path, signature: list, waiting: str) -> None:
 
 def _remote(args: dict[str, Any]) -> dict[str, Any]:
     state, inputs = args["state"], args.get("input") or {}
-    sd = _state_dir(state, "remote")
-    _clear_transfer(state["transferDirectory"])
     outs = {str(c): dict((o or {}).get("dpneuro", {})) for c, o in inputs.items()}
+    # every site says hello only in a run's first iteration
+    first = bool(outs) and all(o.get("phase") == "hello" for o in outs.values())
+    sd = _state_dir(state, "remote", fresh=first)
+    if first:
+        for c in outs:
+            _clear_messages(Path(state["baseDirectory"]) / c)
+    _clear_transfer(state["transferDirectory"])
     manifest = (json.loads((sd / "manifest.json").read_text()) if (sd / "manifest.json").exists()
                 else _remote_setup(outs, sd))
     settings = json.loads((sd / "settings.json").read_text())
@@ -513,7 +557,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
             exchange(w["stage"]).resend(AGGREGATOR, int(w["round"]), w["topic"])
     out_dir = Path(state["outputDirectory"])
     ctx = AggregatorContext(cfg=cfg, work=sd / "work", out=out_dir, exchange=exchange,
-                            options=RunOptions(timeout=None))
+                            options=RunOptions(timeout=None), transport=TRANSPORT)
     try:
         res = run_aggregator_analysis(ctx)
     except Suspend as s:

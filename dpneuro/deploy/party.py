@@ -336,10 +336,37 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
+    report = _write_site_report(ctx, info, comp, tc, ledger)
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
-            "subjects": subjects, "epsilon": priv["epsilon"]}
+            "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"]}
+
+
+def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger) -> Path:
+    """This site's own report: the group maps, what it spent, and its own subjects' time courses.
+
+    It stays at the site (it shows the site's un-noised time courses).
+    """
+    from ..maps import read_timecourses, render_components, timecourse_figure
+    from ..privacy import privacy_report
+    from ..report import report_headline, write_report
+
+    cfg, out = ctx.cfg, ctx.out
+    figs = out / "figures"
+    comps, maps_note, warnings = render_components(comp, info["space"]["mask"], figs,
+                                                   interactive=cfg.interactive_maps)
+    priv = privacy_report({ctx.site: ledger}, delta=cfg.delta, n_subjects={ctx.site: int(info["n_subjects"])},
+                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
+    a, b = info["boundaries"][0]
+    tc_png = timecourse_figure(read_timecourses(tc)[1][:, a:b], info.get("tr") or 2.0, figs / "timecourses.png",
+                               title=f"site {ctx.site}, subject {info['subject_ids'][0]}: for this site only")
+    headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
+                               "subjects of this site.", priv, warnings or None)
+    return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
+                        components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
+                        notes=["This report stays at this site: its time courses are computed from this "
+                               "site's own data and are not private releases."])
 
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -353,6 +380,8 @@ class AggregatorContext:
     out: Path
     exchange: Callable[[str], Exchange]
     options: RunOptions = field(default_factory=RunOptions)
+    #: what authenticates the messages of this deployment, and what an attacker on the path could do
+    transport: str = ""
 
     @property
     def n_sites(self) -> int:
@@ -433,6 +462,9 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     priv["assumptions"].append(
         "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
         "set-up that every site calibrated the same releases (CAPE set-up phase).")
+    if ctx.transport:
+        priv["assumptions"].append(ctx.transport)
+        priv["transport"] = ctx.transport
     priv_path = write_json(out / "privacy.json", priv)
 
     figs = out / "figures"

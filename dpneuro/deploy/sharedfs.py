@@ -191,9 +191,13 @@ def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=No
         key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
         _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
         out = Path(cfg.out)
+        transport = ("Messages are authenticated with the run's HMAC key " + (
+            "handed out of band (--key-file): only its holders can forge them." if key_file else
+            f"in {folder / 'run.key'} (0600): whoever can read that file could forge messages (change the "
+            "broadcast basis or unmixing, or stop the run), but not learn more than the noised releases allow."))
         ctx = AggregatorContext(cfg=cfg, work=_party_work(cfg, run_id, "aggregator"), out=out,
                                 exchange=_exchange_factory(folder, cfg, key),
-                                options=RunOptions(timeout=cfg.timeout, progress=progress))
+                                options=RunOptions(timeout=cfg.timeout, progress=progress), transport=transport)
         return run_aggregator_analysis(ctx)
 
     return _reporting(folder, "aggregator", run)
