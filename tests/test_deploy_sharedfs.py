@@ -104,6 +104,7 @@ def _check_outputs(out: Path, man: dict, ref: dict):
         own = json.loads((out / name / "privacy.json").read_text())
         assert dc.same_releases(own["ledger"], ref["ledgers"][name])
         assert own["epsilon"] == pytest.approx(priv["sites"][name]["epsilon"], rel=1e-12)
+        assert 'alt="time courses"' in (out / name / "report.html").read_text()  # the site's own report
         subjects, tc = read_timecourses(out / name / "timecourses.tsv")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
     assert "report.html" in os.listdir(out)
