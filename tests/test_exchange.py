@@ -743,3 +743,15 @@ def test_killed_site_resumes_from_checkpoint_without_redrawing(tmp_path, crash):
     _check_draws(tmp_path, n)
     for s in range(n):
         _check_egress(ex.egress_log(s))  # the restarted site's messages are logged once
+
+
+def test_failure_notices_name_the_party_whatever_its_name(tmp_path):
+    from dpneuro.exchange import PartyFailed
+    from dpneuro.exchange.directory import check_failure_notices, clear_failure_notice, write_failure_notice
+
+    write_failure_notice(tmp_path, "Site A (Lyon)", "sub-03_bold.nii.gz: truncated")
+    check_failure_notices(tmp_path, "Site A (Lyon)")  # a party never stops on its own notice
+    with pytest.raises(PartyFailed, match=r"site 'Site A \(Lyon\)' stopped with an error: sub-03_bold"):
+        check_failure_notices(tmp_path, "aggregator")
+    clear_failure_notice(tmp_path, "Site A (Lyon)")  # restarted: alive again
+    check_failure_notices(tmp_path, "aggregator")

@@ -9,7 +9,7 @@ cloud folder with atomic renames). Layout of a run::
     <exchange_dir>/<run_id>/reduce/...        capePCA messages (DirectoryExchange)
     <exchange_dir>/<run_id>/unmix/...         capeDJICA messages
     <exchange_dir>/<run_id>/summary/...       ledgers in, reported unmixing out
-    <exchange_dir>/<run_id>/failed/<party>.json  a party that stopped with an error, and why
+    <exchange_dir>/<run_id>/failed/<party>-<hash>.json  a party that stopped with an error, and why
 
 Trust assumptions. Messages are authenticated with an HMAC key per run.
 By default the aggregator writes it to ``run.key`` with permissions 0600, so
@@ -25,7 +25,7 @@ key only guards integrity.
 Each party keeps its own progress under ``<out>/.dpneuro/<run_id>/<party>/``
 (checkpoints and intermediate results; a site's hold un-noised statistics of
 its data, so this folder stays private); a new run id starts afresh. A party
-that fails leaves ``<exchange_dir>/<run_id>/failed/<party>.json`` so that the
+that fails leaves a notice in ``<exchange_dir>/<run_id>/failed/`` so that the
 others stop at once with its name and error. A killed party restarted with the same command
 resumes where it stopped: it re-sends the message it had written ahead
 instead of computing it again, so nothing is ever released twice.
@@ -147,9 +147,13 @@ def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 def _exchange_factory(folder: Path, cfg: RunConfig, key: bytes):
     names = [s.name for s in cfg.sites]
+    try:
+        [check_name("site name", n) for n in names]
+    except ValueError:
+        names = None  # names that cannot be file names: the exchange numbers the sites instead
 
     def make(stage: str) -> DirectoryExchange:
-        return DirectoryExchange(folder, len(names), run_id=stage, key=key, site_names=names)
+        return DirectoryExchange(folder, len(cfg.sites), run_id=stage, key=key, site_names=names)
 
     return make
 
@@ -213,7 +217,6 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str = DEFAULT_RUN_ID, key_fi
     """
     cfg = cfg.resolved()
     folder = run_folder(cfg, run_id)
-    check_name("site name", site)
 
     def run() -> dict[str, Any]:
         manifest_path = folder / "manifest.json"

@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -100,19 +101,23 @@ def _publish(path: Path, blob: bytes) -> bool:
     return created
 
 
+def _notice_path(root, party: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", party)[:100] or "party"
+    return Path(root) / "failed" / f"{safe}-{hashlib.sha256(party.encode()).hexdigest()[:8]}.json"
+
+
 def write_failure_notice(root, party: str, error: str) -> None:
-    """``<root>/failed/<party>.json``: ``party`` stopped with ``error`` (the other parties' waits end)."""
-    d = Path(root) / "failed"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{check_name('party', party)}.json"
-    tmp = d / f".{party}.{os.getpid()}.tmp"
+    """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error`` (the other parties' waits end)."""
+    path = _notice_path(root, party)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"party": party, "error": str(error)[:2000]}))
     tmp.replace(path)
 
 
 def clear_failure_notice(root, party: str) -> None:
     """A restarted party withdraws its old notice."""
-    (Path(root) / "failed" / f"{check_name('party', party)}.json").unlink(missing_ok=True)
+    _notice_path(root, party).unlink(missing_ok=True)
 
 
 def check_failure_notices(root, me: str) -> None:
@@ -120,8 +125,9 @@ def check_failure_notices(root, me: str) -> None:
     d = Path(root) / "failed"
     if not d.is_dir():
         return
+    mine = _notice_path(root, me).name
     for f in sorted(d.glob("*.json")):
-        if f.stem == me:
+        if f.name == mine:
             continue
         try:
             info = json.loads(f.read_text())
