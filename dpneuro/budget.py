@@ -57,17 +57,11 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
     return out
 
 
-def _dim(cfg: RunConfig, features: int | None) -> int:
-    if features is not None:
-        return int(features)
-    if cfg.mask:
-        from .io import load_mask
-
-        n_vox = int(load_mask(cfg.mask)[0].sum())
-    else:
-        from .synth import load_space
-
-        n_vox = int(load_space(cfg.space)[0].sum())
+def features(cfg: RunConfig, given: int | None = None) -> int:
+    """Features D after reduction: ``given``, else the parcels or the voxels of the run's grid."""
+    if given is not None:
+        return int(given)
+    n_vox = int(cfg.grid()[0].sum())
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
 
 

@@ -182,11 +182,11 @@ def _budget_config(args: argparse.Namespace):
 def _cmd_budget(args: argparse.Namespace) -> int:
     import json as _json
 
-    from .budget import _dim, plan_budget, site_shapes, spend
+    from .budget import features, plan_budget, site_shapes, spend
 
     cfg = _budget_config(args)
     shapes = site_shapes(cfg, subjects=args.subjects, timepoints=args.timepoints)
-    dim = _dim(cfg, args.features)
+    dim = features(cfg, args.features)
     if args.target_epsilon is not None:
         plan = plan_budget(cfg, shapes, dim, args.target_epsilon, pca_share=args.pca_share)
     else:

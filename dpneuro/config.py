@@ -121,6 +121,16 @@ class RunConfig:
                  for s in self.sites]
         return replace(self, sites=sites, **{f: ab(getattr(self, f)) for f in self.PATH_FIELDS})
 
+    def grid(self):
+        """The run's mask (boolean) and affine: the mask file, or the template named by ``space``."""
+        if self.mask:
+            from .io import load_mask
+
+            return load_mask(self.mask)
+        from .synth import load_space
+
+        return load_space(self.space)
+
     def check_deployment(self, party: str) -> RunConfig:
         """Refuse a fixed noise seed in a deployed party unless the configuration says it is a simulation.
 

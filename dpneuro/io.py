@@ -357,7 +357,7 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> 
                     if not f.name.endswith(_NIFTI_SUFFIXES):
                         continue
                     if f.parent.name != "func" or not rel.parts[0].startswith("sub-"):
-                        skipped.append((str(f), f"not a functional run (outside sub-*/[ses-*/]func/)"))
+                        skipped.append((str(f), "not a functional run (outside sub-*/[ses-*/]func/)"))
                     elif not bids_entities(f) or not f.name.split(".")[0].endswith("_bold"):
                         skipped.append((str(f), "not a BOLD run (*_bold.nii[.gz])"))
                     else:
@@ -397,8 +397,8 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> 
     groups: dict[str, list[Path]] = {}
     for f in kept:
         if mapping is not None:
-            key = next((k for k in (str(f), f.name, str(f.relative_to(base)) if base and f.is_relative_to(base)
-                                    else None) if k and k in mapping), None)
+            names = [str(f), f.name] + ([str(f.relative_to(base))] if base and f.is_relative_to(base) else [])
+            key = next((k for k in names if k in mapping), None)
             if key is None:
                 raise DataValidationError(f"{f}: not listed in the subject mapping {subjects_tsv}")
             sid = mapping[key]

@@ -111,13 +111,14 @@ def template_problem(mask_img) -> str | None:
     """
     from nilearn import datasets
 
-    img = nib.load(str(mask_img)) if not hasattr(mask_img, "affine") else mask_img
-    m = np.asarray(img.dataobj) > 0
+    from .io import load_mask
+
+    m, affine = load_mask(mask_img)
     if _is_2d(m.shape):
         return None
     ref = datasets.load_mni152_brain_mask(resolution=2)
     ijk = np.argwhere(m)
-    xyz = img.affine @ np.c_[ijk, np.ones(len(ijk))].T
+    xyz = affine @ np.c_[ijk, np.ones(len(ijk))].T
     vox = np.rint(np.linalg.inv(ref.affine) @ xyz)[:3].astype(int).T
     inside = np.all((vox >= 0) & (vox < np.array(ref.shape[:3])), axis=1)
     refd = np.asarray(ref.dataobj) > 0
@@ -132,10 +133,9 @@ def template_problem(mask_img) -> str | None:
 def interactive_view(img3d, *, threshold: float = MAP_THRESHOLD, on_template: bool = True) -> str:
     """nilearn's interactive viewer (view_img) as a self-contained HTML page (no network access)."""
     import re
+    import warnings
 
     from nilearn import plotting
-
-    import warnings
 
     with warnings.catch_warnings():  # numpy's note on nilearn's masked-array percentile
         warnings.filterwarnings("ignore", message=".*partition.*will ignore the 'mask'")
@@ -145,26 +145,33 @@ def interactive_view(img3d, *, threshold: float = MAP_THRESHOLD, on_template: bo
     return re.sub(r"<link[^>]*rel=[\"']?(?:shortcut )?icon[^>]*>", "", html_doc)  # the only remote resource
 
 
+_CHECK = object()
+
+
 def render_components(components_path, mask_path, figs: Path, *, truth: dict | None = None,
-                      interactive: bool = False) -> tuple[list[dict], str, list[str]]:
+                      interactive: bool = False, problem=_CHECK) -> tuple[list[dict], str, list[str]]:
     """Every component of a 4-D maps file as report entries: (entries, how they are drawn, warnings).
 
     ``truth`` (``maps``, ``perm``, ``corr``): components in the order of the
     truth maps they match, each beside its truth, through the same slices and
     with the truth's sign. Data outside MNI space are drawn on their own grid,
-    with a warning (:func:`template_problem`).
+    with a warning; ``problem`` is :func:`template_problem` of the mask when
+    the caller has it already.
     """
+    from .io import load_mask
+
     figs = Path(figs)
     figs.mkdir(parents=True, exist_ok=True)
     img = nib.load(str(components_path))
-    problem = template_problem(mask_path)
+    if problem is _CHECK:
+        problem = template_problem(mask_path)
     on_template = problem is None
     three_d = not _is_2d(img.shape[:3])
     order = list(range(img.shape[3]))
     truth_img = None
     if truth:
         order = list(truth["perm"])
-        mask = np.asarray(nib.load(str(mask_path)).dataobj) > 0
+        mask = load_mask(mask_path)[0]
         truth_img = mask_to_image(zscore_columns(np.asarray(nib.load(truth["maps"]).dataobj)[mask]), mask_path)
     entries = []
     for j, c in enumerate(order):
@@ -238,6 +245,13 @@ def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None =
     fig.savefig(out_png, dpi=80)
     plt.close(fig)
     return Path(out_png)
+
+
+def site_timecourse_figure(tsv, site: str, first_subject: tuple[str, int, int], tr: float | None, out_png) -> Path:
+    """A site's own figure: the time courses of its first subject (``(id, start, stop)``), titled so."""
+    sid, a, b = first_subject
+    return timecourse_figure(read_timecourses(tsv)[1][:, a:b], tr or 2.0, out_png,
+                             title=f"site {site}, subject {sid}: for this site only")
 
 
 def convergence_figure(history: dict, out_png) -> Path:

@@ -240,7 +240,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth."""
     from .algorithms.djica import spatial_maps, time_courses, whiten
     from .io import load_mask
-    from .maps import write_components, write_timecourses, zscore_columns
+    from .budget import run_warnings
+    from .maps import template_problem, write_components, write_timecourses, zscore_columns
     from .metrics import match_components, md_index, qngi
     from .parcellation import Parcellation
     from .privacy import PrivacyLedger, privacy_report
@@ -277,17 +278,13 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
                           scaling_note=SCALING_NOTE)
     priv_path = _write_json(d / "privacy.json", priv)
-    from .budget import run_warnings
-
-    from .maps import template_problem
-
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])
     if problem:
         warnings.append(f"WARNING: {problem}")
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
-              "n_components": int(A.shape[1]), "truth": None, "warnings": warnings}
+              "n_components": int(A.shape[1]), "truth": None, "warnings": warnings, "template_problem": problem}
     truth = _truth(cfg)
     if truth is not None:
         A_true = np.load(truth["truth"]["A"]).astype(np.float64)
@@ -311,7 +308,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     """report.html (self-contained) plus the final outputs copied to the run folder."""
     import shutil
 
-    from .maps import convergence_figure, read_timecourses, render_components, timecourse_figure
+    from .maps import convergence_figure, render_components, site_timecourse_figure
     from .report import report_headline, write_report
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
@@ -321,17 +318,15 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     truth = mp.get("truth")
-    comps, maps_note, _ = render_components(mp["components"], _read_json(mp["space"])["mask"], figs,
-                                                       truth=truth, interactive=cfg.interactive_maps)
+    comps, maps_note, _ = render_components(mp["components"], _read_json(mp["space"])["mask"], figs, truth=truth,
+                                            interactive=cfg.interactive_maps, problem=mp["template_problem"])
     # time courses are each site's own (un-noised) data: a figure per site beside its TSV, never in the
     # consortium report
     tc_dir = out / "timecourses"
     tc_dir.mkdir(exist_ok=True)
     for s in sites:
-        S = read_timecourses(mp["timecourses"][s["site"]])[1]
-        a, b = s["boundaries"][0]
-        timecourse_figure(S[:, a:b], s["tr"] or 2.0, tc_dir / f"{s['site']}.png",
-                          title=f"site {s['site']}, subject {s['subject_ids'][0]}: for this site only")
+        site_timecourse_figure(mp["timecourses"][s["site"]], s["site"], (s["subject_ids"][0], *s["boundaries"][0]),
+                               s["tr"], tc_dir / f"{s['site']}.png")
     conv_png = convergence_figure(unm["history"], figs / "convergence.png")
 
     priv = _read_json(mp["privacy"])

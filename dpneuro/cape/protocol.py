@@ -317,17 +317,15 @@ def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: Rele
     var = _release_variance(plan_arrays, name, me)
     mu_c = 0.0
     if plan.kind == "cape":
-        sites = plan_arrays["cape/sites"]
-        key = f"{name}:{spec.sensitivity!r}:{np.asarray(sites).tolist()}"
-        if cache is None or key not in cache:
-            S = len(sites)
-            n_c = max_colluding(S) if plan.n_colluding is None else plan.n_colluding
-            mu_c = privacy.cape_release_mu(spec.sensitivity, plan_arrays[f"cape/e_var/{name}"],
-                                           plan_arrays[f"cape/g_var/{name}"], plan_arrays["cape/weights"], me, n_c)
-            if cache is not None:
-                cache[key] = mu_c
-        else:
-            mu_c = cache[key]
+        cache = {} if cache is None else cache
+        sites = np.asarray(plan_arrays["cape/sites"]).tolist()
+        key = f"{name}:{spec.sensitivity!r}:{sites}"
+        if key not in cache:
+            n_c = max_colluding(len(sites)) if plan.n_colluding is None else plan.n_colluding
+            cache[key] = privacy.cape_release_mu(spec.sensitivity, plan_arrays[f"cape/e_var/{name}"],
+                                                 plan_arrays[f"cape/g_var/{name}"], plan_arrays["cape/weights"],
+                                                 me, n_c)
+        mu_c = cache[key]
     ledger.record(name, spec.sensitivity, float(np.sqrt(var)), count, unit=spec.unit, stage=spec.stage or stage,
                   neighbour=spec.neighbour, mu_collusion=mu_c)
 

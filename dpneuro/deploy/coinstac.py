@@ -150,6 +150,14 @@ def message_name(run_id: str, round: int, topic: str, sender: int) -> str:
     return f"{run_id}.r{round:06d}.{topic}.{party}.{h}{SUFFIX}"
 
 
+def _put(path: Path, blob: bytes) -> None:
+    """Write ``blob`` to ``path`` atomically (COINSTAC may move the folder's files at any time)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(path)
+
+
 class CoinstacExchange(Exchange):
     """An :class:`~dpneuro.exchange.Exchange` over COINSTAC's transfer and base directories.
 
@@ -224,14 +232,8 @@ class CoinstacExchange(Exchange):
                 line = json.dumps(egress_record(self.run_id, sender, round, topic, payload), sort_keys=True)
                 with open(self._egress_path(sender), "a", encoding="utf-8") as f:
                     f.write(line + "\n")
-            self.transfer_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.transfer_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.write_bytes(blob)
-            tmp.replace(self.transfer_dir / name)
-            # the blob itself, so a message COINSTAC loses can be sent again unchanged (resend)
-            mtmp = marker.with_name(f".{name}.{os.getpid()}.tmp")
-            mtmp.write_bytes(blob)
-            mtmp.replace(marker)
+            _put(self.transfer_dir / name, blob)
+            _put(marker, blob)  # the bytes themselves: a message COINSTAC loses can be sent again unchanged
 
     def resend(self, sender: int, round: int, topic: str) -> bool:
         """Put an already sent message into the transfer folder again (the same bytes: no new release).
@@ -242,10 +244,7 @@ class CoinstacExchange(Exchange):
         marker = self.state_dir / "sent" / name
         if not marker.is_file() or marker.stat().st_size == 0:
             return False
-        self.transfer_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.transfer_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_bytes(marker.read_bytes())
-        tmp.replace(self.transfer_dir / name)
+        _put(self.transfer_dir / name, marker.read_bytes())
         return True
 
     def _read(self, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload | None:
@@ -401,11 +400,6 @@ def _clear_messages(folder) -> None:
             p.unlink(missing_ok=True)
 
 
-def _clear_transfer(transfer_dir) -> None:
-    """Remove this computation's messages of the previous iteration: COINSTAC has delivered them."""
-    _clear_messages(transfer_dir)
-
-
 def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None):
     entries = [SiteInput(name=s, path="", files=list(own[1]) if own and own[0] == s else []) for s in sites]
     return RunConfig(sites=entries, out=str(out), **settings)
@@ -444,7 +438,7 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     sd = _state_dir(state, "site", fresh=first)
     if first:
         _clear_messages(state["baseDirectory"])  # an earlier run's broadcasts, left in the same folder
-    _clear_transfer(state["transferDirectory"])
+    _clear_messages(state["transferDirectory"])  # the last iteration's: COINSTAC has delivered them
     if "dpneuro" not in inputs:  # first iteration: the computation's inputs
         settings = settings_from_inputs(inputs)
         files = _files(inputs, Path(state["baseDirectory"]))
@@ -539,7 +533,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
     if first:
         for c in outs:
             _clear_messages(Path(state["baseDirectory"]) / c)
-    _clear_transfer(state["transferDirectory"])
+    _clear_messages(state["transferDirectory"])  # the last iteration's: COINSTAC has delivered them
     manifest = (json.loads((sd / "manifest.json").read_text()) if (sd / "manifest.json").exists()
                 else _remote_setup(outs, sd))
     settings = json.loads((sd / "settings.json").read_text())

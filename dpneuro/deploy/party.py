@@ -80,14 +80,7 @@ def grid_fingerprint(cfg: RunConfig) -> dict[str, Any]:
 
     Mask paths differ between machines; the grid they describe must not.
     """
-    from ..io import load_mask
-
-    if cfg.mask:
-        mask, affine = load_mask(cfg.mask)
-    else:
-        from ..synth import load_space
-
-        mask, affine = load_space(cfg.space)
+    mask, affine = cfg.grid()
     mask = np.asarray(mask, bool)
     return {"shape": [int(n) for n in mask.shape], "affine": np.round(np.asarray(affine, float), 4).tolist(),
             "n_voxels": int(mask.sum()), "mask_sha256": hashlib.sha256(np.packbits(mask).tobytes()).hexdigest()}
@@ -348,7 +341,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
 
     It stays at the site (it shows the site's un-noised time courses).
     """
-    from ..maps import read_timecourses, render_components, timecourse_figure
+    from ..maps import render_components, site_timecourse_figure
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
 
@@ -358,9 +351,8 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
                                                    interactive=cfg.interactive_maps)
     priv = privacy_report({ctx.site: ledger}, delta=cfg.delta, n_subjects={ctx.site: int(info["n_subjects"])},
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
-    a, b = info["boundaries"][0]
-    tc_png = timecourse_figure(read_timecourses(tc)[1][:, a:b], info.get("tr") or 2.0, figs / "timecourses.png",
-                               title=f"site {ctx.site}, subject {info['subject_ids'][0]}: for this site only")
+    tc_png = site_timecourse_figure(tc, ctx.site, (info["subject_ids"][0], *info["boundaries"][0]), info.get("tr"),
+                                    figs / "timecourses.png")
     headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
                                "subjects of this site.", priv, warnings or None)
     return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
@@ -435,6 +427,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, declared: dict,
                               seconds: float) -> dict[str, Any]:
+    from ..budget import run_warnings
     from ..maps import convergence_figure, render_components, write_components
     from ..pipeline import SCALING_NOTE
     from ..privacy import privacy_report
@@ -449,14 +442,14 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     for name, a in (("W", W), ("b", b), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
         np.save(out / f"{name}.npy", np.asarray(a))
 
-    ledgers, n_subjects = {}, {}
+    ledgers, n_subjects, n_samples = {}, {}, {}
     for s, name in enumerate(names):
         d = declared.get(s) or declared.get(str(s)) or {}
         if d.get("site") != name:
             raise ValueError(f"site {s} declared itself as {d.get('site')!r}, the run expects {name!r}")
         led = PrivacyLedger.from_dict(d["ledger"])
         led.owner = name
-        ledgers[name], n_subjects[name] = led, int(d["n_subjects"])
+        ledgers[name], n_subjects[name], n_samples[name] = led, int(d["n_subjects"]), int(d["n_samples"])
     priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
                           n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
     priv["assumptions"].append(
@@ -473,9 +466,6 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
                               figs / "convergence.png")
     eps = dict(priv["epsilon"])
-    from ..budget import run_warnings
-
-    n_samples = {name: int((declared.get(s) or declared.get(str(s)))["n_samples"]) for s, name in enumerate(names)}
     warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv) + map_warnings
     headline = report_headline(f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} "
                                f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv,

@@ -204,13 +204,6 @@ class Exchange(ABC):
     def close(self) -> None:  # noqa: B027
         """Release resources (threads, files)."""
 
-    def report_failure(self, party: int, error: str) -> None:  # noqa: B027 - optional for backends
-        """Tell every other party that ``party`` (a site id or ``AGGREGATOR``) stopped with ``error``.
-
-        Backends whose parties run in separate processes make the others stop
-        with :class:`PartyFailed` instead of waiting out their timeout.
-        """
-
 
 def egress_record(run_id: str, site: int, round: int, topic: str, payload: Payload) -> dict[str, Any]:
     """The egress-log line for one outgoing site message."""

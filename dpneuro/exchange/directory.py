@@ -221,10 +221,6 @@ class DirectoryExchange(Exchange):
         return f"site {self._party(sender)!r}" if self.site_names is not None else f"site {sender}"
 
     # -- failures ----------------------------------------------------------------
-    def report_failure(self, party: int, error: str) -> None:
-        """Leave a notice that ``party`` stopped; every other party's wait ends with :class:`PartyFailed`."""
-        write_failure_notice(self.root, self._party(party), error)
-
     def _check_failures(self, me: int) -> None:
         check_failure_notices(self.root, self._party(me))
 
