@@ -1,6 +1,6 @@
-"""capeAGN utility and speed on the synthetic MOG / STM set-ups of 000 Sec. VI-B.
+"""capeAGN utility and speed on the synthetic MOG / STM set-ups of [CAPE-TF] Sec. VI-B.
 
-Utility: q_comp (000 Sec. VI-B: mean distance of each recovered a_k to the
+Utility: q_comp ([CAPE-TF] Sec. VI-B: mean distance of each recovered a_k to the
 nearest true a_j; the Hungarian-matched version alongside) against epsilon for
 capeAGN (CAPE), conv (independent noise per site), local (AGN on one site),
 pooled AGN and AVN (one party holding all data; capeAGN's target), the
@@ -8,7 +8,7 @@ non-private method of moments and random vectors. Median over repeats; each
 repeat draws a fresh data set (shared by all methods and epsilons) and fresh
 noise.
 
-Set-up (000 Sec. VI-B and the authors' data-generation scripts):
+Set-up ([CAPE-TF] Sec. VI-B and the authors' data-generation scripts):
 K = 5, D = 10 and K = 10, D = 50; w proportional to linspace(1, 10K, K);
 S = 5 equal sites; delta = 0.01; eps and delta split equally between the two
 stages. MOG: a_k = first K columns of a random orthogonal matrix,

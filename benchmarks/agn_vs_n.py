@@ -1,4 +1,4 @@
-"""capeAGN q_comp vs sample size N (000 Figs. 3-4, bottom rows): MOG and STM, D = 10, K = 5.
+"""capeAGN q_comp vs sample size N ([CAPE-TF] Figs. 3-4, bottom rows): MOG and STM, D = 10, K = 5.
 
 Data, methods, metric and repeats come from ``benchmarks/agn_utility.py``
 (``run_config`` is imported from there, not repeated): S = 5 equal sites
@@ -8,7 +8,7 @@ and AVN, the non-private method of moments and random vectors; q_comp = mean
 distance of each recovered a_k to the nearest true a_j (median over repeats;
 the Hungarian-matched version is in the CSV).
 
-The text of 000 gives neither the N grid nor the fixed epsilon of the
+The text of [CAPE-TF] gives neither the N grid nor the fixed epsilon of the
 N-sweeps (they are on the figures' axes only), so they are chosen here:
 N in {10k, 25k, 50k, 100k, 250k, 500k} at epsilon = 1 and epsilon = 5
 (agn_utility.py's epsilon sweeps sit at N = 50k for MOG and 100k for STM).

@@ -1,10 +1,10 @@
-"""CAPE's delta vs the noise level and vs the fraction of colluding sites (003 Fig. 5 / App. F set-up).
+"""CAPE's delta vs the noise level and vs the fraction of colluding sites ([capeDJICA] Fig. 5 / App. F set-up).
 
     python benchmarks/cape_delta.py [--quick]
 
 For a per-site sensitivity Delta = 1/N_s and a site noise std tau, compares at
 a fixed epsilon:
-  delta_cape   the CAPE bound (003 Thm. 1, corrected mu_z, see docs/privacy.md)
+  delta_cape   the CAPE bound ([capeDJICA] Thm. 1, corrected mu_z, see docs/privacy.md)
   delta_paper  the same bound with the printed eq. (1) (for reference)
   delta_conv   conventional scheme with the same aggregator noise (site std tau/sqrt(S))
   delta_pool   pooled data with the same aggregator noise (exact Gaussian curve)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     rr = [r for r in rows if r["sweep"] == "colluders"]
     frac = [r["S_C"] / r["S"] for r in rr]
     ax[1].semilogy(frac, [r["cape"] for r in rr], "o-", label="CAPE (corrected)")
-    ax[1].semilogy(frac, [r["paper"] for r in rr], "s--", label="CAPE, 003 eq. (1) as printed")
+    ax[1].semilogy(frac, [r["paper"] for r in rr], "s--", label="CAPE, [capeDJICA] eq. (1) as printed")
     ax[1].semilogy(frac, [r["conv"] for r in rr], "k:", label="conv")
     ax[1].set(xlabel="fraction of colluding sites", ylabel="delta", title="S = 30, tau = 0.05")
     ax[1].legend(fontsize=7)

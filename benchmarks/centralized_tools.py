@@ -75,7 +75,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
-from dpneuro.deploy.roles import unmix_inprocess  # noqa: E402
+from dpneuro.analysis import unmix_inprocess  # noqa: E402
 from dpneuro.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -126,7 +126,7 @@ class Whitening:
     """Whitened data of every site, with what is needed to score an unmixing matrix of them."""
 
     def __init__(self, V, lam, X_sites, parcels, A_true, unit: bool):
-        from dpneuro.deploy.roles import site_whiten
+        from dpneuro.analysis import site_whiten
 
         self.V, self.lam, self.parcels, self.A_true = V, lam, parcels, A_true
         if unit:  # exactly what a dpneuro site does: unit-norm time points, then the public basis

@@ -1,4 +1,4 @@
-"""capeDJICA utility on the paper's synthetic setting (003 Sec. V): qNGI against total epsilon.
+"""capeDJICA utility on the paper's synthetic setting ([capeDJICA] Sec. V): qNGI against total epsilon.
 
 Data (generated in memory, one data set per M, fixed seed): R = 20 spatial
 maps on a 30 x 30 grid (D = 900; 1-3 Gaussian blobs each, as
@@ -6,11 +6,11 @@ maps on a 30 x 30 grid (D = 900; 1-3 Gaussian blobs each, as
 courses per subject (alpha ~ U(0.1, 0.2), beta ~ U(0.7, 0.8), as
 ``dpneuro.synth``), 250 time points per subject, X = A S without added noise,
 M subjects split equally over S = 4 sites. Whitening to R = 20 uses the
-pooled non-private PCA, as 003 did ("we are reporting the privacy spent during
+pooled non-private PCA, as [capeDJICA] did ("we are reporting the privacy spent during
 the course of the gradient descent"), so the main table's epsilon is the ICA's
 alone; the end-to-end section below shows what happens with capePCA instead.
 
-Per-round privacy as in 003 Sec. V: each of the two releases (G and h) gets
+Per-round privacy as in [capeDJICA] Sec. V: each of the two releases (G and h) gets
 the Gaussian mechanism for (eps_i, delta_i = 1e-2) -- the classic formula for
 eps_i < 1, the analytic one (Balle & Wang) for eps_i >= 1, where the classic
 one does not hold. Total epsilon per site at delta = 1e-5 from the ledgers:
@@ -18,7 +18,7 @@ exact (mu-GDP) and RDP (dp-accounting).
 
 Configurations
 
-``paper``  003 exactly: per-sample clipping B_G = B_h = 30, bias released,
+``paper``  [capeDJICA] exactly: per-sample clipping B_G = B_h = 30, bias released,
            rho = 0.015 / ln R with the reference rules, at most 1000 rounds.
 ``fast``   same mechanism, ``optimizer="fast"`` (momentum, noise-proof
            annealing, infomax-scale start, Polyak averaging), 200 rounds.

@@ -1,10 +1,10 @@
-"""capeDJICA qNGI and total epsilon vs the number of subjects M (003 Fig. 2), and the spatial maps of 003 Fig. 3.
+"""capeDJICA qNGI and total epsilon vs the number of subjects M ([capeDJICA] Fig. 2), and the spatial maps of [capeDJICA] Fig. 3.
 
 Data and configurations come from ``benchmarks/djica_utility.py`` (imported,
 not repeated): R = 20 GARCH sources x blob maps on the 30 x 30 grid (D = 900),
 250 time points per subject, M subjects split equally over S = 4 sites,
 whitening by the pooled non-private PCA (so epsilon is the ICA's alone, as in
-003), delta_i = 1e-2 per release, total epsilon per site at delta = 1e-5 from
+[capeDJICA]), delta_i = 1e-2 per release, total epsilon per site at delta = 1e-5 from
 the ledgers (exact mu-GDP; RDP alongside).
 
 Sweep: M in {64, 128, 256, 512, 1024} (16 to 256 subjects per site) at
@@ -12,12 +12,12 @@ eps_i in {0.5 (classic calibration), 2 (analytic)}, configuration ``tuned``
 of djica_utility.py (fast optimizer, subject-level clipping B_G = 2, no bias
 release, 200 rounds) for capeDJICA (plan "cape"), conv, local (site 1 alone)
 and non-private (plan "none", same clipping); 3 noise seeds per point. The
-reference configuration ``paper`` (003's optimizer and clipping, at most 1000
+reference configuration ``paper`` (the optimizer and clipping of [capeDJICA], at most 1000
 rounds) runs for capeDJICA and non-private at eps_i = 0.5 with 2 seeds, to
-show where the paper's rules end up. Reduction against 003: 10 -> 3 (2) runs
+show where the paper's rules end up. Reduction against [capeDJICA]: 10 -> 3 (2) runs
 per point and 200 rounds (tuned) to keep the full run near 10 minutes.
 
-Maps (003 Fig. 3): truth, non-private, local, conv and capeDJICA at M = 1024,
+Maps ([capeDJICA] Fig. 3): truth, non-private, local, conv and capeDJICA at M = 1024,
 eps_i = 0.5 (tuned, first seed), 6 components matched to the truth (Hungarian
 on |correlation|), sign-fixed, each scaled to max |value| 1. With noise-free
 rank-R data the whitening basis satisfies V Lambda^{1/2} = A A_w^{-1}, so the
@@ -168,7 +168,7 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
 
 
 def plot_maps(results: list[dict], path: Path, n_show: int = 6, grid: int = 30) -> dict:
-    """003 Fig. 3: truth and every method's matched maps on the grid; returns mean |r| per method."""
+    """[capeDJICA] Fig. 3: truth and every method's matched maps on the grid; returns mean |r| per method."""
     import matplotlib.pyplot as plt
 
     keep = {r["method"]: r for r in results if "maps" in r and r["config"] == "tuned"}

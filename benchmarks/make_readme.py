@@ -188,9 +188,9 @@ def section_pca(p: Page) -> dict:
         return facts
     methods = ["capePCA", "conv", "DPdisPCA", "local", "pooled DP"]
     classic = any(r["calibration"] == "classic" for r in rows)
-    p.add("### capePCA: captured energy vs epsilon (000 Fig. 2(a), 001 Fig. 1(a))")
+    p.add("### capePCA: captured energy vs epsilon ([CAPE-TF] Fig. 2(a), [DPdisPCA] Fig. 1(a))")
     p.add("")
-    p.add(f"Synthetic set-up of 000/001: D = {meta.get('D')}, K = {meta.get('K')}, S = {meta.get('S')} sites x "
+    p.add(f"Synthetic set-up of [CAPE-TF] / [DPdisPCA]: D = {meta.get('D')}, K = {meta.get('K')}, S = {meta.get('S')} sites x "
           f"N_s = {meta.get('N_s')}, delta = {meta.get('delta')}, {meta.get('preprocessing')}. "
           f"q / q_o = captured energy over the non-private pooled top-K subspace's; median of "
           f"{meta.get('repeats')} repeats (interquartile range in the CSV).")
@@ -228,7 +228,7 @@ def section_pca_n(p: Page) -> dict:
     if not rows:
         return {}
     methods = ["capePCA", "conv", "DPdisPCA", "local", "pooled DP"]
-    p.add("### capePCA: captured energy vs samples per site N_s (000 Fig. 2(d), 001 Fig. 1(d))")
+    p.add("### capePCA: captured energy vs samples per site N_s ([CAPE-TF] Fig. 2(d), [DPdisPCA] Fig. 1(d))")
     p.add("")
     p.add(f"Same set-up as above at epsilon = {meta.get('epsilon')}, delta = {meta.get('delta')} (the papers' "
           f"text gives neither the N_s grid nor the fixed epsilon of this figure; both are chosen here). "
@@ -292,9 +292,9 @@ def section_agn(p: Page) -> dict:
     meta = read_json("agn_utility.json")
     if not rows:
         return {}
-    p.add("### capeAGN: q_comp vs epsilon, MOG and STM (000 Figs. 3-4, top rows)")
+    p.add("### capeAGN: q_comp vs epsilon, MOG and STM ([CAPE-TF] Figs. 3-4, top rows)")
     p.add("")
-    p.add(f"000 Sec. VI-B set-ups: S = {meta.get('sites')} sites, delta = {meta.get('delta')} split "
+    p.add(f"[CAPE-TF] Sec. VI-B set-ups: S = {meta.get('sites')} sites, delta = {meta.get('delta')} split "
           f"{meta.get('split')} between the stages, sigma^2 = {meta.get('sigma2')} (MOG), "
           f"{meta.get('calibration')}. q_comp = mean distance of each recovered a_k to the nearest true a_j "
           f"(lower is better; Hungarian-matched version in the CSV); median of {meta.get('repeats')} repeats.")
@@ -340,10 +340,10 @@ def section_agn_n(p: Page) -> dict:
     meta = read_json("agn_vs_n.json")
     if not rows:
         return {}
-    p.add("### capeAGN: q_comp vs sample size N (000 Figs. 3-4, bottom rows)")
+    p.add("### capeAGN: q_comp vs sample size N ([CAPE-TF] Figs. 3-4, bottom rows)")
     p.add("")
     p.add(f"D = {meta.get('D')}, K = {meta.get('K')}, S = {meta.get('S')} (N_s = N / {meta.get('S')}), "
-          f"delta = {meta.get('delta')}; epsilon in {meta.get('epsilons')} (000's text gives neither the N grid nor "
+          f"delta = {meta.get('delta')}; epsilon in {meta.get('epsilons')} (the text of [CAPE-TF] gives neither the N grid nor "
           f"the fixed epsilon; chosen here). Median of {meta.get('repeats')} repeats.")
     p.add("")
     p.meta("python benchmarks/agn_vs_n.py", ["agn_vs_n.csv", "agn_vs_n.json", "agn_vs_n.png"], meta.get("runtime_s"))
@@ -378,17 +378,17 @@ def section_cape_delta(p: Page) -> dict:
     rows = read_csv("cape_delta.csv")
     if not rows:
         return {}
-    p.add("### CAPE delta vs noise level and colluding sites (003 Fig. 5 / App. F)")
+    p.add("### CAPE delta vs noise level and colluding sites ([capeDJICA] Fig. 5 / App. F)")
     p.add("")
-    p.add("For per-site sensitivity 1/N_s (N_s = 100) at epsilon = 0.5: delta of CAPE (003 Thm. 1 with the "
-          "corrected mu_z, see docs/privacy.md), of 003 eq. (1) as printed, of the conventional scheme with the same "
+    p.add("For per-site sensitivity 1/N_s (N_s = 100) at epsilon = 0.5: delta of CAPE ([capeDJICA] Thm. 1 with the "
+          "corrected mu_z, see docs/privacy.md), of [capeDJICA] eq. (1) as printed, of the conventional scheme with the same "
           "aggregator noise and of pooled data (exact Gaussian curve). Selected rows; all rows in the CSV.")
     p.add("")
     p.meta("python benchmarks/cape_delta.py", ["cape_delta.csv", "cape_delta.png"],
            runtime(p.env, "cape_delta"))
     taus = sorted({r["tau"] for r in pick(rows, sweep="tau")})
     show = sorted({min(taus, key=lambda t: abs(t - x)) for x in (0.03, 0.05, 0.1, 0.2)})
-    p.add(table(["S", "colluding S_C", "tau", "delta CAPE", "delta 003 eq. (1)", "delta conv", "delta pooled"],
+    p.add(table(["S", "colluding S_C", "tau", "delta CAPE", "delta [capeDJICA] eq. (1)", "delta conv", "delta pooled"],
                 [[r["S"], r["S_C"], f"{r['tau']:.3f}", r["cape"], r["paper"], r["conv"], r["pool"]]
                  for r in pick(rows, sweep="tau") if r["tau"] in show]))
     p.add("")
@@ -396,7 +396,7 @@ def section_cape_delta(p: Page) -> dict:
     if col:
         p.add(f"Colluders sweep, S = {col[0]['S']}, tau = {col[0]['tau']}:")
         p.add("")
-        p.add(table(["S_C", "delta CAPE", "delta 003 eq. (1)", "delta conv"],
+        p.add(table(["S_C", "delta CAPE", "delta [capeDJICA] eq. (1)", "delta conv"],
                     [[r["S_C"], r["cape"], r["paper"], r["conv"]] for r in col]))
         p.add("")
     p.fig("cape_delta.png", "CAPE delta")
@@ -456,13 +456,13 @@ def section_djica_utility(p: Page) -> dict:
     if not rows:
         return {}
     st = meta.get("settings", {})
-    p.add("### capeDJICA: qNGI vs total epsilon (003 Fig. 1 set-up)")
+    p.add("### capeDJICA: qNGI vs total epsilon ([capeDJICA] Fig. 1 set-up)")
     p.add("")
-    p.add(f"003 Sec. V synthetic data: R = {st.get('R')} GARCH sources, {st.get('T')} time points per subject, "
+    p.add(f"[capeDJICA] Sec. V synthetic data: R = {st.get('R')} GARCH sources, {st.get('T')} time points per subject, "
           f"30 x 30 grid (D = {st.get('D')}), S = {st.get('S')} sites, whitening by pooled non-private PCA "
-          f"(epsilon of the ICA only, as 003), delta_i = {st.get('delta_i')}, total epsilon per site at "
-          f"delta = {st.get('delta_total')} (exact GDP). Configurations: 'paper' = 003's optimizer and clipping "
-          f"(B_G = B_h = 30, rho = 0.015 / ln R, <= 1000 rounds); 'fast' = dpneuro's optimizer, 003's clipping, "
+          f"(epsilon of the ICA only, as [capeDJICA]), delta_i = {st.get('delta_i')}, total epsilon per site at "
+          f"delta = {st.get('delta_total')} (exact GDP). Configurations: 'paper' = the optimizer and clipping of [capeDJICA] "
+          f"(B_G = B_h = 30, rho = 0.015 / ln R, <= 1000 rounds); 'fast' = dpneuro's optimizer, the clipping of [capeDJICA], "
           f"200 rounds; 'tuned' = fast optimizer, subject-level clipping B_G = 2, no bias release, 200 rounds. "
           f"Median over {st.get('repeats')} noise seeds ({st.get('paper_repeats')} for 'paper').")
     p.add("")
@@ -516,12 +516,12 @@ def section_djica_m(p: Page) -> dict:
     if not rows:
         return {}
     st = meta.get("settings", {})
-    p.add("### capeDJICA: qNGI and total epsilon vs number of subjects M (003 Fig. 2), spatial maps (003 Fig. 3)")
+    p.add("### capeDJICA: qNGI and total epsilon vs number of subjects M ([capeDJICA] Fig. 2), spatial maps ([capeDJICA] Fig. 3)")
     p.add("")
     p.add(f"Data and configurations of djica_utility.py; M in {st.get('M')} (M / 4 subjects per site), "
           f"eps_i in {{0.5 (classic), 2 (analytic)}}, delta_i = {st.get('delta_i')}, configuration 'tuned' "
           f"(200 rounds) for all methods, 'paper' for capeDJICA and non-private at the first eps_i. Median over "
-          f"{st.get('repeats')} noise seeds ({st.get('paper_repeats')} for 'paper'); 003 used 10 runs and up to "
+          f"{st.get('repeats')} noise seeds ({st.get('paper_repeats')} for 'paper'); [capeDJICA] used 10 runs and up to "
           f"1000 rounds: reduced to keep the run near 10 minutes.")
     p.add("")
     p.meta("python benchmarks/djica_vs_m.py", ["djica_vs_m.csv", "djica_vs_m.json", "djica_vs_m.png",
@@ -679,7 +679,7 @@ def summary(f: dict) -> list[str]:
     if "pca_eps_maxdiff" in f:
         v = f["pca_eps05"] or {}
         same = f["pca_eps_maxdiff"] < 0.01 and f.get("pcan_maxdiff", 0) < 0.01
-        row.append(["000 Sec. VI-A: capePCA reaches the pooled-data utility (CAPE's claim) and beats DPdisPCA, "
+        row.append(["[CAPE-TF] Sec. VI-A: capePCA reaches the pooled-data utility (CAPE's claim) and beats DPdisPCA, "
                     "conv and local",
                     f"q/q_o at eps = 0.5 (N_s = 1000): capePCA {fmt(v.get('capePCA'))}, "
                     f"pooled DP {fmt(v.get('pooled DP'))}, "
@@ -691,7 +691,7 @@ def summary(f: dict) -> list[str]:
         g = f["pcan_gain"]
         n1 = min(g)
         nb = max(g)
-        row.append(["000 Fig. 2(d): utility grows with N_s and reaches non-private pooled",
+        row.append(["[CAPE-TF] Fig. 2(d): utility grows with N_s and reaches non-private pooled",
                     f"eps = {par(f['pcan_eps'])}: capePCA {fmt(g[n1][0])} at N_s = {n1} to {fmt(g[nb][0])} at "
                     f"N_s = {nb:,} (conv {fmt(g[n1][1])} to {fmt(g[nb][1])})",
                     "matches" if g[nb][0] > 0.99 else "partly"])
@@ -703,7 +703,7 @@ def summary(f: dict) -> list[str]:
                     if f["power_cape"] < 0.1 else "usable"])
     if "agn_wins" in f:
         w, t = f["agn_wins"]
-        row.append(["000 Figs. 3-4: capeAGN beats conv and local",
+        row.append(["[CAPE-TF] Figs. 3-4: capeAGN beats conv and local",
                     f"lower q_comp than both in {w} of {t} (set-up, eps) points", "matches" if w == t else
                     ("mostly" if w >= 0.8 * t else "partly")])
         bad = [(e, q, r) for e, q, r in f.get("agn_mog50", []) if e <= 1]
@@ -717,7 +717,7 @@ def summary(f: dict) -> list[str]:
             parts.append(f"{model.upper()} eps {par(e)}: capeAGN {fmt(g['capeagn'])} vs non-private "
                          f"{fmt(g['nonprivate'])}")
         shrinks = all(f["agnn_gap"][k][1] < f["agnn_gap"][k][0] for k in f["agnn_gap"])
-        row.append(["000 Figs. 3-4 (bottom): capeAGN approaches non-private as N grows (D = 10)",
+        row.append(["[CAPE-TF] Figs. 3-4 (bottom): capeAGN approaches non-private as N grows (D = 10)",
                     f"at N = {f['agnn_bigN']:,}: " + "; ".join(parts),
                     "matches (the gap to non-private shrinks with N in every panel)" if shrinks else "partly"])
     if "dju_stars" in f:
@@ -725,22 +725,22 @@ def summary(f: dict) -> list[str]:
         paper = [v for (M, c, m), v in s.items() if c == "paper" and m == "cape"]
         tuned = {M: v for (M, c, m), v in s.items() if c == "tuned" and m == "cape"}
         if paper:
-            row.append(["003 Figs. 1-2: capeDJICA reaches qNGI <= 0.1 with 003's optimizer and clipping",
+            row.append(["[capeDJICA] Figs. 1-2: capeDJICA reaches qNGI <= 0.1 with the paper's optimizer and clipping",
                         "best median qNGI with the 'paper' configuration: " + ", ".join(
                             f"M = {v['M']}: {fmt(v['best_median_qngi'])}" for v in paper),
-                        "doesn't reproduce: 003's rules (rho = 0.015 / ln R, B = 30) stop near qNGI 0.26 even "
+                        "doesn't reproduce: the paper's rules (rho = 0.015 / ln R, B = 30) stop near qNGI 0.26 even "
                         "without noise"])
         if tuned:
             row.append(["capeDJICA with dpneuro's optimizer ('tuned')",
                         "smallest total epsilon with median qNGI <= 0.1: " + ", ".join(
                             f"M = {M}: {fmt(v['eps_star_grid'])} (interp. {fmt(v['eps_star_interp'])})"
                             for M, v in sorted(tuned.items())),
-                        "beats 003's configuration: usable maps (qNGI <= 0.1), at a total epsilon that falls "
+                        "beats the configuration of [capeDJICA]: usable maps (qNGI <= 0.1), at a total epsilon that falls "
                         "with M" if len(tuned) < 2 or tuned[max(tuned)]["eps_star_grid"] < tuned[min(tuned)]
-                        ["eps_star_grid"] else "beats 003's configuration: usable maps (qNGI <= 0.1)"])
+                        ["eps_star_grid"] else "beats the configuration of [capeDJICA]: usable maps (qNGI <= 0.1)"])
     if f.get("dju_e2e"):
         e2e = f["dju_e2e"]
-        row.append(["003 end to end: capePCA whitening (Alg. 3, private) then capeDJICA, M = "
+        row.append(["[capeDJICA] end to end: capePCA whitening (Alg. 3, private) then capeDJICA, M = "
                     f"{e2e[0]['M']}",
                     "; ".join(f"eps_pca {par(r['eps_pca'])}, eps_i {par(r['eps_i'])}: qNGI {fmt(r['qngi'])} at "
                               f"total epsilon {fmt(r['eps_total_exact'])}" for r in e2e),
@@ -749,7 +749,7 @@ def summary(f: dict) -> list[str]:
     if "djm" in f:
         g = f["djm"]
         if all(g.values()):
-            row.append(["003 Fig. 2: capeDJICA beats conv and local and approaches non-private as M grows",
+            row.append(["[capeDJICA] Fig. 2: capeDJICA beats conv and local and approaches non-private as M grows",
                         f"M = {f['djm_M']}, eps_i = {par(f['djm_eps'])}: capeDJICA "
                         f"{fmt(g['cape']['qngi_median'])}, conv {fmt(g['conv']['qngi_median'])}, local "
                         f"{fmt(g['local']['qngi_median'])}, non-private {fmt(g['nonprivate']['qngi_median'])}; "
@@ -758,12 +758,12 @@ def summary(f: dict) -> list[str]:
                             g["conv"]["qngi_median"], g["local"]["qngi_median"]) else "partly"])
         if f.get("djm_eps_const"):
             pp = f.get("djm_paper_eps")
-            tail = (f"; with 003's rules it falls from {fmt(pp[0])} (M = {f['djm_small_M']}) to {fmt(pp[1])} "
+            tail = (f"; with the rules of [capeDJICA] it falls from {fmt(pp[0])} (M = {f['djm_small_M']}) to {fmt(pp[1])} "
                     f"(M = {f['djm_M']}) only because the stopping rule fires after fewer rounds") if pp else ""
-            row.append(["003 Fig. 2: overall epsilon decreases with M",
+            row.append(["[capeDJICA] Fig. 2: overall epsilon decreases with M",
                         "tuned: total epsilon per site is the same for every M at a fixed round count (each release "
                         "is calibrated to (eps_i, delta_i); the sensitivity 2B/M_s shrinks the noise instead)" + tail,
-                        "trend reproduced only with 003's stopping rule; more subjects buy utility, not epsilon"])
+                        "trend reproduced only with the stopping rule of [capeDJICA]; more subjects buy utility, not epsilon"])
     if "central" in f:
         c = f["central"]
         a, n, k = c.get("CanICA"), c.get("dpneuro none"), c.get("dpneuro cape")
@@ -798,7 +798,7 @@ def summary(f: dict) -> list[str]:
                            if fr and fr["qngi"] < 0.9 * dn["qngi"] else "")])
     if f.get("secagg"):
         rs = f["secagg"]
-        row.append(["Secure aggregation (CAPE's zero-sum noise without a trusted party, 003 App. B-A)",
+        row.append(["Secure aggregation (CAPE's zero-sum noise without a trusted party, [capeDJICA] App. B-A)",
                     "; ".join(f"{r['n_sites']} sites x {r['payload']}: {fmt(1e3 * r['secure_round_s_median'])} ms "
                               f"vs {fmt(1e3 * r['plain_round_s_median'])} ms plain" for r in rs),
                     "measured cost (upload within 0.1% of plain for large payloads)"
@@ -838,8 +838,8 @@ def build(env: dict) -> str:
     p.add("")
     p.add("<!-- generated by benchmarks/make_readme.py from benchmarks/results/; do not edit by hand -->")
     p.add("")
-    p.add("What dpneuro reproduces from the papers (000 Imtiaz & Sarwate 2018, 001 ICASSP 2018, 003 Imtiaz et al. "
-          "2021), where it is faster or better, and where it is not. Every number below is measured by the script "
+    p.add("What dpneuro reproduces from the papers ([CAPE-TF] Imtiaz & Sarwate 2018, [DPdisPCA] ICASSP 2018, [capeDJICA] Imtiaz et al. "
+          "2021; see docs/references.md), where it is faster or better, and where it is not. Every number below is measured by the script "
           "named with it, a median over the stated repeats; ratios come from one run. Regenerate this page with "
           "`python benchmarks/make_readme.py` after re-running a benchmark (`--record` also snapshots the machine "
           "and the result dates). CI runs every script with `--quick` (smoke size, `*_quick.*` outputs, not "

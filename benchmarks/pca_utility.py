@@ -1,6 +1,6 @@
-"""Captured-energy ratio q / q_o vs epsilon for capePCA and its baselines (000 Sec. VI-A, 001 Sec. 4).
+"""Captured-energy ratio q / q_o vs epsilon for capePCA and its baselines ([CAPE-TF] Sec. VI-A, [DPdisPCA] Sec. 4).
 
-Set-up of the seeds' synthetic experiment: D = 200, K = 50, zero-mean Gaussian
+Set-up of the papers' synthetic experiment: D = 200, K = 50, zero-mean Gaussian
 samples with covariance diag(linspace(10, 1, 50), 0.5 * U(0, 1)^150) (the
 papers give no rotation, so none is applied; ``--rotate`` adds a random
 orthogonal one), S = 10 sites x N_s = 1000, delta = 0.01. Preprocessing as in

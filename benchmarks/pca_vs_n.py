@@ -1,4 +1,4 @@
-"""Captured-energy ratio q / q_o vs samples per site N_s for capePCA and its baselines (000 Fig. 2(d), 001 Fig. 1(d)).
+"""Captured-energy ratio q / q_o vs samples per site N_s for capePCA and its baselines ([CAPE-TF] Fig. 2(d), [DPdisPCA] Fig. 1(d)).
 
 The set-up, the preprocessing and the methods are those of
 ``benchmarks/pca_utility.py`` (imported from there, not repeated): D = 200,

@@ -2,7 +2,7 @@
 
 The planner never models releases on its own: it builds every stage's
 algorithm from the run configuration exactly as the run does
-(:mod:`dpneuro.deploy.roles`), asks it for each site's releases from the
+(:mod:`dpneuro.analysis`), asks it for each site's releases from the
 site's public counts, and records them with the function the CAPE protocol
 records real releases with (:func:`dpneuro.cape.planned_ledgers`). So the
 planned ledgers are the ones the run fills (for a run that uses all its
@@ -65,19 +65,26 @@ def features(cfg: RunConfig, given: int | None = None) -> int:
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
 
 
-def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> dict[str, PrivacyLedger]:
-    """Every site's ledger of a run of ``cfg`` on sites of these shapes (no data needed)."""
+#: the stages that release (``planned_ledgers(stages=...)``): a whole ICA run, or the PCA alone
+RELEASING_STAGES = ("reduce", "unmix")
+
+
+def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
+                    stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
+    """Every site's ledger of a run of ``cfg`` (its ``stages``) on sites of these shapes (no data needed)."""
     from .cape import planned_ledgers as cape_planned
-    from .deploy.roles import ica_algorithm, pca_algorithm, reduce_plan
+    from .analysis import ica_algorithm, pca_algorithm, reduce_plan
 
     pca = pca_algorithm(cfg, dim)
     red = cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
                                                for i, s in enumerate(shapes)])
-    ica = ica_algorithm(cfg)
-    unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+    unm = [None] * len(shapes)
+    if "unmix" in stages:
+        ica = ica_algorithm(cfg)
+        unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
     out = {}
     for s, a, b in zip(shapes, red, unm):
-        led = PrivacyLedger.merge_all([a, b])
+        led = PrivacyLedger.merge_all([x for x in (a, b) if x is not None])
         led.owner = s.name
         out[s.name] = led
     return out
@@ -188,10 +195,11 @@ class BudgetPlan:
                 "lines": self.lines()}
 
 
-def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> BudgetPlan:
-    """What a run of ``cfg`` spends per site (refuses what the run refuses)."""
+def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int,
+          stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
+    """What a run of ``cfg`` (its ``stages``) spends per site (refuses what the run refuses)."""
     cfg.validate(data_sites=())
-    leds = planned_ledgers(cfg, shapes, dim)
+    leds = planned_ledgers(cfg, shapes, dim, stages)
     priv = privacy_report(leds, delta=cfg.delta, n_subjects={s.name: len(s.lengths) for s in shapes},
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
     return BudgetPlan(cfg, shapes, dim, priv)
@@ -220,11 +228,12 @@ def _with_multipliers(cfg: RunConfig, z_pca: float, z_ica: float) -> RunConfig:
     return replace(cfg, pca_epsilon=pca_eps, ica_epsilon_i=ica_eps)
 
 
-def plan_budget(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
-                pca_share: float = 0.25) -> BudgetPlan:
+def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
+                pca_share: float = 0.25, stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
     """The settings of ``cfg`` rescaled so that the largest headline eps over the sites is ``target_epsilon``.
 
-    ``pca_share`` of mu^2 goes to the reduction, the rest to the ICA rounds.
+    ``pca_share`` of mu^2 goes to the reduction, the rest to the ICA rounds
+    (all of it to the reduction when ``stages`` is only ``("reduce",)``).
     """
     if not 0 < pca_share < 1:
         raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
@@ -234,15 +243,36 @@ def plan_budget(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilo
         raise ConfigError("plan 'none' / reduction 'none' add no noise: there is no budget to plan")
     cfg.validate(data_sites=())
     mu_t = gdp_mu(target_epsilon, cfg.delta)
-    base = spend(cfg, shapes, dim)
+    base = spend(cfg, shapes, dim, stages)
     stage_mu = {n: s["by_stage_mu"] for n, s in base.privacy["sites"].items()}
     red = max(math.sqrt(sum(v**2 for k, v in st.items() if k.startswith("capepca"))) for st in stage_mu.values())
     ica = max(st.get("ica", 0.0) for st in stage_mu.values())
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
+    with_ica = "unmix" in stages
+    if not with_ica:
+        pca_share = 1.0  # the PCA alone: the ICA settings stay as they are (unused)
     z_pca = _pca_noise_multiplier(cfg) * red / (math.sqrt(pca_share) * mu_t)
-    z_ica = _ica_noise_multiplier(cfg) * ica / (math.sqrt(1 - pca_share) * mu_t)
-    trial = spend(_with_multipliers(cfg, z_pca, z_ica), shapes, dim)
+    z_ica = _ica_noise_multiplier(cfg) * ica / (math.sqrt(1 - pca_share) * mu_t) if with_ica else None
+
+    def scaled(f: float) -> RunConfig:
+        z_i = z_ica * f if with_ica else _ica_noise_multiplier(cfg)
+        return _with_multipliers(cfg, z_pca * f, z_i)
+
+    trial = spend(scaled(1.0), shapes, dim, stages)
     mu_max = max(s["mu"] for s in trial.privacy["sites"].values())
-    planned = spend(_with_multipliers(cfg, z_pca * mu_max / mu_t, z_ica * mu_max / mu_t), shapes, dim)
+    planned = spend(scaled(mu_max / mu_t), shapes, dim, stages)
     planned.target_epsilon = target_epsilon
     return planned
+
+
+def apply_target(cfg: RunConfig) -> tuple[RunConfig, BudgetPlan | None]:
+    """``cfg`` with ``pca_epsilon`` / ``ica_epsilon_i`` planned from ``cfg.epsilon`` and the sites' headers.
+
+    Every simulation entry point (the estimators, ``dpneuro run``, the Pydra
+    workflow) calls this before the first stage, so the run spends what the
+    plan printed. Without ``cfg.epsilon`` the configuration is returned as is.
+    """
+    if cfg.epsilon is None:
+        return cfg, None
+    plan = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon)
+    return replace(plan.config, epsilon=cfg.epsilon), plan

@@ -38,10 +38,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 def _demo_settings() -> dict:
     """The demo: the default synthetic consortium analysed with the recommended settings."""
-    from .config import RECOMMENDED, SYNTHETIC_CONSORTIUM
+    from .config import SYNTHETIC_CONSORTIUM, RunConfig
 
-    return {**SYNTHETIC_CONSORTIUM, **RECOMMENDED, "components": RECOMMENDED["n_components"],
-            "clip": RECOMMENDED["clip_G"]}
+    rec = RunConfig.recommended()
+    # the number of components is the data's (the synthetic consortium has this many networks)
+    return {**SYNTHETIC_CONSORTIUM, **rec, "n_components": SYNTHETIC_CONSORTIUM["components"], "clip": rec["clip_G"]}
 
 
 #: the demo's consortium and budget (read by benchmarks/centralized_tools.py)
@@ -182,13 +183,13 @@ def _budget_config(args: argparse.Namespace):
 def _cmd_budget(args: argparse.Namespace) -> int:
     import json as _json
 
-    from .budget import features, plan_budget, site_shapes, spend
+    from .budget import features, plan_for_target, site_shapes, spend
 
     cfg = _budget_config(args)
     shapes = site_shapes(cfg, subjects=args.subjects, timepoints=args.timepoints)
     dim = features(cfg, args.features)
     if args.target_epsilon is not None:
-        plan = plan_budget(cfg, shapes, dim, args.target_epsilon, pca_share=args.pca_share)
+        plan = plan_for_target(cfg, shapes, dim, args.target_epsilon, pca_share=args.pca_share)
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:

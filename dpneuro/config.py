@@ -17,18 +17,17 @@ BACKENDS = ("inprocess", "directory")
 REDUCTIONS = ("capepca", "capepca-power", "pdsvd", "none")
 
 
-#: The recommended analysis settings, shared by the demo and ``site_templates/run.toml`` (a test checks
-#: they agree): measured on :data:`SYNTHETIC_CONSORTIUM` by ``benchmarks/demo_speed.py``. Subject-level
-#: noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget`` first.
-RECOMMENDED: dict[str, Any] = {
-    "space": "mni6mm", "parcels": 100, "n_components": 8, "pca_epsilon": 16.0, "ica_epsilon_i": 0.7,
-    "ica_rounds": 40, "clip_G": 0.7, "clip_h": 0.7, "plan": "cape",
-}
-
 #: What ``dpneuro synth`` writes by default and the demo analyses: 128 subjects at 6 mm.
 SYNTHETIC_CONSORTIUM: dict[str, Any] = {
     "sites": 4, "subjects": 32, "components": 8, "timepoints": 120, "space": "mni6mm", "dtype": "int16",
 }
+
+
+#: The tuned analysis settings (the field defaults above): measured on :data:`SYNTHETIC_CONSORTIUM` by
+#: ``benchmarks/demo_speed.py``; the demo and ``site_templates/run.toml`` use them (a test checks).
+#: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
+TUNED_FIELDS = ("space", "parcels", "pca_epsilon", "ica_epsilon_i", "ica_rounds", "clip_G", "clip_h", "plan",
+                "reduction", "optimizer", "calibration", "ica_clip_unit", "ica_bias")
 
 
 class ConfigError(ValueError):
@@ -51,23 +50,26 @@ class RunConfig:
     sites: list[SiteInput]
     out: str
     mask: str = ""  # NIfTI mask; empty: the template at ``space``
-    space: str = "mni4mm"
-    parcels: int = 0  # data-independent parcellation of the mask (0: voxels)
+    space: str = "mni6mm"
+    parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
     n_components: int = 20
     reduction: str = "capepca"
     plan: str = "cape"
     n_colluding: int | None = None
     delta: float = 1e-5  # total delta per site
-    pca_epsilon: float = 4.0
-    # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in 003 Sec. V;
+    # total eps per site in the headline sense (against the aggregator and its colluders): when set, the
+    # budget planner chooses pca_epsilon and ica_epsilon_i from the sites' subject counts before the run
+    epsilon: float | None = None
+    pca_epsilon: float = 16.0
+    # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in [capeDJICA] Sec. V;
     # totals over all rounds are composed exactly from the ledgers at ``delta``
-    ica_epsilon_i: float = 1.0
+    ica_epsilon_i: float = 0.7
     ica_delta_i: float = 1e-2
-    ica_rounds: int = 200
+    ica_rounds: int = 40
     # clipping bound of the ICA gradients; with ica_clip_unit = "subject" it bounds each subject's
-    # mean gradient (003 as published: "sample", B = 30, bias on)
-    clip_G: float = 1.0
-    clip_h: float = 1.0
+    # mean gradient ([capeDJICA] as published: "sample", B = 30, bias on)
+    clip_G: float = 0.7
+    clip_h: float = 0.7
     ica_clip_unit: str = "subject"
     ica_bias: bool = False
     optimizer: str = "fast"
@@ -86,6 +88,11 @@ class RunConfig:
     timeout: float = 600.0
 
     # -- derived -------------------------------------------------------------------------
+    @classmethod
+    def recommended(cls) -> dict[str, Any]:
+        """The tuned settings (:data:`TUNED_FIELDS`) at their defaults."""
+        return {f: cls.__dataclass_fields__[f].default for f in TUNED_FIELDS}
+
     @property
     def pca_delta(self) -> float:
         """delta used to calibrate the one PCA release (totals are composed at ``delta``)."""
@@ -143,6 +150,12 @@ class RunConfig:
                 "seed is in the shared configuration, so anyone could regenerate a site's noise and remove it. "
                 "Leave 'seed' out (noise then comes from OS entropy); only a test or simulation may set "
                 "simulation = true to keep it")
+        if self.epsilon is not None:
+            raise ConfigError(
+                f"config field 'epsilon': {party} cannot plan a total budget: the split depends on every site's "
+                "subject counts, which no single party sees. Plan it once with `dpneuro budget run.toml "
+                "--target-epsilon E` (or --sites/--subjects) and write the proposed pca_epsilon and "
+                "ica_epsilon_i into the configuration instead")
         return self
 
     # -- validation ----------------------------------------------------------------------
@@ -201,6 +214,12 @@ class RunConfig:
             bad("exchange_dir", "the directory backend needs a shared folder")
         if not 0 < self.delta < 1:
             bad("delta", "must be in (0, 1)")
+        if self.epsilon is not None:
+            if isinstance(self.epsilon, bool) or not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0
+                                                       and math.isfinite(self.epsilon)):
+                bad("epsilon", f"a finite number > 0 (total per site), or left out, got {self.epsilon!r}")
+            if self.plan == "none" or self.reduction == "none":
+                bad("epsilon", "plan 'none' / reduction 'none' add no noise: there is no budget to plan")
         if self.plan != "none":
             for name in ("pca_epsilon", "ica_epsilon_i"):
                 v = getattr(self, name)
@@ -217,7 +236,7 @@ class RunConfig:
         if self.ica_rounds < 1:
             bad("ica_rounds", "must be >= 1")
         if self.ica_clip_unit not in ("sample", "subject"):
-            bad("ica_clip_unit", "'sample' (003 as published) or 'subject'")
+            bad("ica_clip_unit", "'sample' (as published in [capeDJICA]) or 'subject'")
         if not isinstance(self.ica_bias, bool):
             bad("ica_bias", "true or false")
         if not isinstance(self.simulation, bool):

@@ -1,4 +1,4 @@
-"""Utility metrics for recovered components (DESIGN.md section 8).
+"""Utility metrics for recovered components.
 
 All functions take plain numpy arrays and return Python floats (or small
 arrays). Orientation follows the project convention: spatial maps / mixing

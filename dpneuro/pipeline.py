@@ -20,21 +20,8 @@ from typing import Any
 import numpy as np
 
 from .config import RunConfig
+from .analysis import SCALING_NOTE, site_whiten
 from .io import write_json
-
-SCALING_NOTE = (
-    "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, so one subject "
-    "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
-    "time and costs no privacy."
-)
-
-
-def unit_columns(X: np.ndarray) -> np.ndarray:
-    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0)."""
-    X = np.asarray(X, dtype=np.float32)
-    n = np.linalg.norm(X, axis=0)
-    return X / np.where(n > 0, n, 1.0)
-
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -180,7 +167,7 @@ def _ledgers_json(ledgers, names) -> dict:
 def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     """capePCA (or a baseline) over all sites: basis, eigenvalues and every site's ledger."""
     # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
-    from .deploy.roles import reduce_inprocess
+    from .analysis import reduce_inprocess
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -203,7 +190,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
 def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
     """capeDJICA on every site's whitened data (each site whitens locally with the public basis)."""
     # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
-    from .deploy.roles import unmix_inprocess
+    from .analysis import unmix_inprocess
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -225,6 +212,58 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
                              "seconds": time.perf_counter() - t0})
 
 
+# -- the whole run, one stage after another ------------------------------------------------------
+
+#: the stages in run order (``workflows/`` builds the same graph as Pydra nodes)
+STAGES = ("space", "load", "reduce", "unmix", "maps", "report")
+
+
+def prepare(cfg: RunConfig) -> tuple[RunConfig, Any]:
+    """What every simulation entry point does first: absolute paths, validation, the planned budget.
+
+    Returns the configuration to run and the budget plan (None unless ``cfg.epsilon`` is set).
+    """
+    from .budget import apply_target
+
+    return apply_target(cfg.resolved().validate())
+
+
+def write_config(cfg: RunConfig) -> str:
+    """The run's configuration as JSON at a fixed place in the run folder (what every stage reads)."""
+    work = Path(cfg.out) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "config.json"
+    text = json.dumps(cfg.to_json(), indent=1, default=str)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return str(path)
+
+
+def run_stages(cfg: RunConfig, *, until: str = "report") -> dict[str, Any]:
+    """Run the stages in this process, in order, up to ``until``; returns each stage's output file.
+
+    ``cfg`` must come from :func:`prepare`. The Pydra workflow runs the same
+    functions with the same inputs, so both give the same files (and, with a
+    seed, the same numbers).
+    """
+    if until not in STAGES:
+        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
+    stop = STAGES.index(until)
+    cfg_json = write_config(cfg)
+    key = {stage: stage_key(cfg, stage) for stage in STAGE_FIELDS}
+    out: dict[str, Any] = {"space": stage_space(cfg_json, key["space"])}
+    out["load"] = [stage_load(cfg_json, s.name, out["space"], key["load"]) for s in cfg.sites]
+    if stop >= STAGES.index("reduce"):
+        out["reduce"] = stage_reduce(cfg_json, out["load"], key["reduce"])
+    if stop >= STAGES.index("unmix"):
+        out["unmix"] = stage_unmix(cfg_json, out["load"], out["reduce"], key["unmix"])
+    if stop >= STAGES.index("maps"):
+        out["maps"] = stage_maps(cfg_json, out["load"], out["space"], out["reduce"], out["unmix"], key["maps"])
+    if stop >= STAGES.index("report"):
+        out["report"] = stage_report(cfg_json, out["load"], out["maps"], out["reduce"], out["unmix"], key["report"])
+    return out
+
+
 # -- maps, privacy and the report --------------------------------------------------------------
 
 def _truth(cfg: RunConfig) -> dict | None:
@@ -235,17 +274,30 @@ def _truth(cfg: RunConfig) -> dict | None:
     return load_manifest(cfg.truth)
 
 
+def consortium_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
+    """privacy.json of a simulated run: every site's ledgers of ``stages`` (their outputs) merged and summarised."""
+    from .privacy import PrivacyLedger, privacy_report
+
+    ledgers = {}
+    for s in sites:
+        n = s["site"]
+        ledgers[n] = PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][n]) for x in stages
+                                              if x["ledgers"].get(n)])
+        ledgers[n].owner = n
+    return privacy_report(ledgers, delta=cfg.delta, n_subjects={s["site"]: s["n_subjects"] for s in sites},
+                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
+                          scaling_note=SCALING_NOTE)
+
+
 def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
                key: str = "") -> str:
     """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth."""
-    from .algorithms.djica import spatial_maps, time_courses, whiten
+    from .algorithms.djica import spatial_maps, time_courses
     from .io import load_mask
     from .budget import run_warnings
     from .maps import template_problem, write_components, write_timecourses, zscore_columns
     from .metrics import match_components, md_index, qngi
     from .parcellation import Parcellation
-    from .privacy import PrivacyLedger, privacy_report
-
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
     space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
@@ -263,20 +315,12 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
 
     tcs = {}
     for s in sites:  # in a deployment each site does this on its own machine
-        Z = whiten(unit_columns(np.load(s["X"], mmap_mode="r")), V, lam)
+        Z = site_whiten(np.load(s["X"], mmap_mode="r"), V, lam)
         S = time_courses(W, Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
 
-    names = [s["site"] for s in sites]
-    ledgers = {}
-    for n in names:
-        parts = [PrivacyLedger.from_dict(x[n]) for x in (red["ledgers"], unm["ledgers"]) if x.get(n)]
-        ledgers[n] = PrivacyLedger.merge_all(parts)
-        ledgers[n].owner = n
-    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects={s["site"]: s["n_subjects"] for s in sites},
-                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
-                          scaling_note=SCALING_NOTE)
+    priv = consortium_privacy(cfg, sites, red, unm)
     priv_path = _write_json(d / "privacy.json", priv)
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])

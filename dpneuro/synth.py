@@ -42,7 +42,7 @@ __all__ = ["SPACES", "make_consortium", "load_manifest", "load_space", "garch_so
 
 SPACES = ("mni4mm", "mni6mm", "grid30")
 
-#: expected in-mask voxel counts (DESIGN.md section 3); used as a sanity check
+#: expected in-mask voxel counts; used as a sanity check
 _EXPECTED_VOXELS = {"mni4mm": 29_398, "mni6mm": 8_735, "grid30": 900}
 
 #: Gaussian blob width (standard deviation) range, in voxels
@@ -537,7 +537,7 @@ def load_manifest(path) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# the 003 Sec. V set-up, in memory
+# the [capeDJICA] Sec. V set-up, in memory
 # ---------------------------------------------------------------------------
 
 def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
@@ -555,7 +555,7 @@ def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
 
 
 def paper_ica_data(M: int, rng: np.random.Generator, *, R: int = 20, T: int = 250, S: int = 4) -> dict:
-    """The temporal-ICA set-up of 003 Sec. V held in memory: grid maps x GARCH sources, split over sites.
+    """The temporal-ICA set-up of [capeDJICA] Sec. V held in memory: grid maps x GARCH sources, split over sites.
 
     Returns the raw per-site data ``X``, the truth ``A``, the pooled-PCA whitened
     per-site data ``Z`` (float32, the paper whitens non-privately), the truth in

@@ -29,7 +29,7 @@ SIGMA2 = 0.05
 agn_mod = importlib.import_module("dpneuro.algorithms.agn")  # the package exports the function agn
 
 
-# -- synthetic set-ups of 000 Sec. VI-B ------------------------------------------------------
+# -- synthetic set-ups of [CAPE-TF] Sec. VI-B ------------------------------------------------
 
 def mog_data(D=10, K=5, N=50_000, S=5, seed=0):
     """K means = first K columns of a random orthogonal matrix, w ~ linspace(1, 10K, K)."""

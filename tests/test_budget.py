@@ -7,7 +7,7 @@ import math
 import pytest
 
 import deploy_common as dc
-from dpneuro.budget import plan_budget, site_shapes, spend
+from dpneuro.budget import plan_for_target, site_shapes, spend
 from dpneuro.cli import main
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.synth import make_consortium
@@ -58,7 +58,7 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
 def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
     cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
     shapes = site_shapes(cfg)
-    plan = plan_budget(cfg, shapes, 60, 8.0, pca_share=0.3)
+    plan = plan_for_target(cfg, shapes, 60, 8.0, pca_share=0.3)
     assert max(plan.epsilon.values()) == pytest.approx(8.0, rel=1e-6)
     ref = dc.reference(plan.config)
     spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())

@@ -255,10 +255,9 @@ def test_templates_cover_every_field_and_agree():
         above = lines[at[0] - 1]
         assert above.startswith("#") or (at[0] > 1 and lines[at[0] - 2].startswith("#")), f"{f.name} uncommented"
     run = RunConfig.from_dict(tomllib.loads(text), base=dc.TEMPLATES)
-    from dpneuro.config import RECOMMENDED
-
-    for name, value in RECOMMENDED.items():  # the template carries the recommended settings (the demo's)
+    for name, value in RunConfig.recommended().items():  # the template carries the library's tuned defaults
         assert getattr(run, name) == value, name
+    assert run.n_components == RunConfig.__dataclass_fields__["n_components"].default
     site = RunConfig.from_dict(tomllib.loads((dc.TEMPLATES / "site.toml").read_text()), base=dc.TEMPLATES)
     site.validate(data_sites=[])
     for name in CONSORTIUM_FIELDS + ("space", "mask"):

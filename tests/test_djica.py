@@ -57,7 +57,7 @@ def _paper_data(M, S=4, R=8, T=250, seed=0):
 
 
 def _explicit(X, W, b, BG, Bh):
-    """Per-sample loop with explicit R x R matrices (the definition, 003 Alg. 4 steps 7-10)."""
+    """Per-sample loop with explicit R x R matrices (the definition, [capeDJICA] Alg. 4 steps 7-10)."""
     R, N = X.shape
     G, h, norms = np.zeros((R, R)), np.zeros(R), []
     for n in range(N):
@@ -230,7 +230,7 @@ def test_ledger_matches_closed_form_composition():
     J, eps_i, delta_i, BG, Bh = 7, 0.5, 1e-2, 30.0, 30.0
     res = cape_djica(sites, [10, 10], epsilon_i=eps_i, delta_i=delta_i, clip_G=BG, clip_h=Bh,
                      rounds=J, plan="conv", seed=3)
-    z = math.sqrt(2 * math.log(1.25 / delta_i)) / eps_i  # 003 Sec. V: classic calibration per release
+    z = math.sqrt(2 * math.log(1.25 / delta_i)) / eps_i  # [capeDJICA] Sec. V: classic calibration per release
     assert res.noise_multiplier == pytest.approx(z)
     assert res.rounds == J
     for led in res.ledgers:
@@ -256,7 +256,7 @@ def test_ledger_matches_closed_form_composition():
 
 
 def test_design_reference_figures():
-    # DESIGN.md sec. 4: J = 100 rounds of z = 5 -> exact 10.00; J = 1000, z = 2 -> 191.5
+    # docs/privacy.md quotes the first: J = 100 rounds of z = 5 -> exact 10.00; J = 1000, z = 2 -> 191.5
     for J, z, eps in ((100, 5.0, 10.00), (1000, 2.0, 191.5)):
         led = PrivacyLedger()
         led.record("G", 1.0, z, count=J)

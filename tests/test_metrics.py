@@ -1,4 +1,4 @@
-"""Tests for dpneuro.metrics (definitions in DESIGN.md section 8)."""
+"""Tests for dpneuro.metrics (definitions in its docstrings)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ R2 = math.sqrt(2)  # replace-one-subject neighbours: sqrt(2) times the add/remov
 
 
 def synthetic(D=40, K=8, S=5, Ns=300, seed=0):
-    """The seeds' set-up at small scale: diag(linspace(10, 1, K), 0.5 U(0,1)^(D-K)), centred, max norm 1."""
+    """The papers' set-up at small scale: diag(linspace(10, 1, K), 0.5 U(0,1)^(D-K)), centred, max norm 1."""
     rng = np.random.default_rng(seed)
     lam = np.r_[np.linspace(10, 1, K), 0.5 * rng.uniform(size=D - K)]
     X = rng.standard_normal((D, S * Ns)) * np.sqrt(lam)[:, None]
@@ -96,7 +96,7 @@ def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
 
 
 def test_cape_with_unequal_sites_still_has_the_pooled_noise():
-    """Unequal N_s: the asymmetric plan (003 Sec. III-C) keeps the average at the pooled variance (z/N)^2."""
+    """Unequal N_s: the asymmetric plan ([capeDJICA] Sec. III-C) keeps the average at the pooled variance (z/N)^2."""
     _, X = synthetic(D=40, S=1, Ns=800, seed=6)
     sizes = [150, 250, 400]
     Xs = np.split(X, np.cumsum(sizes)[:-1], axis=1)

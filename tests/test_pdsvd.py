@@ -1,4 +1,4 @@
-"""PD-SVD / PD-PCA (002 Alg. 3, 4, 6, 7) and the KS distributional privacy measurement (002 Alg. 5)."""
+"""PD-SVD / PD-PCA ([PD-ML-Lite] Alg. 3, 4, 6, 7) and the KS distributional privacy measurement (Alg. 5)."""
 
 import math
 

@@ -53,20 +53,9 @@ def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, reduce_
     return pipeline.stage_report(cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json, key)
 
 
-def write_config(cfg: RunConfig) -> str:
-    """The run's configuration as JSON at a fixed place in the run folder."""
-    work = Path(cfg.out) / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / "config.json"
-    text = json.dumps(cfg.to_json(), indent=1, default=str)
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
-    return str(path)
-
-
 def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
     """The Pydra workflow of one consortium run (all roles in this process)."""
-    cfg_json = write_config(cfg)
+    cfg_json = pipeline.write_config(cfg)
     cache_dir = str(cache_dir or Path(cfg.out) / "work" / "pydra-cache")
     key = {stage: pipeline.stage_key(cfg, stage) for stage in pipeline.STAGE_FIELDS}
     wf = pydra.Workflow(name="dpneuro", input_spec=["cfg_json"], cache_dir=cache_dir, cfg_json=cfg_json)
@@ -84,7 +73,8 @@ def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
     wf.add(report_task(name="report", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
                        maps_json=wf.maps.lzout.out, reduce_json=wf.reduction.lzout.out,
                        unmix_json=wf.unmix.lzout.out, key=key["report"]))
-    wf.set_output([("report", wf.report.lzout.out), ("maps", wf.maps.lzout.out)])
+    wf.set_output([("space", wf.space.lzout.out), ("load", wf.load.lzout.out), ("reduce", wf.reduction.lzout.out),
+                   ("unmix", wf.unmix.lzout.out), ("maps", wf.maps.lzout.out), ("report", wf.report.lzout.out)])
     return wf
 
 
@@ -101,12 +91,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, **plugin_args) -> dict:
-    """Build and run the workflow; returns {"report": path, "maps": path}.
+    """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
 
     Relative paths in ``cfg`` are taken against the current working folder
-    (Pydra runs every stage from its own cache folder).
+    (Pydra runs every stage from its own cache folder); a total ``epsilon`` is
+    planned first (:func:`dpneuro.pipeline.prepare`).
     """
-    cfg = cfg.resolved()
+    cfg, _ = pipeline.prepare(cfg)
     wf = build_workflow(cfg, cache_dir)
     try:
         with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
@@ -116,4 +107,6 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, **pl
     res = wf.result(return_inputs=False)
     if res.errored:
         raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")
-    return {"report": res.output.report, "maps": res.output.maps}
+    out = {name: getattr(res.output, name) for name in pipeline.STAGES}
+    out["load"] = list(out["load"])
+    return out

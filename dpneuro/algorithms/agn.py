@@ -1,10 +1,10 @@
 """capeAGN: decentralized differentially private orthogonal tensor decomposition.
 
-Implements 000 Sec. V / Alg. 3 (capeAGN) on top of the CAPE wrapper, the
-centralized AGN and AVN mechanisms of 004 (Alg. 1), the local baseline (one
+Implements [CAPE-TF] Sec. V / Alg. 3 (capeAGN) on top of the CAPE wrapper, the
+centralized AGN and AVN mechanisms of [DP-OTD] (Alg. 1), the local baseline (one
 site alone), and a brain-state helper for reduced fMRI time points.
 
-Models (000 App. B). Samples are columns.
+Models ([CAPE-TF] App. B). Samples are columns.
 
 - ``"mog"``: spherical mixture of Gaussians, x = a_h + z, z ~ N(0, sigma^2 I).
   Site data: a D x N_s matrix. M2 = E[x x^T] - sigma^2 I,
@@ -28,15 +28,15 @@ Protocol (two CAPE runs, each one release per site):
    w_k = 1 / lambda_k^2.
 
 Privacy unit and sensitivities (L2, replace-one neighbours, ||x||_2 <= 1 for
-MOG; a site with N_s samples; 000 App. C):
+MOG; a site with N_s samples; [CAPE-TF] App. C):
 
-- M2, STM: sqrt(2)/N_s (000 App. C).
-- M2, MOG: sqrt(2)/N_s. 000 App. C gives 1/N_s, but that bound is on the
+- M2, STM: sqrt(2)/N_s ([CAPE-TF] App. C).
+- M2, MOG: sqrt(2)/N_s. [CAPE-TF] App. C gives 1/N_s, but that bound is on the
   spectral norm; the Gaussian mechanism needs the L2 norm of the released
   (unique) entries, and x = e_1 replaced by x' = e_2 changes two diagonal
   entries by 1/N_s each, so the L2 sensitivity is sqrt(2)/N_s (and
   ||x x^T - x' x'^T||_F <= sqrt(2) for unit vectors, so that is the max).
-- M3, STM: sqrt(2)/N_s; M3, MOG: 2/N_s + 6 D sigma^2/N_s (000 App. C; a bound
+- M3, STM: sqrt(2)/N_s; M3, MOG: 2/N_s + 6 D sigma^2/N_s ([CAPE-TF] App. C; a bound
   on the Frobenius norm, hence on the unique entries).
 
 The unit is one *sample* (one observation or document), as in the papers; the
@@ -98,7 +98,7 @@ MODELS = ("mog", "stm")
 SIMPLEX = ("euclidean", "clip")
 _UNIT_NOTE = {
     "sample": "capeAGN privacy unit: one sample (one observation / document), replace-one "
-              "neighbours, sensitivities of 000 App. C (MOG M2: sqrt(2)/N_s, see dpneuro.algorithms.agn)",
+              "neighbours, sensitivities of [CAPE-TF] App. C (MOG M2: sqrt(2)/N_s, see dpneuro.algorithms.agn)",
     "subject": "capeAGN privacy unit: one subject (all of its samples); sensitivities are the "
                "per-sample ones times the samples a subject owns",
 }
@@ -191,7 +191,7 @@ def prepare_site(samples, model: str = "mog", *, scale: float | None = None, sit
             if np.any(np.einsum("dn,dn->n", arr, arr) > 1.0 + 1e-9):
                 raise ValueError(
                     f"{where}: some samples have ||x||_2 > 1, outside the sensitivity analysis of "
-                    "000 App. C; pass scale=zeta, a public bound agreed beforehand (samples are divided "
+                    "[CAPE-TF] App. C; pass scale=zeta, a public bound agreed beforehand (samples are divided "
                     "by it and projected onto the unit ball)")
             X, n_clip = arr, 0
         else:
@@ -505,7 +505,7 @@ def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, mo
              scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
              simplex: str = "euclidean", unit: str = "sample", samples_per_unit: int | Sequence[int] = 1,
              secagg_config=None) -> AGNResult:
-    """Decentralized DP orthogonal tensor decomposition (capeAGN, 000 Alg. 3).
+    """Decentralized DP orthogonal tensor decomposition (capeAGN, [CAPE-TF] Alg. 3).
 
     Parameters
     ----------
@@ -670,7 +670,7 @@ def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
-    """Centralized AGN (004 Alg. 1) on one party's data (pooled data: the ideal capeAGN matches).
+    """Centralized AGN ([DP-OTD] Alg. 1) on one party's data (pooled data: the ideal capeAGN matches).
 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
     """
@@ -683,7 +683,7 @@ def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
-    """Centralized AVN (004 Alg. 1): stage 2 noise with density proportional to exp(-beta ||b||).
+    """Centralized AVN ([DP-OTD] Alg. 1): stage 2 noise with density proportional to exp(-beta ||b||).
 
     beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
     The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
@@ -763,7 +763,7 @@ def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, pla
     occupancy : {"weights", "release"}
         How occupancies are obtained (see :class:`BrainStates`).
     timepoints_per_subject : int or list of int, optional
-        Subject-level privacy (recommended for fMRI, DESIGN.md section 4): the
+        Subject-level privacy (recommended for fMRI, see docs/privacy.md): the
         number of time points a subject contributes at each site. ``None``
         protects single time points only (sample level), as the ledgers note.
     scale : float, optional

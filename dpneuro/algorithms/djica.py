@@ -1,4 +1,4 @@
-"""capeDJICA: differentially private decentralized joint ICA (003 Sec. IV, Alg. 4).
+"""capeDJICA: differentially private decentralized joint ICA ([capeDJICA] Sec. IV, Alg. 4).
 
 Temporal joint ICA of decentralized fMRI, solved by natural-gradient infomax
 on the R-dimensional whitened data Z_s = Lambda^{-1/2} V_R^T X_s of every site.
@@ -14,7 +14,7 @@ aggregator   G, h = weighted average of the noisy releases (weights N_s),
              W += rho G, b += rho h, learning-rate rules, broadcast W, b
 
 Note on u_n: the per-sample gradient multiplies y_n by the *source estimate*
-u_n = W x_n + b (a column of U; 003 Sec. IV writes it z_{s,n}, the djICA
+u_n = W x_n + b (a column of U; [capeDJICA] Sec. IV writes it z_{s,n}, the djICA
 reference code ``u``), not by the data sample x_n: (I + y u^T) W is Amari's
 natural gradient of the infomax likelihood, whose fixed points are the
 unmixing matrices. With x_n instead the rule has the wrong fixed points.
@@ -27,11 +27,11 @@ and the clipped sum is sum_n c_n (I + y_n u_n^T) W = (sum_n c_n) W + (Y diag(c) 
 Everything the aggregator does (learning-rate rules, stopping, restarts,
 averaging) works on the noisy averages only, so it is post-processing.
 
-Noise calibration (003 Sec. V, "Performance Index"): every round each of the
+Noise calibration ([capeDJICA] Sec. V, "Performance Index"): every round each of the
 two releases gets the classic Gaussian mechanism for (epsilon_i, delta_i),
 tau_s = Delta_s sqrt(2 ln(1.25 / delta_i)) / epsilon_i, with delta_i = 1e-2 in
 their experiments; a round is thus (2 eps_i, 2 delta_i)-DP by basic
-composition (003 Thm. 2), and the ledger composes the J rounds exactly
+composition ([capeDJICA] Thm. 2), and the ledger composes the J rounds exactly
 (mu-GDP, mu^2 = 2 J / z^2 with z = sqrt(2 ln(1.25/delta_i)) / eps_i), or by
 RDP/PLD. ``calibration="analytic"`` uses Balle & Wang's calibration instead
 (less noise for the same (eps_i, delta_i), and valid for eps_i >= 1).
@@ -60,7 +60,7 @@ sources. ``optimizer="fast"`` (:data:`OPTIMIZERS`) keeps the blow-up and
 annealing safety but fixes both; see ``benchmarks/djica_utility.py``.
 
 Two mechanism options cut the noise at the same privacy (both off by default,
-i.e. 003 as published): ``clip_unit="subject"`` clips each subject's mean
+i.e. as published in [capeDJICA]): ``clip_unit="subject"`` clips each subject's mean
 gradient instead of every sample's (same sensitivity formula, a bound an
 order of magnitude smaller), and ``bias=False`` releases G only (one release
 per round instead of two; whitened data are centred).
@@ -211,7 +211,7 @@ class LearningRate:
 #: on a Gaussian direction of whitened data (data-independent, so free to use)
 INFOMAX_SCALE = 1.7488007394419698
 
-#: ``"paper"``: the reference rules exactly (003 Sec. V, djica.m). ``"fast"``: the same
+#: ``"paper"``: the reference rules exactly ([capeDJICA] Sec. V, djica.m). ``"fast"``: the same
 #: blow-up/annealing safety from a 100x larger step with heavy-ball momentum, the angle
 #: test on smoothed successive updates (noise-proof), a start at the infomax scale and
 #: Polyak averaging over the second half of the rounds (benchmarks/djica_utility.py).
@@ -355,7 +355,7 @@ def subject_clipped_gradients(X: np.ndarray, W: np.ndarray, b: np.ndarray, subje
                               return_scales: bool = False):
     """Site means of the infomax gradients with each *subject's* mean gradient clipped.
 
-    The subject-level alternative to :func:`infomax_gradients` (003 Sec. IV:
+    The subject-level alternative to :func:`infomax_gradients` ([capeDJICA] Sec. IV:
     "the gradients due to each subject can be clipped"): subject m with T_m
     samples contributes T_m min(1, B_G / ||g_m||_F) g_m with
     g_m = (1/T_m) sum_{n in m} (I + y_n u_n^T) W, and likewise h_m clipped to
@@ -527,7 +527,7 @@ def _check_privacy(plan: str, epsilon_i, delta_i, calibration: str) -> float:
     if epsilon_i is None or delta_i is None:
         raise ValueError(f"plan {plan!r} needs epsilon_i and delta_i (per-round privacy of each release)")
     if calibration not in ("classic", "analytic"):
-        raise ValueError(f"calibration must be 'classic' (003 Sec. V) or 'analytic', got {calibration!r}")
+        raise ValueError(f"calibration must be 'classic' ([capeDJICA] Sec. V) or 'analytic', got {calibration!r}")
     return privacy.gaussian_sigma(float(epsilon_i), float(delta_i), 1.0, method=calibration)
 
 
@@ -541,7 +541,7 @@ class CapeDJICA:
     Site data: a tuple ``(Z_s, subjects_s)`` with Z_s the R x N_s whitened data
     and subjects_s the number of subjects (equal lengths) or their lengths in
     samples, in column order. Subject lengths are public metadata (as in
-    003 Sec. IV, where N_m is "known a priori").
+    [capeDJICA] Sec. IV, where N_m is "known a priori").
 
     Parameters are those of :func:`cape_djica`. ``truth`` (R x R mixing in
     the whitened space) only adds qNGI to the history of a simulation.
@@ -893,9 +893,9 @@ def cape_djica(
         subject lengths. A single int applies to every site.
     epsilon_i, delta_i : float
         Per-round privacy of *each* of the two releases (G and h), as in
-        003 Sec. V (which uses delta_i = 1e-2). Not needed for plan "none".
+        [capeDJICA] Sec. V (which uses delta_i = 1e-2). Not needed for plan "none".
     clip_G, clip_h : float or None
-        Per-sample clipping bounds B_G, B_h (003 Sec. V: B_G = 30). None
+        Per-sample clipping bounds B_G, B_h ([capeDJICA] Sec. V: B_G = 30). None
         (no clipping) only with plan "none": plain infomax.
     rounds : int
         Round limit J (= releases per site per quantity at most).
@@ -919,11 +919,11 @@ def cape_djica(
     calibration : {"classic", "analytic"}
         Per-release Gaussian calibration for (epsilon_i, delta_i).
     clip_unit : {"sample", "subject"}
-        Clip every sample's gradient (003 Alg. 4, default) or every
+        Clip every sample's gradient ([capeDJICA] Alg. 4, default) or every
         subject's mean gradient (:func:`subject_clipped_gradients`); the
         sensitivity formula is the same, the useful bounds are not.
     bias : bool
-        Learn and release the bias h (003). False releases G only and keeps
+        Learn and release the bias h (as [capeDJICA] does). False releases G only and keeps
         b = 0, which halves the privacy cost of a round (whitened data are
         centred, so the bias has little to learn).
     truth : ndarray (R, R), optional

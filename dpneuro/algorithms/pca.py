@@ -1,7 +1,7 @@
 """capePCA and its baselines: private distributed dimension reduction.
 
-DESIGN.md section 7; 000 Sec. IV and Alg. 2, 003 Alg. 3 (capePCA), 001 Alg. 1
-(DPdisPCA), Dwork et al.'s Analyze Gauss (pooled DP and local baselines).
+[CAPE-TF] Sec. IV and Alg. 2, [capeDJICA] Alg. 3 (capePCA); [DPdisPCA] Alg. 1 (DPdisPCA);
+Dwork et al.'s Analyze Gauss (pooled DP and local baselines).
 
 Methods
 -------
@@ -18,7 +18,7 @@ Methods
     Analyze Gauss on the pooled data (sensitivity 1/N) and on one site alone:
     the same algorithm run with one "site" under plan ``"conv"``.
 :func:`dpdispca`
-    DPdisPCA (001 Alg. 1): each site adds conventional noise to ``A_s``,
+    DPdisPCA ([DPdisPCA] Alg. 1): each site adds conventional noise to ``A_s``,
     eigendecomposes locally and sends ``P_s = U_R Sigma_R^{1/2}`` (D x R);
     the aggregator takes the top-k left singular vectors of the stacked
     ``[sqrt(w_1) P_1 ... sqrt(w_S) P_S]``. It reuses capePCA's site
@@ -62,7 +62,7 @@ unit", which under-states what a swap of one person for another changes.
 * Subject level (``subjects`` given, or the site's data come as per-subject
   blocks): a subject with n_m columns adds P = X_m X_m^T, PSD with
   ||P||_F <= tr P <= n_m, so Delta = max_m n_m / N_s, i.e. 1/M_s for equal
-  scan lengths (DESIGN.md section 4).
+  scan lengths (see docs/privacy.md).
 * Replacement: ||P - P'||_F^2 = ||P||_F^2 + ||P'||_F^2 - 2<P, P'> <= 2 n_m^2
   (<P, P'> >= 0 for PSD matrices): Delta = sqrt(2) n_m / N_s.
 * Power mode releases A_s V with V (D x b) orthonormal and public:
@@ -649,7 +649,7 @@ class CapePCA:
 # -- DPdisPCA: its own one-phase protocol, reusing capePCA's site computation -----------------
 
 class DPdisPCA:
-    """DPdisPCA (001 Alg. 1) as a protocol for the generic driver.
+    """DPdisPCA ([DPdisPCA] Alg. 1) as a protocol for the generic driver.
 
     Site: the capePCA covariance computation and calibration, conventional
     symmetric Gaussian noise of the full std (recorded in the ledger), then the
@@ -858,7 +858,7 @@ def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=
              scale=None, neighbour: str = "replace", exchange=None, seed: int | None = None,
              rng: np.random.Generator | None = None, options: RunOptions | None = None,
              calibration: str = "analytic") -> PCAResult:
-    """DPdisPCA (001 Alg. 1) with intermediate dimension ``R`` (default 2k).
+    """DPdisPCA ([DPdisPCA] Alg. 1) with intermediate dimension ``R`` (default 2k).
 
     Each site's ledger records one release of A_s with conventional noise
     (the ``P_s`` it sends is post-processing of that release).

@@ -1,4 +1,4 @@
-"""PD-SVD and PD-PCA (002 Sec. 3, Alg. 3, 4, 6, 7) and the KS distributional privacy measurement (002 Alg. 5).
+"""PD-SVD and PD-PCA ([PD-ML-Lite] Sec. 3, Alg. 3, 4, 6, 7) and the KS distributional privacy measurement (Alg. 5).
 
 No differential-privacy noise is added here. PD-SVD computes the *exact*
 top-k subspace of the pooled data (up to the iteration's convergence and the
@@ -9,34 +9,34 @@ infinite: PD-SVD gives no differential-privacy guarantee.
 
 Orientation
 -----------
-002 stores samples as rows (X^(m) is n_m x d) and computes the right singular
+[PD-ML-Lite] stores samples as rows (X^(m) is n_m x d) and computes the right singular
 vectors of the stacked rows, the top-k eigenvectors of sum_m X^(m)T X^(m).
 Here a site's data are D x N_s (columns are samples), so the same basis is the
 top-k eigenvectors of ``S = sum_s X_s X_s^T`` (D x D), the left singular
 vectors of ``[X_1 ... X_S]``.
 
-Protocol (block power iteration, 002 Alg. 3-4, on the generic driver)
---------------------------------------------------------------------
+Protocol (block power iteration, [PD-ML-Lite] Alg. 3-4, on the generic driver)
+-----------------------------------------------------------------------------
 ``pdsvd-setup``  sites announce D (public); the aggregator broadcasts
                  V_0 = orth(N(0, 1/D)^{D x k}) drawn from the agreed public
                  seed, and a public run nonce.
-secure sums      (secure aggregation, dpneuro.secagg; SECSUM of 002 App. C)
+secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App. C)
   ``pdsvd-n``     the total count n (the aggregator learns it, see below);
-  ``pdsvd-mean``  PD-PCA only (002 App. D, Alg. 6): the global mean
+  ``pdsvd-mean``  PD-PCA only ([PD-ML-Lite] App. D, Alg. 6): the global mean
                   mu = sum_s X_s 1 / n; each site then works with
                   X_s - mu 1^T (secure centring);
   ``pdsvd-it``    every round t: sum_s S_s V_t, one column per normalised sum
-                  (NORMEDSECSUM, 002 Alg. 7); the aggregator orthonormalises
+                  (NORMEDSECSUM, [PD-ML-Lite] Alg. 7); the aggregator orthonormalises
                   (QR, diag R >= 0) and broadcasts V_{t+1}.
 Data are divided by a public ``norm_bound`` (every column norm <= it; for a
 simulation the largest column norm, treated as public) so that every value
-a site feeds to the fixed-point secure sum is bounded (002 App. E scales by a
+a site feeds to the fixed-point secure sum is bounded ([PD-ML-Lite] App. E scales by a
 secure sum of local Frobenius norms for the same purpose; the bound here needs
 no extra sum). The subspace is unchanged; revealed singular values are scaled back.
 
 Normalised secure sum: construction and threat model
 ----------------------------------------------------
-002 computes s / ||s|| inside SPDZ so that nobody sees ||s|| (the singular
+[PD-ML-Lite] computes s / ||s|| inside SPDZ so that nobody sees ||s|| (the singular
 values). dpneuro has no general MPC; instead the *sites* share a secret key K
 (``site_secret``: distributed to every site out of band, e.g. in the
 consortium's site configuration, fresh per run, never given to the
@@ -64,14 +64,14 @@ Who learns what (honest-but-curious parties):
   and time points are public anyway. The global mean (PD-PCA) is blinded by
   one factor (its direction is visible). It never sees one site's
   contribution: secure aggregation masks each input.
-  This is *statistical* hiding of the singular values, weaker than 002's
-  MPC normalisation (which reveals nothing but s / ||s||); the KS
+  This is *statistical* hiding of the singular values, weaker than the
+  MPC normalisation of [PD-ML-Lite] (which reveals nothing but s / ||s||); the KS
   measurement below is how to check what it leaks for a given data set.
 * Every site learns V_t for every t, the final V, n and (PD-PCA) mu --
   never the norms: the broadcast is orthonormalised.
 * Collusion that breaks it: the aggregator together with ANY ONE site learns
   K, hence every r_{t,i}: it then sees S V_t exactly, i.e. the singular values
-  and the convergence profile (the Sigma-revealing SECSUM variant of 002).
+  and the convergence profile (the Sigma-revealing SECSUM variant of [PD-ML-Lite]).
   The individual sites' inputs stay protected by secure aggregation unless
   the aggregator also gathers the Shamir threshold's worth of sites
   (dpneuro.secagg). Coalitions of sites without the aggregator see only
@@ -83,7 +83,7 @@ the aggregator learns S V_t and the result carries ``singular_values``.
 ``secure=False`` replaces secure aggregation by a plain sum (tests and the KS
 simulations only: individual blinded inputs are then visible to the aggregator).
 
-PD-PCA centring (002 Alg. 6 as printed subtracts ``(n_m / n) * sum_i x_i`` from
+PD-PCA centring ([PD-ML-Lite] Alg. 6 as printed subtracts ``(n_m / n) * sum_i x_i`` from
 party m's rows, which is not the global mean; the text before it and App. D
 mean the global mean, which is what is implemented).
 """
@@ -120,7 +120,7 @@ __all__ = [
 _COUNT_UNIT = 2.0**-20  # counts enter the secure sum as n_m * r_n * 2^-20 (exact after rounding)
 _COUNT_BITS = 6.0
 _NOTE = ("PD-SVD adds no differential-privacy noise: its privacy is measured (KS distributional privacy, "
-         "002 Alg. 5), not an (eps, delta) guarantee, so its epsilon() is infinite. The aggregator learns "
+         "[PD-ML-Lite] Alg. 5), not an (eps, delta) guarantee, so its epsilon() is infinite. The aggregator learns "
          "the total number of time points n (public in dpneuro's model). What the aggregator "
          "and the sites learn: dpneuro.algorithms.pdsvd module docstring")
 
@@ -306,7 +306,7 @@ class PDSVD:
         if self.k > D:
             raise ValueError(f"k = {self.k} exceeds D = {D}")
         rng = np.random.default_rng(self.seed)
-        V0 = orthonormalize(rng.normal(0.0, 1.0 / math.sqrt(D), (D, self.k)))  # 002 Alg. 3 line 1
+        V0 = orthonormalize(rng.normal(0.0, 1.0 / math.sqrt(D), (D, self.k)))  # [PD-ML-Lite] Alg. 3 line 1
         state.update(V=V0, dim=D, sites=sorted(msgs))
         nonce = self.nonce or secrets.token_hex(16)
         state["nonce"] = nonce
@@ -488,15 +488,15 @@ def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = No
 
 
 def pd_pca(X_sites, k: int, n_iter: int, **kw) -> PDSVDResult:
-    """PD-PCA (002 App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
+    """PD-PCA ([PD-ML-Lite] App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
     return pd_svd(X_sites, k, n_iter, center=True, **kw)
 
 
-# -- KS distributional privacy (002 Sec. 4, Alg. 5) ----------------------------------------------------
+# -- KS distributional privacy ([PD-ML-Lite] Sec. 4, Alg. 5) -------------------------------------------
 
 @dataclass
 class KSPrivacyResult:
-    """p-values of the KS two-sample test per statistic and their minimum pi (002 Alg. 5).
+    """p-values of the KS two-sample test per statistic and their minimum pi ([PD-ML-Lite] Alg. 5).
 
     A small p-value means the statistic tells runs with the target unit from
     runs without it (leakage); a large one that this statistic could not.
@@ -509,7 +509,7 @@ class KSPrivacyResult:
 
 
 def covariance_statistics(sigma2: np.ndarray | None = None) -> dict[str, Callable]:
-    """The two statistic families of 002 Sec. 5.2, for an observed basis V (D x k).
+    """The two statistic families of [PD-ML-Lite] Sec. 5.2, for an observed basis V (D x k).
 
     With S_hat = V diag(sigma^2) V^T (sigma^2 from the observation's revealed
     singular values, else ``sigma2``, else ones: an adversary without Sigma)
@@ -546,7 +546,7 @@ def covariance_statistics(sigma2: np.ndarray | None = None) -> dict[str, Callabl
 def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mechanism: Callable | None = None,
                k: int | None = None, n_iter: int = 30, n_trials: int = 50, subsample: float = 0.8,
                seed: int | None = None, **mechanism_kw) -> KSPrivacyResult:
-    """Measure pi-KSDP of a mechanism for one unit (002 Alg. 5).
+    """Measure pi-KSDP of a mechanism for one unit ([PD-ML-Lite] Alg. 5).
 
     For i = 1..t (``n_trials``): draw sub-databases X'_i (every site keeps a
     random ``subsample`` fraction of its columns) that contain the target

@@ -1,8 +1,8 @@
 """Symmetric third-order tensors for orthogonal tensor decomposition (OTD).
 
-The pieces capeAGN / AGN / AVN are built from (000 Sec. V, App. B; 004):
+The pieces capeAGN / AGN / AVN are built from ([CAPE-TF] Sec. V, App. B; [DP-OTD]):
 
-- moments of the two latent-variable models of 000 App. B: the spherical
+- moments of the two latent-variable models of [CAPE-TF] App. B: the spherical
   mixture of Gaussians (MOG) and the single topic model (STM), either as full
   D x D x D tensors (what a site protects with noise) or directly whitened,
   M3(W, W, W), without forming the D^3 tensor;
@@ -141,7 +141,7 @@ def whitened_third_moment(X: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 def mog_correction(m: np.ndarray) -> np.ndarray:
-    """sum_d (m e_d e_d + e_d m e_d + e_d e_d m) as a D x D x D tensor (000 App. B)."""
+    """sum_d (m e_d e_d + e_d m e_d + e_d e_d m) as a D x D x D tensor ([CAPE-TF] App. B)."""
     m = np.asarray(m, float)
     eye = np.eye(len(m))
     return (np.einsum("i,jk->ijk", m, eye) + np.einsum("j,ik->ijk", m, eye)
@@ -289,7 +289,7 @@ def tensor_power(T: np.ndarray, k: int, *, n_restarts: int = 30, n_iter: int = 5
 
 
 def recover(W: np.ndarray, lambdas: np.ndarray, U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Model parameters from the decomposition of M3(W, W, W) (000 App. B-C).
+    """Model parameters from the decomposition of M3(W, W, W) ([CAPE-TF] App. B-C).
 
     a_k = (W^T)^+ lambda_k u_k and w_k = 1 / lambda_k^2.
     """

@@ -1,9 +1,9 @@
 """Noise plans: how much of each kind of noise every site adds.
 
 A site that alone must release f(x_s) with std ``tau_s`` draws a zero-sum part
-e_s (whose sum over sites is zero) and a local part g_s (003 Alg. 1-2). The
+e_s (whose sum over sites is zero) and a local part g_s ([capeDJICA] Alg. 1-2). The
 symmetric plan sets var(e_hat_s) = tau^2 and var(g_s) = tau^2 / S; the
-weighted/asymmetric plan of 003 Sec. III-C solves an S x S system for the
+weighted/asymmetric plan of [capeDJICA] Sec. III-C solves an S x S system for the
 e_hat variances so that each release still has variance tau_s^2 while the
 weighted average has the pooled variance.
 """
@@ -28,7 +28,7 @@ class NoisePlan:
     site (the conventional decentralized scheme); ``"none"``: no noise (the
     non-private baseline; nothing it releases is private).
     ``n_colluding`` is the collusion assumption CAPE is run under (default
-    ceil(S/3) - 1, the most 003 Thm. 1 allows).
+    ceil(S/3) - 1, the most [capeDJICA] Thm. 1 allows).
     """
 
     kind: str = "cape"
@@ -69,13 +69,13 @@ class Variances:
 
 
 def symmetric_plan(tau: float, n_sites: int) -> Variances:
-    """003 Lemma 1: var(e_hat) = tau^2 (so var(e) = (1 - 1/S) tau^2), var(g) = tau^2 / S."""
+    """[capeDJICA] Lemma 1: var(e_hat) = tau^2 (so var(e) = (1 - 1/S) tau^2), var(g) = tau^2 / S."""
     S = n_sites
     return Variances(np.full(S, tau**2), np.full(S, tau**2 / S), np.full(S, 1.0 / S))
 
 
 def asymmetric_plan(taus, weights, tau_pool: float | None = None, site_names=None) -> Variances:
-    """003 Sec. III-C: site s needs release std ``taus[s]``; the aggregator averages with ``weights``.
+    """[capeDJICA] Sec. III-C: site s needs release std ``taus[s]``; the aggregator averages with ``weights``.
 
     ``tau_pool`` is the std the weighted average should carry, as if the data
     were pooled; by default sqrt(sum_s mu_s^2 tau_s^2 / S), which is tau / S

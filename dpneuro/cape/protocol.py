@@ -1,4 +1,4 @@
-"""CAPE as phases of the generic driver (003 Alg. 1-2).
+"""CAPE as phases of the generic driver ([capeDJICA] Alg. 1-2).
 
 An algorithm says, per round, what each site wants to release
 (:meth:`CapeAlgorithm.site_compute`) and what the aggregator does with the

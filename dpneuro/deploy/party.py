@@ -42,7 +42,7 @@ from ..exchange.codec import load_state_file, save_state_file
 from ..io import write_json
 from ..privacy import PrivacyLedger
 from ..protocol import RunOptions
-from . import roles
+from .. import analysis
 
 __all__ = [
     "AggregatorContext",
@@ -279,18 +279,18 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     dim = _dim(info["space"])
 
     def reduce() -> dict[str, Any]:
-        r = roles.reduce_site(cfg, i, X, lengths, ctx.exchange("reduce"), n_sites=n, dim=dim,
+        r = analysis.reduce_site(cfg, i, X, lengths, ctx.exchange("reduce"), n_sites=n, dim=dim,
                               checkpoint=ctx.checkpoint("reduce"), timeout=ctx.timeout)
         return {"basis": r.basis, "eigenvalues": r.eigenvalues, "ledger": r.ledgers[0]}
 
     red = _cached(work / "reduce.result.npz", reduce)
     z_path = work / "Z.npy"
     if not z_path.exists():
-        _save_npy(z_path, roles.site_whiten(X, red["basis"], red["eigenvalues"]))
+        _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
     Z = np.load(z_path, mmap_mode="r")
 
     def unmix() -> dict[str, Any]:
-        led = roles.unmix_site(cfg, i, Z, lengths, ctx.exchange("unmix"), n_sites=n,
+        led = analysis.unmix_site(cfg, i, Z, lengths, ctx.exchange("unmix"), n_sites=n,
                                checkpoint=ctx.checkpoint("unmix"), timeout=ctx.timeout)
         return {"ledger": led}
 
@@ -301,7 +301,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                 "tr": info.get("tr"), "ledger": ledger.to_dict()}
 
     def summary() -> dict[str, Any]:
-        reply = roles.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
+        reply = analysis.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
                                    timeout=ctx.timeout)
         return {"W": reply.arrays["W"], "b": reply.arrays["b"]}
 
@@ -401,14 +401,14 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     dim = _dim(space)
 
     def reduce() -> dict[str, Any]:
-        r = roles.reduce_aggregator(cfg, ctx.exchange("reduce"), n_sites=n, dim=dim,
+        r = analysis.reduce_aggregator(cfg, ctx.exchange("reduce"), n_sites=n, dim=dim,
                                     checkpoint=ctx.checkpoint("reduce"), options=ctx.options)
         return {"basis": r.basis, "eigenvalues": r.eigenvalues}
 
     red = _cached(work / "reduce.result.npz", reduce)
 
     def unmix() -> dict[str, Any]:
-        r = roles.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
+        r = analysis.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
                                    options=ctx.options)
         return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
@@ -416,7 +416,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
     def summary() -> dict[str, Any]:
         reply = Payload({"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])})
-        return {"sites": roles.summary_aggregator(reply, ctx.exchange("summary"),
+        return {"sites": analysis.summary_aggregator(reply, ctx.exchange("summary"),
                                                   checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
     summ = _cached(work / "summary.result.npz", summary)
@@ -429,7 +429,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
                               seconds: float) -> dict[str, Any]:
     from ..budget import run_warnings
     from ..maps import convergence_figure, render_components, write_components
-    from ..pipeline import SCALING_NOTE
+    from ..analysis import SCALING_NOTE
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
 

@@ -1,4 +1,4 @@
-"""CAPE's (eps, delta) against colluding sites (003 Theorem 1 and Sec. III-C).
+"""CAPE's (eps, delta) against colluding sites ([capeDJICA] Theorem 1 and Sec. III-C).
 
 The adversary sees every honest site's release a_s = f_s + e_s + g_s and, by
 pooling the aggregator's broadcast sum with the colluders' own draws, the
@@ -8,7 +8,7 @@ what it sees and v the change a neighbouring dataset makes. Then
 
     delta = 2 sigma_z / (eps - mu_z) * phi((eps - mu_z) / sigma_z).
 
-Erratum: the proof of 003 Thm. 1 treats the colluders' draws e_hat_c as unknown
+Erratum: the proof of [capeDJICA] Thm. 1 treats the colluders' draws e_hat_c as unknown
 to the adversary although the colluders hand them over, and its printed
 closed form (eq. 1) also mis-inverts the honest sites' covariance. We use the
 adversary that knows the colluders' draws (it subtracts them from every
@@ -31,7 +31,7 @@ from scipy import stats
 
 
 def max_colluding(n_sites: int) -> int:
-    """The collusion bound of 003: S_C = ceil(S/3) - 1."""
+    """The collusion bound of [capeDJICA]: S_C = ceil(S/3) - 1."""
     return math.ceil(n_sites / 3) - 1
 
 
@@ -48,7 +48,7 @@ def check_collusion(n_sites: int, n_colluding: int | None) -> int:
     if n_colluding < 0 or n_colluding > bound:
         raise ValueError(
             f"CAPE's guarantee holds for at most ceil(S/3) - 1 = {bound} colluding sites when S = {n_sites} "
-            f"(003 Thm. 1); {n_colluding} were assumed. Add sites or use plan='conv'"
+            f"([capeDJICA] Thm. 1); {n_colluding} were assumed. Add sites or use plan='conv'"
         )
     return int(n_colluding)
 
@@ -79,7 +79,7 @@ def cape_mu_z(tau: float, sensitivity: float, n_sites: int, n_colluding: int) ->
 
 
 def cape_mu_z_paper(tau: float, n_total: int, n_sites: int, n_colluding: int) -> float:
-    """003 eq. (1) as printed (see the erratum in the module docstring)."""
+    """[capeDJICA] eq. (1) as printed (see the erratum in the module docstring)."""
     S, S_C, N = n_sites, n_colluding, n_total
     return S**3 / (2 * tau**2 * N**2 * (1 + S)) * (
         (S - S_C + 2) / (S - S_C) + (9 / (S - S_C)) * S_C**2 / (S * (1 + S) - 3 * S_C**2)
@@ -90,7 +90,7 @@ def cape_delta(
     epsilon: float, tau: float, n_total: int, n_sites: int, n_colluding: int | None = None,
     *, sensitivity: float | None = None,
 ) -> float:
-    """CAPE delta for the symmetric setting of 003 Theorem 1.
+    """CAPE delta for the symmetric setting of [capeDJICA] Theorem 1.
 
     ``sensitivity`` defaults to the theorem's 1/N_s = S/N (one sample per person);
     pass the subject-level sensitivity for fMRI.
@@ -138,7 +138,7 @@ def cape_delta_asymmetric(
     epsilon: float, sensitivities, e_var, g_var, weights=None, *,
     n_colluding: int | None = None, colluding=None, max_subsets: int = 20000,
 ) -> np.ndarray:
-    """Per-site CAPE delta for the weighted/asymmetric plan of 003 Sec. III-C.
+    """Per-site CAPE delta for the weighted/asymmetric plan of [capeDJICA] Sec. III-C.
 
     ``e_var`` are the variances of each site's zero-sum draw e_hat_s and
     ``g_var`` of its local draw g_s (see :func:`dpneuro.cape.asymmetric_plan`).

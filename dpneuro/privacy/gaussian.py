@@ -104,7 +104,7 @@ def rdp_closed_form_epsilon(rounds: int, sensitivity: float, sigma: float, delta
 
 
 def moments_accountant_epsilon(rounds: int, sensitivity: float, sigma: float, delta: float) -> float:
-    """Positive root of the moments-accountant quadratic of 003 App. G, corrected.
+    """Positive root of the moments-accountant quadratic of [capeDJICA] App. G, corrected.
 
     The paper's quadratic has its linear term off by a factor 2; the correct form is
     (sigma^2/(2 J Delta^2)) eps^2 - eps/2 + J Delta^2/(8 sigma^2) + log(delta) = 0,

@@ -28,7 +28,7 @@ class Release:
     stage: str = ""
     note: str = ""
     # GDP mu of one release against the aggregator colluding with the assumed
-    # number of sites (CAPE, 003 Thm. 1); 0 when that adversary sees no more
+    # number of sites (CAPE, [capeDJICA] Thm. 1); 0 when that adversary sees no more
     # than the release itself
     mu_collusion: float = 0.0
     neighbour: str = "replace"

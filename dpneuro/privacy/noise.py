@@ -50,7 +50,7 @@ def vector_laplace(rng: np.random.Generator, dim: int, beta: float, ledger: Priv
     """Draw b in R^dim from the density proportional to exp(-beta ||b||_2); count it in ``ledger``.
 
     The norm-based ("vector Laplace", K-norm) mechanism of Chaudhuri et al.
-    (2011) used by AVN (004): with beta = eps / Delta_2 it is pure eps-DP.
+    (2011) used by AVN ([DP-OTD]): with beta = eps / Delta_2 it is pure eps-DP.
     Sampled exactly: the direction is uniform on the sphere S^{dim-1} and,
     since the density of r = ||b|| is proportional to r^{dim-1} exp(-beta r),
     the norm is Gamma(shape=dim, scale=1/beta). The release itself is pure

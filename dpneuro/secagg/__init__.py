@@ -1,7 +1,7 @@
 """Secure aggregation: sums over sites in which the aggregator sees only the total.
 
 Bonawitz et al. (2017) for honest-but-curious parties, as used by CAPE
-(003 App. B-A): X25519 key agreement, ChaCha20 pairwise and self masks in the
+([capeDJICA] App. B-A): X25519 key agreement, ChaCha20 pairwise and self masks in the
 ring Z_{2^64}, Shamir t-of-S shares over GF(2^521 - 1) so that up to S - t
 sites may drop out, and fixed-point encoding with stochastic rounding.
 

@@ -32,7 +32,7 @@ class SecAggConfig:
     threshold : int, optional
         Shamir threshold t: any t surviving sites can unmask the sum, fewer
         learn nothing. Defaults to, and may not be below, ``floor(2S/3) + 1``
-        (003 App. B-A); at most S. Up to ``S - t`` sites may drop out.
+        ([capeDJICA] App. B-A); at most S. Up to ``S - t`` sites may drop out.
     value_range : float
         Every value a site contributes must satisfy ``|x| <= value_range``;
         anything else is an error (values are never clipped).

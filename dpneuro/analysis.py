@@ -29,14 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig
-from ..exchange.base import Exchange, Payload
-from ..privacy import PrivacyLedger
-from ..protocol import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
+from .config import ConfigError, RunConfig
+from .exchange.base import Exchange, Payload
+from .privacy import PrivacyLedger
+from .protocol import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
 
 __all__ = [
     "DEPLOYABLE_REDUCTIONS",
     "ReduceResult",
+    "SCALING_NOTE",
     "SummaryProtocol",
     "UnmixResult",
     "ica_algorithm",
@@ -54,7 +55,22 @@ __all__ = [
     "unmix_inprocess",
     "unmix_protocol",
     "unmix_site",
+    "unit_columns",
 ]
+
+SCALING_NOTE = (
+    "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, so one subject "
+    "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
+    "time and costs no privacy."
+)
+
+
+def unit_columns(X: np.ndarray) -> np.ndarray:
+    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0)."""
+    X = np.asarray(X, dtype=np.float32)
+    n = np.linalg.norm(X, axis=0)
+    return X / np.where(n > 0, n, 1.0)
+
 
 #: reductions that run as a CAPE protocol (and so can be deployed)
 DEPLOYABLE_REDUCTIONS = ("capepca", "capepca-power", "none")
@@ -74,26 +90,26 @@ def reduce_plan(cfg: RunConfig) -> str:
 
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):
     """The capePCA algorithm of a run (``dim``: D if known, checked against every site)."""
-    from ..algorithms.pca import CapePCA
+    from .algorithms.pca import CapePCA
 
     if cfg.reduction not in DEPLOYABLE_REDUCTIONS:
         raise ConfigError(f"config field 'reduction': {cfg.reduction!r} is not a CAPE protocol; "
                           f"use one of {DEPLOYABLE_REDUCTIONS}")
     mode = "power" if cfg.reduction == "capepca-power" else "covariance"
-    # every time point scaled to unit norm at its site (pipeline.SCALING_NOTE)
+    # every time point scaled to unit norm at its site (SCALING_NOTE)
     return CapePCA(cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, mode=mode, scale="unit",
                    seed=stage_seed(cfg, 1), dim=dim)
 
 
 def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
     """capePCA under the run's noise plan, as driver phases."""
-    from ..cape import cape_protocol
+    from .cape import cape_protocol
 
     return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
 
 
 def _pca_source(X, lengths: Sequence[int]):
-    from ..algorithms.pca import as_source
+    from .algorithms.pca import as_source
 
     return as_source(X, [int(n) for n in lengths])
 
@@ -136,7 +152,7 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     before anything is released.
     """
     srcs = [_pca_source(X, n).validate(f"site {s}") for s, (X, n) in enumerate(zip(X_sites, lengths, strict=True))]
-    from ..algorithms.pca import check_sources
+    from .algorithms.pca import check_sources
 
     check_sources(srcs, cfg.n_components)
     sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
@@ -155,8 +171,7 @@ def site_whiten(X, basis, eigenvalues) -> np.ndarray:
     different layouts (from ``np.load`` of a Fortran-ordered file in a
     simulation, from a decoded message in a deployment).
     """
-    from ..algorithms.djica import whiten
-    from ..pipeline import unit_columns
+    from .algorithms.djica import whiten
 
     V = np.ascontiguousarray(basis, dtype=np.float64)
     lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
@@ -165,7 +180,7 @@ def site_whiten(X, basis, eigenvalues) -> np.ndarray:
 
 def ica_algorithm(cfg: RunConfig):
     """The capeDJICA algorithm of a run (R = n_components)."""
-    from ..algorithms.djica import OPTIMIZERS, CapeDJICA
+    from .algorithms.djica import OPTIMIZERS, CapeDJICA
 
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
@@ -177,7 +192,7 @@ def ica_algorithm(cfg: RunConfig):
 
 def unmix_protocol(cfg: RunConfig, n_sites: int):
     """capeDJICA under the run's noise plan, as driver phases."""
-    from ..cape import cape_protocol
+    from .cape import cape_protocol
 
     return cape_protocol(ica_algorithm(cfg), cfg.plan, n_sites=n_sites)
 
@@ -195,7 +210,7 @@ class UnmixResult:
 
 
 def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
-    from ..algorithms.djica import reported_unmixing
+    from .algorithms.djica import reported_unmixing
 
     st = agg["ica"]
     W, b = reported_unmixing(st)  # the Polyak average when the optimizer keeps one, else the last iterate
@@ -229,7 +244,7 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     alg = ica_algorithm(cfg)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)
-    from ..cape import cape_protocol
+    from .cape import cape_protocol
 
     sim = simulate(cape_protocol(alg, cfg.plan, n_sites=len(site_data)), site_data, options=options)
     return _unmix_result(sim.aggregator, [s["ledger"] if s is not None else None for s in sim.sites])

@@ -1,0 +1,560 @@
+"""Estimators in the scikit-learn / nilearn style: NIfTI per site in; maps, time courses and privacy out.
+
+>>> ica = dpneuro.DecentralizedICA(n_components=20, epsilon=8.0)
+>>> ica.fit({"site-01": files_1, "site-02": files_2, "site-03": files_3})
+>>> ica.components_img_          # 4-D NIfTI, one volume per component
+>>> print(ica.privacy_)          # eps per site against the aggregator and its colluders
+>>> ica.report_.save_as_html("report.html")
+
+An estimator turns its parameters into a :class:`~dpneuro.config.RunConfig`
+and runs the same stages as ``dpneuro run`` and the Pydra workflow
+(:func:`dpneuro.pipeline.run_stages`), so the three give the same numbers for
+the same seed. ``role="site"`` / ``"aggregator"`` runs one party of a deployed
+run over a shared folder, through the code ``dpneuro site`` /
+``dpneuro aggregator`` use.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ConfigError, RunConfig, SiteInput
+
+__all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
+
+ROLES = ("simulation", "site", "aggregator")
+ENGINES = ("serial", "pydra")
+
+#: RunConfig fields an estimator sets from its own parameters (the rest are expert keywords)
+_OWN = {"sites", "out", "n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction",
+        "seed", "exchange_dir", "backend"}
+_EXPERT = tuple(f.name for f in fields(RunConfig) if f.name not in _OWN)
+
+
+class Report:
+    """The run's self-contained HTML report: ``save_as_html``, ``open_in_browser``, shown inline in notebooks."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    @property
+    def html(self) -> str:
+        return self.path.read_text()
+
+    def save_as_html(self, path) -> Path:
+        path = Path(path)
+        path.write_text(self.html)
+        return path
+
+    def get_iframe(self, width: int = 960, height: int = 800) -> str:
+        return (f'<iframe srcdoc="{_html.escape(self.html, quote=True)}" width="{width}" height="{height}" '
+                'frameBorder="0"></iframe>')
+
+    def _repr_html_(self) -> str:
+        return self.get_iframe()
+
+    def open_in_browser(self) -> None:
+        import webbrowser
+
+        webbrowser.open(self.path.resolve().as_uri())
+
+    def __repr__(self) -> str:
+        return f"Report({str(self.path)!r})"
+
+
+class PrivacySummary:
+    """What every site spent (from the run's ``privacy.json``); prints as a table.
+
+    ``epsilon`` is the headline: each site's total against the aggregator and
+    its colluders (replace-one-subject neighbours, at ``delta``).
+    """
+
+    def __init__(self, report: dict[str, Any]):
+        self.report = report
+
+    @property
+    def epsilon(self) -> dict[str, float]:
+        return dict(self.report["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        return float(self.report["delta"])
+
+    @property
+    def ledgers(self) -> dict:
+        """Every site's :class:`~dpneuro.privacy.PrivacyLedger` (each release with its sensitivity and noise)."""
+        from .privacy import PrivacyLedger
+
+        return {n: PrivacyLedger.from_dict(s["ledger"]) for n, s in self.report["sites"].items()}
+
+    def table(self):
+        """One row per site: subjects, the headline eps, its RDP bound, one site's releases alone (pandas)."""
+        import pandas as pd
+
+        rows = {n: {"subjects": s.get("n_subjects"), "epsilon": s["epsilon"], "epsilon (RDP)": s["epsilon_rdp"],
+                    "epsilon, one site's releases alone": s["epsilon_single_release"],
+                    "releases": len(s["ledger"]["releases"])} for n, s in self.report["sites"].items()}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def lines(self) -> list[str]:
+        from .privacy.summary import headline_lines
+
+        return headline_lines(self.report)
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines()) + "\n" + self.table().to_string(float_format=lambda v: f"{v:.3f}")
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<p>{_html.escape(ln)}</p>" for ln in self.lines())
+        return head + self.table().to_html(float_format=lambda v: f"{v:.3f}")
+
+    def __repr__(self) -> str:
+        eps = ", ".join(f"{n}: {e:.2f}" for n, e in self.epsilon.items())
+        return f"PrivacySummary(epsilon={{{eps}}}, delta={self.delta:g})"
+
+
+def _site_inputs(sites, staging: Path) -> list[SiteInput]:
+    """``{name: folder | BIDS root | file | [Niimg-like, ...]}`` as config sites; in-memory images are saved."""
+    if not isinstance(sites, Mapping) or not sites:
+        raise ValueError("sites must be a non-empty mapping: site name -> folder, BIDS root or list of NIfTI "
+                         "images/paths")
+    out = []
+    for name, data in sites.items():
+        name = str(name)
+        if data is None:  # a deployed party: another site, whose data are not here
+            out.append(SiteInput(name=name, path=""))
+            continue
+        if isinstance(data, (str, Path)):
+            out.append(SiteInput(name=name, path=str(data)))
+            continue
+        if not isinstance(data, Sequence) or isinstance(data, bytes) or not data:
+            raise ValueError(f"site {name!r}: give a folder, a BIDS root or a non-empty list of 4-D NIfTI "
+                             f"images or paths, got {type(data).__name__}")
+        files = []
+        for i, img in enumerate(data):
+            if isinstance(img, (str, Path)):
+                files.append(str(img))
+                continue
+            if not hasattr(img, "affine") or not hasattr(img, "dataobj"):
+                raise ValueError(f"site {name!r}, item {i}: not a NIfTI image or path ({type(img).__name__})")
+            # an in-memory image: the stages read files, so it is written once to the run's private folder
+            path = staging / name / f"sub-{name}x{i:04d}_bold.nii.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            img.to_filename(path)
+            files.append(str(path))
+        out.append(SiteInput(name=name, path="", files=files))
+    return out
+
+
+class _Decentralized:
+    """Shared parameters and plumbing of :class:`DecentralizedICA` and :class:`DecentralizedPCA`."""
+
+    _until = "report"
+
+    def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
+                 plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
+                 reduction: str = "capepca", random_state: int | None = None, output_dir=None,
+                 role: str = "simulation", site: str | None = None, exchange=None, engine: str = "serial",
+                 verbose: int = 0, **options):
+        self.n_components = n_components
+        self.epsilon = epsilon
+        self.delta = delta
+        self.plan = plan
+        self.mask = mask
+        self.space = space
+        self.parcels = parcels
+        self.reduction = reduction
+        self.random_state = random_state
+        self.output_dir = output_dir
+        self.role = role
+        self.site = site
+        self.exchange = exchange
+        self.engine = engine
+        self.verbose = verbose
+        self.options = options
+
+    # -- scikit-learn conventions ---------------------------------------------------------------
+    _PARAMS = ("n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction", "random_state",
+               "output_dir", "role", "site", "exchange", "engine", "verbose")
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {**{p: getattr(self, p) for p in self._PARAMS}, **self.options}
+
+    def set_params(self, **params):
+        for k, v in params.items():
+            if k in self._PARAMS:
+                setattr(self, k, v)
+            else:
+                self.options[k] = v
+        return self
+
+    def __repr__(self) -> str:
+        default = type(self)()
+        changed = {k: v for k, v in self.get_params().items() if k not in default.get_params()
+                   or default.get_params()[k] is not v and default.get_params()[k] != v}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    # -- configuration ------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config, **params):
+        """An estimator running exactly a configuration (a :class:`RunConfig` or a run.toml path)."""
+        cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
+        own = dict(n_components=cfg.n_components, epsilon=cfg.epsilon, delta=cfg.delta, plan=cfg.plan,
+                   mask=cfg.mask or None, space=cfg.space, parcels=cfg.parcels, reduction=cfg.reduction,
+                   random_state=cfg.seed, output_dir=cfg.out or None)
+        est = cls(**{**own, **{f: getattr(cfg, f) for f in _EXPERT}, **params})
+        est._config_sites = cfg.sites
+        est._config_fields = {"exchange_dir": cfg.exchange_dir, "backend": cfg.backend}
+        return est
+
+    def to_config(self, sites=None) -> RunConfig:
+        """The :class:`RunConfig` a fit with these parameters runs (relative paths against the working folder)."""
+        unknown = set(self.options) - set(_EXPERT)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}; expert settings are RunConfig fields: "
+                              f"{list(_EXPERT)}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        out = Path(self.output_dir) if self.output_dir else Path(tempfile.mkdtemp(prefix="dpneuro-"))
+        if sites is None:
+            site_inputs = getattr(self, "_config_sites", None)
+            if site_inputs is None:
+                raise ValueError("fit needs the sites' data: a mapping site name -> folder, BIDS root or list "
+                                 "of NIfTI images/paths")
+        else:
+            site_inputs = _site_inputs(sites, out / "inputs")
+        defaults = {f.name: f.default for f in fields(RunConfig)}
+        extra = dict(getattr(self, "_config_fields", {}))
+        if self.role != "simulation":
+            if self.exchange is None and not extra.get("exchange_dir"):
+                raise ValueError(f"role {self.role!r} needs exchange=<the run's shared folder>")
+            extra.update(backend="directory")
+            if self.exchange is not None:
+                extra["exchange_dir"] = str(self.exchange)
+        cfg = RunConfig(
+            sites=list(site_inputs), out=str(out), n_components=self.n_components, epsilon=self.epsilon,
+            delta=self.delta, plan=self.plan, mask=str(self.mask) if self.mask else "",
+            space=self.space if self.space is not None else defaults["space"],
+            parcels=self.parcels if self.parcels is not None else defaults["parcels"], reduction=self.reduction,
+            seed=self.random_state, **extra, **self.options)
+        return cfg.resolved()
+
+    # -- fitting ------------------------------------------------------------------------------------
+    def fit(self, sites=None, y=None):
+        """Run the consortium analysis on ``sites`` (site name -> folder, BIDS root or list of Niimg-like).
+
+        In a simulation (the default) every site's data are given here and all
+        parties run in this process. With ``role="site"`` give only this
+        party's site (``site=`` names it); with ``role="aggregator"`` give none.
+        """
+        import os
+
+        cfg = self.to_config(sites if sites is not None or self.role != "aggregator" else {})
+        before = os.environ.get("DPNEURO_PROGRESS")
+        os.environ["DPNEURO_PROGRESS"] = "1" if self.verbose else "0"
+        try:
+            if self.role == "simulation":
+                self._fit_simulation(cfg)
+            else:
+                self._fit_party(cfg)
+        finally:
+            if before is None:
+                os.environ.pop("DPNEURO_PROGRESS", None)
+            else:
+                os.environ["DPNEURO_PROGRESS"] = before
+        return self
+
+    def _fit_simulation(self, cfg: RunConfig) -> None:
+        from . import pipeline
+
+        cfg, self.budget_ = pipeline.prepare(cfg)
+        if self.engine == "pydra":
+            if self._until != "report":
+                raise ValueError(f"engine 'pydra' runs the whole workflow; {type(self).__name__} needs 'serial'")
+            from .workflows import run_workflow
+
+            outputs = run_workflow(cfg)
+        else:
+            outputs = pipeline.run_stages(cfg, until=self._until)
+        self.config_ = cfg
+        self.output_dir_ = Path(cfg.out)
+        self._read_outputs(outputs)
+
+    def _fit_party(self, cfg: RunConfig) -> None:
+        raise NotImplementedError
+
+    def _read_space(self, space_json: str) -> None:
+        from .io import load_mask
+
+        space = json.loads(Path(space_json).read_text())
+        self._space = space
+        self.mask_img_ = _in_memory(space["mask"])
+        self._mask = load_mask(space["mask"])[0]
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "config_"):
+            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
+
+
+def _in_memory(path):
+    import nibabel as nib
+
+    img = nib.load(str(path))
+    return nib.Nifti1Image(np.asanyarray(img.dataobj), img.affine, img.header)
+
+
+def _read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+class DecentralizedICA(_Decentralized):
+    """Group ICA of a consortium's fMRI with a per-subject differential-privacy guarantee (capePCA + capeDJICA).
+
+    Parameters
+    ----------
+    n_components : int, default 20
+        Number of independent components (also the PCA dimension).
+    epsilon : float, optional
+        Total privacy budget per site in the headline sense: against the
+        aggregator colluding with ``n_colluding`` sites, one subject replaced,
+        at ``delta``, every stage included. The budget planner splits it over
+        the stages from the sites' subject counts. Default: the tuned
+        per-release settings (``pca_epsilon``, ``ica_epsilon_i``; the headline
+        they give is in ``privacy_``).
+    delta : float, default 1e-5
+    plan : {"cape", "conv", "none"}, default "cape"
+        Correlated noise (CAPE, >= 3 sites), independent noise per site, or no
+        noise (not private; a reference).
+    mask : Niimg-like path, optional
+        Consortium mask; default: the template grid named by ``space``.
+    space : {"mni6mm", "mni4mm", "grid30"}, optional
+    parcels : int, optional
+        Data-independent parcels of the mask (0: voxels); default 100.
+    reduction : {"capepca", "capepca-power", "none"}, default "capepca"
+    random_state : int, optional
+        Seeds every noise draw: reproducible simulations only. A deployed
+        party refuses it (anyone holding the configuration could remove the noise).
+    output_dir : path, optional
+        Where the maps, privacy.json, time courses and report go; default a new
+        temporary folder.
+    role : {"simulation", "site", "aggregator"}, default "simulation"
+        ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
+        shared folder ``exchange`` (as ``dpneuro site`` / ``dpneuro aggregator``).
+    site : str, optional
+        With ``role="site"``: this party's site name.
+    exchange : path, optional
+        The deployed run's shared folder.
+    engine : {"serial", "pydra"}, default "serial"
+        Run the stages in this process, or through the Pydra workflow (not
+        inside a running event loop such as Jupyter's).
+    verbose : int, default 0
+        Progress bars when > 0.
+    **options
+        Expert settings: any other :class:`~dpneuro.config.RunConfig` field
+        (``pca_epsilon``, ``ica_epsilon_i``, ``ica_rounds``, ``clip_G``, ``n_colluding``, ``truth``, ...).
+
+    Attributes
+    ----------
+    components_img_ : Nifti1Image
+        4-D, one z-scored spatial map per component.
+    components_ : ndarray (n_components, n_voxels)
+        The maps inside the mask (``mask_img_``).
+    unmixing_ : ndarray (n_components, n_components)
+        W in the whitened space; ``bias_`` its bias.
+    basis_, eigenvalues_ : ndarray
+        The released PCA basis (features x n_components) and eigenvalues.
+    timecourses_ : dict
+        site -> subject -> ndarray (n_volumes, n_components): each site's own
+        time courses (in a deployment a site sees only its own).
+    privacy_ : PrivacySummary
+    report_ : Report
+    budget_ : BudgetPlan or None
+        The plan that split ``epsilon`` over the stages.
+    metrics_ : dict or None
+        Agreement with a synthetic ground truth (``truth=``).
+    warnings_ : list of str
+    config_ : RunConfig
+        Exactly what ran.
+    """
+
+    def _read_outputs(self, outputs: dict) -> None:
+        from .maps import read_timecourses
+
+        mp = _read_json(outputs["maps"])
+        red, unm = _read_json(outputs["reduce"]), _read_json(outputs["unmix"])
+        self._read_space(outputs["space"])
+        self.components_img_ = _in_memory(mp["components"])
+        self.components_ = np.asarray(self.components_img_.dataobj)[self._mask].T.astype(np.float64)
+        self.basis_, self.eigenvalues_ = np.load(red["basis"]), np.load(red["eigenvalues"])
+        self.unmixing_, self.bias_ = np.load(unm["W"]), np.load(unm["b"])
+        self.n_iter_ = int(unm["rounds"])
+        self.timecourses_ = {}
+        for site, path in mp["timecourses"].items():
+            subj, S = read_timecourses(path)
+            self.timecourses_[site] = _by_subject(subj, S)
+        self.privacy_ = PrivacySummary(_read_json(mp["privacy"]))
+        self.report_ = Report(outputs["report"])
+        self.metrics_ = (mp.get("truth") or {}).get("metrics")
+        self.warnings_ = list(mp.get("warnings", []))
+
+    def _fit_party(self, cfg: RunConfig) -> None:
+        from .deploy.sharedfs import aggregator_main, site_main
+
+        cfg = cfg.validate(data_sites=[self.site] if self.role == "site" else ())
+        cfg.check_deployment(f"the {self.role}")
+        if self.role == "site":
+            if self.site not in [s.name for s in cfg.sites]:
+                raise ValueError(f"site={self.site!r} is not among the sites {[s.name for s in cfg.sites]}")
+            res = site_main(cfg, self.site)
+            self.timecourses_ = {self.site: _by_subject(*_read_tc(res["timecourses"]))}
+            self.report_ = Report(res["report"])
+            priv = _site_privacy(cfg, _read_json(res["privacy"]))
+        else:
+            res = aggregator_main(cfg, progress=bool(self.verbose))
+            self.report_ = Report(res["report"])
+            self.warnings_ = list(res.get("warnings", []))
+            priv = _read_json(res["privacy"])
+        self.config_ = cfg
+        self.output_dir_ = Path(res["components"]).parent
+        self.components_img_ = _in_memory(res["components"])
+        self.privacy_ = PrivacySummary(priv)
+
+    def transform(self, imgs) -> list[np.ndarray]:
+        """Time courses (n_volumes x n_components per subject) of new subjects of a site.
+
+        A site-local computation with the released basis and unmixing: nothing
+        is released and nothing leaves the site. ``imgs``: a list of 4-D
+        Niimg-like (paths or images, one per subject) or a folder.
+        """
+        from .algorithms.djica import time_courses
+        from .analysis import site_whiten
+        from .io import load_site
+        from .parcellation import Parcellation
+
+        self._check_fitted()
+        if not hasattr(self, "unmixing_"):
+            raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
+        with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
+            src = _site_inputs({"new": imgs}, Path(tmp))[0]
+            parcels = Parcellation(np.load(self._space["parcels"])) if self._space.get("parcels") else None
+            sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
+                           min_volumes=self.config_.min_volumes, parcels=parcels)
+            S = time_courses(self.unmixing_, site_whiten(sd.X, self.basis_, self.eigenvalues_), self.bias_)
+        return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]
+
+    @property
+    def n_features_in_(self) -> int:
+        return int(self.basis_.shape[0])
+
+
+def _site_privacy(cfg: RunConfig, site_priv: dict) -> dict:
+    """A site's own privacy.json in the consortium's form (one site: the only ledger it holds)."""
+    from .privacy import PrivacyLedger, privacy_report
+    from .privacy.cape_delta import max_colluding
+
+    n_sites = len(cfg.sites)
+    colluding = cfg.n_colluding if cfg.n_colluding is not None else max_colluding(n_sites)
+    rep = privacy_report({site_priv["site"]: PrivacyLedger.from_dict(site_priv["ledger"])}, delta=cfg.delta,
+                         n_subjects={site_priv["site"]: site_priv["n_subjects"]}, plan=cfg.plan,
+                         n_colluding=colluding, seeded=cfg.seed is not None)
+    return {**rep, "n_sites": n_sites}
+
+
+def _read_tc(path):
+    from .maps import read_timecourses
+
+    return read_timecourses(path)
+
+
+def _by_subject(subjects: list[str], S: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of a time-course table grouped by subject, each (n_volumes, n_components)."""
+    out: dict[str, list[int]] = {}
+    for i, s in enumerate(subjects):
+        out.setdefault(s, []).append(i)
+    return {s: np.ascontiguousarray(S[:, idx].T) for s, idx in out.items()}
+
+
+class DecentralizedPCA(_Decentralized):
+    """The consortium's private principal components (capePCA alone: one release per site).
+
+    Parameters are those of :class:`DecentralizedICA`; ``epsilon`` is then all
+    spent on the one PCA release.
+
+    Attributes
+    ----------
+    components_ : ndarray (n_components, n_voxels)
+        Principal components painted back to the mask's voxels.
+    components_img_ : Nifti1Image
+    explained_variance_ : ndarray (n_components,)
+        Eigenvalues of the (noisy) second-moment matrix of unit-norm time points.
+    basis_ : ndarray (n_features, n_components)
+    privacy_ : PrivacySummary
+    """
+
+    _until = "reduce"
+
+    def _fit_simulation(self, cfg: RunConfig) -> None:
+        from . import pipeline
+        from .budget import plan_for_target, site_shapes, features
+
+        cfg = cfg.resolved().validate()
+        self.budget_ = None
+        if cfg.epsilon is not None:
+            self.budget_ = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon,
+                                           stages=("reduce",))
+            cfg = replace(self.budget_.config, epsilon=cfg.epsilon)
+        outputs = pipeline.run_stages(cfg, until="reduce")
+        self.config_ = cfg
+        self.output_dir_ = Path(cfg.out)
+        self._read_outputs(outputs)
+
+    def _read_outputs(self, outputs: dict) -> None:
+        from .io import mask_to_image
+        from .parcellation import Parcellation
+        from .pipeline import consortium_privacy
+
+        red = _read_json(outputs["reduce"])
+        self._read_space(outputs["space"])
+        self.basis_, self.explained_variance_ = np.load(red["basis"]), np.load(red["eigenvalues"])
+        parcels = Parcellation(np.load(self._space["parcels"])) if self._space.get("parcels") else None
+        vox = parcels.expand(self.basis_) if parcels is not None else self.basis_
+        self.components_ = np.ascontiguousarray(vox.T)
+        self.components_img_ = mask_to_image(vox, self._space["mask"])
+        sites = [_read_json(p) for p in outputs["load"]]
+        self.privacy_ = PrivacySummary(consortium_privacy(self.config_, sites, red))
+
+
+def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None = None, timepoints: int = 150,
+                n_components: int = 20, features: int | None = None, **settings):
+    """What a consortium run spends per site, or (with ``epsilon``) the per-stage settings that spend it.
+
+    ``sites``: a number of sites (with ``subjects`` per site and
+    ``timepoints`` per subject), or a mapping site name -> data (counts are
+    read from the file headers). ``settings``: other RunConfig fields
+    (``parcels``, ``plan``, ``ica_rounds``, ...). Returns a
+    :class:`~dpneuro.budget.BudgetPlan`, which prints as a table.
+    """
+    from .budget import features as _features
+    from .budget import plan_for_target, site_shapes, spend
+
+    if isinstance(sites, Mapping):
+        site_inputs = _site_inputs(sites, Path(tempfile.mkdtemp(prefix="dpneuro-plan-")))
+    else:
+        if subjects is None:
+            raise ValueError("give subjects= (per site) with a number of sites, or a mapping of the sites' data")
+        site_inputs = [SiteInput(f"site-{i + 1:02d}", "") for i in range(int(sites))]
+    cfg = RunConfig(sites=site_inputs, out="", n_components=n_components, **settings)
+    cfg.validate(data_sites=())
+    shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
+    dim = _features(cfg, features)
+    return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)

@@ -1,0 +1,191 @@
+"""The notebook API: estimators, the budget in the user's terms, and agreement with the CLI and the workflow."""
+
+import json
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+import dpneuro
+from dpneuro.cli import main
+from dpneuro.config import ConfigError
+from dpneuro.synth import make_consortium
+
+R = 4
+#: a small private run that still converges on the synthetic data (seeded: a simulation)
+SETTINGS = dict(parcels=0, pca_epsilon=50.0, ica_epsilon_i=50.0, ica_rounds=15, clip_G=5.0, clip_h=5.0)
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory):
+    root = tmp_path_factory.mktemp("estimators")
+    man = make_consortium(root / "data", n_sites=3, subjects_per_site=3, n_components=R, n_timepoints=80,
+                          space="grid30", seed=5)
+    files = {s["site"]: sorted(str(p) for p in Path(s["path"]).glob("*.nii.gz")) for s in man["sites"]}
+    return root, man, files
+
+
+@pytest.fixture(scope="module")
+def fitted(consortium):
+    root, man, files = consortium
+    ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], random_state=1, output_dir=root / "est",
+                                   truth=str(root / "data"), **SETTINGS)
+    return ica.fit(files)
+
+
+def test_five_lines_from_nifti_lists_to_maps_privacy_and_report(fitted, consortium, tmp_path):
+    root, man, files = consortium
+    ica = fitted
+    assert ica.components_img_.shape == (30, 30, 1, R)
+    n_vox = int(np.asarray(nib.load(man["mask"]).dataobj).astype(bool).sum())
+    assert ica.components_.shape == (R, n_vox) and ica.unmixing_.shape == (R, R)
+    assert ica.basis_.shape == (n_vox, R) and np.all(np.diff(ica.eigenvalues_) <= 0)
+    # the maps in the array and in the image are the same numbers
+    mask = np.asarray(ica.mask_img_.dataobj).astype(bool)
+    np.testing.assert_array_equal(np.asarray(ica.components_img_.dataobj)[mask].T, ica.components_)
+    assert set(ica.timecourses_) == set(files)
+    for site, subjects in ica.timecourses_.items():
+        assert len(subjects) == 3 and all(tc.shape == (80, R) for tc in subjects.values())
+    assert set(ica.privacy_.epsilon) == set(files) and all(e > 0 for e in ica.privacy_.epsilon.values())
+    table = ica.privacy_.table()
+    assert list(table.index) == sorted(files) and (table["subjects"] == 3).all()
+    np.testing.assert_allclose(table["epsilon"].to_numpy(), [ica.privacy_.epsilon[n] for n in table.index])
+    assert "against the aggregator" in str(ica.privacy_)
+    saved = ica.report_.save_as_html(tmp_path / "r.html")
+    assert saved.read_text() == ica.report_.html and "<iframe srcdoc=" in ica.report_._repr_html_()
+    assert {"mean |r| with truth", "qNGI"} <= set(ica.metrics_)
+
+
+def test_non_private_reference_recovers_the_truth(consortium, tmp_path):
+    root, man, files = consortium
+    ica = dpneuro.DecentralizedICA(n_components=R, plan="none", reduction="none", mask=man["mask"], parcels=0,
+                                   truth=str(root / "data"), output_dir=tmp_path / "np").fit(files)
+    assert ica.metrics_["mean |r| with truth"] > 0.8
+    assert ica.privacy_.epsilon == {n: float("inf") for n in files}
+
+
+def test_transform_is_the_sites_own_time_courses(fitted, consortium):
+    """transform() on a site's own subjects reproduces the time courses the fit gave (site-local, no release)."""
+    _, _, files = consortium
+    site = "site-02"
+    tcs = fitted.transform(files[site][:2])
+    ids = sorted(fitted.timecourses_[site])[:2]
+    assert len(tcs) == 2
+    for tc, sid in zip(tcs, ids):
+        np.testing.assert_allclose(tc, fitted.timecourses_[site][sid], rtol=0, atol=1e-4)
+    imgs = [nib.load(f) for f in files[site][:1]]  # in-memory images work too
+    np.testing.assert_allclose(fitted.transform(imgs)[0], tcs[0], atol=1e-6)
+
+
+def test_estimator_cli_and_workflow_give_identical_numbers(fitted, consortium, tmp_path):
+    root, man, files = consortium
+    cfg = fitted.config_
+    toml = ["[[sites]]\n" + f'name = "{s.name}"\nfiles = {json.dumps(s.files)}\n' for s in cfg.sites]
+    fields = {"out": str(tmp_path / "cli"), "mask": man["mask"], "n_components": R, "seed": 1,
+              "truth": str(root / "data"), **SETTINGS}
+    head = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+    (tmp_path / "run.toml").write_text(head + "\n".join(toml))
+    assert main(["run", str(tmp_path / "run.toml"), "-q"]) == 0  # the Pydra workflow
+    W_cli = np.load(tmp_path / "cli" / "W.npy")
+    np.testing.assert_array_equal(W_cli, fitted.unmixing_)
+    cli_maps = np.asarray(nib.load(tmp_path / "cli" / "components.nii.gz").dataobj)
+    np.testing.assert_array_equal(cli_maps, np.asarray(fitted.components_img_.dataobj))
+    cli_priv = json.loads((tmp_path / "cli" / "privacy.json").read_text())
+    assert cli_priv["epsilon"] == fitted.privacy_.epsilon
+
+    pyd = dpneuro.DecentralizedICA.from_config(fitted.config_, output_dir=tmp_path / "pydra", engine="pydra").fit()
+    np.testing.assert_array_equal(pyd.unmixing_, fitted.unmixing_)
+
+
+def test_total_epsilon_is_split_by_the_planner_and_spent(consortium, tmp_path):
+    root, man, files = consortium
+    ica = dpneuro.DecentralizedICA(n_components=R, epsilon=6.0, mask=man["mask"], random_state=2,
+                                   output_dir=tmp_path / "e", parcels=0, ica_rounds=5, clip_G=5.0, clip_h=5.0)
+    ica.fit(files)
+    eps = ica.privacy_.epsilon
+    assert max(eps.values()) == pytest.approx(6.0, rel=1e-6)  # the run spends exactly what the plan printed
+    plan = dpneuro.plan_budget(6.0, sites=files, n_components=R, mask=man["mask"], parcels=0, ica_rounds=5,
+                               clip_G=5.0, clip_h=5.0)
+    assert ica.config_.pca_epsilon == pytest.approx(plan.config.pca_epsilon)
+    assert ica.config_.ica_epsilon_i == pytest.approx(plan.config.ica_epsilon_i)
+    assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6) and "eps = 6" in str(plan)
+    # without data: counts in the user's terms
+    p2 = dpneuro.plan_budget(6.0, sites=3, subjects=3, timepoints=80, n_components=R, mask=man["mask"], parcels=0,
+                             ica_rounds=5, clip_G=5.0, clip_h=5.0)
+    assert p2.config.pca_epsilon == pytest.approx(plan.config.pca_epsilon)
+
+
+def test_decentralized_pca(consortium, tmp_path):
+    root, man, files = consortium
+    pca = dpneuro.DecentralizedPCA(n_components=R, epsilon=4.0, mask=man["mask"], parcels=0, random_state=3,
+                                   output_dir=tmp_path / "pca").fit(files)
+    assert pca.components_.shape[0] == R and np.all(np.diff(pca.explained_variance_) <= 0)
+    assert max(pca.privacy_.epsilon.values()) == pytest.approx(4.0, rel=1e-6)
+    stages = {r.stage for led in pca.privacy_.ledgers.values() for r in led.releases}
+    assert stages == {"capepca"}  # one release per site, no ICA
+    exact = dpneuro.DecentralizedPCA(n_components=R, plan="none", mask=man["mask"], parcels=30,
+                                     output_dir=tmp_path / "pca0").fit(files)
+    loose = dpneuro.DecentralizedPCA(n_components=R, epsilon=1e5, mask=man["mask"], parcels=30, random_state=3,
+                                     output_dir=tmp_path / "pca1").fit(files)
+    pca = dpneuro.DecentralizedPCA(n_components=R, epsilon=4.0, mask=man["mask"], parcels=30, random_state=3,
+                                   output_dir=tmp_path / "pca2").fit(files)
+    # 9 subjects at eps 4 leave mostly noise; a loose budget gives the pooled subspace back
+    cosines = np.linalg.svd(exact.basis_.T @ loose.basis_, compute_uv=False)
+    assert cosines.min() > 0.9 > np.linalg.svd(exact.basis_.T @ pca.basis_, compute_uv=False).min()
+
+
+def test_bad_input_is_refused_clearly(consortium, fitted):
+    root, man, files = consortium
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        dpneuro.DecentralizedICA(n_components=R, ica_epsilon=3).fit(files)
+    with pytest.raises(ValueError, match="mapping"):
+        dpneuro.DecentralizedICA().fit(["a.nii.gz"])
+    with pytest.raises(ValueError, match="not fitted"):
+        dpneuro.DecentralizedICA().transform(files["site-01"])
+    with pytest.raises(ValueError, match="exchange"):
+        dpneuro.DecentralizedICA(role="site", site="site-01").fit({"site-01": files["site-01"]})
+    with pytest.raises(ConfigError, match="epsilon"):
+        dpneuro.DecentralizedICA(epsilon=-1, mask=man["mask"]).fit(files)
+    params = fitted.get_params()
+    assert params["n_components"] == R and params["ica_rounds"] == 15
+    assert "n_components=4" in repr(fitted)
+
+
+def _site_party(name: str, data: dict, common: dict, out: str) -> None:
+    """One site's process: fit as role "site", keep what the parent checks."""
+    est = dpneuro.DecentralizedICA(role="site", site=name, output_dir=out, **common).fit(data)
+    np.savez(Path(out) / "check.npz", eps=est.privacy_.epsilon[name],
+             **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()})
+
+
+def test_deployed_parties_through_the_estimator(consortium, fitted, tmp_path):
+    """role="site" / "aggregator" over a shared folder: the numbers of the simulation (same seed)."""
+    import multiprocessing as mp
+
+    root, man, files = consortium
+    common = dict(n_components=R, mask=man["mask"], random_state=1, simulation=True, exchange=tmp_path / "shared",
+                  timeout=120.0, **SETTINGS)
+    # every party knows every site's name; a site has only its own data (figures need a process each)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_site_party, args=(n, {m: (files[m] if m == n else None) for m in files}, common,
+                                                   str(tmp_path / n)), daemon=True) for n in files]
+    for p in procs:
+        p.start()
+    try:
+        agg = dpneuro.DecentralizedICA(role="aggregator", output_dir=tmp_path / "agg", **common)
+        agg.fit({n: None for n in files})
+    finally:
+        for p in procs:
+            p.join(120)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    np.testing.assert_allclose(np.asarray(agg.components_img_.dataobj),
+                               np.asarray(fitted.components_img_.dataobj), rtol=0, atol=1e-9)
+    assert agg.privacy_.epsilon == pytest.approx(fitted.privacy_.epsilon)
+    for n in files:
+        got = np.load(tmp_path / n / "check.npz")
+        assert float(got["eps"]) == pytest.approx(fitted.privacy_.epsilon[n])
+        for sid, tc in fitted.timecourses_[n].items():
+            np.testing.assert_allclose(got[f"tc_{sid}"], tc, atol=1e-4)
