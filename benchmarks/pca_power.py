@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def brain_mask(quick: bool) -> np.ndarray:
     if quick:
-        from dpneuro.synth import load_space
+        from dpneuro.io import load_space
 
         return load_space("mni6mm")[0]
     from nilearn import datasets
@@ -98,7 +98,7 @@ def site_worker(cfg: dict) -> None:
     from dpneuro.algorithms.pca import CapePCA, SiteSource
     from dpneuro.cape import cape_protocol
     from dpneuro.exchange import DirectoryExchange
-    from dpneuro.protocol import run_site
+    from dpneuro.driver import run_site
 
     rss0 = _vm_hwm_mb()
     tracemalloc.start()
@@ -129,7 +129,7 @@ def run(plan: str, epsilon, args, sites, D: int, workdir: Path, n_iter: int | No
     from dpneuro.algorithms.pca import CapePCA
     from dpneuro.cape import cape_protocol
     from dpneuro.exchange import DirectoryExchange
-    from dpneuro.protocol import RunOptions, run_aggregator
+    from dpneuro.driver import RunOptions, run_aggregator
 
     S = len(sites)
     run_id = f"power-{plan}-{secrets.token_hex(4)}"

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.exchange import InProcessExchange, Payload
-from dpneuro.protocol import Phase, RunOptions, simulate
+from dpneuro.driver import Phase, RunOptions, simulate
 from dpneuro.secagg import SecAggConfig, setup_phases, sum_phases
 
 PAYLOADS = {"420": (420,), "900x900": (900, 900)}

@@ -3,8 +3,8 @@
 capePCA (reduce) and capeDJICA (unmix) are :class:`~dpneuro.cape.CapeAlgorithm`
 objects. This module builds them from a :class:`~dpneuro.config.RunConfig` in
 exactly one place and wraps them with :func:`dpneuro.cape.cape_protocol`; each
-stage then has a *site role* (``*_site``: :func:`dpneuro.protocol.run_site`)
-and an *aggregator role* (``*_aggregator``: :func:`dpneuro.protocol.run_aggregator`)
+stage then has a *site role* (``*_site``: :func:`dpneuro.driver.run_site`)
+and an *aggregator role* (``*_aggregator``: :func:`dpneuro.driver.run_aggregator`)
 that run over whatever exchange they are given. Three callers share them:
 
 - the simulation, every party in one process (:func:`reduce_inprocess`,
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import ConfigError, RunConfig
+from .config import REDUCTIONS, ConfigError, RunConfig
 from .exchange.base import Exchange, Payload
 from .privacy import PrivacyLedger
-from .protocol import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
+from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
 
 __all__ = [
     "DEPLOYABLE_REDUCTIONS",
@@ -72,8 +72,8 @@ def unit_columns(X: np.ndarray) -> np.ndarray:
     return X / np.where(n > 0, n, 1.0)
 
 
-#: reductions that run as a CAPE protocol (and so can be deployed)
-DEPLOYABLE_REDUCTIONS = ("capepca", "capepca-power", "none")
+#: reductions that run as a CAPE protocol (and so can be deployed): all a configuration accepts
+DEPLOYABLE_REDUCTIONS = REDUCTIONS
 
 
 def stage_seed(cfg: RunConfig, stage: int) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, RunConfig
-from .privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, gdp_mu
+from .privacy import PrivacyLedger, epsilon_for_multiplier, gdp_epsilon, gdp_mu, noise_multiplier
 from .privacy.summary import headline_lines, privacy_report, privacy_warnings
 
 
@@ -206,20 +206,17 @@ def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int,
 
 
 def _pca_noise_multiplier(cfg: RunConfig) -> float:
-    return gaussian_sigma(cfg.pca_epsilon, cfg.pca_delta)
+    return noise_multiplier(cfg.pca_epsilon, cfg.pca_delta)
 
 
 def _ica_noise_multiplier(cfg: RunConfig) -> float:
-    return gaussian_sigma(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
+    return noise_multiplier(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
 
 
 def _with_multipliers(cfg: RunConfig, z_pca: float, z_ica: float) -> RunConfig:
     """``cfg`` with the per-stage settings that give these noise multipliers."""
-    pca_eps = gdp_epsilon(cfg.pca_delta, 1.0 / z_pca)
-    if cfg.calibration == "classic":
-        ica_eps = math.sqrt(2 * math.log(1.25 / cfg.ica_delta_i)) / z_ica
-    else:
-        ica_eps = gdp_epsilon(cfg.ica_delta_i, 1.0 / z_ica)
+    pca_eps = epsilon_for_multiplier(z_pca, cfg.pca_delta)
+    ica_eps = epsilon_for_multiplier(z_ica, cfg.ica_delta_i, method=cfg.calibration)
     for name, v, delta in (("pca_epsilon", pca_eps, cfg.pca_delta), ("ica_epsilon_i", ica_eps, cfg.ica_delta_i)):
         if not v > 0:
             raise ConfigError(f"the target needs a noise multiplier the setting {name!r} cannot express at delta "

@@ -265,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
+    from .config import PLANS, REDUCTIONS
     from .config import SYNTHETIC_CONSORTIUM as SC
+    from .io import SPACES
+    from .privacy import CALIBRATIONS
+    from .privacy.ledger import UNITS
 
     s = sub.add_parser("synth", help="write a synthetic multi-site fMRI consortium (ground truth known)",
                        description="Defaults: the consortium the demo and site_templates/run.toml are tuned for.")
@@ -279,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"number of spatial maps (default {SC['components']})")
     s.add_argument("--timepoints", type=int, default=SC["timepoints"],
                    help=f"volumes per subject (default {SC['timepoints']})")
-    s.add_argument("--space", default=SC["space"], choices=["mni4mm", "mni6mm", "grid30"],
+    s.add_argument("--space", default=SC["space"], choices=SPACES,
                    help=f"voxel grid and mask (default {SC['space']})")
     s.add_argument("--dtype", default=SC["dtype"], choices=["int16", "float32"],
                    help=f"storage of the BOLD images: int16 with a scale factor (half the disk) or float32 "
@@ -322,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pca-share", type=float, default=0.25,
                    help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default 0.25)")
     over = s.add_argument_group("overrides of configuration fields (default: the configuration's value)")
-    over.add_argument("--plan", choices=["cape", "conv", "none"], default=None, help="noise plan (field plan)")
-    over.add_argument("--reduction", default=None, help="field reduction (capepca, capepca-power, none)")
+    over.add_argument("--plan", choices=PLANS, default=None, help="noise plan (field plan)")
+    over.add_argument("--reduction", default=None, choices=REDUCTIONS, help="field reduction")
     over.add_argument("--components", type=int, default=None, help="field n_components")
     over.add_argument("--n-colluding", type=int, default=None, help="field n_colluding")
     over.add_argument("--delta", type=float, default=None, help="total delta per site (field delta)")
@@ -332,9 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")
     over.add_argument("--rounds", type=int, default=None, help="ICA rounds (field ica_rounds)")
     over.add_argument("--clip", type=float, default=None, help="ICA clipping bound (fields clip_G and clip_h)")
-    over.add_argument("--clip-unit", choices=["subject", "sample"], default=None, help="field ica_clip_unit")
+    over.add_argument("--clip-unit", choices=UNITS, default=None, help="field ica_clip_unit")
     over.add_argument("--ica-bias", choices=["on", "off"], default=None, help="release the bias gradient h too")
-    over.add_argument("--calibration", default=None, choices=["analytic", "classic"], help="field calibration")
+    over.add_argument("--calibration", default=None, choices=CALIBRATIONS, help="field calibration")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_budget)
 

@@ -10,11 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .privacy import gaussian_sigma
+from .cape.plans import PLAN_KINDS as PLANS
+from .privacy import CALIBRATIONS, noise_multiplier
+from .privacy.ledger import UNITS
 
-PLANS = ("cape", "conv", "none")
 BACKENDS = ("inprocess", "directory")
-REDUCTIONS = ("capepca", "capepca-power", "pdsvd", "none")
+#: reductions a consortium run performs (each a CAPE protocol, hence deployable everywhere)
+REDUCTIONS = ("capepca", "capepca-power", "none")
 
 
 #: What ``dpneuro synth`` writes by default and the demo analyses: 128 subjects at 6 mm.
@@ -134,7 +136,7 @@ class RunConfig:
             from .io import load_mask
 
             return load_mask(self.mask)
-        from .synth import load_space
+        from .io import load_space
 
         return load_space(self.space)
 
@@ -189,8 +191,10 @@ class RunConfig:
                 bad(f"sites[{i}].subjects_tsv ({s.name})", f"{s.subjects_tsv} does not exist")
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
-        if not self.mask and self.space not in ("mni4mm", "mni6mm", "grid30"):
-            bad("space", f"unknown template {self.space!r} (mni4mm, mni6mm, grid30) and no mask given")
+        from .io import SPACES
+
+        if not self.mask and self.space not in SPACES:
+            bad("space", f"unknown template {self.space!r} ({', '.join(SPACES)}) and no mask given")
         if self.parcels < 0:
             bad("parcels", "must be >= 0")
         from .io import BIDS_FILTERS
@@ -202,6 +206,10 @@ class RunConfig:
                 bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
         if self.n_components < 2:
             bad("n_components", "must be >= 2")
+        if self.reduction == "pdsvd":
+            bad("reduction", "'pdsvd' (PD-SVD, secure-sum SVD without differential privacy) runs from the library "
+                "(dpneuro.algorithms.pdsvd.pd_svd), not yet as a consortium run; use one of "
+                f"{REDUCTIONS}")
         if self.reduction not in REDUCTIONS:
             bad("reduction", f"one of {REDUCTIONS}")
         if self.plan not in PLANS:
@@ -229,13 +237,15 @@ class RunConfig:
                 bad("ica_delta_i", "must be in (0, 1)")
             if self.calibration == "classic" and self.ica_epsilon_i >= 1:
                 bad("ica_epsilon_i", "the classic Gaussian formula needs eps < 1; use calibration = 'analytic'")
+            if self.calibration not in CALIBRATIONS:
+                bad("calibration", f"one of {CALIBRATIONS}, got {self.calibration!r}")
             try:
-                gaussian_sigma(self.ica_epsilon_i, self.ica_delta_i, method=self.calibration)
+                noise_multiplier(self.ica_epsilon_i, self.ica_delta_i, method=self.calibration)
             except ValueError as exc:
                 bad("calibration", str(exc))
         if self.ica_rounds < 1:
             bad("ica_rounds", "must be >= 1")
-        if self.ica_clip_unit not in ("sample", "subject"):
+        if self.ica_clip_unit not in UNITS:
             bad("ica_clip_unit", "'sample' (as published in [capeDJICA]) or 'subject'")
         if not isinstance(self.ica_bias, bool):
             bad("ica_bias", "true or false")
@@ -248,8 +258,10 @@ class RunConfig:
         for name in ("clip_G", "clip_h"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
-        if self.optimizer not in ("paper", "fast"):
-            bad("optimizer", "'paper' or 'fast'")
+        from .algorithms.djica import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            bad("optimizer", f"one of {tuple(OPTIMIZERS)}")
         if self.truth and not (Path(self.truth) / "manifest.json").exists():
             bad("truth", f"{self.truth} has no manifest.json")
         return self

@@ -15,11 +15,13 @@ values can only be found while reading and are reported the same way.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
 import struct
 import threading
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,6 +252,67 @@ def mask_to_image(values, mask) -> nib.Nifti1Image:
 # ---------------------------------------------------------------------------
 # discovery and header validation
 # ---------------------------------------------------------------------------
+
+#: the template grids a run may name instead of a mask (RunConfig.space)
+SPACES = ("mni4mm", "mni6mm", "grid30")
+
+#: expected in-mask voxel counts; used as a sanity check
+_EXPECTED_VOXELS = {"mni4mm": 29_398, "mni6mm": 8_735, "grid30": 900}
+
+
+def load_space(space: str) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean 3-D mask and affine of an analysis space.
+
+    Parameters
+    ----------
+    space : {"mni4mm", "mni6mm", "grid30"}
+        ``"mni4mm"`` / ``"mni6mm"``: nilearn's shipped MNI152 brain mask at
+        4 / 6 mm isotropic (29,398 / 8,735 voxels; no download needed).
+        ``"grid30"``: the papers' 30 x 30 2-D grid as a 30 x 30 x 1 volume
+        with an identity affine and every voxel in the mask (D = 900).
+
+    Returns
+    -------
+    mask : ndarray of bool, 3-D
+    affine : ndarray, shape (4, 4)
+    """
+    mask, affine = _load_space_cached(space)
+    return mask.copy(), affine.copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_space_cached(space: str) -> tuple[np.ndarray, np.ndarray]:
+    # nilearn's import and the mask read take ~2 s: do them once per process
+    if space == "grid30":
+        return np.ones((30, 30, 1), dtype=bool), np.eye(4)
+    if space not in ("mni4mm", "mni6mm"):
+        raise ValueError(f"unknown space {space!r}; choose one of {', '.join(SPACES)}")
+    res = 4 if space == "mni4mm" else 6
+    from nilearn import datasets, image  # slow import; only needed here
+
+    img = datasets.load_mni152_brain_mask(resolution=res)
+    if not np.allclose(img.header.get_zooms()[:3], res):
+        # older nilearn versions ignore `resolution`: resample ourselves
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            img = image.resample_img(
+                img,
+                target_affine=np.diag([res] * 3),
+                interpolation="nearest",
+                force_resample=True,
+                copy_header=True,
+            )
+    mask = np.asarray(img.dataobj) > 0
+    n_vox = int(mask.sum())
+    expected = _EXPECTED_VOXELS[space]
+    if abs(n_vox - expected) > 0.02 * expected:  # pragma: no cover - nilearn change
+        warnings.warn(
+            f"{space} mask has {n_vox} voxels, expected about {expected}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return mask, np.asarray(img.affine, dtype=np.float64)
+
 
 def _is_nifti(p: Path) -> bool:
     return p.is_file() and not p.name.startswith(".") and p.name.endswith(_NIFTI_SUFFIXES)

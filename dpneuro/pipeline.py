@@ -46,7 +46,7 @@ def _progress() -> bool:
 
 
 def _options(desc: str):
-    from .protocol import RunOptions
+    from .driver import RunOptions
 
     return RunOptions(progress=_progress(), description=desc)
 
@@ -88,7 +88,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
     if cfg.mask:
         mask_path = cfg.mask
     else:
-        from .synth import load_space
+        from .io import load_space
 
         m, aff = load_space(cfg.space)
         import nibabel as nib

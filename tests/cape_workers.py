@@ -16,7 +16,7 @@ import numpy as np
 
 from dpneuro.cape import ReleaseSpec, cape_protocol
 from dpneuro.exchange import DirectoryCheckpoint, DirectoryExchange, Payload
-from dpneuro.protocol import run_site
+from dpneuro.driver import run_site
 
 DIE_EXIT_CODE = 23
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.exchange import ArraySpec, DirectoryCheckpoint, DirectoryExchange, MessageSpec, Payload
-from dpneuro.protocol import Phase, run_site
+from dpneuro.driver import Phase, run_site
 
 D = 4  # length of every toy array
 SEED = 20240611

@@ -15,7 +15,7 @@ from dpneuro.cape import (
     symmetric_plan,
 )
 from dpneuro.exchange import InProcessExchange, Payload
-from dpneuro.protocol import Phase, RunOptions, SimulatedDropout
+from dpneuro.driver import Phase, RunOptions, SimulatedDropout
 
 
 class Zeros:
@@ -187,7 +187,7 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
         return rel.site(state, rnd, incoming)
 
     proto._round[-1] = Phase(rel.topic, flaky_site, rel.aggregator, rel.site_spec, rel.broadcast_spec, True)
-    from dpneuro.protocol import simulate
+    from dpneuro.driver import simulate
 
     res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
     assert res.sites[3] is None

@@ -10,7 +10,7 @@ import numpy as np
 import cape_workers as cw
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.exchange import DirectoryCheckpoint, DirectoryExchange
-from dpneuro.protocol import RunOptions, run_aggregator
+from dpneuro.driver import RunOptions, run_aggregator
 
 KEY = bytes(range(32))
 WORKER = str(Path(__file__).with_name("cape_workers.py"))

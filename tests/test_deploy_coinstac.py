@@ -19,7 +19,7 @@ from dpneuro.deploy.party import ManifestMismatch
 from dpneuro.exchange import DirectoryCheckpoint
 from dpneuro.exchange import Suspend
 from dpneuro.maps import read_timecourses
-from dpneuro.protocol import run_aggregator, run_site
+from dpneuro.driver import run_aggregator, run_site
 
 COINSTAC = dc.TEMPLATES / "coinstac"
 ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}

@@ -28,7 +28,7 @@ from dpneuro.cape import cape_protocol
 from dpneuro.exchange import DirectoryCheckpoint, InProcessExchange
 from dpneuro.metrics import qngi
 from dpneuro.privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, rdp_closed_form_epsilon
-from dpneuro.protocol import run_aggregator, run_site
+from dpneuro.driver import run_aggregator, run_site
 from dpneuro.synth import paper_ica_data
 
 # -- data helpers --------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from dpneuro.exchange.codec import (
     register_state_type,
     save_state_file,
 )
-from dpneuro.protocol import RunOptions, run_aggregator, simulate
+from dpneuro.driver import RunOptions, run_aggregator, simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exchange_workers as ew  # noqa: E402

@@ -13,7 +13,8 @@ import pytest
 from browser import chromium, inspect_page
 from dpneuro.config import RunConfig
 from dpneuro.maps import read_timecourses, template_problem
-from dpneuro.synth import load_space, make_consortium
+from dpneuro.io import load_space
+from dpneuro.synth import make_consortium
 from dpneuro.workflows import run_workflow
 
 

@@ -1,6 +1,6 @@
 """Tests for dpneuro.secagg: fixed point, Shamir, masks, and the phases under the driver.
 
-End-to-end runs use :func:`dpneuro.protocol.simulate` with a one-second
+End-to-end runs use :func:`dpneuro.driver.simulate` with a one-second
 gather timeout; every dropout therefore costs about one second.
 """
 
@@ -20,7 +20,7 @@ from scipy import stats
 
 from dpneuro.exchange import Payload
 from dpneuro.exchange.codec import decode_state, encode_state
-from dpneuro.protocol import Phase, RunOptions, SimulatedDropout, simulate
+from dpneuro.driver import Phase, RunOptions, SimulatedDropout, simulate
 from dpneuro.secagg import (
     PRIME,
     SecAggConfig,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import kurtosis
 
-from dpneuro.synth import garch_sources, load_manifest, load_space, make_consortium
+from dpneuro.io import load_space
+from dpneuro.synth import garch_sources, load_manifest, make_consortium
 
 
 def masked(path, mask):

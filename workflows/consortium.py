@@ -8,7 +8,6 @@ budget re-runs only the stages downstream of it.
 """
 
 
-import json
 import os
 import typing as ty
 from pathlib import Path

@@ -56,7 +56,7 @@ enters both the released moments and their sensitivities without any noise;
 we do not do that.
 
 Noise calibration is the analytic Gaussian mechanism (Balle & Wang 2018)
-through :func:`dpneuro.privacy.gaussian_sigma`; the papers' classic formula
+through :func:`dpneuro.privacy.noise_multiplier`; the papers' classic formula
 needs eps < 1 and adds more noise. ``split`` divides eps and delta between the
 stages (AVN: delta goes entirely to stage 1, stage 2 is pure eps_2-DP).
 """
@@ -76,7 +76,7 @@ from .. import privacy
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
-from ..privacy import PrivacyLedger, gaussian_sigma
+from ..privacy import PrivacyLedger, noise_multiplier
 from ..privacy.noise import vector_laplace
 from . import tensor as tz
 
@@ -556,7 +556,7 @@ def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, mo
     sc = sites[0].scale
     s2_scaled = None if sigma2 is None else float(sigma2) / sc**2
     (e1, e2), (d1, d2) = _stage_budget(epsilon, delta, eps_split)
-    z1, z2 = gaussian_sigma(e1, d1), gaussian_sigma(e2, d2)
+    z1, z2 = noise_multiplier(e1, d1), noise_multiplier(e2, d2)
 
     t0 = time.perf_counter()
     common = dict(unit=unit, groups=groups, seed=seed, scale=scale)
@@ -628,7 +628,7 @@ def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None,
         d1 = delta * parts[0] if mechanism == "agn" else delta
         d2 = delta * parts[1]
         d2_sens, _ = sensitivities(model, D, n, 0.0, group)
-        tau1 = gaussian_sigma(e1, d1, d2_sens)
+        tau1 = d2_sens * noise_multiplier(e1, d1)
         S = S + privacy.gaussian(rng, (D, D), tau1, ledger, symmetric=True)
         ledger.record("m2", d2_sens, tau1, unit=unit, stage="agn-m2")
         info.update(epsilon=(e1, e2), delta=(d1, d2 if mechanism == "agn" else 0.0), tau_m2=tau1)
@@ -639,7 +639,7 @@ def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None,
     if private:
         _, d3_sens = sensitivities(model, D, n, s2 or 0.0, group)
         if mechanism == "agn":
-            tau2 = gaussian_sigma(e2, d2, d3_sens)
+            tau2 = d3_sens * noise_multiplier(e2, d2)
             b = privacy.gaussian(rng, (tz.n_sym(D),), tau2, ledger)
             ledger.record("m3", d3_sens, tau2, unit=unit, stage="agn-m3")
             info["tau_m3"] = tau2
@@ -795,7 +795,7 @@ def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, pla
     if occupancy == "weights":
         occ = np.clip(np.nan_to_num(res.weights, nan=0.0, posinf=0.0), 0.0, None)
     else:
-        z3 = gaussian_sigma(epsilon * parts[2], delta * parts[2])
+        z3 = noise_multiplier(epsilon * parts[2], delta * parts[2])
         st3 = _OccupancyStage("mog", z3, unit=unit, groups=groups_l, seed=seed, stage_id=3, scale=scale,
                               centroids=res.components)
         r3 = run_cape(st3, sites, nplan)

@@ -83,9 +83,10 @@ import numpy as np
 
 from .. import privacy
 from ..cape import ReleaseSpec, cape_protocol, ledgers
+from ..cape.plans import PLAN_KINDS
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
-from ..protocol import (
+from ..driver import (
     RunOptions,
     SimulationResult,
     simulate,
@@ -98,6 +99,7 @@ __all__ = [
     "INFOMAX_SCALE",
     "LearningRate",
     "OPTIMIZERS",
+    "PRESETS",
     "cape_djica",
     "local_dp_ica",
     "infomax_gradients",
@@ -220,6 +222,34 @@ OPTIMIZERS: dict[str, LearningRate] = {
     "fast": LearningRate(rho0=0.5, momentum=0.8, smoothing=0.9, anneal_reference="previous",
                          init_scale=INFOMAX_SCALE, average_from=0.5),
 }
+
+
+#: Complete settings of the unmixing. ``"recommended"`` (the defaults everywhere) is measured by
+#: ``benchmarks/djica_utility.py`` and ``benchmarks/demo_speed.py``; ``"paper"`` is [capeDJICA]
+#: as published (per-sample clipping at 30, bias released, classic calibration, its learning-rate rules).
+PRESETS: dict[str, dict[str, Any]] = {
+    "recommended": dict(clip_G=0.7, clip_h=0.7, rounds=40, optimizer="fast", calibration="analytic",
+                        clip_unit="subject", bias=False),
+    "paper": dict(clip_G=30.0, clip_h=30.0, rounds=1000, optimizer="paper", calibration="classic",
+                  clip_unit="sample", bias=True),
+}
+
+
+class _FromPreset:
+    """Default of a setting that the preset fills in."""
+
+    def __repr__(self) -> str:
+        return "<from preset>"
+
+
+FROM_PRESET: Any = _FromPreset()
+
+
+def preset_settings(preset: str, **given) -> dict[str, Any]:
+    """The preset's settings, overridden by every ``given`` one that is not :data:`FROM_PRESET`."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; use one of {sorted(PRESETS)}")
+    return {**PRESETS[preset], **{k: v for k, v in given.items() if v is not FROM_PRESET}}
 
 
 def _coerce_optimizer(optimizer: str | LearningRate, lr: float | None) -> LearningRate:
@@ -526,9 +556,7 @@ def _check_privacy(plan: str, epsilon_i, delta_i, calibration: str) -> float:
         return 0.0
     if epsilon_i is None or delta_i is None:
         raise ValueError(f"plan {plan!r} needs epsilon_i and delta_i (per-round privacy of each release)")
-    if calibration not in ("classic", "analytic"):
-        raise ValueError(f"calibration must be 'classic' ([capeDJICA] Sec. V) or 'analytic', got {calibration!r}")
-    return privacy.gaussian_sigma(float(epsilon_i), float(delta_i), 1.0, method=calibration)
+    return privacy.noise_multiplier(float(epsilon_i), float(delta_i), 1, calibration)
 
 
 CLIP_UNITS = ("sample", "subject")
@@ -543,21 +571,22 @@ class CapeDJICA:
     samples, in column order. Subject lengths are public metadata (as in
     [capeDJICA] Sec. IV, where N_m is "known a priori").
 
-    Parameters are those of :func:`cape_djica`. ``truth`` (R x R mixing in
-    the whitened space) only adds qNGI to the history of a simulation.
+    Parameters are those of :func:`cape_djica` (defaults: ``PRESETS["recommended"]``).
+    ``truth`` (R x R mixing in the whitened space) only adds qNGI to the
+    history of a simulation.
     """
 
     R: int
     epsilon_i: float | None = None
     delta_i: float | None = None
-    clip_G: float | None = 30.0
-    clip_h: float | None = 30.0
-    rounds: int = 1000
-    optimizer: LearningRate = field(default_factory=LearningRate)
+    clip_G: float | None = 0.7
+    clip_h: float | None = 0.7
+    rounds: int = 40
+    optimizer: LearningRate = field(default_factory=lambda: OPTIMIZERS["fast"])
     plan: str = "cape"
-    calibration: str = "classic"
-    clip_unit: str = "sample"
-    bias: bool = True
+    calibration: str = "analytic"
+    clip_unit: str = "subject"
+    bias: bool = False
     seed: Any = None
     truth: np.ndarray | None = None
     chunk: int = DEFAULT_CHUNK
@@ -570,7 +599,7 @@ class CapeDJICA:
         if isinstance(self.rounds, bool) or int(self.rounds) != self.rounds or self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
         self.rounds = int(self.rounds)
-        if self.plan not in ("cape", "conv", "none"):
+        if self.plan not in PLAN_KINDS:
             raise ValueError(f"unknown plan {self.plan!r}; use 'cape', 'conv' or 'none'")
         if self.clip_unit not in CLIP_UNITS:
             raise ValueError(f"clip_unit must be one of {CLIP_UNITS}, got {self.clip_unit!r}")
@@ -863,19 +892,21 @@ def cape_djica(
     *,
     epsilon_i: float | None = None,
     delta_i: float | None = None,
-    clip_G: float | None = 30.0,
-    clip_h: float | None = 30.0,
-    rounds: int = 1000,
+    preset: str = "recommended",
+    clip_G: float | None = FROM_PRESET,
+    clip_h: float | None = FROM_PRESET,
+    rounds: int = FROM_PRESET,
     plan: str = "cape",
     lr: float | None = None,
+    random_state=None,
     seed=None,
     rng: np.random.Generator | None = None,
     exchange=None,
-    optimizer: str | LearningRate = "paper",
+    optimizer: str | LearningRate = FROM_PRESET,
     checkpoint: str | os.PathLike | None = None,
-    calibration: str = "classic",
-    clip_unit: str = "sample",
-    bias: bool = True,
+    calibration: str = FROM_PRESET,
+    clip_unit: str = FROM_PRESET,
+    bias: bool = FROM_PRESET,
     truth: np.ndarray | None = None,
     chunk: int = DEFAULT_CHUNK,
     options: RunOptions | None = None,
@@ -894,9 +925,13 @@ def cape_djica(
     epsilon_i, delta_i : float
         Per-round privacy of *each* of the two releases (G and h), as in
         [capeDJICA] Sec. V (which uses delta_i = 1e-2). Not needed for plan "none".
+    preset : {"recommended", "paper"}
+        Fills every setting below that is not given: the measured best
+        (default) or [capeDJICA] as published (:data:`PRESETS`).
     clip_G, clip_h : float or None
-        Per-sample clipping bounds B_G, B_h ([capeDJICA] Sec. V: B_G = 30). None
-        (no clipping) only with plan "none": plain infomax.
+        Clipping bounds B_G, B_h of each clipping unit's gradient (recommended
+        0.7 per subject; [capeDJICA] Sec. V: 30 per sample). None (no clipping)
+        only with plan "none": plain infomax.
     rounds : int
         Round limit J (= releases per site per quantity at most).
     plan : {"cape", "conv", "none"}
@@ -904,9 +939,10 @@ def cape_djica(
         independent noise at full std per site, or no noise (not private).
     lr : float, optional
         Initial learning rate; overrides the optimizer's.
-    seed, rng
+    random_state : int or Generator, optional
         Reproducible simulation: every site's noise generator is seeded from
-        (seed, site) (or spawned from ``rng``). Default: OS entropy.
+        (random_state, site) (a Generator is turned into a seed). Default: OS
+        entropy. ``seed`` (int) and ``rng`` (Generator) are older spellings.
     exchange : Exchange, optional
         Defaults to a fresh in-process exchange.
     optimizer : {"paper", "fast"} or LearningRate
@@ -916,11 +952,12 @@ def cape_djica(
         persistent exchange (e.g. a DirectoryExchange over the same folder
         and run id) resumes where the parties stopped without releasing any
         round twice.
-    calibration : {"classic", "analytic"}
-        Per-release Gaussian calibration for (epsilon_i, delta_i).
+    calibration : {"analytic", "classic"}
+        Per-release Gaussian calibration for (epsilon_i, delta_i)
+        (:func:`dpneuro.privacy.noise_multiplier`).
     clip_unit : {"sample", "subject"}
-        Clip every sample's gradient ([capeDJICA] Alg. 4, default) or every
-        subject's mean gradient (:func:`subject_clipped_gradients`); the
+        Clip every sample's gradient ([capeDJICA] Alg. 4) or every
+        subject's mean gradient (recommended) (:func:`subject_clipped_gradients`); the
         sensitivity formula is the same, the useful bounds are not.
     bias : bool
         Learn and release the bias h (as [capeDJICA] does). False releases G only and keeps
@@ -940,14 +977,12 @@ def cape_djica(
     DJICAResult
     """
     site_data, R = _prepare(Z_sites, subjects_per_site)
-    if seed is not None and rng is not None:
-        raise ValueError("give seed or rng, not both")
-    if rng is not None:
-        seed = np.random.SeedSequence(int(rng.integers(2**63)))
-    opt = _coerce_optimizer(optimizer, lr)
-    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, clip_G=clip_G, clip_h=clip_h, rounds=rounds,
-                    optimizer=opt, plan=plan, calibration=calibration, clip_unit=clip_unit, bias=bias, seed=seed,
-                    truth=truth, chunk=chunk)
+    seed = privacy.resolve_random_state(random_state, seed=seed, rng=rng)
+    st = preset_settings(preset, clip_G=clip_G, clip_h=clip_h, rounds=rounds, optimizer=optimizer,
+                         calibration=calibration, clip_unit=clip_unit, bias=bias)
+    opt = _coerce_optimizer(st.pop("optimizer"), lr)
+    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, optimizer=opt, plan=plan, seed=seed, truth=truth,
+                    chunk=chunk, **st)
     # validate every site before anything runs (and so before any release)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)

@@ -106,7 +106,7 @@ from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
-from ..protocol import Phase, RunOptions, State, simulate
+from ..driver import Phase, RunOptions, State, simulate
 
 __all__ = [
     "CapePCA",
@@ -428,18 +428,8 @@ def _check_k(k) -> int:
 
 
 def _noise_multiplier(epsilon, delta, rounds: int = 1, calibration: str = "analytic") -> float:
-    """Per-release std per unit sensitivity so that ``rounds`` releases compose to (eps, delta).
-
-    ``epsilon`` None or inf means no noise (only valid with plan "none").
-    ``calibration="classic"`` (the papers' sqrt(2 ln(1.25/delta))/eps, valid
-    for eps < 1 and one release only) is there to reproduce the papers' tables.
-    """
-    if epsilon is None or (isinstance(epsilon, float) and math.isinf(epsilon) and epsilon > 0):
-        return 0.0
-    if calibration == "classic" and rounds > 1:
-        raise ValueError("calibration='classic' is for one-shot releases; power mode composes rounds exactly "
-                         "with the analytic calibration")
-    return privacy.gaussian_sigma(float(epsilon), float(delta), method=calibration) * math.sqrt(rounds)
+    """Per-release std per unit sensitivity so that ``rounds`` releases compose to (eps, delta)."""
+    return privacy.noise_multiplier(epsilon, delta, rounds, calibration)
 
 
 def _check_privacy(epsilon, delta, plan_kind: str) -> None:
@@ -746,14 +736,6 @@ class PCAResult:
     info: dict = field(default_factory=dict)
 
 
-def _seed_from(seed, rng) -> int | None:
-    if seed is not None and rng is not None:
-        raise ValueError("give seed or rng, not both")
-    if rng is not None:
-        return int(rng.integers(2**62))
-    return None if seed is None else int(seed)
-
-
 def _prepare_sites(X_sites, subjects, k: int) -> list[SiteSource]:
     """Wrap and validate every site's data before the protocol starts (errors before any release)."""
     if isinstance(X_sites, np.ndarray) or not isinstance(X_sites, Sequence) or len(X_sites) == 0:
@@ -781,7 +763,8 @@ def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
 
 def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "replace", mode: str = "covariance", n_iter: int | None = None,
-             oversample: int = 0, exchange=None, seed: int | None = None, rng: np.random.Generator | None = None,
+             oversample: int = 0, exchange=None, random_state=None, seed: int | None = None,
+             rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None) -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
@@ -804,8 +787,9 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
-    seed, rng
-        Reproducible noise for simulations (a Generator is turned into a seed).
+    random_state : int or Generator, optional
+        Reproducible noise for simulations (a Generator is turned into a
+        seed); default OS entropy. ``seed`` / ``rng`` are older spellings.
 
     Returns
     -------
@@ -817,7 +801,8 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
-                  seed=_seed_from(seed, rng), oversample=oversample, dim=srcs[0].dim, calibration=calibration,
+                  seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
+                  dim=srcs[0].dim, calibration=calibration,
                   keep_matrix=True)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
@@ -855,7 +840,7 @@ def local_pca(X_site, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResu
 
 
 def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=None, unit: str | None = None,
-             scale=None, neighbour: str = "replace", exchange=None, seed: int | None = None,
+             scale=None, neighbour: str = "replace", exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None, options: RunOptions | None = None,
              calibration: str = "analytic") -> PCAResult:
     """DPdisPCA ([DPdisPCA] Alg. 1) with intermediate dimension ``R`` (default 2k).
@@ -867,7 +852,8 @@ def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=
     k = _check_k(k)
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
-                     seed=_seed_from(seed, rng), dim=srcs[0].dim, calibration=calibration)
+                     seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), dim=srcs[0].dim,
+                     calibration=calibration)
     if proto.R > srcs[0].dim:
         raise ValueError(f"R = {proto.R} exceeds D = {srcs[0].dim}")
     res = simulate(proto, srcs, exchange=exchange, options=options)

@@ -103,7 +103,7 @@ from scipy import stats
 
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
-from ..protocol import Phase, RunOptions, State, simulate
+from ..driver import Phase, RunOptions, State, simulate
 from .pca import SiteSource, _check_k, as_source, check_sources, orthonormalize
 
 __all__ = [
@@ -153,7 +153,7 @@ class Blinding:
 
 
 class PDSVD:
-    """PD-SVD / PD-PCA as a protocol for :mod:`dpneuro.protocol` (see the module docstring).
+    """PD-SVD / PD-PCA as a protocol for :mod:`dpneuro.driver` (see the module docstring).
 
     Parameters
     ----------

@@ -2,7 +2,7 @@
 
 from .packing import n_unique, pack, unpack
 from .plans import NoisePlan, Variances, asymmetric_plan, plan_variances, symmetric_plan
-from .protocol import CapeAlgorithm, ReleaseSpec, cape_protocol, ledgers, planned_ledgers, record_release, run_cape
+from .phases import CapeAlgorithm, ReleaseSpec, cape_protocol, ledgers, planned_ledgers, record_release, run_cape
 
 __all__ = [
     "CapeAlgorithm",

@@ -41,7 +41,7 @@ from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
 from ..io import write_json
 from ..privacy import PrivacyLedger
-from ..protocol import RunOptions
+from ..driver import RunOptions
 from .. import analysis
 
 __all__ = [

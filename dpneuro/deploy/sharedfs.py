@@ -43,7 +43,7 @@ from typing import Any
 from ..config import ConfigError, RunConfig
 from ..exchange import DirectoryExchange
 from ..exchange.codec import check_name
-from ..protocol import RunOptions
+from ..driver import RunOptions
 from .party import (
     AggregatorContext,
     ManifestMismatch,

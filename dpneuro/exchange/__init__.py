@@ -14,6 +14,7 @@ from .base import (
 )
 from ..privacy import PrivacyLedger
 from .codec import register_state_type
+from .coinstac import CoinstacExchange
 from .directory import DirectoryCheckpoint, DirectoryExchange
 from .inprocess import InProcessExchange
 
@@ -23,6 +24,7 @@ register_state_type(PrivacyLedger)
 __all__ = [
     "AGGREGATOR",
     "ArraySpec",
+    "CoinstacExchange",
     "DirectoryCheckpoint",
     "DirectoryExchange",
     "Exchange",

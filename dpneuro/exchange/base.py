@@ -33,8 +33,8 @@ class Suspend(Exception):
     Raised by exchanges whose messages move *between* invocations of a party
     (COINSTAC: files a party writes now are delivered before its next
     iteration). It is not an :class:`ExchangeError`: nothing went wrong. The
-    driver lets it propagate; by then :func:`dpneuro.protocol.run_site` and
-    :func:`~dpneuro.protocol.run_aggregator` have written everything to their
+    driver lets it propagate; by then :func:`dpneuro.driver.run_site` and
+    :func:`~dpneuro.driver.run_aggregator` have written everything to their
     checkpoint (a site's outgoing message is written ahead of sending), so
     calling them again with the same checkpoint resumes exactly where they
     stopped, without recomputing or redrawing anything.

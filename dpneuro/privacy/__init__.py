@@ -11,6 +11,9 @@ from .cape_delta import (
     mu_z_numeric,
 )
 from .gaussian import (
+    CALIBRATIONS,
+    epsilon_for_multiplier,
+    noise_multiplier,
     gaussian_epsilon,
     gaussian_sigma,
     gdp_delta,
@@ -20,7 +23,7 @@ from .gaussian import (
     rdp_closed_form_epsilon,
 )
 from .ledger import PrivacyLedger, Release
-from .noise import default_rng, gaussian
+from .noise import default_rng, gaussian, resolve_random_state
 from .summary import privacy_report
 
 __all__ = [
@@ -34,7 +37,11 @@ __all__ = [
     "check_collusion",
     "default_rng",
     "delta_from_mu_z",
+    "CALIBRATIONS",
+    "epsilon_for_multiplier",
+    "noise_multiplier",
     "gaussian",
+    "resolve_random_state",
     "gaussian_epsilon",
     "gaussian_sigma",
     "gdp_delta",

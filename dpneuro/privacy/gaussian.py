@@ -7,6 +7,11 @@ A Gaussian mechanism with L2 sensitivity ``Delta`` and noise std ``sigma`` is
     delta(eps) = Phi(-eps/mu + mu/2) - exp(eps) * Phi(-eps/mu - mu/2).
 
 Composition of Gaussians is exact in GDP: ``mu^2 = sum_i (Delta_i/sigma_i)^2``.
+
+This is the one place where a privacy target becomes noise:
+:func:`noise_multiplier` (eps, delta, number of releases, method -> std per
+unit sensitivity) and its inverse :func:`epsilon_for_multiplier`. Every
+algorithm, the configuration check and the budget planner call these two.
 """
 
 from __future__ import annotations
@@ -84,6 +89,41 @@ def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, metho
     if method != "analytic":
         raise ValueError(f"unknown method {method!r}; use 'analytic' or 'classic'")
     return sensitivity / gdp_mu(epsilon, delta)
+
+
+CALIBRATIONS = ("analytic", "classic")
+
+
+def noise_multiplier(epsilon, delta: float, releases: int = 1, method: str = "analytic") -> float:
+    """Noise std per unit sensitivity of each of ``releases`` Gaussian releases that together are (eps, delta)-DP.
+
+    ``epsilon`` None or +inf: no noise (0.0; only a non-private plan may ask).
+    ``"analytic"`` splits mu exactly (GDP): z = sqrt(releases) / mu(eps, delta).
+    ``"classic"`` (the papers' sqrt(2 ln(1.25/delta)) / eps, eps < 1) is a
+    per-release formula: it refuses ``releases > 1``.
+    """
+    if epsilon is None or (isinstance(epsilon, (int, float)) and math.isinf(epsilon) and epsilon > 0):
+        return 0.0
+    if method not in CALIBRATIONS:
+        raise ValueError(f"unknown calibration {method!r}; use one of {CALIBRATIONS}")
+    if isinstance(releases, bool) or int(releases) != releases or releases < 1:
+        raise ValueError(f"releases must be a positive integer, got {releases!r}")
+    if method == "classic" and releases > 1:
+        raise ValueError("calibration 'classic' calibrates one release; composed releases use 'analytic' (exact)")
+    return gaussian_sigma(float(epsilon), float(delta), 1.0, method=method) * math.sqrt(int(releases))
+
+
+def epsilon_for_multiplier(z: float, delta: float, releases: int = 1, method: str = "analytic") -> float:
+    """The eps that :func:`noise_multiplier` maps to ``z`` (inverse; inf for z = 0)."""
+    if z <= 0:
+        return math.inf
+    if method == "classic":
+        if releases != 1:
+            raise ValueError("calibration 'classic' calibrates one release")
+        return math.sqrt(2 * math.log(1.25 / delta)) / z
+    if method not in CALIBRATIONS:
+        raise ValueError(f"unknown calibration {method!r}; use one of {CALIBRATIONS}")
+    return gdp_epsilon(delta, math.sqrt(releases) / z)
 
 
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:

@@ -18,6 +18,27 @@ def default_rng(seed: int | np.random.SeedSequence | None = None) -> np.random.G
     return np.random.default_rng(seed)
 
 
+def resolve_random_state(random_state=None, *, seed=None, rng=None):
+    """One integer seed (or None: OS entropy) from scikit-learn's ``random_state`` or the older ``seed`` / ``rng``.
+
+    A Generator is turned into a seed by one draw, so the run's noise still
+    comes from per-site generators seeded from (seed, site).
+    """
+    given = [x for x in (random_state, seed, rng) if x is not None]
+    if len(given) > 1:
+        raise ValueError("give one of random_state, seed or rng")
+    if not given:
+        return None
+    x = given[0]
+    if isinstance(x, np.random.Generator):
+        return int(x.integers(2**62))
+    if isinstance(x, np.random.SeedSequence):
+        return x
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"random_state must be an int, a numpy Generator or None, got {x!r}")
+    return int(x)
+
+
 def gaussian(
     rng: np.random.Generator, shape, std: float, ledger: PrivacyLedger, *,
     symmetric: bool = False, dtype=np.float64,

@@ -15,7 +15,7 @@ Typical use inside a protocol::
 from .config import DEFAULT_FRAC_BITS, DEFAULT_VALUE_RANGE, SecAggConfig, min_threshold
 from .errors import SecAggDropped, SecAggError, SecAggWarning
 from .fixedpoint import check_no_wrap, decode, encode
-from .protocol import setup_phases, sum_phases
+from .phases import setup_phases, sum_phases
 from .shamir import PRIME, ShamirError
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..protocol import SiteDropped
+from ..driver import SiteDropped
 
 
 class SecAggError(ValueError):
@@ -18,7 +18,7 @@ class SecAggError(ValueError):
 class SecAggDropped(SecAggError, SiteDropped):
     """This site was dropped from the run (its message arrived too late) and must stop.
 
-    Also a :class:`dpneuro.protocol.SiteDropped`, so the driver ends the site
+    Also a :class:`dpneuro.driver.SiteDropped`, so the driver ends the site
     quietly instead of failing the whole run.
     """
 

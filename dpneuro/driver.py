@@ -63,7 +63,7 @@ class Phase:
     allow_dropout: bool = False
 
 
-class Protocol(TypingProtocol):
+class PhasedProtocol(TypingProtocol):
     """What the driver needs from an algorithm."""
 
     name: str
@@ -127,7 +127,7 @@ def _require_checkpoint(exchange: Exchange, checkpoint: Checkpoint | None, who: 
 
 
 def run_site(
-    protocol: Protocol,
+    protocol: PhasedProtocol,
     site: int,
     data: Any,
     exchange: Exchange,
@@ -199,7 +199,7 @@ def run_site(
 
 
 def run_aggregator(
-    protocol: Protocol,
+    protocol: PhasedProtocol,
     exchange: Exchange,
     *,
     checkpoint: Checkpoint | None = None,
@@ -286,7 +286,7 @@ class SimulationResult:
 
 
 def simulate(
-    protocol: Protocol,
+    protocol: PhasedProtocol,
     site_data: Sequence[Any],
     *,
     exchange: Exchange | None = None,

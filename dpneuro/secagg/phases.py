@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..exchange.base import Payload
-from ..protocol import Phase
+from ..driver import Phase
 from . import prg, shamir
 from .config import SecAggConfig
 from .errors import SecAggDropped, SecAggError, SecAggWarning

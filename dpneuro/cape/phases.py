@@ -30,7 +30,7 @@ import numpy as np
 from .. import privacy
 from ..exchange.base import Payload
 from ..privacy import PrivacyLedger, max_colluding
-from ..protocol import Phase, RunOptions, SimulationResult, State, simulate
+from ..driver import Phase, RunOptions, SimulationResult, State, simulate
 from .packing import n_unique, unpack
 from .plans import NoisePlan, Variances, plan_variances
 
