@@ -226,13 +226,15 @@ def _with_multipliers(cfg: RunConfig, z_pca: float, z_ica: float) -> RunConfig:
 
 
 def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
-                pca_share: float = 0.25, stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
+                    pca_share: float | None = None, stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
     """The settings of ``cfg`` rescaled so that the largest headline eps over the sites is ``target_epsilon``.
 
     ``pca_share`` of mu^2 goes to the reduction, the rest to the ICA rounds
     (all of it to the reduction when ``stages`` is only ``("reduce",)``).
+    Default: the split of ``cfg``'s own settings, i.e. the tuned split
+    (measured best) unless the configuration changed them.
     """
-    if not 0 < pca_share < 1:
+    if pca_share is not None and not 0 < pca_share < 1:
         raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ConfigError(f"target epsilon must be a finite number > 0, got {target_epsilon}")
@@ -246,6 +248,8 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     ica = max(st.get("ica", 0.0) for st in stage_mu.values())
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
     with_ica = "unmix" in stages
+    if pca_share is None and with_ica:
+        pca_share = red**2 / (red**2 + ica**2)
     if not with_ica:
         pca_share = 1.0  # the PCA alone: the ICA settings stay as they are (unused)
     z_pca = _pca_noise_multiplier(cfg) * red / (math.sqrt(pca_share) * mu_t)

@@ -49,13 +49,17 @@ def _demo_settings() -> dict:
 DEMO = _demo_settings()
 
 
-def _demo_config(out: Path, manifest: dict, args: argparse.Namespace):
-    from .config import RECOMMENDED, RunConfig
+def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
+    """The demo's analysis: the library's defaults, with the synthetic consortium's number of networks."""
+    from .estimators import DecentralizedICA
 
-    return RunConfig.from_dict(dict(
-        sites=[{"name": s["site"], "path": s["path"]} for s in manifest["sites"]],
-        out=str(out / "run"), mask=manifest["mask"], truth=str(out / "data"), seed=args.seed, **RECOMMENDED,
-    )).validate()
+    return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
+                            random_state=args.seed, output_dir=out / "run", engine="pydra",
+                            verbose=int(not args.quiet))
+
+
+def _demo_sites(manifest: dict) -> dict[str, str]:
+    return {s["site"]: s["path"] for s in manifest["sites"]}
 
 
 def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
@@ -71,18 +75,15 @@ def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
         print(w, file=sys.stderr)
 
 
-def _print_summary(cfg, result: dict, seconds: float) -> None:
-    import json as _json
-
-    maps = _json.loads(Path(result["maps"]).read_text())
-    priv = _json.loads(Path(maps["privacy"]).read_text())
-    print(f"report:     {result['report']}")
-    print(f"components: {Path(cfg.out) / 'components.nii.gz'}")
-    print(f"privacy:    {Path(cfg.out) / 'privacy.json'}")
-    if maps.get("truth"):
-        m = maps["truth"]["metrics"]
-        print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in m.items()))
-    _print_privacy(priv, maps.get("warnings"))
+def _print_summary(est, seconds: float) -> None:
+    """What a fitted estimator wrote and what it cost, for the terminal."""
+    out = est.output_dir_
+    print(f"report:     {est.report_.path}")
+    print(f"components: {out / 'components.nii.gz'}")
+    print(f"privacy:    {out / 'privacy.json'}")
+    if est.metrics_:
+        print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in est.metrics_.items()))
+    _print_privacy(est.privacy_.report, est.warnings_)
     print(f"wall time:  {seconds:.1f} s")
 
 
@@ -90,7 +91,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import time
 
     from .synth import make_consortium
-    from .workflows import run_workflow
 
     t0 = time.perf_counter()
     out = Path(args.out).resolve()
@@ -101,18 +101,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     manifest = make_consortium(out / "data", n_sites=d["sites"], subjects_per_site=d["subjects"],
                                n_components=d["components"], n_timepoints=d["timepoints"], space=d["space"],
                                seed=args.seed, progress=not args.quiet, dtype=d["dtype"])
-    cfg = _demo_config(out, manifest, args)
+    est = _demo_estimator(out, manifest, args)
     if not args.quiet:
         print("running the workflow (load -> capePCA -> capeDJICA -> maps -> report) ...")
-    result = run_workflow(cfg)
+    est.fit(_demo_sites(manifest))
     if not args.quiet:
-        _print_summary(cfg, result, time.perf_counter() - t0)
+        _print_summary(est, time.perf_counter() - t0)
     else:
-        _print_warnings(result)
+        _print_warnings(est)
     if not args.keep_work:
         import shutil
 
-        shutil.rmtree(Path(cfg.out) / "work", ignore_errors=True)  # intermediate files: ~as large as the data
+        shutil.rmtree(est.output_dir_ / "work", ignore_errors=True)  # intermediate files: ~as large as the data
     if not args.quiet:
         print(f"disk:       {_du(out) / 2**20:.0f} MB in {out} (synthetic data {_du(out / 'data') / 2**20:.0f} MB)")
     return EXIT_OK
@@ -126,23 +126,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from .config import RunConfig
-    from .workflows import run_workflow
+    from .estimators import DecentralizedICA
 
     t0 = time.perf_counter()
     cfg = RunConfig.load(args.config)
-    result = run_workflow(cfg, plugin=args.plugin)
+    est = DecentralizedICA.from_config(cfg, engine="pydra" if args.plugin == "serial" else f"pydra-{args.plugin}",
+                                       verbose=int(not args.quiet)).fit()
     if not args.quiet:
-        _print_summary(cfg, result, time.perf_counter() - t0)
+        _print_summary(est, time.perf_counter() - t0)
     else:
-        _print_warnings(result)
+        _print_warnings(est)
     return EXIT_OK
 
 
-def _print_warnings(result: dict) -> None:
+def _print_warnings(est) -> None:
     """Warnings reach the user even with --quiet."""
-    import json as _json
-
-    for w in _json.loads(Path(result["maps"]).read_text()).get("warnings", []):
+    for w in est.warnings_:
         print(w, file=sys.stderr)
 
 
@@ -323,8 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="features D after reduction, for the noise estimate (default: from mask/space/parcels)")
     s.add_argument("--target-epsilon", type=float, default=None,
                    help="propose pca_epsilon and ica_epsilon_i so that the largest per-site eps is this")
-    s.add_argument("--pca-share", type=float, default=0.25,
-                   help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default 0.25)")
+    s.add_argument("--pca-share", type=float, default=None,
+                   help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default: the split of "
+                        "the configuration's settings, the tuned one unless changed)")
     over = s.add_argument_group("overrides of configuration fields (default: the configuration's value)")
     over.add_argument("--plan", choices=PLANS, default=None, help="noise plan (field plan)")
     over.add_argument("--reduction", default=None, choices=REDUCTIONS, help="field reduction")

@@ -31,7 +31,8 @@ from .config import ConfigError, RunConfig, SiteInput
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 
 ROLES = ("simulation", "site", "aggregator")
-ENGINES = ("serial", "pydra")
+#: "serial": the stages in this process; "pydra": the Pydra workflow (serial plugin); "pydra-cf": concurrent workers
+ENGINES = ("serial", "pydra", "pydra-cf")
 
 #: RunConfig fields an estimator sets from its own parameters (the rest are expert keywords)
 _OWN = {"sites", "out", "n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction",
@@ -278,16 +279,18 @@ class _Decentralized:
         from . import pipeline
 
         cfg, self.budget_ = pipeline.prepare(cfg)
-        if self.engine == "pydra":
+        if self.engine.startswith("pydra"):
             if self._until != "report":
-                raise ValueError(f"engine 'pydra' runs the whole workflow; {type(self).__name__} needs 'serial'")
+                raise ValueError(f"engine {self.engine!r} runs the whole workflow; {type(self).__name__} needs "
+                                 "'serial'")
             from .workflows import run_workflow
 
-            outputs = run_workflow(cfg)
+            outputs = run_workflow(cfg, plugin="cf" if self.engine == "pydra-cf" else "serial")
         else:
             outputs = pipeline.run_stages(cfg, until=self._until)
         self.config_ = cfg
         self.output_dir_ = Path(cfg.out)
+        self.outputs_ = outputs
         self._read_outputs(outputs)
 
     def _fit_party(self, cfg: RunConfig) -> None:
@@ -354,9 +357,10 @@ class DecentralizedICA(_Decentralized):
         With ``role="site"``: this party's site name.
     exchange : path, optional
         The deployed run's shared folder.
-    engine : {"serial", "pydra"}, default "serial"
-        Run the stages in this process, or through the Pydra workflow (not
-        inside a running event loop such as Jupyter's).
+    engine : {"serial", "pydra", "pydra-cf"}, default "serial"
+        Run the stages in this process, or through the Pydra workflow with its
+        serial or concurrent plugin (not inside a running event loop such as
+        Jupyter's).
     verbose : int, default 0
         Progress bars when > 0.
     **options

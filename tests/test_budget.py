@@ -65,6 +65,22 @@ def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
     assert spent == pytest.approx(8.0, rel=1e-6)
 
 
+def test_default_split_keeps_the_configurations_ratio(consortia, tmp_path):
+    """Without pca_share the planner scales both stages alike: the tuned split, at the target."""
+    cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
+    shapes = site_shapes(cfg)
+    base, plan = spend(cfg, shapes, 60), plan_for_target(cfg, shapes, 60, 5.0)
+
+    def ratio(p):
+        s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
+        return s["capepca"] / s["ica"]
+
+    assert ratio(plan) == pytest.approx(ratio(base), rel=1e-6)
+    assert max(plan.epsilon.values()) == pytest.approx(5.0, rel=1e-6)
+    shared = plan_for_target(cfg, shapes, 60, 5.0, pca_share=0.3)
+    assert ratio(shared) == pytest.approx((0.3 / 0.7) ** 0.5, rel=1e-6)
+
+
 def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(consortia, tmp_path, capsys):
     man = consortia["sym"]
     sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])

@@ -3,9 +3,12 @@
 import json
 import re
 
+import pytest
+
 from dpneuro.cli import main
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_demo_recovers_truth_at_printed_privacy(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the README's command as typed: default output folder, relative
     assert main(["demo"]) == 0

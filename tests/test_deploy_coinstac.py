@@ -266,6 +266,7 @@ def _state(root: Path, cid: str) -> dict:
 
 # -- a full run through real coinstac services ----------------------------------------------------
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     pytest.importorskip("coinstac")
     pytest.importorskip("websockets")
@@ -355,6 +356,7 @@ def _services_run(tmp_path, spec, man, *, new_process_every_iteration=False, **k
             svc.stop()
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_lost_messages_are_sent_again_and_a_lost_cause_ends_the_run(tmp_path):
     pytest.importorskip("coinstac")
     spec = [{**site, "ica_rounds": {"value": 5}} for site in _load("inputspec.json")]

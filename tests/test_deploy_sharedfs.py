@@ -110,6 +110,7 @@ def _check_outputs(out: Path, man: dict, ref: dict):
     assert "report.html" in os.listdir(out)
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
@@ -129,6 +130,7 @@ def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
     assert key.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
@@ -185,6 +187,7 @@ def test_a_failing_site_stops_every_party_within_seconds_naming_it(consortium, t
         assert "site 'site-03' stopped with an error" in text and victim.name in text, text[-2000:]
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_a_new_run_id_does_not_reuse_an_old_runs_state(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")

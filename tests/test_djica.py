@@ -229,7 +229,7 @@ def test_ledger_matches_closed_form_composition():
     sites, _ = _laplace_sites(R=4, N=6_000, S=2)
     J, eps_i, delta_i, BG, Bh = 7, 0.5, 1e-2, 30.0, 30.0
     res = cape_djica(sites, [10, 10], epsilon_i=eps_i, delta_i=delta_i, clip_G=BG, clip_h=Bh,
-                     rounds=J, plan="conv", seed=3)
+                     rounds=J, plan="conv", random_state=3, preset="paper")
     z = math.sqrt(2 * math.log(1.25 / delta_i)) / eps_i  # [capeDJICA] Sec. V: classic calibration per release
     assert res.noise_multiplier == pytest.approx(z)
     assert res.rounds == J
@@ -276,11 +276,14 @@ def test_cape_plan_runs_with_secure_aggregation():
 
 def test_calibration_choices():
     with pytest.raises(ValueError, match="analytic"):
-        CapeDJICA(R=4, epsilon_i=1.5, delta_i=1e-2, plan="conv")  # classic needs eps < 1
-    a = CapeDJICA(R=4, epsilon_i=1.5, delta_i=1e-2, plan="conv", calibration="analytic")
+        CapeDJICA(R=4, epsilon_i=1.5, delta_i=1e-2, plan="conv", calibration="classic")  # classic needs eps < 1
+    with pytest.raises(ValueError, match="analytic"):  # the paper's preset is classic
+        cape_djica([np.zeros((4, 20))] * 2, 2, epsilon_i=1.5, delta_i=1e-2, plan="conv", preset="paper")
+    a = CapeDJICA(R=4, epsilon_i=1.5, delta_i=1e-2, plan="conv")  # analytic by default
     assert a.z == pytest.approx(gaussian_sigma(1.5, 1e-2))
-    b = CapeDJICA(R=4, epsilon_i=0.5, delta_i=1e-2, plan="conv", bias=False)
-    assert set(b.site_releases({"n": 100, "t_max": 10})) == {"G"}
+    b = CapeDJICA(R=4, epsilon_i=0.5, delta_i=1e-2, plan="conv", bias=True)
+    assert set(b.site_releases({"n": 100, "t_max": 10})) == {"G", "h"}
+    assert set(CapeDJICA(R=4, epsilon_i=0.5, delta_i=1e-2, plan="conv").site_releases({"n": 100, "t_max": 10})) == {"G"}
 
 
 # -- refusals --------------------------------------------------------------------------------
@@ -328,6 +331,7 @@ def test_local_dp_ica_and_reproducible_seeds():
 
 # -- cross-check with an independent infomax ---------------------------------------------------
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_nonprivate_agrees_with_mne_infomax():
     mne_pre = pytest.importorskip("mne.preprocessing")
     sites, Aw = _laplace_sites(R=6, N=30_000, S=3, seed=0)
@@ -345,6 +349,7 @@ def test_nonprivate_agrees_with_mne_infomax():
 
 # -- utility trends on paper-style data (GARCH sources, 30 x 30 grid maps) ----------------------
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_qngi_decreases_with_rounds_and_subjects():
     """Fixed seeds, 3 noise seeds per setting; the medians must order with margins.
 
@@ -430,7 +435,8 @@ def _run_parties(alg, sites, subjects, plan, agg_checkpoint=None, crash_at=None,
 @pytest.mark.parametrize("plan", ["conv", "cape"])
 def test_aggregator_crash_resumes_without_re_releasing(tmp_path, plan):
     sites, Aw = _laplace_sites(R=4, N=9_000, S=3)
-    kw = dict(R=4, epsilon_i=0.9, delta_i=1e-2, rounds=12, plan=plan, optimizer=OPTIMIZERS["fast"], seed=7)
+    kw = dict(R=4, epsilon_i=0.9, delta_i=1e-2, rounds=12, plan=plan, optimizer=OPTIMIZERS["fast"], seed=7, bias=True,
+              clip_G=30.0, clip_h=30.0, clip_unit="sample")
     ref_agg, ref_sites, _ = _run_parties(_CrashingDJICA(**kw), sites, 10, plan)
     agg, site_states, ex = _run_parties(_CrashingDJICA(**kw), sites, 10, plan,
                                         agg_checkpoint=DirectoryCheckpoint(tmp_path / "agg.npz"), crash_at=5)

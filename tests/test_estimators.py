@@ -189,3 +189,43 @@ def test_deployed_parties_through_the_estimator(consortium, fitted, tmp_path):
         assert float(got["eps"]) == pytest.approx(fitted.privacy_.epsilon[n])
         for sid, tc in fitted.timecourses_[n].items():
             np.testing.assert_allclose(got[f"tc_{sid}"], tc, atol=1e-4)
+
+
+def test_one_set_of_defaults_everywhere():
+    """The library, the configuration, the estimator and the template share the tuned settings."""
+    from dataclasses import fields
+
+    from dpneuro.algorithms.djica import OPTIMIZERS, PRESETS, CapeDJICA
+    from dpneuro.algorithms.pca import CapePCA
+    from dpneuro.config import RunConfig
+
+    rc = {f.name: f.default for f in fields(RunConfig)}
+    rec = PRESETS["recommended"]
+    as_config = {"clip_G": "clip_G", "clip_h": "clip_h", "rounds": "ica_rounds", "optimizer": "optimizer",
+                 "calibration": "calibration", "clip_unit": "ica_clip_unit", "bias": "ica_bias"}
+    assert {k: rc[c] for k, c in as_config.items()} == rec
+    alg = CapeDJICA(R=3, epsilon_i=1.0, delta_i=1e-2)
+    assert (alg.clip_G, alg.rounds, alg.calibration, alg.clip_unit, alg.bias) == (
+        rec["clip_G"], rec["rounds"], rec["calibration"], rec["clip_unit"], rec["bias"])
+    assert alg.optimizer == OPTIMIZERS[rec["optimizer"]]
+    assert PRESETS["paper"]["calibration"] == "classic" and PRESETS["paper"]["clip_unit"] == "sample"
+    assert CapePCA(2, 1.0, 1e-5).z == pytest.approx(CapePCA(2, 1.0, 1e-5, calibration="analytic").z)
+    cfg = dpneuro.DecentralizedICA().to_config({"a": "x", "b": "y", "c": "z"})
+    for name in ("space", "parcels", "pca_epsilon", "ica_epsilon_i", "n_components", "delta", "plan", "reduction",
+                 *as_config.values()):
+        assert getattr(cfg, name) == rc[name], name
+
+
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
+def test_example_script_runs_as_a_notebook_would(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "decentralized_ica.py"
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "ex"), "--small"], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "proposal for eps = 30" in res.stdout and "time courses (120, 6)" in res.stdout
+    assert (tmp_path / "ex" / "report.html").stat().st_size > 10_000 and (tmp_path / "ex" / "IC01.png").exists()
+    priv = json.loads((tmp_path / "ex" / "run" / "privacy.json").read_text())
+    assert max(priv["epsilon"].values()) == pytest.approx(30.0, rel=1e-6)

@@ -32,6 +32,7 @@ def mni_run(tmp_path_factory):
     return cfg, res
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_report_content(mni_run):
     cfg, res = mni_run
     html = open(res["report"], encoding="utf-8").read()
@@ -47,6 +48,7 @@ def test_report_content(mni_run):
     assert "against the aggregator" in html and f'class="privacybox {privacy["strength"]}"' in html
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_report_loads_offline_in_a_browser_with_every_image(mni_run, tmp_path):
     if chromium() is None:
         if os.environ.get("DPNEURO_REQUIRE_BROWSER"):

@@ -37,6 +37,7 @@ def _work_dirs(cfg: RunConfig, stage: str) -> list[Path]:
     return sorted((Path(cfg.out) / "work").glob(f"{stage}-*"))
 
 
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_workflow_end_to_end_cache_and_rerun(consortium):
     root, man = consortium
     cfg = _config(root, man, "run")
@@ -115,7 +116,7 @@ def test_config_errors_name_the_field(tmp_path, consortium):
     good = {"sites": [{"name": "a", "path": man["sites"][0]["path"]}], "out": str(tmp_path / "o"), "plan": "conv"}
     RunConfig.from_dict(good).validate()
     with pytest.raises(ConfigError, match="unknown config field"):
-        RunConfig.from_dict({**good, "epsilon": 1.0})
+        RunConfig.from_dict({**good, "epsilonn": 1.0})
     with pytest.raises(ConfigError, match=r"sites\[0\]"):
         RunConfig.from_dict({**good, "sites": [{"name": "a", "path": str(tmp_path / "nope")}]}).validate()
     with pytest.raises(ConfigError, match="'plan'.*at least 3 sites"):

@@ -579,14 +579,14 @@ class CapeDJICA:
     R: int
     epsilon_i: float | None = None
     delta_i: float | None = None
-    clip_G: float | None = 0.7
-    clip_h: float | None = 0.7
-    rounds: int = 40
-    optimizer: LearningRate = field(default_factory=lambda: OPTIMIZERS["fast"])
+    clip_G: float | None = PRESETS["recommended"]["clip_G"]
+    clip_h: float | None = PRESETS["recommended"]["clip_h"]
+    rounds: int = PRESETS["recommended"]["rounds"]
+    optimizer: LearningRate = field(default_factory=lambda: OPTIMIZERS[PRESETS["recommended"]["optimizer"]])
     plan: str = "cape"
-    calibration: str = "analytic"
-    clip_unit: str = "subject"
-    bias: bool = False
+    calibration: str = PRESETS["recommended"]["calibration"]
+    clip_unit: str = PRESETS["recommended"]["clip_unit"]
+    bias: bool = PRESETS["recommended"]["bias"]
     seed: Any = None
     truth: np.ndarray | None = None
     chunk: int = DEFAULT_CHUNK
