@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.algorithms.djica import cape_djica, local_dp_ica, whiten
+from dpneuro.algorithms.djica import PRESETS, cape_djica, local_dp_ica, whiten
 from dpneuro.metrics import qngi
 from dpneuro.synth import paper_ica_data
 
@@ -61,7 +61,7 @@ DELTA_TOTAL = 1e-5
 DELTA_I = 1e-2
 
 CONFIGS = {
-    "paper": dict(optimizer="paper", clip_G=30.0, clip_h=30.0, clip_unit="sample", bias=True, rounds=1000),
+    "paper": dict(preset="paper", rounds=PRESETS["paper"]["rounds"]),
     "fast": dict(optimizer="fast", clip_G=30.0, clip_h=30.0, clip_unit="sample", bias=True, rounds=200),
     "tuned": dict(optimizer="fast", clip_G=2.0, clip_h=1.0, clip_unit="subject", bias=False, rounds=200),
 }

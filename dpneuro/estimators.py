@@ -525,7 +525,8 @@ class DecentralizedPCA(_Decentralized):
     def _read_outputs(self, outputs: dict) -> None:
         from .io import mask_to_image
         from .parcellation import Parcellation
-        from .pipeline import consortium_privacy
+        from .outputs import consortium_privacy
+        from .pipeline import stage_ledgers
 
         red = _read_json(outputs["reduce"])
         self._read_space(outputs["space"])
@@ -535,7 +536,8 @@ class DecentralizedPCA(_Decentralized):
         self.components_ = np.ascontiguousarray(vox.T)
         self.components_img_ = mask_to_image(vox, self._space["mask"])
         sites = [_read_json(p) for p in outputs["load"]]
-        self.privacy_ = PrivacySummary(consortium_privacy(self.config_, sites, red))
+        self.privacy_ = PrivacySummary(consortium_privacy(self.config_, stage_ledgers(sites, red),
+                                                          {s["site"]: s["n_subjects"] for s in sites}))
 
 
 def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None = None, timepoints: int = 150,

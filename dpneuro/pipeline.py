@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .config import RunConfig
-from .analysis import SCALING_NOTE, site_whiten
+from .analysis import site_whiten
 from .io import write_json
 
 def _digest(*parts: Any) -> str:
@@ -274,30 +274,25 @@ def _truth(cfg: RunConfig) -> dict | None:
     return load_manifest(cfg.truth)
 
 
-def consortium_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
-    """privacy.json of a simulated run: every site's ledgers of ``stages`` (their outputs) merged and summarised."""
-    from .privacy import PrivacyLedger, privacy_report
+def stage_ledgers(sites: list[dict], *stages: dict) -> dict:
+    """Every site's ledger: its releases in the outputs of ``stages`` (reduce, unmix), merged."""
+    from .privacy import PrivacyLedger
 
-    ledgers = {}
-    for s in sites:
-        n = s["site"]
-        ledgers[n] = PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][n]) for x in stages
-                                              if x["ledgers"].get(n)])
-        ledgers[n].owner = n
-    return privacy_report(ledgers, delta=cfg.delta, n_subjects={s["site"]: s["n_subjects"] for s in sites},
-                          plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None,
-                          scaling_note=SCALING_NOTE)
+    return {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][s["site"]]) for x in stages
+                                                if x["ledgers"].get(s["site"])]) for s in sites}
 
 
 def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
                key: str = "") -> str:
     """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth."""
-    from .algorithms.djica import spatial_maps, time_courses
-    from .io import load_mask
+    from .algorithms.djica import time_courses
     from .budget import run_warnings
-    from .maps import template_problem, write_components, write_timecourses, zscore_columns
+    from .io import load_mask
+    from .maps import template_problem, write_timecourses
     from .metrics import match_components, md_index, qngi
+    from .outputs import consortium_privacy, write_maps
     from .parcellation import Parcellation
+
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
     space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
@@ -307,11 +302,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         return str(out)
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
     W, b = np.load(unm["W"]), np.load(unm["b"])
-    A = spatial_maps(V, lam, W)  # reduced features x R
+    comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
     parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
-    A_vox = parcels.expand(A) if parcels is not None else A
-    maps = zscore_columns(A_vox)
-    comp_path = write_components(maps, space["mask"], d / "components.nii.gz")
 
     tcs = {}
     for s in sites:  # in a deployment each site does this on its own machine
@@ -320,7 +312,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
 
-    priv = consortium_privacy(cfg, sites, red, unm)
+    priv = consortium_privacy(cfg, stage_ledgers(sites, red, unm), {s["site"]: s["n_subjects"] for s in sites})
     priv_path = _write_json(d / "privacy.json", priv)
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])
@@ -328,7 +320,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         warnings.append(f"WARNING: {problem}")
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
-              "n_components": int(A.shape[1]), "truth": None, "warnings": warnings, "template_problem": problem}
+              "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem}
     truth = _truth(cfg)
     if truth is not None:
         A_true = np.load(truth["truth"]["A"]).astype(np.float64)
@@ -353,7 +345,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     import shutil
 
     from .maps import convergence_figure, render_components, site_timecourse_figure
-    from .report import report_headline, write_report
+    from .outputs import headline as consortium_headline
+    from .report import write_report
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -374,9 +367,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     conv_png = convergence_figure(unm["history"], figs / "convergence.png")
 
     priv = _read_json(mp["privacy"])
-    headline = report_headline(f"{mp['n_components']} components from {len(sites)} sites, "
-                               f"{sum(s['n_subjects'] for s in sites)} subjects; plan '{cfg.plan}'.", priv,
-                               mp.get("warnings"))
+    headline = consortium_headline(cfg, priv, n_components=mp["n_components"],
+                                   n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
+                                   ica=f"{unm['rounds']} ICA rounds ({unm['status']})")
     metrics = truth["metrics"] if truth else None
     if metrics:
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))

@@ -191,18 +191,6 @@ def _dim(space: dict) -> int:
     return int(space["n_parcels"]) if space.get("parcels") else int(space["n_voxels"])
 
 
-def _component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
-    """z-scored spatial maps in voxels (D_voxels x R)."""
-    from ..algorithms.djica import spatial_maps
-    from ..maps import zscore_columns
-    from ..parcellation import Parcellation
-
-    A = spatial_maps(basis, eigenvalues, W)
-    if space.get("parcels"):
-        A = Parcellation(np.load(space["parcels"])).expand(A)
-    return zscore_columns(A)
-
-
 # -- a site ------------------------------------------------------------------------------------
 
 @dataclass
@@ -313,7 +301,8 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 
 def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger) -> dict:
     from ..algorithms.djica import time_courses
-    from ..maps import write_components, write_timecourses
+    from ..maps import write_timecourses
+    from ..outputs import write_maps
 
     out = ctx.out
     out.mkdir(parents=True, exist_ok=True)
@@ -321,8 +310,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
     tc = write_timecourses(time_courses(W, Z, b), out / "timecourses.tsv",
                            subjects=(info["subject_ids"], info["boundaries"]))
-    comp = write_components(_component_maps(info["space"], red["basis"], red["eigenvalues"], W),
-                            info["space"]["mask"], out / "components.nii.gz")
+    comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
     np.save(out / "W.npy", W)
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
@@ -428,17 +416,15 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, declared: dict,
                               seconds: float) -> dict[str, Any]:
     from ..budget import run_warnings
-    from ..maps import convergence_figure, render_components, write_components
-    from ..analysis import SCALING_NOTE
-    from ..privacy import privacy_report
-    from ..report import report_headline, write_report
+    from ..maps import convergence_figure, render_components
+    from ..outputs import consortium_privacy, headline as consortium_headline, write_maps
+    from ..report import write_report
 
     cfg, out = ctx.cfg, ctx.out
     out.mkdir(parents=True, exist_ok=True)
     names = [s.name for s in cfg.sites]
     W, b = np.asarray(ica["W"]), np.asarray(ica["b"])
-    maps = _component_maps(space, red["basis"], red["eigenvalues"], W)
-    comp_path = write_components(maps, space["mask"], out / "components.nii.gz")
+    comp_path, _ = write_maps(space, red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
     for name, a in (("W", W), ("b", b), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
         np.save(out / f"{name}.npy", np.asarray(a))
 
@@ -448,15 +434,12 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
         if d.get("site") != name:
             raise ValueError(f"site {s} declared itself as {d.get('site')!r}, the run expects {name!r}")
         led = PrivacyLedger.from_dict(d["ledger"])
-        led.owner = name
         ledgers[name], n_subjects[name], n_samples[name] = led, int(d["n_subjects"]), int(d["n_samples"])
-    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
-                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
-    priv["assumptions"].append(
+    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(
         "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
-        "set-up that every site calibrated the same releases (CAPE set-up phase).")
+        "set-up that every site calibrated the same releases (CAPE set-up phase).",
+        *((ctx.transport,) if ctx.transport else ())))
     if ctx.transport:
-        priv["assumptions"].append(ctx.transport)
         priv["transport"] = ctx.transport
     priv_path = write_json(out / "privacy.json", priv)
 
@@ -467,9 +450,8 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
                               figs / "convergence.png")
     eps = dict(priv["epsilon"])
     warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv) + map_warnings
-    headline = report_headline(f"{W.shape[0]} components from {len(names)} sites, {sum(n_subjects.values())} "
-                               f"subjects; plan '{cfg.plan}'; {ica['rounds']} ICA rounds ({ica['status']}).", priv,
-                               warnings)
+    headline = consortium_headline(cfg, priv, n_components=W.shape[0], n_subjects=sum(n_subjects.values()),
+                                   warnings=warnings, ica=f"{ica['rounds']} ICA rounds ({ica['status']})")
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:

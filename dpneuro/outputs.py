@@ -1,0 +1,64 @@
+"""The consortium's outputs, written the same way by a simulation and by a deployed aggregator.
+
+A simulated run (:mod:`dpneuro.pipeline`) and the aggregator of a deployed
+run (:mod:`dpneuro.deploy.party`) both end with the same three things: the
+spatial maps painted back to voxels, ``privacy.json`` composed from every
+site's ledger, and the report's headline. They call these functions, so a
+deployment and its simulation write the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .analysis import SCALING_NOTE
+from .config import RunConfig
+from .privacy import PrivacyLedger
+
+__all__ = ["component_maps", "consortium_privacy", "headline", "write_maps"]
+
+
+def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
+    """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
+    from .algorithms.djica import spatial_maps
+    from .maps import zscore_columns
+    from .parcellation import Parcellation
+
+    A = spatial_maps(basis, eigenvalues, W)
+    if space.get("parcels"):
+        A = Parcellation(np.load(space["parcels"])).expand(A)
+    return zscore_columns(A)
+
+
+def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
+    """``components.nii.gz`` (one volume per component on the mask's grid) and the voxel maps written."""
+    from .maps import write_components
+
+    maps = component_maps(space, basis, eigenvalues, W)
+    return write_components(maps, space["mask"], path), maps
+
+
+def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,
+                       assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``privacy.json``: every site's ledger composed and summarised, with the run's assumptions in words."""
+    from .privacy import privacy_report
+
+    for name, led in ledgers.items():
+        led.owner = name
+    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
+                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
+    priv["assumptions"] += list(assumptions)
+    return priv
+
+
+def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, warnings: list[str],
+             ica: str = "") -> list[str]:
+    """The box at the top of the consortium's report: what ran, the privacy headline, the warnings."""
+    from .report import report_headline
+
+    what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
+            + (f"; {ica}" if ica else "") + ".")
+    return report_headline(what, priv, warnings)
