@@ -66,10 +66,14 @@ SCALING_NOTE = (
 
 
 def unit_columns(X: np.ndarray) -> np.ndarray:
-    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0)."""
-    X = np.asarray(X, dtype=np.float32)
-    n = np.linalg.norm(X, axis=0)
-    return X / np.where(n > 0, n, 1.0)
+    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0).
+
+    The same scaling capePCA applies inside its site step (``scale="unit"``): one implementation,
+    :func:`dpneuro.io.scale_columns`.
+    """
+    from .io import scale_columns
+
+    return scale_columns(X, "unit")
 
 
 #: reductions that run as a CAPE protocol (and so can be deployed): all a configuration accepts

@@ -158,7 +158,7 @@ def _budget_config(args: argparse.Namespace):
     """The configuration to plan: a run.toml, or the defaults with ``--sites`` placeholder sites."""
     from dataclasses import replace
 
-    from .config import ConfigError, RunConfig, SiteInput
+    from .config import ConfigError, RunConfig, SiteEntry
 
     if args.config:
         if args.sites is not None:
@@ -167,7 +167,7 @@ def _budget_config(args: argparse.Namespace):
     else:
         if args.sites is None or args.subjects is None:
             raise ConfigError("give a run configuration (dpneuro budget run.toml) or --sites and --subjects")
-        cfg = RunConfig(sites=[SiteInput(f"site-{i + 1:02d}", "") for i in range(max(args.sites, 0))], out="")
+        cfg = RunConfig(sites=[SiteEntry(f"site-{i + 1:02d}", "") for i in range(max(args.sites, 0))], out="")
     changes = {}
     for opt, fields in BUDGET_OVERRIDES.items():
         v = getattr(args, opt)

@@ -37,7 +37,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class SiteInput:
+class SiteEntry:
     name: str
     path: str  # folder of 4-D NIfTI files (one per subject) or a single file
     files: list[str] = field(default_factory=list)  # explicit file list instead of a folder
@@ -49,7 +49,7 @@ class SiteInput:
 class RunConfig:
     """Everything a consortium run needs; see ``site_templates/run.toml`` for every field commented."""
 
-    sites: list[SiteInput]
+    sites: list[SiteEntry]
     out: str
     mask: str = ""  # NIfTI mask; empty: the template at ``space``
     space: str = "mni6mm"
@@ -288,7 +288,7 @@ class RunConfig:
             extra = set(s) - {"name", "path", "files", "subjects_tsv"}
             if extra:
                 raise ConfigError(f"config field 'sites[{i}]': unknown keys {sorted(extra)}")
-            sites.append(SiteInput(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
+            sites.append(SiteEntry(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", "")))))
         for key in ("out", "mask", "exchange_dir", "truth"):

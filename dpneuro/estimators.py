@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import ConfigError, RunConfig, SiteInput
+from .config import ConfigError, RunConfig, SiteEntry
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 
@@ -122,7 +122,7 @@ class PrivacySummary:
         return f"PrivacySummary(epsilon={{{eps}}}, delta={self.delta:g})"
 
 
-def _site_inputs(sites, staging: Path) -> list[SiteInput]:
+def _site_inputs(sites, staging: Path) -> list[SiteEntry]:
     """``{name: folder | BIDS root | file | [Niimg-like, ...]}`` as config sites; in-memory images are saved."""
     if not isinstance(sites, Mapping) or not sites:
         raise ValueError("sites must be a non-empty mapping: site name -> folder, BIDS root or list of NIfTI "
@@ -131,10 +131,10 @@ def _site_inputs(sites, staging: Path) -> list[SiteInput]:
     for name, data in sites.items():
         name = str(name)
         if data is None:  # a deployed party: another site, whose data are not here
-            out.append(SiteInput(name=name, path=""))
+            out.append(SiteEntry(name=name, path=""))
             continue
         if isinstance(data, (str, Path)):
-            out.append(SiteInput(name=name, path=str(data)))
+            out.append(SiteEntry(name=name, path=str(data)))
             continue
         if not isinstance(data, Sequence) or isinstance(data, bytes) or not data:
             raise ValueError(f"site {name!r}: give a folder, a BIDS root or a non-empty list of 4-D NIfTI "
@@ -151,7 +151,7 @@ def _site_inputs(sites, staging: Path) -> list[SiteInput]:
             path.parent.mkdir(parents=True, exist_ok=True)
             img.to_filename(path)
             files.append(str(path))
-        out.append(SiteInput(name=name, path="", files=files))
+        out.append(SiteEntry(name=name, path="", files=files))
     return out
 
 
@@ -558,7 +558,7 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
     else:
         if subjects is None:
             raise ValueError("give subjects= (per site) with a number of sites, or a mapping of the sites' data")
-        site_inputs = [SiteInput(f"site-{i + 1:02d}", "") for i in range(int(sites))]
+        site_inputs = [SiteEntry(f"site-{i + 1:02d}", "") for i in range(int(sites))]
     cfg = RunConfig(sites=site_inputs, out="", n_components=n_components, **settings)
     cfg.validate(data_sites=())
     shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)

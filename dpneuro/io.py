@@ -101,9 +101,31 @@ class SiteData:
 
     def __post_init__(self):
         if self.runs is None:
-            self.runs = [[p] for p in self.paths]
+            self.runs = [[p] for p in self.paths] if self.paths else [[] for _ in self.subject_ids]
         if self.skipped is None:
             self.skipped = []
+
+    @classmethod
+    def from_array(cls, X, subjects=None, subject_ids: list[str] | None = None) -> SiteData:
+        """A site's data from a D x N array: ``subjects`` is a count M (equal lengths), the subjects'
+        lengths or their (start, stop) column ranges (default: every column its own unit)."""
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError(f"a site's data matrix must be D x N, got shape {X.shape}")
+        ranges = subject_ranges(subjects if subjects is not None else X.shape[1], X.shape[1])
+        ids = list(subject_ids) if subject_ids is not None else [f"sub-{i + 1:04d}" for i in range(len(ranges))]
+        if len(ids) != len(ranges):
+            raise ValueError(f"{len(ids)} subject ids for {len(ranges)} subjects")
+        return cls(X=X, subject_ids=ids, boundaries=[(int(a), int(b)) for a, b in ranges], paths=[])
+
+    @property
+    def lengths(self) -> list[int]:
+        """Time points of each subject (public metadata)."""
+        return [b - a for a, b in self.boundaries]
+
+    def unit_columns(self) -> np.ndarray:
+        """``X`` with every time point scaled to unit norm (float32): the scaling every stage agrees on."""
+        return scale_columns(self.X, "unit")
 
     @property
     def n_subjects(self) -> int:
@@ -149,6 +171,71 @@ class SiteData:
             "detrend": self.detrend,
             "shape": [self.n_features, self.n_samples],
         }
+
+
+# ---------------------------------------------------------------------------
+# subjects and scaling of a site's data matrix
+# ---------------------------------------------------------------------------
+
+def subject_ranges(spec, n: int) -> list[tuple[int, int]]:
+    """Column ranges of the subjects from an int (equal split), ranges, or lengths."""
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        m = int(spec)
+        if m < 1:
+            raise ValueError(f"number of subjects must be >= 1, got {m}")
+        if n % m:
+            raise ValueError(f"{n} columns cannot be split into {m} subjects of equal length; "
+                             "give the subjects' column ranges instead")
+        L = n // m
+        return [(i * L, (i + 1) * L) for i in range(m)]
+    items = list(spec)
+    if not items:
+        raise ValueError("subjects: empty list")
+    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
+        lengths = [int(x) for x in items]
+        if min(lengths) < 1:
+            raise ValueError(f"subject lengths must be positive, got {lengths}")
+        if sum(lengths) != n:
+            raise ValueError(f"subject lengths {lengths} add up to {sum(lengths)} but the data have {n} columns")
+        stops = np.cumsum(lengths)
+        return [(int(stop - length), int(stop)) for length, stop in zip(lengths, stops)]
+    ranges = [tuple(int(v) for v in r) for r in items]
+    if any(len(r) != 2 for r in ranges):
+        raise ValueError("subjects: give an int, a list of lengths, or a list of (start, stop) column ranges")
+    ranges.sort()
+    pos = 0
+    for a, b in ranges:
+        if a != pos or b <= a:
+            raise ValueError(f"subject column ranges must tile 0..{n} without gaps or overlaps; "
+                             f"got {ranges}")
+        pos = b
+    if pos != n:
+        raise ValueError(f"subject column ranges end at column {pos}, but the site has {n} columns")
+    return ranges
+
+
+def column_norms(blk: np.ndarray) -> np.ndarray:
+    b = np.asarray(blk, dtype=np.float64) if blk.dtype != np.float64 and blk.dtype != np.float32 else blk
+    return np.sqrt(np.einsum("ij,ij->j", b, b, dtype=np.float64))
+
+
+def scale_factors(norms: np.ndarray, scale) -> np.ndarray:
+    """Per-column multipliers that bring every column to norm <= 1 under ``scale``."""
+    if scale is None or scale == "clip":
+        return 1.0 / np.maximum(1.0, norms)
+    if scale == "unit":
+        out = np.zeros_like(norms)
+        nz = norms > 0
+        out[nz] = 1.0 / norms[nz]
+        return out
+    c = float(scale)
+    return (1.0 / c) / np.maximum(1.0, norms / c)
+
+
+def scale_columns(X, scale="unit") -> np.ndarray:
+    """``X`` (float32) with every column brought to norm <= 1 under ``scale`` (``"unit"``: exactly 1; 0 stays 0)."""
+    X = np.asarray(X)
+    return (X * scale_factors(column_norms(X), scale)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------

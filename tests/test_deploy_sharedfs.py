@@ -46,9 +46,9 @@ def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths
     """A TOML run config for the consortium (``site_paths``: which sites' data this copy names)."""
     cfg = dc.run_config(man, out, exchange_dir=str(exchange), **kw)
     if sites_override is not None:
-        from dpneuro.config import SiteInput
+        from dpneuro.config import SiteEntry
 
-        cfg.sites = [SiteInput(s["name"], s["path"]) for s in sites_override]
+        cfg.sites = [SiteEntry(s["name"], s["path"]) for s in sites_override]
     lines = [f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)
              if f.name != "sites" and getattr(cfg, f.name) not in (None, {})]
     for s in cfg.sites:

@@ -484,3 +484,30 @@ def test_find_nifti_and_subject_ids(tmp_path):
     assert subject_id_from_path("sub-01_ses-2_task-rest_run-3_bold.nii.gz") == "sub-01"
     assert subject_id_from_path(os.path.join("d", "functional.nii")) == "functional"
     assert subject_id_from_path("_bold.nii") == "_bold"
+
+
+def test_one_site_data_type_feeds_every_stage():
+    """A SiteData from an array carries its subjects to capePCA and capeDJICA; one scaling for both."""
+    from dpneuro.algorithms.djica import cape_djica
+    from dpneuro.algorithms.pca import as_source, second_moment
+    from dpneuro.analysis import unit_columns
+    from dpneuro.io import SiteData
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((6, 40))
+    sd = SiteData.from_array(X, [10, 30])
+    assert sd.lengths == [10, 30] and sd.boundaries == [(0, 10), (10, 40)] and sd.n_subjects == 2
+    U = sd.unit_columns()
+    np.testing.assert_allclose(np.linalg.norm(U, axis=0), 1.0, rtol=1e-6)
+    np.testing.assert_array_equal(U, unit_columns(X))
+    # capePCA's unit scaling is the same computation
+    src = as_source(sd).validate("test")
+    np.testing.assert_allclose(second_moment(src, "unit"), U.astype(np.float64) @ U.T / 40, rtol=1e-5)
+    with pytest.raises(ValueError, match="add up"):
+        SiteData.from_array(X, [10, 20])
+    sites = [SiteData.from_array(rng.laplace(size=(3, 60)), 3) for _ in range(3)]
+    a = cape_djica(sites, plan="none", clip_G=None, clip_h=None, rounds=5, random_state=1)
+    b = cape_djica([s.X for s in sites], 3, plan="none", clip_G=None, clip_h=None, rounds=5, random_state=1)
+    np.testing.assert_array_equal(a.W, b.W)
+    with pytest.raises(ValueError, match="subjects_per_site"):
+        cape_djica([s.X for s in sites], plan="none", rounds=2)

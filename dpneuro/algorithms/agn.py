@@ -83,7 +83,7 @@ from . import tensor as tz
 __all__ = [
     "AGNResult",
     "BrainStates",
-    "SiteData",
+    "PreparedSite",
     "agn",
     "avn",
     "brain_states",
@@ -145,8 +145,8 @@ class AGNResult:
 
 
 @dataclass(eq=False)
-class SiteData:
-    """One site's validated data (stays at the site)."""
+class PreparedSite:
+    """One site's samples validated and prepared for capeAGN's moments (stays at the site)."""
 
     model: str
     D: int
@@ -161,14 +161,14 @@ class SiteData:
 
 # -- validation ---------------------------------------------------------------------------
 
-def prepare_site(samples, model: str = "mog", *, scale: float | None = None, site: int | str = 0) -> SiteData:
+def prepare_site(samples, model: str = "mog", *, scale: float | None = None, site: int | str = 0) -> PreparedSite:
     """Validate one site's samples and bring them to the form the moments use.
 
     Raises ValueError (naming the site) for non-finite values, wrong shapes,
     STM input that is not one-hot words, or MOG samples outside the unit
     ball when no ``scale`` is given. Nothing is released.
     """
-    if isinstance(samples, SiteData):
+    if isinstance(samples, PreparedSite):
         return samples
     _check_model(model)
     where = f"site {site}"
@@ -209,7 +209,7 @@ def prepare_site(samples, model: str = "mog", *, scale: float | None = None, sit
                 warnings.warn(f"{where}: {n_clip} of {n} samples exceed the norm bound scale={scale} and "
                               "were projected onto it; a larger scale would bias the moments less",
                               stacklevel=2)
-        return SiteData("mog", D, n, X=X, raw=arr, scale=float(scale or 1.0), n_clipped=n_clip)
+        return PreparedSite("mog", D, n, X=X, raw=arr, scale=float(scale or 1.0), n_clipped=n_clip)
     # STM: one-hot words
     if scale is not None:
         raise ValueError("scale applies to MOG samples only (STM words are one-hot, ||t|| = 1)")
@@ -228,7 +228,7 @@ def prepare_site(samples, model: str = "mog", *, scale: float | None = None, sit
         raise ValueError(f"{where}: STM input must be one-hot words: every t_l[:, n] must have "
                          "exactly one entry 1 and the others 0")
     words = np.argmax(t, axis=1).astype(np.int64)  # 3 x n
-    return SiteData("stm", D, n, words=words)
+    return PreparedSite("stm", D, n, words=words)
 
 
 def _check_model(model: str) -> None:
@@ -323,7 +323,7 @@ def sensitivities(model: str, D: int, n: int, sigma2: float = 0.0, group: int = 
 
 # -- per-site moments ----------------------------------------------------------------------
 
-def _second_moment(sd: SiteData) -> np.ndarray:
+def _second_moment(sd: PreparedSite) -> np.ndarray:
     """E[x x^T] (MOG; sigma^2 I is subtracted at the aggregator) or symmetrised E[t1 t2^T] (STM)."""
     if sd.model == "mog":
         S = sd.X @ sd.X.T / sd.n
@@ -331,7 +331,7 @@ def _second_moment(sd: SiteData) -> np.ndarray:
     return tz.stm_second_moment(sd.words, sd.D)
 
 
-def _third_moment(sd: SiteData, sigma2: float) -> np.ndarray:
+def _third_moment(sd: PreparedSite, sigma2: float) -> np.ndarray:
     """Full D x D x D M3 of a site, exactly symmetric."""
     if sd.model == "mog":
         if "m3raw" not in sd.cache:  # E[x(x)x(x)x] is the costly part (N D^3 / 2); reused across runs
@@ -341,7 +341,7 @@ def _third_moment(sd: SiteData, sigma2: float) -> np.ndarray:
     return tz.stm_third_moment(sd.words, sd.D)
 
 
-def _third_moment_whitened(sd: SiteData, W: np.ndarray, sigma2: float) -> np.ndarray:
+def _third_moment_whitened(sd: PreparedSite, W: np.ndarray, sigma2: float) -> np.ndarray:
     """M3(W, W, W) without forming the D^3 tensor."""
     if sd.model == "mog":
         m = sd.X.mean(axis=1)
@@ -483,7 +483,7 @@ class _OccupancyStage(_Stage):
 
 # -- drivers -------------------------------------------------------------------------------
 
-def _prepare_all(site_samples, model: str, scale) -> list[SiteData]:
+def _prepare_all(site_samples, model: str, scale) -> list[PreparedSite]:
     if isinstance(site_samples, np.ndarray) or not isinstance(site_samples, Sequence):
         raise ValueError("site_samples must be a list with one data array per site")
     if len(site_samples) < 1:

@@ -91,7 +91,7 @@ from ..driver import (
     SimulationResult,
     simulate,
 )
-from .pca import _subject_ranges
+from ..io import subject_ranges
 
 __all__ = [
     "DJICAResult",
@@ -544,7 +544,7 @@ def _subject_lengths(subjects, n_samples: int, site: int) -> tuple[int, ...]:
     if isinstance(subjects, (bool, np.bool_)):
         raise ValueError(f"site {site}: subjects must be a count or a list of lengths, got {subjects!r}")
     try:
-        ranges = _subject_ranges(subjects, n_samples)
+        ranges = subject_ranges(subjects, n_samples)
     except ValueError as exc:
         raise ValueError(f"site {site}: {exc}") from None
     return tuple(b - a for a, b in ranges)
@@ -566,9 +566,9 @@ CLIP_UNITS = ("sample", "subject")
 class CapeDJICA:
     """capeDJICA as a :class:`~dpneuro.cape.CapeAlgorithm` (run it with :func:`~dpneuro.cape.run_cape`).
 
-    Site data: a tuple ``(Z_s, subjects_s)`` with Z_s the R x N_s whitened data
-    and subjects_s the number of subjects (equal lengths) or their lengths in
-    samples, in column order. Subject lengths are public metadata (as in
+    Site data: a :class:`dpneuro.io.SiteData` of the R x N_s whitened data, or
+    the pair ``(Z_s, subjects_s)`` with subjects_s the number of subjects
+    (equal lengths) or their lengths in samples, in column order. Subject lengths are public metadata (as in
     [capeDJICA] Sec. IV, where N_m is "known a priori").
 
     Parameters are those of :func:`cape_djica` (defaults: ``PRESETS["recommended"]``).
@@ -616,10 +616,14 @@ class CapeDJICA:
 
     # -- sites ---------------------------------------------------------------------------
     def site_init(self, site: int, data) -> dict:
+        from ..io import SiteData
+
+        if isinstance(data, SiteData):
+            data = (data.X, data.lengths)
         try:
             Z, subjects = data
         except (TypeError, ValueError):
-            raise ValueError(f"site {site}: data must be a pair (Z_s, subjects_s)") from None
+            raise ValueError(f"site {site}: data must be a SiteData or a pair (Z_s, subjects_s)") from None
         Z = np.asarray(Z)
         if Z.dtype not in (np.float32, np.float64):
             Z = Z.astype(np.float64)
@@ -868,9 +872,16 @@ class DJICAResult:
 
 
 def _prepare(Z_sites, subjects_per_site) -> tuple[list, int]:
+    from ..io import SiteData
+
     if isinstance(Z_sites, np.ndarray):
-        raise ValueError("Z_sites must be a list with one R x N_s array per site")
+        raise ValueError("Z_sites must be a list with one R x N_s array (or SiteData) per site")
     Z_sites = list(Z_sites)
+    if subjects_per_site is None:  # SiteData carry their subjects' boundaries
+        if not all(isinstance(z, SiteData) for z in Z_sites):
+            raise ValueError("give subjects_per_site, or every site's whitened data as a SiteData")
+        subjects_per_site = [z.lengths for z in Z_sites]
+    Z_sites = [z.X if isinstance(z, SiteData) else z for z in Z_sites]
     subjects = list(subjects_per_site) if not isinstance(subjects_per_site, (int, np.integer)) \
         else [subjects_per_site] * len(Z_sites)
     if not Z_sites:
@@ -888,7 +899,7 @@ def _prepare(Z_sites, subjects_per_site) -> tuple[list, int]:
 
 def cape_djica(
     Z_sites: Sequence[np.ndarray],
-    subjects_per_site,
+    subjects_per_site=None,
     *,
     epsilon_i: float | None = None,
     delta_i: float | None = None,
@@ -916,12 +927,13 @@ def cape_djica(
 
     Parameters
     ----------
-    Z_sites : list of ndarray, each (R, N_s)
+    Z_sites : list of ndarray (R, N_s) or of :class:`dpneuro.io.SiteData`
         Whitened data of every site (see :func:`whiten`), samples as columns,
         subjects one after the other.
-    subjects_per_site : int or list
+    subjects_per_site : int or list, optional
         Per site: the number of subjects M_s (equal lengths) or the list of
-        subject lengths. A single int applies to every site.
+        subject lengths. A single int applies to every site. Not needed when
+        the sites are SiteData (their boundaries are used).
     epsilon_i, delta_i : float
         Per-round privacy of *each* of the two releases (G and h), as in
         [capeDJICA] Sec. V (which uses delta_i = 1e-2). Not needed for plan "none".

@@ -102,6 +102,7 @@ import numpy as np
 import scipy.linalg
 
 from .. import privacy
+from ..io import column_norms, scale_factors, subject_ranges
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
@@ -165,43 +166,6 @@ def orthonormalize(Y: np.ndarray) -> np.ndarray:
 
 
 # -- site data ------------------------------------------------------------------------------
-
-def _subject_ranges(spec, n: int) -> list[tuple[int, int]]:
-    """Column ranges of the subjects from an int (equal split), ranges, or lengths."""
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        m = int(spec)
-        if m < 1:
-            raise ValueError(f"number of subjects must be >= 1, got {m}")
-        if n % m:
-            raise ValueError(f"{n} columns cannot be split into {m} subjects of equal length; "
-                             "give the subjects' column ranges instead")
-        L = n // m
-        return [(i * L, (i + 1) * L) for i in range(m)]
-    items = list(spec)
-    if not items:
-        raise ValueError("subjects: empty list")
-    if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in items):
-        lengths = [int(x) for x in items]
-        if min(lengths) < 1:
-            raise ValueError(f"subject lengths must be positive, got {lengths}")
-        if sum(lengths) != n:
-            raise ValueError(f"subject lengths {lengths} add up to {sum(lengths)} but the data have {n} columns")
-        stops = np.cumsum(lengths)
-        return [(int(stop - length), int(stop)) for length, stop in zip(lengths, stops)]
-    ranges = [tuple(int(v) for v in r) for r in items]
-    if any(len(r) != 2 for r in ranges):
-        raise ValueError("subjects: give an int, a list of lengths, or a list of (start, stop) column ranges")
-    ranges.sort()
-    pos = 0
-    for a, b in ranges:
-        if a != pos or b <= a:
-            raise ValueError(f"subject column ranges must tile 0..{n} without gaps or overlaps; "
-                             f"got {ranges}")
-        pos = b
-    if pos != n:
-        raise ValueError(f"subject column ranges end at column {pos}, but the site has {n} columns")
-    return ranges
-
 
 class SiteSource:
     """One site's data, read block by block so that at most one block is in memory.
@@ -291,7 +255,7 @@ class SiteSource:
         if self._array is not None:
             n = self._array.shape[1]
             if self._subjects_spec is not None:
-                self._ranges = _subject_ranges(self._subjects_spec, n)
+                self._ranges = subject_ranges(self._subjects_spec, n)
                 self.lengths = [b - a for a, b in self._ranges]
         dim, n_total, lengths, max_norm = None, 0, [], 0.0
         for i, blk in enumerate(self.blocks()):
@@ -306,7 +270,7 @@ class SiteSource:
                 raise ValueError(f"{name}: block {i} has {blk.shape[0]} features, the first block has {dim}")
             if blk.shape[1] == 0:
                 raise ValueError(f"{name}: block {i} has no columns")
-            norms = _col_norms(blk)  # finite norms <=> finite entries, without a D x n_b mask
+            norms = column_norms(blk)  # finite norms <=> finite entries, without a D x n_b mask
             if not np.isfinite(norms).all():
                 if not np.isfinite(blk).all():
                     raise ValueError(f"{name}: data contain NaN or infinite values (block {i}); "
@@ -333,24 +297,6 @@ def as_source(data: Any, subjects: Any = None) -> SiteSource:
             raise ValueError("give subjects when building the SiteSource, not again")
         return data
     return SiteSource(data, subjects)
-
-
-def _col_norms(blk: np.ndarray) -> np.ndarray:
-    b = np.asarray(blk, dtype=np.float64) if blk.dtype != np.float64 and blk.dtype != np.float32 else blk
-    return np.sqrt(np.einsum("ij,ij->j", b, b, dtype=np.float64))
-
-
-def _scale_factors(norms: np.ndarray, scale) -> np.ndarray:
-    """Per-column multipliers that bring every column to norm <= 1 under ``scale``."""
-    if scale is None or scale == "clip":
-        return 1.0 / np.maximum(1.0, norms)
-    if scale == "unit":
-        out = np.zeros_like(norms)
-        nz = norms > 0
-        out[nz] = 1.0 / norms[nz]
-        return out
-    c = float(scale)
-    return (1.0 / c) / np.maximum(1.0, norms / c)
 
 
 def _check_scale(scale) -> None:
@@ -381,7 +327,7 @@ def second_moment(src: SiteSource, scale) -> np.ndarray:
     A = np.zeros((D, D))
     for blk in src.blocks():
         B = np.asarray(blk, dtype=np.float64)
-        B = B * _scale_factors(_col_norms(B), scale)
+        B = B * scale_factors(column_norms(B), scale)
         A += B @ B.T
         del blk, B  # before the next block is read
     A /= src.n_samples
@@ -399,7 +345,7 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray) -> np.ndarray:
         B = np.asarray(blk)
         if B.dtype not in (np.float32, np.float64):
             B = B.astype(np.float64)
-        f2 = _scale_factors(_col_norms(B), scale) ** 2
+        f2 = scale_factors(column_norms(B), scale) ** 2
         C = B.T @ V.astype(B.dtype, copy=False)
         C *= f2[:, None].astype(B.dtype, copy=False)
         Y += B @ C

@@ -69,7 +69,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, RunConfig, SiteInput
+from ..config import ConfigError, RunConfig, SiteEntry
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
 from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
@@ -216,7 +216,7 @@ def _clear_messages(folder) -> None:
 
 
 def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None):
-    entries = [SiteInput(name=s, path="", files=list(own[1]) if own and own[0] == s else []) for s in sites]
+    entries = [SiteEntry(name=s, path="", files=list(own[1]) if own and own[0] == s else []) for s in sites]
     return RunConfig(sites=entries, out=str(out), **settings)
 
 
