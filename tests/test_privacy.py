@@ -203,3 +203,23 @@ def test_symmetric_noise_has_right_variance():
     # unique entries are uncorrelated
     c = np.corrcoef(vals.T)
     assert np.abs(c[np.triu_indices(21, 1)]).max() < 5 / math.sqrt(n)
+
+
+def test_random_state_is_one_spelling_for_every_seeded_function():
+    from dpneuro.algorithms.agn import cape_agn
+    from dpneuro.privacy import resolve_random_state
+
+    assert resolve_random_state(None) is None and resolve_random_state(7) == 7
+    g1, g2 = np.random.default_rng(3), np.random.default_rng(3)
+    assert resolve_random_state(g1) == resolve_random_state(rng=g2)
+    with pytest.raises(ValueError, match="one of"):
+        resolve_random_state(1, seed=2)
+    with pytest.raises(ValueError, match="random_state"):
+        resolve_random_state("7")
+    rng = np.random.default_rng(0)
+    data = [rng.standard_normal((4, 60)) for _ in range(3)]
+    a = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=5, n_restarts=3, n_iter=10)
+    b = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, seed=5, n_restarts=3, n_iter=10)
+    c = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=6, n_restarts=3, n_iter=10)
+    np.testing.assert_array_equal(a.components, b.components)
+    assert not np.array_equal(a.components, c.components)

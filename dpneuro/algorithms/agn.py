@@ -77,6 +77,7 @@ from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger, noise_multiplier
+from ..privacy.noise import accepts_random_state
 from ..privacy.noise import vector_laplace
 from . import tensor as tz
 
@@ -500,6 +501,7 @@ def _prepare_all(site_samples, model: str, scale) -> list[PreparedSite]:
     return sites
 
 
+@accepts_random_state
 def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, model: str = "mog",
              plan: str | NoisePlan = "cape", split: Sequence[float] = (0.5, 0.5), sigma2: float | None = None,
              scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
@@ -666,6 +668,7 @@ def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None,
                      [ledger] if private else [], mechanism, model, epsilon_pure=eps_pure, info=info)
 
 
+@accepts_random_state
 def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
@@ -679,6 +682,7 @@ def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
 
 
+@accepts_random_state
 def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
@@ -693,6 +697,7 @@ def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
 
 
+@accepts_random_state
 def otd(samples, k: int, *, model: str = "mog", sigma2: float | None = None, scale: float | None = None,
         seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
         simplex: str = "euclidean") -> AGNResult:
@@ -742,6 +747,7 @@ class BrainStates:
     ledgers: list[PrivacyLedger]
 
 
+@accepts_random_state
 def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, plan: str = "cape",
                  split: Sequence[float] | None = None, occupancy: str = "weights",
                  timepoints_per_subject: int | Sequence[int] | None = None, sigma2: float | None = None,

@@ -103,6 +103,7 @@ from scipy import stats
 
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
+from ..privacy.noise import accepts_random_state
 from ..driver import Phase, RunOptions, State, simulate
 from .pca import SiteSource, _check_k, as_source, check_sources, orthonormalize
 
@@ -444,6 +445,7 @@ def _sources(X_sites, k: int) -> list[SiteSource]:
     return check_sources([as_source(X).validate(f"site {s}") for s, X in enumerate(X_sites)], k)
 
 
+@accepts_random_state
 def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
            reveal_singular_values: bool = False, norm_bound: float | None = None, secure: bool = True,
            site_secret: bytes | None = None, secagg_config=None, blinding: Blinding | None = None,

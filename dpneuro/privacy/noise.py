@@ -39,6 +39,25 @@ def resolve_random_state(random_state=None, *, seed=None, rng=None):
     return int(x)
 
 
+def accepts_random_state(fn):
+    """Let ``fn`` (which seeds with ``seed=``) take scikit-learn's ``random_state`` as well, resolved as above."""
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def wrapper(*args, random_state=None, **kwargs):
+        if random_state is not None:
+            kwargs["seed"] = resolve_random_state(random_state, seed=kwargs.get("seed"))
+        return fn(*args, **kwargs)
+
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    at = next(i for i, p in enumerate(params) if p.name == "seed")
+    params.insert(at, inspect.Parameter("random_state", inspect.Parameter.KEYWORD_ONLY, default=None))
+    wrapper.__signature__ = sig.replace(parameters=params)
+    return wrapper
+
+
 def gaussian(
     rng: np.random.Generator, shape, std: float, ledger: PrivacyLedger, *,
     symmetric: bool = False, dtype=np.float64,
