@@ -281,9 +281,9 @@ def _ok_sites():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(k=11), "exceeds min"),
-    (dict(k=0), "positive integer"),
-    (dict(k=2.5), "positive integer"),
+    (dict(n_components=11), "exceeds min"),
+    (dict(n_components=0), "positive integer"),
+    (dict(n_components=2.5), "positive integer"),
     (dict(epsilon=0.0), "epsilon"),
     (dict(epsilon=-1.0), "epsilon"),
     (dict(epsilon=float("nan")), "epsilon"),
@@ -299,11 +299,11 @@ def _ok_sites():
     (dict(subjects=[[(0, 5), (6, 20)], 2, 2]), "tile"),
 ])
 def test_bad_parameters_are_refused(kwargs, match):
-    args = dict(k=2, epsilon=1.0, delta=DELTA, plan="cape")
+    args = dict(n_components=2, epsilon=1.0, delta=DELTA, plan="cape")
     args.update(kwargs)
     ex = InProcessExchange(n_sites=3)
     with pytest.raises(ValueError, match=match):
-        cape_pca(_ok_sites(), args.pop("k"), args.pop("epsilon"), args.pop("delta"), exchange=ex, **args)
+        cape_pca(_ok_sites(), args.pop("n_components"), args.pop("epsilon"), args.pop("delta"), exchange=ex, **args)
     assert all(ex.egress_log(s) == [] for s in range(3))
 
 

@@ -502,7 +502,7 @@ def _prepare_all(site_samples, model: str, scale) -> list[PreparedSite]:
 
 
 @accepts_random_state
-def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, model: str = "mog",
+def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: float, *, model: str = "mog",
              plan: str | NoisePlan = "cape", split: Sequence[float] = (0.5, 0.5), sigma2: float | None = None,
              scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
              simplex: str = "euclidean", unit: str = "sample", samples_per_unit: int | Sequence[int] = 1,
@@ -514,7 +514,7 @@ def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, mo
     site_samples : list
         One entry per site: a D x N_s matrix (MOG, samples are columns) or an
         L x D x N_s one-hot word array (STM).
-    k : int
+    n_components : int
         Number of components (k <= D).
     epsilon, delta : float
         Total budget per site; ``split`` divides both between the stages.
@@ -544,6 +544,7 @@ def cape_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, mo
     AGNResult
         Components, weights, per-site merged ledgers (both stages).
     """
+    k = n_components  # the papers' k
     _check_model(model)
     _check_privacy(epsilon, delta)
     eps_split = _check_split(split, 2)
@@ -600,10 +601,11 @@ def _stage_budget(epsilon: float, delta: float, split: tuple[float, ...]):
     return eps, dels
 
 
-def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None, delta: float | None,
+def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: float | None, delta: float | None,
              split, sigma2, scale, seed, n_restarts, n_iter, simplex, unit, samples_per_unit,
              owner: str) -> AGNResult:
     """AGN / AVN / non-private OTD on one party's data (pooled or one site)."""
+    k = n_components  # the papers' k
     _check_model(model)
     _check_sigma2(sigma2, model)
     _check_tpm(n_restarts, n_iter, simplex)
@@ -669,7 +671,7 @@ def _central(data, k: int, *, model: str, mechanism: str, epsilon: float | None,
 
 
 @accepts_random_state
-def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
+def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
@@ -677,13 +679,14 @@ def agn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
     """
+    k = n_components  # the papers' k
     return _central(samples, k, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
 
 
 @accepts_random_state
-def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
+def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
@@ -692,24 +695,27 @@ def avn(samples, k: int, epsilon: float, delta: float, *, model: str = "mog", sp
     beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
     The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
     """
+    k = n_components  # the papers' k
     return _central(samples, k, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
 
 
 @accepts_random_state
-def otd(samples, k: int, *, model: str = "mog", sigma2: float | None = None, scale: float | None = None,
+def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None = None, scale: float | None = None,
         seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
         simplex: str = "euclidean") -> AGNResult:
     """Non-private method-of-moments OTD (Anandkumar et al. 2014) on one dataset. Not private."""
+    k = n_components  # the papers' k
     return _central(samples, k, model=model, mechanism="none", epsilon=None, delta=None, split=None,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit="sample", samples_per_unit=1, owner="pooled")
 
 
-def local_agn(site_samples: Sequence, k: int, epsilon: float, delta: float, *, site: int = 0,
+def local_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: float, *, site: int = 0,
               **kwargs) -> AGNResult:
     """AGN on one site's data alone (the papers' "local" baseline); kwargs as :func:`agn`."""
+    k = n_components  # the papers' k
     if not isinstance(site_samples, Sequence) or isinstance(site_samples, np.ndarray):
         raise ValueError("site_samples must be a list with one data array per site")
     if not 0 <= site < len(site_samples):
@@ -748,7 +754,7 @@ class BrainStates:
 
 
 @accepts_random_state
-def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, plan: str = "cape",
+def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: float, *, plan: str = "cape",
                  split: Sequence[float] | None = None, occupancy: str = "weights",
                  timepoints_per_subject: int | Sequence[int] | None = None, sigma2: float | None = None,
                  scale: float | None = None, seed: int | None = None, n_restarts: int = 30,
@@ -759,7 +765,7 @@ def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, pla
     ----------
     Z_sites : list of ndarray, each R x N_s
         Per-site reduced data (e.g. PCA-whitened), time points as columns.
-    k : int
+    n_components : int
         Number of states (k < R unless ``sigma2`` is given).
     epsilon, delta : float
         Total budget per site.
@@ -776,6 +782,7 @@ def brain_states(Z_sites: Sequence, k: int, epsilon: float, delta: float, *, pla
         Public norm bound for time points; default 2 sqrt(R), suited to
         whitened data (E||z||^2 = R). Points beyond it are projected onto it.
     """
+    k = n_components  # the papers' k
     if occupancy not in ("weights", "release"):
         raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
     n_parts = 3 if occupancy == "release" else 2

@@ -707,7 +707,7 @@ def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
     return srcs
 
 
-def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
+def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "replace", mode: str = "covariance", n_iter: int | None = None,
              oversample: int = 0, exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None,
@@ -721,7 +721,7 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
         One entry per site: a D x N_s array, a ``.npy`` path, a SiteData, a
         list of per-subject blocks, a callable returning an iterable of
         blocks, or a :class:`SiteSource`.
-    k : int
+    n_components : int
     epsilon, delta : float
         Each site's (eps, delta) for the whole run. ``epsilon=None`` or
         ``math.inf`` only with plan "none".
@@ -741,6 +741,7 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
     -------
     PCAResult
     """
+    k = n_components  # the papers' k
     plan = NoisePlan.coerce(plan)
     _check_privacy(epsilon, delta, plan.kind)
     k = _check_k(k)
@@ -761,7 +762,8 @@ def cape_pca(X_sites, k: int, epsilon, delta, *, plan="cape", subjects=None, uni
                      "/".join(units), int(agg.get("rounds", alg.max_rounds)), info)
 
 
-def _single(X, k, epsilon, delta, method: str, owner: str, subjects=None, **kw) -> PCAResult:
+def _single(X, n_components, epsilon, delta, method: str, owner: str, subjects=None, **kw) -> PCAResult:
+    k = n_components  # the papers' k
     res = cape_pca([X], k, epsilon, delta, plan="conv", subjects=None if subjects is None else [subjects],
                    method=method, **kw)
     for led in res.ledgers:
@@ -770,22 +772,25 @@ def _single(X, k, epsilon, delta, method: str, owner: str, subjects=None, **kw) 
     return res
 
 
-def pooled_dp_pca(X_all, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
+def pooled_dp_pca(X_all, n_components: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
     """Analyze Gauss on the pooled data: one noisy D x D release with sensitivity 1/N.
 
     The reference a trusted curator holding everybody's data would get; the
     ledger (owner "pooled") records that release. Same code path as
     :func:`cape_pca` with one site under plan "conv". Keywords as for :func:`cape_pca`.
     """
+    k = n_components  # the papers' k
     return _single(X_all, k, epsilon, delta, "pooled-dp", "pooled", subjects, **kw)
 
 
-def local_pca(X_site, k: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
+def local_pca(X_site, n_components: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
     """Analyze Gauss on one site's data alone (sensitivity 1/N_s): what a site gets without the consortium."""
+    k = n_components  # the papers' k
     return _single(X_site, k, epsilon, delta, "local", "local", subjects, **kw)
 
 
-def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=None, unit: str | None = None,
+def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *,
+             subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "replace", exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None, options: RunOptions | None = None,
              calibration: str = "analytic") -> PCAResult:
@@ -794,6 +799,7 @@ def dpdispca(X_sites, k: int, epsilon, delta, R: int | None = None, *, subjects=
     Each site's ledger records one release of A_s with conventional noise
     (the ``P_s`` it sends is post-processing of that release).
     """
+    k = n_components  # the papers' k
     _check_privacy(epsilon, delta, "conv")
     k = _check_k(k)
     srcs = _prepare_sites(X_sites, subjects, k)

@@ -446,7 +446,7 @@ def _sources(X_sites, k: int) -> list[SiteSource]:
 
 
 @accepts_random_state
-def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
+def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
            reveal_singular_values: bool = False, norm_bound: float | None = None, secure: bool = True,
            site_secret: bytes | None = None, secagg_config=None, blinding: Blinding | None = None,
            options: RunOptions | None = None) -> PDSVDResult:
@@ -456,7 +456,7 @@ def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = No
     ----------
     X_sites : list
         One D x N_s array (or any :class:`~dpneuro.algorithms.pca.SiteSource` input) per site.
-    k, n_iter : int
+    n_components, n_iter : int
     seed : int, optional
         Public seed of the initial block (and of the fixed-point rounding).
     center : bool
@@ -475,6 +475,7 @@ def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = No
     -------
     PDSVDResult
     """
+    k = n_components  # the papers' k
     k = _check_k(k)
     srcs = _sources(X_sites, k)
     if norm_bound is None:
@@ -489,8 +490,9 @@ def pd_svd(X_sites, k: int, n_iter: int, *, exchange=None, seed: int | None = No
                        float(norm_bound))
 
 
-def pd_pca(X_sites, k: int, n_iter: int, **kw) -> PDSVDResult:
+def pd_pca(X_sites, n_components: int, n_iter: int, **kw) -> PDSVDResult:
     """PD-PCA ([PD-ML-Lite] App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
+    k = n_components  # the papers' k
     return pd_svd(X_sites, k, n_iter, center=True, **kw)
 
 
