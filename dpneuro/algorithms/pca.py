@@ -432,7 +432,7 @@ class CapePCA:
         D if known to the aggregator in advance; otherwise read from the
         sites' declared release shapes.
     calibration : {"analytic", "classic"}
-        Gaussian calibration (:func:`dpneuro.privacy.gaussian_sigma`); the
+        Gaussian calibration (:func:`dpneuro.privacy.noise_multiplier`); the
         papers used "classic" (valid for eps < 1 only).
     keep_matrix : bool
         Covariance mode: keep the noisy average (D x D) in the aggregator's

@@ -43,7 +43,7 @@ class ReleaseSpec:
 
     ``sensitivity`` is its L2 sensitivity at this site for the privacy unit
     ``unit``; ``noise_multiplier`` is the std per unit of sensitivity that the
-    site's (eps, delta) target calls for (``gaussian_sigma(eps, delta)``), so the
+    site's (eps, delta) target calls for (``noise_multiplier(eps, delta)``), so the
     release std is tau_s = noise_multiplier * sensitivity.
     """
 
