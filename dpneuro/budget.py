@@ -266,7 +266,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     return planned
 
 
-def apply_target(cfg: RunConfig) -> tuple[RunConfig, BudgetPlan | None]:
+def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES) -> tuple[RunConfig, BudgetPlan | None]:
     """``cfg`` with ``pca_epsilon`` / ``ica_epsilon_i`` planned from ``cfg.epsilon`` and the sites' headers.
 
     Every simulation entry point (the estimators, ``dpneuro run``, the Pydra
@@ -275,5 +275,5 @@ def apply_target(cfg: RunConfig) -> tuple[RunConfig, BudgetPlan | None]:
     """
     if cfg.epsilon is None:
         return cfg, None
-    plan = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon)
+    plan = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon, stages=stages)
     return replace(plan.config, epsilon=cfg.epsilon), plan

@@ -58,10 +58,6 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
                             verbose=int(not args.quiet))
 
 
-def _demo_sites(manifest: dict) -> dict[str, str]:
-    return {s["site"]: s["path"] for s in manifest["sites"]}
-
-
 def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
     """The privacy headline of a run (from privacy.json), its warnings (default: the privacy ones) to stderr."""
     from .privacy.summary import headline_lines, privacy_warnings
@@ -104,7 +100,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     est = _demo_estimator(out, manifest, args)
     if not args.quiet:
         print("running the workflow (load -> capePCA -> capeDJICA -> maps -> report) ...")
-    est.fit(_demo_sites(manifest))
+    est.fit({s["site"]: s["path"] for s in manifest["sites"]})
     if not args.quiet:
         _print_summary(est, time.perf_counter() - t0)
     else:
@@ -347,30 +343,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
+    from .pipeline import progress
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    # stages run in this process under Pydra's serial plugin and read this; restored afterwards so that
-    # one call's setting never leaks into the next (a notebook, the test suite)
-    before = os.environ.get("DPNEURO_PROGRESS")
-    os.environ["DPNEURO_PROGRESS"] = "0" if getattr(args, "quiet", True) else "1"
     try:
-        return int(args.func(args))
+        with progress(not getattr(args, "quiet", True)):
+            return int(args.func(args))
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"dpneuro {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    finally:
-        if before is None:
-            os.environ.pop("DPNEURO_PROGRESS", None)
-        else:
-            os.environ["DPNEURO_PROGRESS"] = before
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,7 @@ import html as _html
 import json
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +198,9 @@ class _Decentralized:
         return self
 
     def __repr__(self) -> str:
-        default = type(self)()
-        changed = {k: v for k, v in self.get_params().items() if k not in default.get_params()
-                   or default.get_params()[k] is not v and default.get_params()[k] != v}
+        defaults = type(self)().get_params()
+        changed = {k: v for k, v in self.get_params().items()
+                   if k not in defaults or (defaults[k] is not v and defaults[k] != v)}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
     # -- configuration ------------------------------------------------------------------------------
@@ -258,34 +258,27 @@ class _Decentralized:
         parties run in this process. With ``role="site"`` give only this
         party's site (``site=`` names it); with ``role="aggregator"`` give none.
         """
-        import os
+        from .pipeline import progress
 
         cfg = self.to_config(sites if sites is not None or self.role != "aggregator" else {})
-        before = os.environ.get("DPNEURO_PROGRESS")
-        os.environ["DPNEURO_PROGRESS"] = "1" if self.verbose else "0"
-        try:
+        with progress(bool(self.verbose)):
             if self.role == "simulation":
                 self._fit_simulation(cfg)
             else:
                 self._fit_party(cfg)
-        finally:
-            if before is None:
-                os.environ.pop("DPNEURO_PROGRESS", None)
-            else:
-                os.environ["DPNEURO_PROGRESS"] = before
         return self
 
     def _fit_simulation(self, cfg: RunConfig) -> None:
         from . import pipeline
 
-        cfg, self.budget_ = pipeline.prepare(cfg)
+        cfg, self.budget_ = pipeline.prepare(cfg, until=self._until)
         if self.engine.startswith("pydra"):
             if self._until != "report":
                 raise ValueError(f"engine {self.engine!r} runs the whole workflow; {type(self).__name__} needs "
                                  "'serial'")
             from .workflows import run_workflow
 
-            outputs = run_workflow(cfg, plugin="cf" if self.engine == "pydra-cf" else "serial")
+            outputs = run_workflow(cfg, plugin="cf" if self.engine == "pydra-cf" else "serial", prepared=True)
         else:
             outputs = pipeline.run_stages(cfg, until=self._until)
         self.config_ = cfg
@@ -294,7 +287,8 @@ class _Decentralized:
         self._read_outputs(outputs)
 
     def _fit_party(self, cfg: RunConfig) -> None:
-        raise NotImplementedError
+        raise ValueError(f"{type(self).__name__} runs as a simulation only (role='simulation'); a deployed run "
+                         "is the whole ICA: use DecentralizedICA")
 
     def _read_space(self, space_json: str) -> None:
         from .io import load_mask
@@ -413,6 +407,7 @@ class DecentralizedICA(_Decentralized):
 
     def _fit_party(self, cfg: RunConfig) -> None:
         from .deploy.sharedfs import aggregator_main, site_main
+        from .maps import read_timecourses
 
         cfg = cfg.validate(data_sites=[self.site] if self.role == "site" else ())
         cfg.check_deployment(f"the {self.role}")
@@ -420,7 +415,7 @@ class DecentralizedICA(_Decentralized):
             if self.site not in [s.name for s in cfg.sites]:
                 raise ValueError(f"site={self.site!r} is not among the sites {[s.name for s in cfg.sites]}")
             res = site_main(cfg, self.site)
-            self.timecourses_ = {self.site: _by_subject(*_read_tc(res["timecourses"]))}
+            self.timecourses_ = {self.site: _by_subject(*read_timecourses(res["timecourses"]))}
             self.report_ = Report(res["report"])
             priv = _site_privacy(cfg, _read_json(res["privacy"]))
         else:
@@ -443,16 +438,15 @@ class DecentralizedICA(_Decentralized):
         from .algorithms.djica import time_courses
         from .analysis import site_whiten
         from .io import load_site
-        from .parcellation import Parcellation
+        from .parcellation import space_parcels
 
         self._check_fitted()
         if not hasattr(self, "unmixing_"):
             raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
         with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
             src = _site_inputs({"new": imgs}, Path(tmp))[0]
-            parcels = Parcellation(np.load(self._space["parcels"])) if self._space.get("parcels") else None
             sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
-                           min_volumes=self.config_.min_volumes, parcels=parcels)
+                           min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space))
             S = time_courses(self.unmixing_, site_whiten(sd.X, self.basis_, self.eigenvalues_), self.bias_)
         return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]
 
@@ -472,12 +466,6 @@ def _site_privacy(cfg: RunConfig, site_priv: dict) -> dict:
                          n_subjects={site_priv["site"]: site_priv["n_subjects"]}, plan=cfg.plan,
                          n_colluding=colluding, seeded=cfg.seed is not None)
     return {**rep, "n_sites": n_sites}
-
-
-def _read_tc(path):
-    from .maps import read_timecourses
-
-    return read_timecourses(path)
 
 
 def _by_subject(subjects: list[str], S: np.ndarray) -> dict[str, np.ndarray]:
@@ -507,37 +495,18 @@ class DecentralizedPCA(_Decentralized):
 
     _until = "reduce"
 
-    def _fit_simulation(self, cfg: RunConfig) -> None:
-        from . import pipeline
-        from .budget import plan_for_target, site_shapes, features
-
-        cfg = cfg.resolved().validate()
-        self.budget_ = None
-        if cfg.epsilon is not None:
-            self.budget_ = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon,
-                                           stages=("reduce",))
-            cfg = replace(self.budget_.config, epsilon=cfg.epsilon)
-        outputs = pipeline.run_stages(cfg, until="reduce")
-        self.config_ = cfg
-        self.output_dir_ = Path(cfg.out)
-        self._read_outputs(outputs)
-
     def _read_outputs(self, outputs: dict) -> None:
         from .io import mask_to_image
-        from .parcellation import Parcellation
-        from .outputs import consortium_privacy
-        from .pipeline import stage_ledgers
+        from .outputs import to_voxels
+        from .pipeline import stage_privacy
 
         red = _read_json(outputs["reduce"])
         self._read_space(outputs["space"])
         self.basis_, self.explained_variance_ = np.load(red["basis"]), np.load(red["eigenvalues"])
-        parcels = Parcellation(np.load(self._space["parcels"])) if self._space.get("parcels") else None
-        vox = parcels.expand(self.basis_) if parcels is not None else self.basis_
+        vox = to_voxels(self._space, self.basis_)
         self.components_ = np.ascontiguousarray(vox.T)
         self.components_img_ = mask_to_image(vox, self._space["mask"])
-        sites = [_read_json(p) for p in outputs["load"]]
-        self.privacy_ = PrivacySummary(consortium_privacy(self.config_, stage_ledgers(sites, red),
-                                                          {s["site"]: s["n_subjects"] for s in sites}))
+        self.privacy_ = PrivacySummary(stage_privacy(self.config_, [_read_json(p) for p in outputs["load"]], red))
 
 
 def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None = None, timepoints: int = 150,

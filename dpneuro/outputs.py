@@ -18,19 +18,23 @@ from .analysis import SCALING_NOTE
 from .config import RunConfig
 from .privacy import PrivacyLedger
 
-__all__ = ["component_maps", "consortium_privacy", "headline", "write_maps"]
+__all__ = ["component_maps", "consortium_privacy", "headline", "to_voxels", "write_maps"]
 
 
 def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
     """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
     from .algorithms.djica import spatial_maps
     from .maps import zscore_columns
-    from .parcellation import Parcellation
 
-    A = spatial_maps(basis, eigenvalues, W)
-    if space.get("parcels"):
-        A = Parcellation(np.load(space["parcels"])).expand(A)
-    return zscore_columns(A)
+    return zscore_columns(to_voxels(space, spatial_maps(basis, eigenvalues, W)))
+
+
+def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
+    """Feature values (rows) painted back to the mask's voxels: parcels expanded, voxels as they are."""
+    from .parcellation import space_parcels
+
+    parcels = space_parcels(space)
+    return parcels.expand(A) if parcels is not None else A
 
 
 def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:

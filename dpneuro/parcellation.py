@@ -31,6 +31,11 @@ def coordinate_parcels(mask: np.ndarray, n_parcels: int, *, seed: int = 0) -> np
     return labels.astype(np.int64)
 
 
+def space_parcels(space: dict) -> Parcellation | None:
+    """The parcellation a run's space (``space.json`` of the pipeline) names, or None when it keeps voxels."""
+    return Parcellation(np.load(space["parcels"])) if space.get("parcels") else None
+
+
 class Parcellation:
     """Averaging voxels into parcels and painting parcel values back to voxels."""
 

@@ -11,6 +11,7 @@ load (per site) -> reduce (capePCA) -> unmix (capeDJICA) -> maps -> report
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -39,10 +40,27 @@ def _write_json(path: Path, obj: Any) -> str:
 
 
 def _progress() -> bool:
-    """Progress bars on (the CLI sets DPNEURO_PROGRESS=1 unless --quiet; Pydra runs stages in-process)."""
+    """Progress bars on (see :func:`progress`; Pydra runs stages in-process, so they read the environment)."""
     import os
 
     return os.environ.get("DPNEURO_PROGRESS", "") == "1"
+
+
+@contextlib.contextmanager
+def progress(enabled: bool):
+    """Progress bars on or off for the stages run inside; restored afterwards, so that one call's setting
+    never leaks into the next (a notebook, the test suite)."""
+    import os
+
+    before = os.environ.get("DPNEURO_PROGRESS")
+    os.environ["DPNEURO_PROGRESS"] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DPNEURO_PROGRESS", None)
+        else:
+            os.environ["DPNEURO_PROGRESS"] = before
 
 
 def _options(desc: str):
@@ -111,7 +129,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
 def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") -> str:
     """One site's subjects: validated, masked, standardised, (parcel-averaged) into a D x N .npy."""
     from .io import load_site
-    from .parcellation import Parcellation
+    from .parcellation import space_parcels
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     site = next(s for s in cfg.sites if s.name == site_name)
@@ -121,7 +139,7 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     out = d / "site.json"
     if out.exists():
         return str(out)
-    parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
+    parcels = space_parcels(space)
     t0 = time.perf_counter()
     sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
                    min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels, bids=cfg.bids,
@@ -218,14 +236,19 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
 STAGES = ("space", "load", "reduce", "unmix", "maps", "report")
 
 
-def prepare(cfg: RunConfig) -> tuple[RunConfig, Any]:
+def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
     """What every simulation entry point does first: absolute paths, validation, the planned budget.
 
-    Returns the configuration to run and the budget plan (None unless ``cfg.epsilon`` is set).
+    A total ``cfg.epsilon`` is split over the releasing stages that a run up
+    to ``until`` reaches. Returns the configuration to run and the budget plan
+    (None unless ``cfg.epsilon`` is set).
     """
-    from .budget import apply_target
+    from .budget import RELEASING_STAGES, apply_target
 
-    return apply_target(cfg.resolved().validate())
+    if until not in STAGES:
+        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
+    reached = tuple(s for s in RELEASING_STAGES if STAGES.index(s) <= STAGES.index(until))
+    return apply_target(cfg.resolved().validate(), stages=reached)
 
 
 def write_config(cfg: RunConfig) -> str:
@@ -274,12 +297,14 @@ def _truth(cfg: RunConfig) -> dict | None:
     return load_manifest(cfg.truth)
 
 
-def stage_ledgers(sites: list[dict], *stages: dict) -> dict:
-    """Every site's ledger: its releases in the outputs of ``stages`` (reduce, unmix), merged."""
+def stage_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
+    """privacy.json of a simulated run: every site's releases in the outputs of ``stages`` (reduce, unmix)."""
+    from .outputs import consortium_privacy
     from .privacy import PrivacyLedger
 
-    return {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][s["site"]]) for x in stages
-                                                if x["ledgers"].get(s["site"])]) for s in sites}
+    ledgers = {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][s["site"]]) for x in stages
+                                                   if x["ledgers"].get(s["site"])]) for s in sites}
+    return consortium_privacy(cfg, ledgers, {s["site"]: s["n_subjects"] for s in sites})
 
 
 def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
@@ -290,8 +315,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     from .io import load_mask
     from .maps import template_problem, write_timecourses
     from .metrics import match_components, md_index, qngi
-    from .outputs import consortium_privacy, write_maps
-    from .parcellation import Parcellation
+    from .outputs import write_maps
+    from .parcellation import space_parcels
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -303,7 +328,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
     W, b = np.load(unm["W"]), np.load(unm["b"])
     comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
-    parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
+    parcels = space_parcels(space)
 
     tcs = {}
     for s in sites:  # in a deployment each site does this on its own machine
@@ -312,7 +337,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
 
-    priv = consortium_privacy(cfg, stage_ledgers(sites, red, unm), {s["site"]: s["n_subjects"] for s in sites})
+    priv = stage_privacy(cfg, sites, red, unm)
     priv_path = _write_json(d / "privacy.json", priv)
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])

@@ -89,14 +89,17 @@ def _one_line(exc: BaseException) -> str:
     return msg + (f" (crash report: {crash})" if crash else "")
 
 
-def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, **plugin_args) -> dict:
+def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prepared: bool = False,
+                 **plugin_args) -> dict:
     """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
 
     Relative paths in ``cfg`` are taken against the current working folder
-    (Pydra runs every stage from its own cache folder); a total ``epsilon`` is
-    planned first (:func:`dpneuro.pipeline.prepare`).
+    (Pydra runs every stage from its own cache folder) and a total ``epsilon``
+    is planned first (:func:`dpneuro.pipeline.prepare`), unless ``prepared``
+    says the caller already did.
     """
-    cfg, _ = pipeline.prepare(cfg)
+    if not prepared:
+        cfg, _ = pipeline.prepare(cfg)
     wf = build_workflow(cfg, cache_dir)
     try:
         with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
