@@ -117,6 +117,35 @@ def test_compspec_satisfies_coinstac_rules():
     assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon"}
 
 
+def test_compspec_is_the_projects_release_with_the_librarys_defaults():
+    import tomllib
+
+    import dpneuro
+
+    spec = _load("compspec.json")
+    pyproject = tomllib.loads((dc.REPO / "pyproject.toml").read_text())
+    assert spec["meta"]["repository"] == pyproject["project"]["urls"]["Repository"]
+    assert spec["meta"]["version"] == f"v{dpneuro.__version__}" and pyproject["project"]["version"] == dpneuro.__version__
+    # COINSTAC pulls f"{dockerImage}:latest" from Docker Hub: a tag in the compspec would make "x:0.2.0:latest"
+    comp = spec["computation"]
+    image = comp["dockerImage"]
+    assert re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*/[a-z0-9]+(?:[._-][a-z0-9]+)*", image), image
+    assert comp["remote"]["dockerImage"] == image
+    docker = (COINSTAC / "Dockerfile").read_text()
+    for tag in ("latest", dpneuro.__version__):
+        assert f"-t {image}:{tag}" in docker and f"docker push {image}:{tag}" in docker
+    assert f"-t {image}:latest -t {image}:{dpneuro.__version__}" in (dc.TEMPLATES / "README.md").read_text()
+    # what the owner does not change runs with the library's defaults (the best measured settings)
+    defaults = RunConfig(sites=[], out="")
+    inputs = comp["input"]
+    for name in dcc.OWNER_INPUTS:
+        want = getattr(defaults, name)
+        got = inputs[name]["default"]
+        assert (got == -1 if want is None else got == want and type(got) is type(want)), (name, got, want)
+    assert dcc.settings_from_inputs({k: v["default"] for k, v in inputs.items() if v["source"] == "owner"}) == \
+        {**{k: getattr(defaults, k) for k in dcc.OWNER_INPUTS}, "seed": None}
+
+
 def test_inputspec_is_a_4_site_run_on_the_synthetic_consortium(tmp_path):
     spec, inputs = _load("inputspec.json"), _load("compspec.json")["computation"]["input"]
     assert isinstance(spec, list) and len(spec) == 4

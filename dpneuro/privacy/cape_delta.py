@@ -27,7 +27,6 @@ import itertools
 import math
 
 import numpy as np
-from scipy import stats
 
 
 def max_colluding(n_sites: int) -> int:
@@ -53,6 +52,10 @@ def check_collusion(n_sites: int, n_colluding: int | None) -> int:
     return int(n_colluding)
 
 
+def _std_normal_pdf(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
 def delta_from_mu_z(epsilon: float, mu_z: float) -> float:
     """delta = 2 sigma_z/(eps - mu_z) phi((eps - mu_z)/sigma_z), sigma_z^2 = 2 mu_z."""
     if not epsilon > 0:
@@ -64,7 +67,7 @@ def delta_from_mu_z(epsilon: float, mu_z: float) -> float:
             "increase the noise or epsilon"
         )
     x = (epsilon - mu_z) / sigma_z
-    return float(min(1.0, 2 * sigma_z / (epsilon - mu_z) * stats.norm.pdf(x)))
+    return float(min(1.0, 2 * sigma_z / (epsilon - mu_z) * _std_normal_pdf(x)))
 
 
 def cape_mu_z(tau: float, sensitivity: float, n_sites: int, n_colluding: int) -> float:

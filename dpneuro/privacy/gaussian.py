@@ -19,7 +19,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
+
+
+def _brentq(f, lo: float, hi: float, **tol) -> float:
+    # scipy.optimize is imported on first use: it doubles the start-up time of a party's process, which
+    # COINSTAC may start afresh every iteration
+    from scipy import optimize
+
+    return float(optimize.brentq(f, lo, hi, **tol))
 
 
 def _log_ndtr(x: float) -> float:
@@ -53,7 +61,7 @@ def gdp_epsilon(delta: float, mu: float) -> float:
         lo, hi = hi, hi * 2
     log_d = math.log(delta)
     f = lambda e: math.log(max(gdp_delta(e, mu), 1e-300)) - log_d  # noqa: E731
-    return float(optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+    return _brentq(f, lo, hi, xtol=1e-12, rtol=1e-12)
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -65,7 +73,7 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     while gdp_delta(epsilon, hi) < delta:
         lo, hi = hi, hi * 2
     f = lambda m: math.log(max(gdp_delta(epsilon, m), 1e-300)) - log_d  # noqa: E731
-    return float(optimize.brentq(f, lo, hi, xtol=1e-14, rtol=1e-13))
+    return _brentq(f, lo, hi, xtol=1e-14, rtol=1e-13)
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "analytic") -> float:
