@@ -51,6 +51,7 @@ __all__ = [
     "stage_seed",
     "summary_aggregator",
     "summary_site",
+    "describe_unmixing",
     "unmix_aggregator",
     "unmix_inprocess",
     "unmix_protocol",
@@ -222,17 +223,42 @@ def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
     return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]), ledgers)
 
 
+def _spatial_result(basis, eigenvalues, ledgers: list) -> UnmixResult:
+    from .algorithms.spatial_ica import spatial_ica
+
+    r = spatial_ica(basis, eigenvalues)
+    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status, ledgers)
+
+
+def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
+    """How the maps were unmixed, for a report's headline."""
+    if cfg.ica == "spatial":
+        return f"spatial ICA of the released basis, no further release (FastICA {status})"
+    return f"temporal ICA, {rounds} capeDJICA rounds ({status})"
+
+
 def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
                checkpoint: Checkpoint | None = None, timeout: float | None = None) -> PrivacyLedger:
-    """One site's part of capeDJICA on its whitened data Z (R x N); returns its ledger."""
+    """One site's part of capeDJICA on its whitened data Z (R x N); returns its ledger.
+
+    Spatial ICA is the aggregator's post-processing of the released basis: the
+    site sends nothing and its ledger stays empty.
+    """
+    if cfg.ica == "spatial":
+        return PrivacyLedger()
     st = run_site(unmix_protocol(cfg, n_sites), site, (Z, [int(n) for n in lengths]), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     return st["ledger"]
 
 
 def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
-                     options: RunOptions | None = None) -> UnmixResult:
-    """The aggregator's part of capeDJICA: averages the noisy gradients, updates W and b."""
+                     options: RunOptions | None = None, basis=None, eigenvalues=None) -> UnmixResult:
+    """The aggregator's part of capeDJICA: averages the noisy gradients, updates W and b.
+
+    With spatial ICA it unmixes the released ``basis`` and ``eigenvalues`` alone (no messages).
+    """
+    if cfg.ica == "spatial":
+        return _spatial_result(basis, eigenvalues, [])
     st = run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
     return _unmix_result(st, [])
 
@@ -242,7 +268,10 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     """capeDJICA with every party in this process; each site whitens its data with the public basis.
 
     Every site's whitened data are validated before anything is released.
+    With spatial ICA no site takes part: the maps come from the released basis alone.
     """
+    if cfg.ica == "spatial":
+        return _spatial_result(basis, eigenvalues, [PrivacyLedger() for _ in X_sites])
     site_data = [(site_whiten(X, basis, eigenvalues), [int(n) for n in ln])
                  for X, ln in zip(X_sites, lengths, strict=True)]
     alg = ica_algorithm(cfg)

@@ -69,6 +69,11 @@ def features(cfg: RunConfig, given: int | None = None) -> int:
 RELEASING_STAGES = ("reduce", "unmix")
 
 
+def releases_in(cfg: RunConfig, stage: str) -> bool:
+    """Whether ``stage`` releases anything in a run of ``cfg`` (spatial ICA is post-processing of the basis)."""
+    return stage == "reduce" or (stage == "unmix" and cfg.ica == "temporal")
+
+
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
                     stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
     """Every site's ledger of a run of ``cfg`` (its ``stages``) on sites of these shapes (no data needed)."""
@@ -79,7 +84,7 @@ def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
     red = cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
                                                for i, s in enumerate(shapes)])
     unm = [None] * len(shapes)
-    if "unmix" in stages:
+    if "unmix" in stages and releases_in(cfg, "unmix"):
         ica = ica_algorithm(cfg)
         unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
     out = {}
@@ -165,13 +170,15 @@ class BudgetPlan:
         if self.target_epsilon is not None:
             out.append(f"proposal for eps = {self.target_epsilon:g} per site at delta = {cfg.delta:g} "
                        f"(against the aggregator and its colluders):")
+        temporal = releases_in(cfg, "unmix")
+        ica = (f"temporal ICA: rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
+               f"bias {'on' if cfg.ica_bias else 'off'}" if temporal
+               else "spatial ICA (post-processing of the released basis: no further release)")
         out.append(f"sites S = {len(self.shapes)}, subjects per site {M} (privacy unit: one subject, replace "
-                   f"neighbours), D = {self.dim} features, plan '{cfg.plan}', reduction '{cfg.reduction}', "
-                   f"ICA rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
-                   f"bias {'on' if cfg.ica_bias else 'off'}")
-        out.append(f"settings: pca_epsilon = {cfg.pca_epsilon:.6g} (at delta/2), ica_epsilon_i = "
-                   f"{cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, calibration "
-                   f"'{cfg.calibration}'")
+                   f"neighbours), D = {self.dim} features, plan '{cfg.plan}', reduction '{cfg.reduction}', {ica}")
+        out.append(f"settings: pca_epsilon = {cfg.pca_epsilon:.6g} (at delta/2)"
+                   + (f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
+                      f"calibration '{cfg.calibration}'" if temporal else ""))
         out += headline_lines(self.privacy)
         for name, s in self.privacy["sites"].items():
             stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)
@@ -247,7 +254,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     red = max(math.sqrt(sum(v**2 for k, v in st.items() if k.startswith("capepca"))) for st in stage_mu.values())
     ica = max(st.get("ica", 0.0) for st in stage_mu.values())
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
-    with_ica = "unmix" in stages
+    with_ica = "unmix" in stages and releases_in(cfg, "unmix")
     if pca_share is None and with_ica:
         pca_share = red**2 / (red**2 + ica**2)
     if not with_ica:

@@ -17,6 +17,9 @@ from .privacy.ledger import UNITS
 BACKENDS = ("inprocess", "directory")
 #: reductions a consortium run performs (each a CAPE protocol, hence deployable everywhere)
 REDUCTIONS = ("capepca", "capepca-power", "none")
+#: the group ICA model: independent maps (spatial: CanICA/MELODIC/GIFT, post-processing of the released basis)
+#: or independent time courses (temporal: capeDJICA, private rounds of its own)
+ICA_MODELS = ("spatial", "temporal")
 
 
 #: What ``dpneuro synth`` writes by default and the demo analyses: 128 subjects at 6 mm.
@@ -56,6 +59,7 @@ class RunConfig:
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
     n_components: int = 20
     reduction: str = "capepca"
+    ica: str = "temporal"
     plan: str = "cape"
     n_colluding: int | None = None
     delta: float = 1e-5  # total delta per site
@@ -212,6 +216,9 @@ class RunConfig:
                 f"{REDUCTIONS}")
         if self.reduction not in REDUCTIONS:
             bad("reduction", f"one of {REDUCTIONS}")
+        if self.ica not in ICA_MODELS:
+            bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
+                "after the PCA) or 'temporal' (capeDJICA)")
         if self.plan not in PLANS:
             bad("plan", f"one of {PLANS}")
         if self.plan == "cape" and len(self.sites) < 3:

@@ -36,7 +36,7 @@ ENGINES = ("serial", "pydra", "pydra-cf")
 
 #: RunConfig fields an estimator sets from its own parameters (the rest are expert keywords)
 _OWN = {"sites", "out", "n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction",
-        "seed", "exchange_dir", "backend"}
+        "ica", "seed", "exchange_dir", "backend"}
 _EXPERT = tuple(f.name for f in fields(RunConfig) if f.name not in _OWN)
 
 
@@ -162,8 +162,8 @@ class _Decentralized:
 
     def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
                  plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
-                 reduction: str = "capepca", random_state: int | None = None, output_dir=None,
-                 role: str = "simulation", site: str | None = None, exchange=None, engine: str = "serial",
+                 reduction: str = "capepca", ica: str = "temporal", random_state: int | None = None,
+                 output_dir=None, role: str = "simulation", site: str | None = None, exchange=None, engine: str = "serial",
                  verbose: int = 0, **options):
         self.n_components = n_components
         self.epsilon = epsilon
@@ -173,6 +173,7 @@ class _Decentralized:
         self.space = space
         self.parcels = parcels
         self.reduction = reduction
+        self.ica = ica
         self.random_state = random_state
         self.output_dir = output_dir
         self.role = role
@@ -183,8 +184,8 @@ class _Decentralized:
         self.options = options
 
     # -- scikit-learn conventions ---------------------------------------------------------------
-    _PARAMS = ("n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction", "random_state",
-               "output_dir", "role", "site", "exchange", "engine", "verbose")
+    _PARAMS = ("n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction", "ica",
+               "random_state", "output_dir", "role", "site", "exchange", "engine", "verbose")
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {**{p: getattr(self, p) for p in self._PARAMS}, **self.options}
@@ -210,7 +211,7 @@ class _Decentralized:
         cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
         own = dict(n_components=cfg.n_components, epsilon=cfg.epsilon, delta=cfg.delta, plan=cfg.plan,
                    mask=cfg.mask or None, space=cfg.space, parcels=cfg.parcels, reduction=cfg.reduction,
-                   random_state=cfg.seed, output_dir=cfg.out or None)
+                   ica=cfg.ica, random_state=cfg.seed, output_dir=cfg.out or None)
         est = cls(**{**own, **{f: getattr(cfg, f) for f in _EXPERT}, **params})
         est._config_sites = cfg.sites
         est._config_fields = {"exchange_dir": cfg.exchange_dir, "backend": cfg.backend}
@@ -247,7 +248,7 @@ class _Decentralized:
             delta=self.delta, plan=self.plan, mask=str(self.mask) if self.mask else "",
             space=self.space if self.space is not None else defaults["space"],
             parcels=self.parcels if self.parcels is not None else defaults["parcels"], reduction=self.reduction,
-            seed=self.random_state, **extra, **self.options)
+            ica=self.ica, seed=self.random_state, **extra, **self.options)
         return cfg.resolved()
 
     # -- fitting ------------------------------------------------------------------------------------
@@ -338,6 +339,13 @@ class DecentralizedICA(_Decentralized):
     parcels : int, optional
         Data-independent parcels of the mask (0: voxels); default 100.
     reduction : {"capepca", "capepca-power", "none"}, default "capepca"
+    ica : {"temporal", "spatial"}, default "temporal"
+        The group ICA model. ``"spatial"``: independent maps, the model of
+        CanICA, MELODIC and GIFT, found by FastICA on the released PCA basis
+        (post-processing: the PCA is the only release; each site's time
+        courses are the least-squares fit of its data on the maps, at the
+        site). ``"temporal"``: independent time courses by capeDJICA, whose
+        rounds are private releases of their own.
     random_state : int, optional
         Seeds every noise draw: reproducible simulations only. A deployed
         party refuses it (anyone holding the configuration could remove the noise).

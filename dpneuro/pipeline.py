@@ -80,7 +80,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
     "load": ("sites", "standardize", "min_volumes", "bids"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed"),
-    "unmix": ("plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
+    "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "maps": ("delta", "truth", "plan", "n_colluding", "seed"),
     "report": (),
@@ -355,7 +355,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
             A_true_red = parcels.reduce(A_true) if parcels is not None else A_true
             metrics = {"mean |r| with truth": float(np.mean(np.abs(corr))),
                        "min |r| with truth": float(np.min(np.abs(corr)))}
-            if A_true.shape[1] == W.shape[0]:
+            if A_true.shape[1] == W.shape[0] and cfg.ica == "temporal":  # the truth's sources are temporal
                 P = W @ ((V / np.sqrt(lam)).T @ A_true_red)
                 metrics["qNGI"] = qngi(P)
                 metrics["MD index"] = md_index(W, (V / np.sqrt(lam)).T @ A_true_red)
@@ -369,6 +369,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     """report.html (self-contained) plus the final outputs copied to the run folder."""
     import shutil
 
+    from .analysis import describe_unmixing
     from .maps import convergence_figure, render_components, site_timecourse_figure
     from .outputs import headline as consortium_headline
     from .report import write_report
@@ -389,18 +390,18 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     for s in sites:
         site_timecourse_figure(mp["timecourses"][s["site"]], s["site"], (s["subject_ids"][0], *s["boundaries"][0]),
                                s["tr"], tc_dir / f"{s['site']}.png")
-    conv_png = convergence_figure(unm["history"], figs / "convergence.png")
+    conv_png = convergence_figure(unm["history"], figs / "convergence.png") if unm["rounds"] else None
 
     priv = _read_json(mp["privacy"])
     headline = consortium_headline(cfg, priv, n_components=mp["n_components"],
                                    n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
-                                   ica=f"{unm['rounds']} ICA rounds ({unm['status']})")
+                                   ica=describe_unmixing(cfg, unm["rounds"], unm["status"]))
     metrics = truth["metrics"] if truth else None
     if metrics:
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     timings = {f"load {s['site']}": s["seconds"] for s in sites}
     timings["reduce (capePCA)"] = _read_json(reduce_json)["seconds"]
-    timings["unmix (capeDJICA)"] = unm["seconds"]
+    timings["unmix (capeDJICA)" if cfg.ica == "temporal" else "unmix (spatial ICA)"] = unm["seconds"]
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():

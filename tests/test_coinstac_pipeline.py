@@ -18,9 +18,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +40,12 @@ ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "publ
 # what coinstac-container-manager's singularity service runs (services/singularity.js):
 #   singularity run --containall --writable-tmpfs -e --env PYTHONUNBUFFERED=1,COINSTAC_PORT=<port>
 #       -B <mounts>,/tmp:/tmp:rw <imageDirectory>/<image>
-# The stand-in checks that shape and starts the image's command, the entry point, on that port.
+# The stand-in checks that shape and starts the image's command, the entry point, on that port. The service
+# exits after its one request: the singularity service starts new containers every iteration and stops them
+# only at the end of the run. Each records its pid, so the test stops whatever is left.
 STAND_IN = '''#!{python}
 import os, sys
+open(os.path.join({pids!r}, str(os.getpid())), "w").close()
 args = sys.argv[1:]
 assert args[0] == "run" and "--containall" in args, args
 env = dict(os.environ)
@@ -51,7 +56,8 @@ mounts = args[args.index("-B") + 1].split(",")
 assert [m.split(":")[1] for m in mounts[:3]] == ["/input", "/output", "/transfer"], mounts
 image = os.path.basename(args[args.index("-B") + 2])
 assert image == {image!r}, image
-os.execve({python!r}, [{python!r}, "-m", "dpneuro.deploy.coinstac_sim", "serve", {entry!r}], env)
+os.execve({python!r}, [{python!r}, "-m", "dpneuro.deploy.coinstac_sim", "serve", {entry!r}, "--max-requests", "1"],
+          env)
 '''
 
 
@@ -89,6 +95,27 @@ def coinstac_node_modules() -> Path:
     return target / "node_modules"
 
 
+def _running(pids: Path) -> list[int]:
+    """The services the stand-in started that still run."""
+    out = []
+    for f in pids.iterdir():
+        try:
+            with open(f"/proc/{f.name}/cmdline", "rb") as c:
+                if b"coinstac_sim" in c.read():  # not a zombie, not a reused pid
+                    out.append(int(f.name))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return out
+
+
+def _stop_all(pids: Path) -> None:
+    for pid in _running(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _state_dirs(root: Path, clients: list[str]) -> list[Path]:
     """The parties' private folders: COINSTAC's pipeline gives every container cacheDirectory /tmp."""
     out = []
@@ -120,7 +147,9 @@ def test_coinstac_pipeline_runs_the_computation_like_the_simulation(tmp_path):
     bin_dir.mkdir()
     (images / f"{image}-sha256").write_bytes(b"")
     stand_in = bin_dir / "singularity"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, image=f"{image}-sha256",
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    stand_in.write_text(STAND_IN.format(python=sys.executable, image=f"{image}-sha256", pids=str(pids),
                                         entry=str(COINSTAC / "entry.py")))
     stand_in.chmod(0o755)
 
@@ -162,6 +191,14 @@ def test_coinstac_pipeline_runs_the_computation_like_the_simulation(tmp_path):
         assert result["iterations"] >= 1 + settings["ica_rounds"]
         print(f"\nCOINSTAC pipeline run: {result['iterations']} iterations, {result['seconds']:.1f} s wall "
               f"(Node {subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()})")
+        # every container served its one request and exited (none left running)
+        deadline = time.monotonic() + 10
+        while _running(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _running(pids) == [], "services still running after the run"
+        containers = len(list(pids.iterdir()))
+        print(f"\n{containers} containers started")
     finally:
+        _stop_all(pids)
         for d in states:
             shutil.rmtree(d, ignore_errors=True)

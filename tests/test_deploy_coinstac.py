@@ -436,3 +436,28 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
     for cid in again.clients:  # every member receives its own report: maps, its privacy, its time courses
         html = (again.output_dir(cid) / "report.html").read_text()
         assert 'alt="time courses"' in html and html.count('<img alt="IC') == 4 and "privacybox" in html
+
+
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
+def test_spatial_ica_through_coinstac_services_releases_only_the_pca(tmp_path):
+    pytest.importorskip("coinstac")
+    spec = [{**site, "ica": {"value": "spatial"}} for site in _load("inputspec.json")]
+    man = dc.consortium(tmp_path / "data", n_timepoints=60)
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
+    run = _services_run(tmp_path / "a", spec, man)
+    out = run.output_dir("remote")
+    # the basis may differ from the reference in the last bit (BLAS threads), and on a noise-dominated basis
+    # FastICA's answer moves with it: W must be the spatial ICA of the basis this run released
+    from dpneuro.algorithms.spatial_ica import spatial_ica
+
+    basis = np.load(out / run.output["basis"])
+    np.testing.assert_allclose(basis, ref["basis"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(np.load(out / run.output["W"]),
+                                  spatial_ica(basis, np.load(out / "eigenvalues.npy")).W)
+    priv = json.loads((out / run.output["privacy"]).read_text())
+    for i, cid in enumerate(run.clients):
+        led = priv["sites"][cid]["ledger"]
+        assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"]), cid
+        assert led["releases"] and all(r["stage"].startswith("capepca") for r in led["releases"])
+        assert (run.output_dir(cid) / "timecourses.tsv").exists()
+    assert run.output["ica_rounds"] == 0 and run.iterations < 15  # set-up, one PCA round, the summary

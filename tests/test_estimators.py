@@ -63,6 +63,11 @@ def test_non_private_reference_recovers_the_truth(consortium, tmp_path):
                                    truth=str(root / "data"), output_dir=tmp_path / "np").fit(files)
     assert ica.metrics_["mean |r| with truth"] > 0.8
     assert ica.privacy_.epsilon == {n: float("inf") for n in files}
+    # the blob maps are independent over voxels: spatial ICA of the same basis finds them too
+    sica = dpneuro.DecentralizedICA(n_components=R, plan="none", reduction="none", mask=man["mask"], parcels=0,
+                                    ica="spatial", truth=str(root / "data"), output_dir=tmp_path / "np-s").fit(files)
+    assert sica.metrics_["mean |r| with truth"] > 0.85, sica.metrics_
+    np.testing.assert_array_equal(sica.basis_, ica.basis_)
 
 
 def test_transform_is_the_sites_own_time_courses(fitted, consortium):
@@ -159,13 +164,23 @@ def _site_party(name: str, data: dict, common: dict, out: str) -> None:
              **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()})
 
 
-def test_deployed_parties_through_the_estimator(consortium, fitted, tmp_path):
+@pytest.fixture(scope="module")
+def fitted_spatial(consortium):
+    root, man, files = consortium
+    ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], ica="spatial", random_state=1,
+                                   output_dir=root / "est-spatial", truth=str(root / "data"), **SETTINGS)
+    return ica.fit(files)
+
+
+@pytest.mark.parametrize("model", ["temporal", "spatial"])
+def test_deployed_parties_through_the_estimator(consortium, fitted, fitted_spatial, tmp_path, model):
     """role="site" / "aggregator" over a shared folder: the numbers of the simulation (same seed)."""
     import multiprocessing as mp
 
     root, man, files = consortium
-    common = dict(n_components=R, mask=man["mask"], random_state=1, simulation=True, exchange=tmp_path / "shared",
-                  timeout=120.0, **SETTINGS)
+    sim = fitted if model == "temporal" else fitted_spatial
+    common = dict(n_components=R, mask=man["mask"], ica=model, random_state=1, simulation=True,
+                  exchange=tmp_path / "shared", timeout=120.0, **SETTINGS)
     # every party knows every site's name; a site has only its own data (figures need a process each)
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_site_party, args=(n, {m: (files[m] if m == n else None) for m in files}, common,
@@ -182,13 +197,37 @@ def test_deployed_parties_through_the_estimator(consortium, fitted, tmp_path):
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
     np.testing.assert_allclose(np.asarray(agg.components_img_.dataobj),
-                               np.asarray(fitted.components_img_.dataobj), rtol=0, atol=1e-9)
-    assert agg.privacy_.epsilon == pytest.approx(fitted.privacy_.epsilon)
+                               np.asarray(sim.components_img_.dataobj), rtol=0, atol=1e-9)
+    assert agg.privacy_.epsilon == pytest.approx(sim.privacy_.epsilon)
     for n in files:
         got = np.load(tmp_path / n / "check.npz")
-        assert float(got["eps"]) == pytest.approx(fitted.privacy_.epsilon[n])
-        for sid, tc in fitted.timecourses_[n].items():
+        assert float(got["eps"]) == pytest.approx(sim.privacy_.epsilon[n])
+        for sid, tc in sim.timecourses_[n].items():
             np.testing.assert_allclose(got[f"tc_{sid}"], tc, atol=1e-4)
+    unmix_egress = list((tmp_path / "shared").rglob("unmix/egress/*.jsonl"))
+    if model == "spatial":  # nothing is exchanged for the unmixing: the PCA was the only release
+        assert not [ln for f in unmix_egress for ln in f.read_text().splitlines() if ln.strip()]
+    else:
+        assert {f.name for f in unmix_egress} >= {f"{n}.jsonl" for n in files}
+
+
+def test_spatial_ica_spends_only_the_pca_and_recovers_the_maps(consortium, fitted, fitted_spatial):
+    root, man, files = consortium
+    for led in fitted_spatial.privacy_.ledgers.values():
+        stages = {r["stage"] if isinstance(r, dict) else r.stage for r in
+                  (led["releases"] if isinstance(led, dict) else led.releases)}
+        assert stages and all(st.startswith("capepca") for st in stages), stages
+    # the same PCA release as the temporal run (same seed), and nothing else
+    for n in files:
+        assert fitted_spatial.privacy_.epsilon[n] < fitted.privacy_.epsilon[n]
+    np.testing.assert_array_equal(fitted_spatial.basis_, fitted.basis_)
+    assert "qNGI" not in fitted_spatial.metrics_  # the truth's sources are temporal: no qNGI for spatial maps
+    report = fitted_spatial.report_.path.read_text()
+    assert "spatial ICA of the released basis" in report and 'alt="convergence"' not in report
+    # a total budget goes to the one release
+    plan = dpneuro.plan_budget(6.0, sites=files, n_components=R, ica="spatial", parcels=0, mask=man["mask"])
+    assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
+    assert "spatial ICA" in str(plan)
 
 
 def test_one_set_of_defaults_everywhere():

@@ -4,3 +4,4 @@ from .pca import CapePCA, DPdisPCA, PCAResult, SiteSource, cape_pca, dpdispca, l
 from .pdsvd import PDSVD, PDSVDResult, ks_privacy, pd_pca, pd_svd
 from .agn import AGNResult, BrainStates, agn, avn, brain_states, cape_agn, local_agn, otd
 from .djica import CapeDJICA, DJICAResult, LearningRate, cape_djica, local_dp_ica, spatial_maps, time_courses, whiten
+from .spatial_ica import SpatialICAResult, spatial_ica

@@ -371,8 +371,13 @@ def _drive(inputspec, root: Path, local_url, remote_url, call_timeout: float, de
 
 # -- `python -m dpneuro.deploy.coinstac_sim serve ENTRY` ---------------------------------------
 
-def _serve(entry: str, host: str) -> None:
-    """Run ``entry`` (which calls ``coinstac.start``) with its websocket server bound to ``host``."""
+def _serve(entry: str, host: str, max_requests: int | None = None) -> None:
+    """Run ``entry`` (which calls ``coinstac.start``) with its websocket server bound to ``host``.
+
+    ``max_requests``: exit after answering that many requests, as a container
+    that COINSTAC's Singularity service starts for one iteration and never
+    calls again (connections closed before a request do not count).
+    """
     import runpy
 
     import websockets
@@ -380,6 +385,18 @@ def _serve(entry: str, host: str) -> None:
     real = websockets.serve
 
     def serve(handler, _host, port, **kw):  # coinstac.start hard-codes 0.0.0.0
+        if max_requests:
+            served = 0
+
+            async def counted(ws, path):  # websockets passes path only to a two-argument handler
+                nonlocal served
+                await handler(ws, path)  # a bare test connection raises here: not a request
+                served += 1
+                if served >= max_requests:
+                    loop = asyncio.get_event_loop()
+                    loop.call_later(0.2, loop.stop)  # after the reply's close handshake
+
+            return real(counted, host, int(port), **kw)
         return real(handler, host, int(port), **kw)
 
     websockets.serve = serve
@@ -392,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="run a COINSTAC entry point bound to one host (default 127.0.0.1)")
     s.add_argument("entry")
     s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--max-requests", type=int, default=None,
+                   help="exit after answering this many requests (a container used for one iteration)")
     a = ap.parse_args(argv)
-    _serve(a.entry, a.host)
+    _serve(a.entry, a.host, a.max_requests)
     return 0
 
 

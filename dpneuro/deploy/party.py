@@ -63,7 +63,7 @@ MANIFEST_VERSION = 1
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
-    "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "n_components", "optimizer", "standardize",
+    "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer", "standardize",
     "min_volumes", "parcels",
     "seed", "simulation",
 )
@@ -397,7 +397,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
     def unmix() -> dict[str, Any]:
         r = analysis.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
-                                   options=ctx.options)
+                                   options=ctx.options, basis=red["basis"], eigenvalues=red["eigenvalues"])
         return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
     ica = _cached(work / "unmix.result.npz", unmix)
@@ -447,11 +447,12 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     comps, maps_note, map_warnings = render_components(comp_path, space["mask"], figs,
                                                        interactive=cfg.interactive_maps)
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
-                              figs / "convergence.png")
+                              figs / "convergence.png") if int(ica["rounds"]) else None
     eps = dict(priv["epsilon"])
     warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv) + map_warnings
     headline = consortium_headline(cfg, priv, n_components=W.shape[0], n_subjects=sum(n_subjects.values()),
-                                   warnings=warnings, ica=f"{ica['rounds']} ICA rounds ({ica['status']})")
+                                   warnings=warnings,
+                                   ica=analysis.describe_unmixing(cfg, int(ica["rounds"]), str(ica["status"])))
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
