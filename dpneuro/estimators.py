@@ -163,8 +163,8 @@ class _Decentralized:
     def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
                  plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
                  reduction: str = "capepca", ica: str = "temporal", random_state: int | None = None,
-                 output_dir=None, role: str = "simulation", site: str | None = None, exchange=None, engine: str = "serial",
-                 verbose: int = 0, **options):
+                 output_dir=None, role: str = "simulation", site: str | None = None, exchange=None,
+                 engine: str = "serial", verbose: int = 0, **options):
         self.n_components = n_components
         self.epsilon = epsilon
         self.delta = delta

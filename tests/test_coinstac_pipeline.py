@@ -169,8 +169,7 @@ def test_coinstac_pipeline_runs_the_computation_like_the_simulation(tmp_path):
         assert proc.returncode == 0 and result["ok"], \
             f"{result.get('error')}\n--- pipeline log ---\n{log.read_text(errors='replace')[-4000:]}"
 
-        # the remote's final output, as COINSTAC gives it to the consortium
-        output = result["remote"]["output"] if "output" in result["remote"] else result["remote"]
+        output = result["remote"]  # the remote's final output, as COINSTAC gives it to the consortium
         out = root / "output" / "remote" / sim.RUN
         assert output["ica_rounds"] == settings["ica_rounds"] == ref["rounds"]
         np.testing.assert_array_equal(np.load(out / output["W"]), ref["W"])

@@ -214,8 +214,7 @@ def test_deployed_parties_through_the_estimator(consortium, fitted, fitted_spati
 def test_spatial_ica_spends_only_the_pca_and_recovers_the_maps(consortium, fitted, fitted_spatial):
     root, man, files = consortium
     for led in fitted_spatial.privacy_.ledgers.values():
-        stages = {r["stage"] if isinstance(r, dict) else r.stage for r in
-                  (led["releases"] if isinstance(led, dict) else led.releases)}
+        stages = {r.stage for r in led.releases}
         assert stages and all(st.startswith("capepca") for st in stages), stages
     # the same PCA release as the temporal run (same seed), and nothing else
     for n in files:

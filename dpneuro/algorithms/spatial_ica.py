@@ -95,14 +95,13 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-6,
     converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
     Q = white @ np.asarray(ica.components_, np.float64).T  # V Q: the sources, up to a constant per map
     M = V @ Q
-    M_c = M - M.mean(axis=0)
-    Q /= M_c.std(axis=0)
-    skew = ((M_c / M_c.std(axis=0)) ** 3).mean(axis=0)
-    Q *= np.where(skew < 0, -1.0, 1.0)
+    sd = M.std(axis=0)
+    skew = (((M - M.mean(axis=0)) / sd) ** 3).mean(axis=0)
+    scale = np.where(skew < 0, -1.0, 1.0) / sd  # unit variance over features, heavy tail positive
+    Q, M = Q * scale, M * scale
     Qinv = np.linalg.inv(Q)
-    # variance of the data each component explains: var(t_j) ||M_j||^2 with E[t t^T] = Q^-1 Lambda Q^-T
-    explained = np.einsum("ij,j,ij->i", Qinv, lam, Qinv) * np.sum((V @ Q) ** 2, axis=0)
+    # the data's second moment each component carries: E[t_j^2] ||M_j||^2 with E[t t^T] = Q^-1 Lambda Q^-T
+    explained = np.einsum("ij,j,ij->i", Qinv, lam, Qinv) * np.sum(M**2, axis=0)
     order = np.argsort(-explained, kind="stable")
-    Q, Qinv = Q[:, order], Qinv[order]
-    return SpatialICAResult(W=Qinv * np.sqrt(lam), maps=V @ Q, status="converged" if converged else "not converged",
-                            n_iter=int(ica.n_iter_))
+    return SpatialICAResult(W=Qinv[order] * np.sqrt(lam), maps=M[:, order],
+                            status="converged" if converged else "not converged", n_iter=int(ica.n_iter_))

@@ -63,8 +63,8 @@ MANIFEST_VERSION = 1
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
-    "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer", "standardize",
-    "min_volumes", "parcels",
+    "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
+    "standardize", "min_volumes", "parcels",
     "seed", "simulation",
 )
 
