@@ -23,6 +23,7 @@ compute their own time courses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,10 @@ from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_si
 __all__ = [
     "DEPLOYABLE_REDUCTIONS",
     "ReduceResult",
+    "PDSVD_THREAT_MODEL",
     "SCALING_NOTE",
+    "STATES_STEPS",
+    "StatesResult",
     "SummaryProtocol",
     "UnmixResult",
     "ica_algorithm",
@@ -49,6 +53,10 @@ __all__ = [
     "reduce_site",
     "site_whiten",
     "stage_seed",
+    "state_occupancy",
+    "states_aggregator",
+    "states_inprocess",
+    "states_site",
     "summary_aggregator",
     "summary_site",
     "describe_unmixing",
@@ -89,8 +97,22 @@ def stage_seed(cfg: RunConfig, stage: int) -> int | None:
 # -- reduce: capePCA -----------------------------------------------------------------------
 
 def reduce_plan(cfg: RunConfig) -> str:
-    """Noise plan of the reduction: ``reduction = "none"`` runs the PCA without noise."""
-    return "none" if cfg.reduction == "none" else cfg.plan
+    """Noise plan of the reduction: ``reduction = "none"`` runs the PCA without noise (PD-SVD adds none)."""
+    return "none" if cfg.reduction in ("none", "pdsvd") else cfg.plan
+
+
+#: what PD-SVD as the reduction reveals, and to whom (the report's privacy box and every ledger carry it)
+PDSVD_THREAT_MODEL = (
+    "Reduction PD-SVD: no differential privacy. The basis comes from secure sums of every site's products "
+    "S_s V (secure aggregation: no single site's input is seen); each power iteration's column sums are "
+    "blinded by factors derived from a secret the sites agree on through secure aggregation's keys, so the "
+    "aggregator learns the directions (the basis every party gets) but not the iterates' singular values. "
+    "The final k eigenvalues are revealed to every party, because whitening and the maps need them, and so "
+    "is the total number of time points; with the final eigenvalues the aggregator can undo the run's fixed "
+    "blinding factor, so the earlier iterates' norms stay hidden only within each round's fresh factor (up "
+    "to 2^5). The aggregator colluding with any one site learns the secret and with it every iterate's "
+    "singular values; honest-but-curious parties only. What it leaks on given data is measured, not "
+    "bounded: dpneuro.algorithms.pdsvd.ks_privacy.")
 
 
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):
@@ -106,11 +128,27 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None):
                    seed=stage_seed(cfg, 1), dim=dim)
 
 
+def pdsvd_protocol(cfg: RunConfig, n_sites: int):
+    """PD-SVD as the reduction: unit-norm time points, a group secret from secure aggregation, eigenvalues."""
+    from .algorithms.pdsvd import PDSVD
+
+    return PDSVD(cfg.n_components, cfg.pdsvd_iterations, n_sites=n_sites, seed=stage_seed(cfg, 1),
+                 norm_bound=1.0, scale="unit", group_secret=True, eigenvalues=True)
+
+
 def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
-    """capePCA under the run's noise plan, as driver phases."""
+    """The run's reduction as driver phases: capePCA under the run's noise plan, or PD-SVD."""
+    if cfg.reduction == "pdsvd":
+        return pdsvd_protocol(cfg, n_sites)
     from .cape import cape_protocol
 
     return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
+
+
+def _pdsvd_ledger(ledger: PrivacyLedger | None) -> PrivacyLedger | None:
+    if ledger is not None:
+        ledger.mark_not_private(PDSVD_THREAT_MODEL)
+    return ledger
 
 
 def _pca_source(X, lengths: Sequence[int]):
@@ -139,7 +177,8 @@ def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: 
     st = run_site(reduce_protocol(cfg, n_sites, dim), site, _pca_source(X, lengths), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     final = st["final"]
-    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
+    led = _pdsvd_ledger(st["ledger"]) if cfg.reduction == "pdsvd" else st["ledger"]
+    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [led])
 
 
 def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: int | None = None,
@@ -162,8 +201,10 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     check_sources(srcs, cfg.n_components)
     sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
     agg = sim.aggregator
-    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
-                        [s["ledger"] if s is not None else None for s in sim.sites])
+    leds = [s["ledger"] if s is not None else None for s in sim.sites]
+    if cfg.reduction == "pdsvd":
+        leds = [_pdsvd_ledger(led) for led in leds]
+    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]), leds)
 
 
 # -- unmix: capeDJICA ----------------------------------------------------------------------
@@ -281,6 +322,132 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
 
     sim = simulate(cape_protocol(alg, cfg.plan, n_sites=len(site_data)), site_data, options=options)
     return _unmix_result(sim.aggregator, [s["ledger"] if s is not None else None for s in sim.sites])
+
+
+# -- states: capeAGN brain states ---------------------------------------------------------
+
+#: the two releases of the brain-states stage, in order (each its own CAPE protocol and exchange topic)
+STATES_STEPS = ("states-m2", "states-m3")
+
+
+def states_scale(cfg: RunConfig) -> float:
+    """Public norm bound of a whitened time point for capeAGN: sqrt(R), the points' RMS norm.
+
+    Points beyond it are projected onto it (about half of them). The third
+    moment's signal grows as 1/scale^3 at a fixed sensitivity, so a tight
+    bound wins: on a 3-state mixture (R = 6, 4 sites x 40 subjects, eps 8 per
+    release) the states' mean correlation with the truth is 0.97 at sqrt(R)
+    (0.6 sqrt(R) to sqrt(R) alike) against 0.87 at 1.5 sqrt(R) and 0.59 at 2 sqrt(R).
+    """
+    return math.sqrt(cfg.n_components)
+
+
+def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
+    """One capeAGN release of the brain-states stage (``step`` in :data:`STATES_STEPS`).
+
+    ``groups``: site id -> time points of the site's longest subject (the
+    privacy unit is the subject); each release is calibrated to
+    (``states_epsilon``, delta/2) on its own, like the PCA release.
+    """
+    from .algorithms.agn import moment_stage
+    from .privacy import noise_multiplier
+
+    if not cfg.brain_states:
+        raise ConfigError("config field 'brain_states': 0, the run has no brain-states stage")
+    z = noise_multiplier(cfg.states_epsilon, cfg.pca_delta) if cfg.plan != "none" else 0.0
+    order = STATES_STEPS.index(step) + 2
+    return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), seed=stage_seed(cfg, 3),
+                        W=W, sigma2=sigma2)
+
+
+def states_protocol(cfg: RunConfig, step: str, groups, n_sites: int, *, W=None, sigma2=None):
+    from .cape import cape_protocol
+
+    return cape_protocol(states_algorithm(cfg, step, groups, W=W, sigma2=sigma2), cfg.plan, n_sites=n_sites)
+
+
+def _moments_broadcast(arrays) -> tuple[np.ndarray, float | None]:
+    """W and sigma^2 (scaled units) from the second-moment stage's final broadcast or aggregator state."""
+    s2 = arrays.get("sigma2")
+    return np.asarray(arrays["W"]), (None if s2 is None else float(np.ravel(s2)[0]))
+
+
+@dataclass
+class StatesResult:
+    """The brain states: centroids in whitened units (R x K, columns), weights (K), each site's ledger."""
+
+    centroids: np.ndarray
+    weights: np.ndarray
+    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+
+    @property
+    def occupancy(self) -> np.ndarray:
+        """The consortium's fraction of time in each state: the mixture weights renormalised (post-processing)."""
+        w = np.clip(np.nan_to_num(self.weights, nan=0.0, posinf=0.0), 0.0, None)
+        return w / w.sum() if w.sum() > 0 else np.full(w.shape, 1.0 / max(len(w), 1))
+
+
+def states_finish(cfg: RunConfig, m3w, W) -> tuple[np.ndarray, np.ndarray]:
+    """The aggregator's tensor power method on the averaged third moment (post-processing)."""
+    from .algorithms.agn import finish_moments
+
+    return finish_moments(m3w, W, cfg.brain_states, scale=states_scale(cfg), seed=stage_seed(cfg, 3))
+
+
+def states_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], exchange: Exchange, *,
+                n_sites: int, moments: dict | None = None, checkpoint: Checkpoint | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """One site's part of one brain-states release; ``moments`` is the second-moment step's result.
+
+    Returns the site's ledger and, after the second moment, the public W and sigma^2.
+    """
+    W, s2 = (None, None) if moments is None else (moments["W"], moments["sigma2"])
+    proto = states_protocol(cfg, step, {site: max(int(n) for n in lengths)}, n_sites, W=W, sigma2=s2)
+    st = run_site(proto, site, np.asarray(Z), exchange, checkpoint=checkpoint, timeout=timeout)
+    out: dict[str, Any] = {"ledger": st["ledger"]}
+    if step == STATES_STEPS[0]:
+        out["W"], out["sigma2"] = _moments_broadcast(st["final"].arrays)
+    return out
+
+
+def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, moments: dict | None = None,
+                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[str, Any]:
+    """The aggregator's part of one brain-states release: W and sigma^2, then the centroids and weights."""
+    W, s2 = (None, None) if moments is None else (moments["W"], moments["sigma2"])
+    st = run_aggregator(states_protocol(cfg, step, {}, n_sites, W=W, sigma2=s2), exchange, checkpoint=checkpoint,
+                        options=options)
+    if step == STATES_STEPS[0]:
+        W, s2 = _moments_broadcast(st)
+        return {"W": W, "sigma2": s2}
+    C, w = states_finish(cfg, st["m3w"], W)
+    return {"centroids": C, "weights": w}
+
+
+def states_inprocess(cfg: RunConfig, Z_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                     options: RunOptions | None = None) -> StatesResult:
+    """Both brain-states releases with every party in this process, on the sites' whitened data."""
+    groups = {s: max(int(n) for n in ln) for s, ln in enumerate(lengths)}
+    data = [np.asarray(Z) for Z in Z_sites]
+    sim2 = simulate(states_protocol(cfg, STATES_STEPS[0], groups, len(data)), data, options=options)
+    W, s2 = _moments_broadcast(sim2.aggregator)
+    sim3 = simulate(states_protocol(cfg, STATES_STEPS[1], groups, len(data), W=W, sigma2=s2), data,
+                    options=options)
+    C, w = states_finish(cfg, sim3.aggregator["m3w"], W)
+    leds = [PrivacyLedger.merge_all([a["ledger"], b["ledger"]]) for a, b in zip(sim2.sites, sim3.sites)]
+    return StatesResult(C, w, leds)
+
+
+def state_occupancy(Z, lengths: Sequence[int], centroids) -> np.ndarray:
+    """Each subject's fraction of time points nearest each state (subjects x K), computed at its own site."""
+    Z = np.asarray(Z, np.float64)
+    C = np.asarray(centroids, np.float64)
+    d2 = np.einsum("rn,rn->n", Z, Z)[:, None] - 2.0 * Z.T @ C + np.einsum("rk,rk->k", C, C)[None, :]
+    nearest = np.argmin(d2, axis=1)
+    out, start = [], 0
+    for n in lengths:
+        out.append(np.bincount(nearest[start:start + int(n)], minlength=C.shape[1]) / max(int(n), 1))
+        start += int(n)
+    return np.array(out)
 
 
 # -- summary: close a deployed run --------------------------------------------------------

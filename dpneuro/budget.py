@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .config import ConfigError, RunConfig
 from .privacy import PrivacyLedger, epsilon_for_multiplier, gdp_epsilon, gdp_mu, noise_multiplier
 from .privacy.summary import headline_lines, privacy_report, privacy_warnings
@@ -65,31 +67,70 @@ def features(cfg: RunConfig, given: int | None = None) -> int:
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
 
 
-#: the stages that release (``planned_ledgers(stages=...)``): a whole ICA run, or the PCA alone
-RELEASING_STAGES = ("reduce", "unmix")
+#: the stages that release (``planned_ledgers(stages=...)``): a whole run, or the PCA alone
+RELEASING_STAGES = ("reduce", "unmix", "states")
 
 
 def releases_in(cfg: RunConfig, stage: str) -> bool:
-    """Whether ``stage`` releases anything in a run of ``cfg`` (spatial ICA is post-processing of the basis)."""
-    return stage == "reduce" or (stage == "unmix" and cfg.ica == "temporal")
+    """Whether ``stage`` spends privacy in a run of ``cfg``.
+
+    Spatial ICA is post-processing of the basis; PD-SVD adds no noise (its
+    ledger says the run is not differentially private); brain states only when asked for.
+    """
+    if stage == "reduce":
+        return cfg.reduction != "pdsvd"
+    if stage == "unmix":
+        return cfg.ica == "temporal"
+    return stage == "states" and cfg.brain_states > 0
+
+
+def _reduce_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> list[PrivacyLedger]:
+    from .cape import planned_ledgers as cape_planned
+    from .analysis import pca_algorithm, reduce_plan
+
+    if not releases_in(cfg, "reduce"):
+        from .analysis import PDSVD_THREAT_MODEL
+
+        leds = [PrivacyLedger(owner=f"site-{i}") for i in range(len(shapes))]
+        for led in leds:
+            led.mark_not_private(PDSVD_THREAT_MODEL)
+        return leds
+    pca = pca_algorithm(cfg, dim)
+    return cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
+                                                for i, s in enumerate(shapes)])
+
+
+def _states_ledgers(cfg: RunConfig, shapes: list[SiteShape]) -> list[PrivacyLedger]:
+    from .cape import planned_ledgers as cape_planned
+    from .analysis import STATES_STEPS, states_algorithm
+
+    groups = {i: max(s.lengths) for i, s in enumerate(shapes)}
+    R = cfg.n_components
+    per_step = []
+    for step in STATES_STEPS:  # W's value does not change what is released, only its shape
+        alg = states_algorithm(cfg, step, groups, W=np.zeros((R, cfg.brain_states)))
+        per_step.append(cape_planned(alg, cfg.plan, [alg.public_state(i, s.lengths, R)
+                                                     for i, s in enumerate(shapes)]))
+    return [PrivacyLedger.merge_all(x) for x in zip(*per_step)]
 
 
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
                     stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
     """Every site's ledger of a run of ``cfg`` (its ``stages``) on sites of these shapes (no data needed)."""
     from .cape import planned_ledgers as cape_planned
-    from .analysis import ica_algorithm, pca_algorithm, reduce_plan
+    from .analysis import ica_algorithm
 
-    pca = pca_algorithm(cfg, dim)
-    red = cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
-                                               for i, s in enumerate(shapes)])
+    red = _reduce_ledgers(cfg, shapes, dim)
     unm = [None] * len(shapes)
     if "unmix" in stages and releases_in(cfg, "unmix"):
         ica = ica_algorithm(cfg)
         unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+    sts = [None] * len(shapes)
+    if "states" in stages and releases_in(cfg, "states"):
+        sts = _states_ledgers(cfg, shapes)
     out = {}
-    for s, a, b in zip(shapes, red, unm):
-        led = PrivacyLedger.merge_all([x for x in (a, b) if x is not None])
+    for s, a, b, c in zip(shapes, red, unm, sts):
+        led = PrivacyLedger.merge_all([x for x in (a, b, c) if x is not None])
         led.owner = s.name
         out[s.name] = led
     return out
@@ -176,9 +217,15 @@ class BudgetPlan:
                else "spatial ICA (post-processing of the released basis: no further release)")
         out.append(f"sites S = {len(self.shapes)}, subjects per site {M} (privacy unit: one subject, replace "
                    f"neighbours), D = {self.dim} features, plan '{cfg.plan}', reduction '{cfg.reduction}', {ica}")
-        out.append(f"settings: pca_epsilon = {cfg.pca_epsilon:.6g} (at delta/2)"
+        if not releases_in(cfg, "reduce"):
+            out.append("reduction PD-SVD: secure sums without privacy noise; the run is not differentially "
+                       "private (the report states what PD-SVD reveals)")
+        out.append((f"settings: pca_epsilon = {cfg.pca_epsilon:.6g} (at delta/2)" if releases_in(cfg, "reduce")
+                    else "settings:")
                    + (f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
-                      f"calibration '{cfg.calibration}'" if temporal else ""))
+                      f"calibration '{cfg.calibration}'" if temporal else "")
+                   + (f", brain states K = {cfg.brain_states}: states_epsilon = {cfg.states_epsilon:.6g} (at "
+                      "delta/2) for each of its two releases" if releases_in(cfg, "states") else ""))
         out += headline_lines(self.privacy)
         for name, s in self.privacy["sites"].items():
             stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)
@@ -197,7 +244,8 @@ class BudgetPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "delta": self.config.delta, "target_epsilon": self.target_epsilon,
                 "pca_epsilon": self.config.pca_epsilon, "ica_epsilon_i": self.config.ica_epsilon_i,
-                "ica_delta_i": self.config.ica_delta_i, "sites": {s.name: list(s.lengths) for s in self.shapes},
+                "ica_delta_i": self.config.ica_delta_i, "states_epsilon": self.config.states_epsilon,
+                "brain_states": self.config.brain_states, "sites": {s.name: list(s.lengths) for s in self.shapes},
                 "dim": self.dim, "noise": self.noise(), "privacy": self.privacy, "warnings": self.warnings(),
                 "lines": self.lines()}
 
@@ -220,51 +268,70 @@ def _ica_noise_multiplier(cfg: RunConfig) -> float:
     return noise_multiplier(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
 
 
-def _with_multipliers(cfg: RunConfig, z_pca: float, z_ica: float) -> RunConfig:
-    """``cfg`` with the per-stage settings that give these noise multipliers."""
-    pca_eps = epsilon_for_multiplier(z_pca, cfg.pca_delta)
-    ica_eps = epsilon_for_multiplier(z_ica, cfg.ica_delta_i, method=cfg.calibration)
-    for name, v, delta in (("pca_epsilon", pca_eps, cfg.pca_delta), ("ica_epsilon_i", ica_eps, cfg.ica_delta_i)):
+def _states_noise_multiplier(cfg: RunConfig) -> float:
+    return noise_multiplier(cfg.states_epsilon, cfg.pca_delta)
+
+
+#: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names)
+_STAGE_SETTINGS = {
+    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power")),
+    "unmix": ("ica_epsilon_i", "ica_delta_i", _ica_noise_multiplier, ("ica",)),
+    "states": ("states_epsilon", "pca_delta", _states_noise_multiplier, ("agn-m2", "agn-m3")),
+}
+
+
+def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
+    """``cfg`` with the per-stage settings that give these noise multipliers (stage -> z)."""
+    changes = {}
+    for stage, zs in z.items():
+        name, delta_field, _, _ = _STAGE_SETTINGS[stage]
+        delta = getattr(cfg, delta_field)
+        v = epsilon_for_multiplier(zs, delta, method=cfg.calibration if stage == "unmix" else "analytic")
         if not v > 0:
             raise ConfigError(f"the target needs a noise multiplier the setting {name!r} cannot express at delta "
                               f"{delta:g} (eps would be 0); raise the target, lower "
                               f"{'ica_delta_i' if name == 'ica_epsilon_i' else 'delta'}, or use fewer ICA rounds")
-    return replace(cfg, pca_epsilon=pca_eps, ica_epsilon_i=ica_eps)
+        changes[name] = v
+    return replace(cfg, **changes)
 
 
 def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
                     pca_share: float | None = None, stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
     """The settings of ``cfg`` rescaled so that the largest headline eps over the sites is ``target_epsilon``.
 
-    ``pca_share`` of mu^2 goes to the reduction, the rest to the ICA rounds
-    (all of it to the reduction when ``stages`` is only ``("reduce",)``).
-    Default: the split of ``cfg``'s own settings, i.e. the tuned split
-    (measured best) unless the configuration changed them.
+    ``pca_share`` of mu^2 goes to the reduction, the rest to the later
+    releasing stages (ICA rounds, brain states) in the ratio of ``cfg``'s own
+    settings; all of it to the reduction when it is the only releasing stage.
+    Default: every stage keeps its share under ``cfg``'s own settings, i.e.
+    the tuned split (measured best) unless the configuration changed them.
     """
     if pca_share is not None and not 0 < pca_share < 1:
         raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
         raise ConfigError(f"target epsilon must be a finite number > 0, got {target_epsilon}")
-    if cfg.plan == "none" or cfg.reduction == "none":
-        raise ConfigError("plan 'none' / reduction 'none' add no noise: there is no budget to plan")
+    if cfg.plan == "none" or cfg.reduction in ("none", "pdsvd"):
+        raise ConfigError(f"plan {cfg.plan!r} / reduction {cfg.reduction!r}: the reduction adds no noise, so the "
+                          "run has no differential-privacy budget to plan")
     cfg.validate(data_sites=())
     mu_t = gdp_mu(target_epsilon, cfg.delta)
     base = spend(cfg, shapes, dim, stages)
-    stage_mu = {n: s["by_stage_mu"] for n, s in base.privacy["sites"].items()}
-    red = max(math.sqrt(sum(v**2 for k, v in st.items() if k.startswith("capepca"))) for st in stage_mu.values())
-    ica = max(st.get("ica", 0.0) for st in stage_mu.values())
+    active = [st for st in RELEASING_STAGES if st in stages and releases_in(cfg, st)]
+    stage_mu = [s["by_stage_mu"] for s in base.privacy["sites"].values()]
+    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in _STAGE_SETTINGS[st][3])) for by in stage_mu)
+          for st in active}
+    total = sum(v**2 for v in mu.values())
+    share = {st: mu[st] ** 2 / total for st in active}
+    later = [st for st in active if st != "reduce"]
+    if pca_share is not None and later:
+        rest = sum(share[st] for st in later)
+        share = {"reduce": pca_share, **{st: (1 - pca_share) * share[st] / rest for st in later}}
+    elif not later:
+        share = {"reduce": 1.0}  # the PCA alone: the other settings stay as they are (unused)
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
-    with_ica = "unmix" in stages and releases_in(cfg, "unmix")
-    if pca_share is None and with_ica:
-        pca_share = red**2 / (red**2 + ica**2)
-    if not with_ica:
-        pca_share = 1.0  # the PCA alone: the ICA settings stay as they are (unused)
-    z_pca = _pca_noise_multiplier(cfg) * red / (math.sqrt(pca_share) * mu_t)
-    z_ica = _ica_noise_multiplier(cfg) * ica / (math.sqrt(1 - pca_share) * mu_t) if with_ica else None
+    z0 = {st: _STAGE_SETTINGS[st][2](cfg) * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
 
     def scaled(f: float) -> RunConfig:
-        z_i = z_ica * f if with_ica else _ica_noise_multiplier(cfg)
-        return _with_multipliers(cfg, z_pca * f, z_i)
+        return _with_multipliers(cfg, {st: z * f for st, z in z0.items()})
 
     trial = spend(scaled(1.0), shapes, dim, stages)
     mu_max = max(s["mu"] for s in trial.privacy["sites"].values())

@@ -28,6 +28,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.quiet,
         dtype=args.dtype,
+        states=args.brain_states,
     )
     if not args.quiet:
         n_subj = sum(len(s["subjects"]) for s in manifest["sites"])
@@ -146,7 +147,8 @@ BUDGET_OVERRIDES = {
     "rounds": "ica_rounds", "clip": ("clip_G", "clip_h"), "pca_epsilon": "pca_epsilon",
     "ica_epsilon_i": "ica_epsilon_i", "ica_delta_i": "ica_delta_i", "calibration": "calibration",
     "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
-    "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding",
+    "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding", "ica": "ica", "brain_states": "brain_states",
+    "states_epsilon": "states_epsilon",
 }
 
 
@@ -260,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .config import PLANS, REDUCTIONS
+    from .config import ICA_MODELS, PLANS, REDUCTIONS
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
     from .privacy import CALIBRATIONS
@@ -284,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"storage of the BOLD images: int16 with a scale factor (half the disk) or float32 "
                         f"(default {SC['dtype']})")
     s.add_argument("--seed", type=int, default=0, help="seed of everything generated (default 0)")
+    s.add_argument("--brain-states", type=int, default=0, metavar="K",
+                   help="plant K recurring brain states in the sources (0: none, the default; 2 <= K <= "
+                        "--components); their patterns go in the truth for the report to compare with")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     s.set_defaults(func=_cmd_synth)
 
@@ -317,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--features", type=int, default=None,
                    help="features D after reduction, for the noise estimate (default: from mask/space/parcels)")
     s.add_argument("--target-epsilon", type=float, default=None,
-                   help="propose pca_epsilon and ica_epsilon_i so that the largest per-site eps is this")
+                   help="propose pca_epsilon, ica_epsilon_i (and states_epsilon) so that the largest per-site "
+                        "eps is this")
     s.add_argument("--pca-share", type=float, default=None,
                    help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default: the split of "
                         "the configuration's settings, the tuned one unless changed)")
@@ -335,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--clip-unit", choices=UNITS, default=None, help="field ica_clip_unit")
     over.add_argument("--ica-bias", choices=["on", "off"], default=None, help="release the bias gradient h too")
     over.add_argument("--calibration", default=None, choices=CALIBRATIONS, help="field calibration")
+    over.add_argument("--ica", default=None, choices=ICA_MODELS, help="field ica (spatial or temporal)")
+    over.add_argument("--brain-states", type=int, default=None, help="field brain_states (K states, 0: off)")
+    over.add_argument("--states-epsilon", type=float, default=None,
+                      help="field states_epsilon (each of the brain-states stage's two releases)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_budget)
 

@@ -15,8 +15,10 @@ from .privacy import CALIBRATIONS, noise_multiplier
 from .privacy.ledger import UNITS
 
 BACKENDS = ("inprocess", "directory")
-#: reductions a consortium run performs (each a CAPE protocol, hence deployable everywhere)
-REDUCTIONS = ("capepca", "capepca-power", "none")
+#: reductions a consortium run performs, each a protocol every entry point runs: capePCA (one private
+#: release, or private power iterations), "none" (the PCA without noise) and "pdsvd" (PD-SVD: secure sums,
+#: no noise; its privacy is the blinding of the singular values, not differential privacy)
+REDUCTIONS = ("capepca", "capepca-power", "none", "pdsvd")
 #: the group ICA model: independent maps (spatial: CanICA/MELODIC/GIFT, post-processing of the released basis)
 #: or independent time courses (temporal: capeDJICA, private rounds of its own)
 ICA_MODELS = ("spatial", "temporal")
@@ -78,6 +80,12 @@ class RunConfig:
     clip_h: float = 0.7
     ica_clip_unit: str = "subject"
     ica_bias: bool = False
+    # power iterations of reduction = "pdsvd" (each one secure sum; no privacy noise)
+    pdsvd_iterations: int = 30
+    # brain states (capeAGN): K recurring states over the whitened time points, 0 = off; each of its two
+    # releases (second and third moments) is calibrated to (states_epsilon, delta/2) on its own
+    brain_states: int = 0
+    states_epsilon: float = 4.0
     optimizer: str = "fast"
     calibration: str = "analytic"
     standardize: bool = True
@@ -210,12 +218,22 @@ class RunConfig:
                 bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
         if self.n_components < 2:
             bad("n_components", "must be >= 2")
-        if self.reduction == "pdsvd":
-            bad("reduction", "'pdsvd' (PD-SVD, secure-sum SVD without differential privacy) runs from the library "
-                "(dpneuro.algorithms.pdsvd.pd_svd), not yet as a consortium run; use one of "
-                f"{REDUCTIONS}")
         if self.reduction not in REDUCTIONS:
             bad("reduction", f"one of {REDUCTIONS}")
+        if isinstance(self.pdsvd_iterations, bool) or not isinstance(self.pdsvd_iterations, int) \
+                or self.pdsvd_iterations < 1:
+            bad("pdsvd_iterations", f"a positive integer, got {self.pdsvd_iterations!r}")
+        if isinstance(self.brain_states, bool) or not isinstance(self.brain_states, int) or self.brain_states < 0:
+            bad("brain_states", f"a number of states >= 0 (0: off), got {self.brain_states!r}")
+        if self.brain_states == 1:
+            bad("brain_states", "one state is the mean of all time points; ask for 2 or more, or 0 for none")
+        if self.brain_states and self.brain_states >= self.n_components:
+            bad("brain_states", f"{self.brain_states} states need more components: capeAGN's mixture model "
+                f"separates fewer states than dimensions (n_components = {self.n_components})")
+        if self.brain_states and self.plan != "none" and not (
+                isinstance(self.states_epsilon, (int, float)) and not isinstance(self.states_epsilon, bool)
+                and self.states_epsilon > 0 and math.isfinite(self.states_epsilon)):
+            bad("states_epsilon", f"must be a positive number, got {self.states_epsilon!r}")
         if self.ica not in ICA_MODELS:
             bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
                 "after the PCA) or 'temporal' (capeDJICA)")
@@ -233,8 +251,9 @@ class RunConfig:
             if isinstance(self.epsilon, bool) or not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0
                                                        and math.isfinite(self.epsilon)):
                 bad("epsilon", f"a finite number > 0 (total per site), or left out, got {self.epsilon!r}")
-            if self.plan == "none" or self.reduction == "none":
-                bad("epsilon", "plan 'none' / reduction 'none' add no noise: there is no budget to plan")
+            if self.plan == "none" or self.reduction in ("none", "pdsvd"):
+                bad("epsilon", f"plan {self.plan!r} / reduction {self.reduction!r}: the reduction adds no noise, so "
+                    "the run has no differential-privacy budget to plan")
         if self.plan != "none":
             for name in ("pca_epsilon", "ica_epsilon_i"):
                 v = getattr(self, name)
@@ -301,7 +320,8 @@ class RunConfig:
         for key in ("out", "mask", "exchange_dir", "truth"):
             if d.get(key):
                 d[key] = rel(str(d[key]))
-        for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int)):
+        for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int),
+                         ("pdsvd_iterations", int), ("brain_states", int)):
             if key in d and (not isinstance(d[key], int) or isinstance(d[key], bool)):
                 raise ConfigError(f"config field {key!r}: must be an integer, got {d[key]!r}")
         try:

@@ -36,7 +36,7 @@ ENGINES = ("serial", "pydra", "pydra-cf")
 
 #: RunConfig fields an estimator sets from its own parameters (the rest are expert keywords)
 _OWN = {"sites", "out", "n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction",
-        "ica", "seed", "exchange_dir", "backend"}
+        "ica", "brain_states", "seed", "exchange_dir", "backend"}
 _EXPERT = tuple(f.name for f in fields(RunConfig) if f.name not in _OWN)
 
 
@@ -162,7 +162,8 @@ class _Decentralized:
 
     def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
                  plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
-                 reduction: str = "capepca", ica: str = "temporal", random_state: int | None = None,
+                 reduction: str = "capepca", ica: str = "temporal", n_states: int = 0,
+                 random_state: int | None = None,
                  output_dir=None, role: str = "simulation", site: str | None = None, exchange=None,
                  engine: str = "serial", verbose: int = 0, **options):
         self.n_components = n_components
@@ -174,6 +175,7 @@ class _Decentralized:
         self.parcels = parcels
         self.reduction = reduction
         self.ica = ica
+        self.n_states = n_states
         self.random_state = random_state
         self.output_dir = output_dir
         self.role = role
@@ -185,7 +187,7 @@ class _Decentralized:
 
     # -- scikit-learn conventions ---------------------------------------------------------------
     _PARAMS = ("n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction", "ica",
-               "random_state", "output_dir", "role", "site", "exchange", "engine", "verbose")
+               "n_states", "random_state", "output_dir", "role", "site", "exchange", "engine", "verbose")
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {**{p: getattr(self, p) for p in self._PARAMS}, **self.options}
@@ -211,7 +213,7 @@ class _Decentralized:
         cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
         own = dict(n_components=cfg.n_components, epsilon=cfg.epsilon, delta=cfg.delta, plan=cfg.plan,
                    mask=cfg.mask or None, space=cfg.space, parcels=cfg.parcels, reduction=cfg.reduction,
-                   ica=cfg.ica, random_state=cfg.seed, output_dir=cfg.out or None)
+                   ica=cfg.ica, n_states=cfg.brain_states, random_state=cfg.seed, output_dir=cfg.out or None)
         est = cls(**{**own, **{f: getattr(cfg, f) for f in _EXPERT}, **params})
         est._config_sites = cfg.sites
         est._config_fields = {"exchange_dir": cfg.exchange_dir, "backend": cfg.backend}
@@ -248,7 +250,7 @@ class _Decentralized:
             delta=self.delta, plan=self.plan, mask=str(self.mask) if self.mask else "",
             space=self.space if self.space is not None else defaults["space"],
             parcels=self.parcels if self.parcels is not None else defaults["parcels"], reduction=self.reduction,
-            ica=self.ica, seed=self.random_state, **extra, **self.options)
+            ica=self.ica, brain_states=self.n_states, seed=self.random_state, **extra, **self.options)
         return cfg.resolved()
 
     # -- fitting ------------------------------------------------------------------------------------
@@ -338,7 +340,11 @@ class DecentralizedICA(_Decentralized):
     space : {"mni6mm", "mni4mm", "grid30"}, optional
     parcels : int, optional
         Data-independent parcels of the mask (0: voxels); default 100.
-    reduction : {"capepca", "capepca-power", "none"}, default "capepca"
+    reduction : {"capepca", "capepca-power", "none", "pdsvd"}, default "capepca"
+        ``"pdsvd"``: PD-SVD, secure sums that hide the iterations' singular
+        values but add no noise: the run is NOT differentially private (the
+        report's privacy box says what it reveals; ``pdsvd_iterations`` sets
+        its power iterations).
     ica : {"temporal", "spatial"}, default "temporal"
         The group ICA model. ``"spatial"``: independent maps, the model of
         CanICA, MELODIC and GIFT, found by FastICA on the released PCA basis
@@ -346,6 +352,11 @@ class DecentralizedICA(_Decentralized):
         courses are the least-squares fit of its data on the maps, at the
         site). ``"temporal"``: independent time courses by capeDJICA, whose
         rounds are private releases of their own.
+    n_states : int, default 0
+        Brain states (capeAGN): K recurring states over the whitened time
+        points (co-activation patterns), released as the second and third
+        moments of every site's time points (``states_epsilon`` per release;
+        with ``epsilon`` the planner gives them their share). 0: none.
     random_state : int, optional
         Seeds every noise draw: reproducible simulations only. A deployed
         party refuses it (anyone holding the configuration could remove the noise).
@@ -388,6 +399,14 @@ class DecentralizedICA(_Decentralized):
         The plan that split ``epsilon`` over the stages.
     metrics_ : dict or None
         Agreement with a synthetic ground truth (``truth=``).
+    states_ : ndarray (n_states, n_components) or None
+        Each brain state's mean activation of every component (component
+        units); ``states_img_`` their patterns in voxels (4-D, z-scored, sign
+        kept), ``states_centroids_`` the centroids in the whitened space.
+    state_occupancy_ : dict or None
+        site -> subject -> fraction of its time points in each state (each
+        site computes its own; in a deployment a site sees only its own).
+        ``states_occupancy_consortium_``: the consortium's (the mixture weights).
     warnings_ : list of str
     config_ : RunConfig
         Exactly what ran.
@@ -410,8 +429,20 @@ class DecentralizedICA(_Decentralized):
             self.timecourses_[site] = _by_subject(subj, S)
         self.privacy_ = PrivacySummary(_read_json(mp["privacy"]))
         self.report_ = Report(outputs["report"])
+        self._read_states(mp.get("states"), _read_json(outputs["states"]))
         self.metrics_ = (mp.get("truth") or {}).get("metrics")
         self.warnings_ = list(mp.get("warnings", []))
+
+    def _read_states(self, st: dict | None, rec: dict) -> None:
+        self.states_ = self.states_img_ = self.states_centroids_ = self.state_occupancy_ = None
+        self.states_occupancy_consortium_ = None
+        if not st:
+            return
+        self.states_ = np.load(st["activation"]).T
+        self.states_img_ = _in_memory(st["patterns"])
+        self.states_centroids_ = np.load(rec["centroids"]).T
+        self.states_occupancy_consortium_ = np.asarray(st["occupancy"])
+        self.state_occupancy_ = {site: _read_occupancy(p) for site, p in st["occupancy_sites"].items()}
 
     def _fit_party(self, cfg: RunConfig) -> None:
         from .deploy.sharedfs import aggregator_main, site_main
@@ -424,6 +455,8 @@ class DecentralizedICA(_Decentralized):
                 raise ValueError(f"site={self.site!r} is not among the sites {[s.name for s in cfg.sites]}")
             res = site_main(cfg, self.site)
             self.timecourses_ = {self.site: _by_subject(*read_timecourses(res["timecourses"]))}
+            if res.get("states_occupancy"):
+                self.state_occupancy_ = {self.site: _read_occupancy(res["states_occupancy"])}
             self.report_ = Report(res["report"])
             priv = _site_privacy(cfg, _read_json(res["privacy"]))
         else:
@@ -461,6 +494,12 @@ class DecentralizedICA(_Decentralized):
     @property
     def n_features_in_(self) -> int:
         return int(self.basis_.shape[0])
+
+
+def _read_occupancy(path) -> dict[str, np.ndarray]:
+    """A site's occupancy TSV (subject, state1, ...) as subject -> fractions."""
+    rows = [line.split("\t") for line in Path(path).read_text().splitlines()[1:] if line]
+    return {r[0]: np.array([float(x) for x in r[1:]]) for r in rows}
 
 
 def _site_privacy(cfg: RunConfig, site_priv: dict) -> dict:
@@ -502,6 +541,12 @@ class DecentralizedPCA(_Decentralized):
     """
 
     _until = "reduce"
+
+    def to_config(self, sites=None) -> RunConfig:
+        if self.n_states:
+            raise ConfigError("n_states: brain states are found on the ICA's whitened time points; "
+                              "use DecentralizedICA(n_states=...)")
+        return super().to_config(sites)
 
     def _read_outputs(self, outputs: dict) -> None:
         from .io import mask_to_image

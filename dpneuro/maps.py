@@ -149,14 +149,16 @@ _CHECK = object()
 
 
 def render_components(components_path, mask_path, figs: Path, *, truth: dict | None = None,
-                      interactive: bool = False, problem=_CHECK) -> tuple[list[dict], str, list[str]]:
+                      interactive: bool = False, problem=_CHECK,
+                      kind: str = "component") -> tuple[list[dict], str, list[str]]:
     """Every component of a 4-D maps file as report entries: (entries, how they are drawn, warnings).
 
     ``truth`` (``maps``, ``perm``, ``corr``): components in the order of the
     truth maps they match, each beside its truth, through the same slices and
     with the truth's sign. Data outside MNI space are drawn on their own grid,
     with a warning; ``problem`` is :func:`template_problem` of the mask when
-    the caller has it already.
+    the caller has it already. ``kind``: ``"component"`` (labels IC01, ...)
+    or ``"state"`` (brain-state patterns, labels state 1, ...).
     """
     from .io import load_mask
 
@@ -175,7 +177,7 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
         truth_img = mask_to_image(zscore_columns(np.asarray(nib.load(truth["maps"]).dataobj)[mask]), mask_path)
     entries = []
     for j, c in enumerate(order):
-        label = f"IC{c + 1:02d}"
+        label = f"IC{c + 1:02d}" if kind == "component" else f"{kind} {c + 1}"
         entry: dict = {"label": label}
         cut = None
         comp3d = img.slicer[..., c]
@@ -187,7 +189,7 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
             entry.update(truth_png=str(render_component(t3d, figs / f"truth_{j + 1:02d}.png", title=f"truth {j + 1}",
                                                         cut_coords=cut, on_template=on_template)),
                          corr=abs(truth["corr"][j]))
-        entry["png"] = str(render_component(comp3d, figs / f"component_{c + 1:02d}.png", title=label,
+        entry["png"] = str(render_component(comp3d, figs / f"{kind}_{c + 1:02d}.png", title=label,
                                             cut_coords=cut, on_template=on_template))
         if interactive and three_d:
             entry["interactive"] = interactive_view(comp3d, on_template=on_template)
@@ -252,6 +254,40 @@ def site_timecourse_figure(tsv, site: str, first_subject: tuple[str, int, int], 
     sid, a, b = first_subject
     return timecourse_figure(read_timecourses(tsv)[1][:, a:b], tr or 2.0, out_png,
                              title=f"site {site}, subject {sid}: for this site only")
+
+
+def write_occupancy(occupancy: np.ndarray, subject_ids: list[str], path) -> Path:
+    """A site's own subjects' fraction of time in each brain state (TSV: subject, state1, ...)."""
+    occ = np.asarray(occupancy)
+    path = Path(path)
+    with open(path, "w") as f:
+        f.write("\t".join(["subject"] + [f"state{k + 1}" for k in range(occ.shape[1])]) + "\n")
+        for sid, row in zip(subject_ids, occ):
+            f.write(f"{sid}\t" + "\t".join(f"{x:.6g}" for x in row) + "\n")
+    return path
+
+
+def states_figure(activation: np.ndarray, occupancy, out_png) -> Path:
+    """Brain states in component units (components x states heat map) and the consortium's occupancy."""
+    import matplotlib.pyplot as plt
+
+    A = np.asarray(activation, float)
+    R, K = A.shape
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(7, 0.22 * R + 1.4), gridspec_kw={"width_ratios": [2, 1]})
+    lim = float(np.abs(A).max()) or 1.0
+    im = ax.imshow(A, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(K), [f"state {k + 1}" for k in range(K)], fontsize=7)
+    ax.set_yticks(range(R), [f"IC{i + 1:02d}" for i in range(R)], fontsize=6)
+    ax.set_title("mean component activation", fontsize=8)
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    bx.bar(range(K), np.asarray(occupancy, float), color="C0")
+    bx.set_xticks(range(K), [str(k + 1) for k in range(K)], fontsize=7)
+    bx.set_xlabel("state", fontsize=8)
+    bx.set_title("fraction of time (consortium)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=80)
+    plt.close(fig)
+    return Path(out_png)
 
 
 def convergence_figure(history: dict, out_png) -> Path:

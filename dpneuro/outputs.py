@@ -18,7 +18,8 @@ from .analysis import SCALING_NOTE
 from .config import RunConfig
 from .privacy import PrivacyLedger
 
-__all__ = ["component_maps", "consortium_privacy", "headline", "to_voxels", "write_maps"]
+__all__ = ["component_maps", "consortium_privacy", "headline", "state_activation", "to_voxels", "write_maps",
+           "write_states"]
 
 
 def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
@@ -43,6 +44,22 @@ def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarr
 
     maps = component_maps(space, basis, eigenvalues, W)
     return write_components(maps, space["mask"], path), maps
+
+
+def state_activation(W, b, centroids) -> np.ndarray:
+    """Brain states in component units (R x K): the unmixing applied to the whitened centroids."""
+    C = np.asarray(centroids, np.float64)
+    return np.asarray(W, np.float64) @ C + np.asarray(b, np.float64).reshape(-1, 1)
+
+
+def write_states(space: dict, basis, eigenvalues, centroids, path) -> tuple[Path, np.ndarray]:
+    """``states.nii.gz``: each brain state's pattern in voxels (V Lambda^1/2 c_k, z-scored, sign kept)."""
+    from .maps import write_components
+
+    V, lam = np.asarray(basis, np.float64), np.asarray(eigenvalues, np.float64)
+    P = to_voxels(space, (V * np.sqrt(lam)) @ np.asarray(centroids, np.float64))
+    P = (P - P.mean(axis=0)) / np.maximum(P.std(axis=0), 1e-12)  # a state's sign is meaningful: not flipped
+    return write_components(P, space["mask"], path), P
 
 
 def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,

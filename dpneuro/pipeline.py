@@ -6,7 +6,8 @@ in the same place (Pydra's cache in ``workflows/`` decides what to skip) and
 different inputs never overwrite each other. ``workflows/`` wraps these
 functions as Pydra tasks; they never import Pydra themselves.
 
-load (per site) -> reduce (capePCA) -> unmix (capeDJICA) -> maps -> report
+load (per site) -> reduce (capePCA or PD-SVD) -> unmix (capeDJICA or spatial ICA)
+-> states (capeAGN brain states, when asked for) -> maps -> report
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def _read_json(path) -> dict:
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
     "load": ("sites", "standardize", "min_volumes", "bids"),
-    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed"),
+    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "delta", "seed",
+               "pdsvd_iterations"),
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
+    "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
     "maps": ("delta", "truth", "plan", "n_colluding", "seed"),
     "report": (),
 }
@@ -230,10 +233,37 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
                              "seconds": time.perf_counter() - t0})
 
 
+# -- brain states ------------------------------------------------------------------------------
+
+def stage_states(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
+    """capeAGN brain states on every site's whitened time points (a record with no states when off)."""
+    from .analysis import states_inprocess
+
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    sites = _sites(site_jsons)
+    d = _stage_dir(cfg, "states", reduce_json, stage_key(cfg, "states"))
+    out = d / "states.json"
+    if out.exists():
+        return str(out)
+    if not cfg.brain_states:
+        return _write_json(out, {"n_states": 0, "ledgers": {}, "seconds": 0.0})
+    t0 = time.perf_counter()
+    red = _read_json(reduce_json)
+    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+    Z = [site_whiten(np.load(s["X"], mmap_mode="r"), V, lam) for s in sites]
+    res = states_inprocess(cfg, Z, [_lengths(s) for s in sites], options=_options("capeAGN brain states"))
+    np.save(d / "centroids.npy", res.centroids)
+    return _write_json(out, {"n_states": cfg.brain_states, "centroids": str(d / "centroids.npy"),
+                             "weights": [float(w) for w in res.weights],
+                             "occupancy": [float(x) for x in res.occupancy],
+                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
+                             "seconds": time.perf_counter() - t0})
+
+
 # -- the whole run, one stage after another ------------------------------------------------------
 
 #: the stages in run order (``workflows/`` builds the same graph as Pydra nodes)
-STAGES = ("space", "load", "reduce", "unmix", "maps", "report")
+STAGES = ("space", "load", "reduce", "unmix", "states", "maps", "report")
 
 
 def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
@@ -280,10 +310,14 @@ def run_stages(cfg: RunConfig, *, until: str = "report") -> dict[str, Any]:
         out["reduce"] = stage_reduce(cfg_json, out["load"], key["reduce"])
     if stop >= STAGES.index("unmix"):
         out["unmix"] = stage_unmix(cfg_json, out["load"], out["reduce"], key["unmix"])
+    if stop >= STAGES.index("states"):
+        out["states"] = stage_states(cfg_json, out["load"], out["reduce"], key["states"])
     if stop >= STAGES.index("maps"):
-        out["maps"] = stage_maps(cfg_json, out["load"], out["space"], out["reduce"], out["unmix"], key["maps"])
+        out["maps"] = stage_maps(cfg_json, out["load"], out["space"], out["reduce"], out["unmix"], out["states"],
+                                 key["maps"])
     if stop >= STAGES.index("report"):
-        out["report"] = stage_report(cfg_json, out["load"], out["maps"], out["reduce"], out["unmix"], key["report"])
+        out["report"] = stage_report(cfg_json, out["load"], out["maps"], out["reduce"], out["unmix"], out["states"],
+                                     key["report"])
     return out
 
 
@@ -298,7 +332,7 @@ def _truth(cfg: RunConfig) -> dict | None:
 
 
 def stage_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
-    """privacy.json of a simulated run: every site's releases in the outputs of ``stages`` (reduce, unmix)."""
+    """privacy.json of a simulated run: every site's releases in the outputs of ``stages`` (reduce, unmix, states)."""
     from .outputs import consortium_privacy
     from .privacy import PrivacyLedger
 
@@ -307,21 +341,41 @@ def stage_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
     return consortium_privacy(cfg, ledgers, {s["site"]: s["n_subjects"] for s in sites})
 
 
+def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict | None:
+    """Matched correlation of the states' voxel patterns with the generator's (synthetic data only)."""
+    if truth is None or not truth["truth"].get("state_patterns"):
+        return None
+    from .metrics import match_components
+
+    true = np.load(truth["truth"]["state_patterns"]).astype(np.float64).T  # voxels x K
+    if true.shape != patterns.shape:
+        return None
+    perm, corr = match_components(patterns, true)
+    return {"perm": [int(p) for p in perm], "corr": [float(c) for c in corr],
+            "mean r with truth": float(np.mean(corr))}
+
+
 def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
-               key: str = "") -> str:
-    """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth."""
+               states_json: str, key: str = "") -> str:
+    """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth.
+
+    With brain states: their patterns in voxels (``states.nii.gz``) and each
+    site's own subjects' occupancy (a TSV per site, like its time courses).
+    """
     from .algorithms.djica import time_courses
     from .budget import run_warnings
     from .io import load_mask
-    from .maps import template_problem, write_timecourses
+    from .analysis import state_occupancy
+    from .maps import template_problem, write_occupancy, write_timecourses
     from .metrics import match_components, md_index, qngi
-    from .outputs import write_maps
+    from .outputs import state_activation, write_maps, write_states
     from .parcellation import space_parcels
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
     space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
-    d = _stage_dir(cfg, "maps", unmix_json, space_json, stage_key(cfg, "maps"))
+    sts = _read_json(states_json)
+    d = _stage_dir(cfg, "maps", unmix_json, states_json, space_json, stage_key(cfg, "maps"))
     out = d / "maps.json"
     if out.exists():
         return str(out)
@@ -330,14 +384,18 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
     parcels = space_parcels(space)
 
-    tcs = {}
+    C = np.load(sts["centroids"]) if sts["n_states"] else None
+    tcs, occ = {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
         Z = site_whiten(np.load(s["X"], mmap_mode="r"), V, lam)
         S = time_courses(W, Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
+        if C is not None:
+            occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
+                                                 d / f"states_{s['site']}.tsv"))
 
-    priv = stage_privacy(cfg, sites, red, unm)
+    priv = stage_privacy(cfg, sites, red, unm, sts)
     priv_path = _write_json(d / "privacy.json", priv)
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])
@@ -345,8 +403,15 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         warnings.append(f"WARNING: {problem}")
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
-              "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem}
+              "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem,
+              "states": None}
     truth = _truth(cfg)
+    if C is not None:
+        states_path, patterns = write_states(space, V, lam, C, d / "states.nii.gz")
+        result["states"] = {"patterns": str(states_path), "occupancy": sts["occupancy"], "occupancy_sites": occ,
+                            "activation": str(d / "state_activation.npy"),
+                            "truth": _states_truth(truth, patterns, space)}
+        np.save(d / "state_activation.npy", state_activation(W, b, C))
     if truth is not None:
         A_true = np.load(truth["truth"]["A"]).astype(np.float64)
         mask, _ = load_mask(space["mask"])
@@ -364,8 +429,21 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     return _write_json(out, result)
 
 
+def states_section(st: dict, mask: str, figs: Path, problem) -> dict:
+    """The report's brain-states section from the maps stage's record (patterns, occupancy, truth)."""
+    from .maps import render_components, states_figure
+
+    entries, note, _ = render_components(st["patterns"], mask, figs, problem=problem, kind="state")
+    truth = st.get("truth")
+    if truth:
+        for j, k in enumerate(truth["perm"]):
+            entries[k]["corr"] = truth["corr"][j]
+    return {"entries": entries, "note": note, "occupancy": st["occupancy"], "truth": truth,
+            "figure": str(states_figure(np.load(st["activation"]), st["occupancy"], figs / "states.png"))}
+
+
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
-                 key: str = "") -> str:
+                 states_json: str, key: str = "") -> str:
     """report.html (self-contained) plus the final outputs copied to the run folder."""
     import shutil
 
@@ -402,10 +480,19 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     timings = {f"load {s['site']}": s["seconds"] for s in sites}
     timings["reduce (capePCA)"] = _read_json(reduce_json)["seconds"]
     timings["unmix (capeDJICA)" if cfg.ica == "temporal" else "unmix (spatial ICA)"] = unm["seconds"]
+    if cfg.brain_states:
+        timings["brain states (capeAGN)"] = _read_json(states_json)["seconds"]
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
+    states = None
+    if mp.get("states"):
+        st = mp["states"]
+        shutil.copyfile(st["patterns"], out / "states.nii.gz")
+        for site, p in st["occupancy_sites"].items():  # each site's own subjects, beside its time courses
+            shutil.copyfile(p, tc_dir / f"{site}_states.tsv")
+        states = states_section(st, _read_json(mp["space"])["mask"], figs, mp["template_problem"])
     np.save(out / "W.npy", np.load(unm["W"]))
     write_json(out / "run.json", {
         "config": cfg.to_json(), "versions": _versions(),
@@ -417,5 +504,5 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
-                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes)
+                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes, states=states)
     return str(report)

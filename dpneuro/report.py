@@ -104,13 +104,36 @@ def privacy_box(privacy: dict) -> str:
             f"with eps up to {worst:.3g} at delta = {privacy['delta']:g} against "
             f"{html.escape(threat_model(privacy['plan'], privacy['n_colluding']))}. "
             f"{html.escape(plain_reading(worst, privacy['delta']))} Rule of thumb: eps &le; 1 is strong, up to 10 "
-            "moderate, above 10 weak.</div>")
+            "moderate, above 10 weak."
+            + "".join(f"<br/><b>Not differentially private:</b> {html.escape(why)}"
+                      for why in privacy.get("not_private", []))
+            + "</div>")
+
+
+def states_html(states: dict) -> str:
+    """The brain-states section: what they are, their patterns, activation and occupancy."""
+    out = ["<h2>Brain states</h2>",
+           f'<p class="small">{len(states["entries"])} recurring states (capeAGN: the second and third moments of '
+           "every site's whitened time points, released privately, then a tensor decomposition of their "
+           "mixture at the aggregator). Each state is the mean pattern of the time points in it; the fraction "
+           "of time is the consortium's (the mixture weights). Each site's own subjects' occupancy stays at "
+           "the site. " + html.escape(states.get("note", "")) + "</p>"]
+    if states.get("truth"):
+        out.append(_table(["mean r of the patterns with the truth"], [[states["truth"]["mean r with truth"]]]))
+    out.append(_img(states["figure"], "brain states"))
+    out.append('<div class="grid">')
+    for c in states["entries"]:
+        out.append(f'<div class="comp"><p><b>{html.escape(c["label"])}</b>'
+                   + (f" &mdash; r = {c['corr']:.2f} with truth" if c.get("corr") is not None else "") + "</p>"
+                   + _img(c["png"], c["label"]) + "</div>")
+    out.append("</div>")
+    return "\n".join(out)
 
 
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
                  metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
-                 maps_note: str = "", timecourses_png=None) -> Path:
+                 maps_note: str = "", timecourses_png=None, states: dict | None = None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
@@ -118,7 +141,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     ``interactive`` (a self-contained HTML viewer, embedded) and ``label``.
     ``maps_note`` says how the maps are drawn (threshold, template).
     ``timecourses_png`` only in a site's own report: time courses are a
-    site's un-noised data and never appear in the consortium's.
+    site's un-noised data and never appear in the consortium's. ``states``
+    (brain states): ``entries`` (as ``components``), ``figure`` (activation
+    and occupancy), ``occupancy`` (the consortium's), ``note``, ``truth``.
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -146,6 +171,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         cell.append("</div>")
         parts.append("".join(cell))
     parts.append("</div>")
+
+    if states:
+        parts.append(states_html(states))
 
     parts.append("<h2>Time courses</h2>")
     if timecourses_png:

@@ -11,6 +11,34 @@ written as one real 4-D NIfTI file per subject per site, with the mask, the
 maps, ``A`` and every ``S`` alongside and a ``manifest.json`` describing it
 all. Everything is fully determined by the seed.
 
+Brain states (optional, ``states=K >= 2``; off by default)
+---------------------------------------------------------
+For the co-activation-pattern ("brain states") analysis the sources can also
+switch between K recurring states. Each state k has a centroid ``mu_k`` in
+source space (an R-vector, :func:`state_centroids`): state k activates its own
+block of ``m = max(1, min(3, R // K))`` components (disjoint blocks, random
+signs, the first positive), the K patterns are centred over the states
+(``sum_k mu_k = 0``, so the sources keep zero mean) and scaled so that, for
+every component taking part, the states carry the fraction ``state_strength``
+of its variance: ``(1/K) sum_k mu_k[r]^2 = state_strength`` (components in no
+block: 0). Every subject has its own hidden state sequence ``h_t``
+(:func:`state_sequence`): a Markov chain with uniform initial state that at
+each step leaves its state with probability ``1 / state_dwell`` for one of
+the K - 1 others (uniformly), so dwell times are geometric with mean
+``state_dwell`` and the stationary occupancy is uniform. The sources are
+
+    S[r, t] = mu_{h_t}[r] + c_r * G[r, t],   c_r = sqrt(1 - (1/K) sum_k mu_k[r]^2)
+
+with ``G`` the standardised GARCH sources (the very same draws as with states
+off). Under the uniform occupancy every row of S has expected mean 0 and
+expected variance exactly 1 (``c_r = sqrt(1 - state_strength)`` for the
+components in a state, 1 for the others); a single finite subject deviates
+by its occupancy fluctuations. The voxel-space state patterns the analysis
+should recover are ``A mu_k``. Centroids come from their own random stream
+and each subject's state sequence from its own stream, so enabling states
+changes no other random draw (maps, GARCH, noise): X differs from the
+states-off data only by ``A (S_states - G)``.
+
 Folder layout written by :func:`make_consortium`::
 
     out_dir/
@@ -21,6 +49,16 @@ Folder layout written by :func:`make_consortium`::
       truth/maps.nii.gz                  4-D, one volume per component
       truth/A.npy                        D x R float32, maps as columns
       truth/S_site-01_sub-0001.npy       R x T float32, one file per subject
+      truth/states.npy                   K x R float32 state centroids mu_k   (states >= 2 only)
+      truth/state_patterns.npy           K x D float32 voxel patterns A mu_k  (states >= 2 only)
+      truth/labels_site-01_sub-0001.npy  T int8 state label h_t per subject   (states >= 2 only)
+
+With states on, ``manifest["truth"]`` also holds ``n_states`` (K),
+``states`` and ``state_patterns`` (paths), ``state_labels`` (``{site:
+{subject id: path}}``) and ``state_model`` (``dwell``, ``strength``,
+``components_per_state``, ``noise_scale`` = the c_r above, a description).
+With states off none of these keys exist (the manifest is byte-identical to
+the one written before states existed): read ``truth.get("n_states", 0)``.
 
 Paths inside ``manifest.json`` are relative to ``out_dir`` so the folder can
 be moved; :func:`make_consortium` and :func:`load_manifest` return them
@@ -39,7 +77,7 @@ import numpy as np
 
 from .io import SPACES, load_space  # noqa: F401 - the generator's grids are the analysis spaces
 
-__all__ = ["make_consortium", "load_manifest", "garch_sources"]
+__all__ = ["make_consortium", "load_manifest", "garch_sources", "state_centroids", "state_sequence"]
 
 
 #: Gaussian blob width (standard deviation) range, in voxels
@@ -55,6 +93,16 @@ _GARCH_BURN_IN = 100
 _GARCH_MAX_PERSISTENCE = 0.97
 
 _MANIFEST_FORMAT = "dpneuro-synth-1"
+
+#: brain-state defaults: mean dwell time (time points) and the fraction of a participating source's variance
+#: carried by the state means (see the module docstring)
+_STATE_DWELL = 8.0
+_STATE_STRENGTH = 0.4
+#: at most this many components take part in one state
+_STATE_MAX_BLOCK = 3
+#: spawn keys of the state streams (maps/GARCH use (0,), subjects (1, site, subject))
+_STATE_CENTROID_KEY = 2
+_STATE_SEQUENCE_KEY = 3
 
 
 # ---------------------------------------------------------------------------
@@ -152,6 +200,95 @@ def garch_sources(
 
 
 # ---------------------------------------------------------------------------
+# brain states
+# ---------------------------------------------------------------------------
+
+def state_centroids(
+    n_components: int, n_states: int, strength: float, rng: np.random.Generator,
+) -> np.ndarray:
+    """K x R state centroids in source space: sparse, centred, distinct.
+
+    State k activates its own block of ``m = max(1, min(3, R // K))``
+    components (disjoint blocks of a random permutation, signs random with
+    the block's first component positive). The patterns are centred over the
+    states (every column sums to 0) and scaled so that
+    ``(1/K) sum_k mu[k, r]^2 = strength`` for every component in a block
+    (0 for the others). Any two centroids differ by ``a`` on ``2 m``
+    components, ``a = sqrt(strength K^2 / (K - 1))``; their cosine is
+    ``-1 / (K - 1)``.
+
+    Parameters
+    ----------
+    n_components : int
+        R, the number of sources (>= n_states).
+    n_states : int
+        K >= 2.
+    strength : float
+        In (0, 1): the fraction of a participating source's variance that
+        the state means carry.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    ndarray, shape (K, R), float64
+    """
+    R = _check_int(n_components, "n_components", 1)
+    K = _check_int(n_states, "n_states", 2)
+    if K > R:
+        raise ValueError(f"n_states ({K}) exceeds n_components ({R}): every state needs its own component")
+    strength = _check_unit_open(strength, "state_strength")
+    m = max(1, min(_STATE_MAX_BLOCK, R // K))
+    perm = rng.permutation(R)
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(K, m))
+    signs[:, 0] = 1.0
+    P = np.zeros((K, R))
+    for k in range(K):
+        P[k, perm[k * m:(k + 1) * m]] = signs[k]
+    mu = P - P.mean(axis=0, keepdims=True)
+    return mu * np.sqrt(strength * K * K / (K - 1))
+
+
+def state_sequence(
+    n_timepoints: int, n_states: int, dwell: float, rng: np.random.Generator,
+) -> np.ndarray:
+    """Hidden state labels of one subject: a Markov chain with geometric dwell times.
+
+    The initial state is uniform; at every later time point the chain leaves
+    its state with probability ``1 / dwell`` for one of the other
+    ``n_states - 1`` states chosen uniformly (so the run lengths are
+    geometric with mean `dwell` and the stationary occupancy is uniform).
+
+    Parameters
+    ----------
+    n_timepoints : int
+        T >= 1.
+    n_states : int
+        K >= 2.
+    dwell : float
+        Mean dwell time in time points, >= 1 (1: a switch at every step).
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    ndarray, shape (T,), int64
+        Labels in ``0 .. K-1``.
+    """
+    T = _check_int(n_timepoints, "n_timepoints", 1)
+    K = _check_int(n_states, "n_states", 2)
+    dwell = _check_dwell(dwell)
+    start = rng.integers(K)
+    leave = rng.random(T - 1) < 1.0 / dwell
+    step = rng.integers(1, K, size=T - 1)  # to one of the K - 1 other states
+    moves = np.concatenate([[0], np.cumsum(np.where(leave, step, 0))])
+    return ((start + moves) % K).astype(np.int64)
+
+
+def _state_noise_scale(centroids: np.ndarray) -> np.ndarray:
+    """c_r = sqrt(1 - (1/K) sum_k mu[k, r]^2): keeps every source at unit variance under uniform occupancy."""
+    return np.sqrt(1.0 - (centroids ** 2).mean(axis=0))
+
+
+# ---------------------------------------------------------------------------
 # NIfTI helpers
 # ---------------------------------------------------------------------------
 
@@ -187,6 +324,32 @@ def _check_int(value, name: str, minimum: int) -> int:
     return int(value)
 
 
+def _check_float(value, name: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not np.isfinite(out):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return out
+
+
+def _check_unit_open(value, name: str) -> float:
+    out = _check_float(value, name)
+    if not 0.0 < out < 1.0:
+        raise ValueError(f"{name} must be strictly between 0 and 1, got {value!r}")
+    return out
+
+
+def _check_dwell(value) -> float:
+    out = _check_float(value, "state_dwell")
+    if out < 1.0:
+        raise ValueError(f"state_dwell (mean dwell time in time points) must be >= 1, got {value!r}")
+    return out
+
+
 def _subjects_list(subjects_per_site, n_sites: int) -> list[int]:
     if isinstance(subjects_per_site, (list, tuple, np.ndarray)):
         counts = list(subjects_per_site)
@@ -219,7 +382,23 @@ def _relative(manifest: dict, root: Path) -> dict:
             sub["sources"] = rel(sub["sources"])
     for key in ("maps", "A"):
         out["truth"][key] = rel(out["truth"][key])
+    _map_state_paths(out["truth"], rel)
     return out
+
+
+def _map_state_paths(truth: dict, fn) -> None:
+    """Apply `fn` in place to the brain-state paths of a manifest's truth (if states are on)."""
+    for key in ("states", "state_patterns"):
+        if key in truth:
+            truth[key] = fn(truth[key])
+    for subjects in truth.get("state_labels", {}).values():
+        for sub_id in subjects:
+            subjects[sub_id] = fn(subjects[sub_id])
+
+
+def _state_files(truth: dict) -> list[str]:
+    files = [truth[key] for key in ("states", "state_patterns") if key in truth]
+    return files + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
 
 
 def _previous_files(out_dir: Path) -> set[Path]:
@@ -232,6 +411,7 @@ def _previous_files(out_dir: Path) -> set[Path]:
     except (ValueError, KeyError, OSError):
         return set()
     files = {Path(old["mask"]), Path(old["truth"]["maps"]), Path(old["truth"]["A"])}
+    files.update(Path(p) for p in _state_files(old["truth"]))
     for site in old["sites"]:
         for sub in site["subjects"]:
             files.update({Path(sub["path"]), Path(sub["sources"])})
@@ -252,6 +432,10 @@ def make_consortium(
     tr: float = 2.0,
     progress: bool = False,
     dtype: str = "float32",
+    *,
+    states: int = 0,
+    state_dwell: float = _STATE_DWELL,
+    state_strength: float = _STATE_STRENGTH,
 ) -> dict:
     """Write a synthetic multi-site fMRI consortium with known ground truth.
 
@@ -287,6 +471,15 @@ def make_consortium(
         How the BOLD images are stored. "int16" stores scaled integers (NIfTI
         scl_slope, as scanners do): half the disk, quantisation ~1e-4 of the
         data's range, far below the noise.
+    states : int, default 0
+        Number K of recurring brain states planted in the sources (keyword
+        only). 0 = none: every output is exactly what it was before states
+        existed. K >= 2 (and <= n_components): see the module docstring.
+    state_dwell : float, default 8.0
+        Mean dwell time of a state, in time points (>= 1; geometric).
+    state_strength : float, default 0.4
+        In (0, 1): the fraction of the variance of each component taking part
+        in a state that the state means carry (the rest is the GARCH source).
 
     Returns
     -------
@@ -296,7 +489,8 @@ def make_consortium(
         "sources"}]}``), ``mask``, ``space``, ``shape``, ``affine``,
         ``n_voxels``, ``n_components``, ``n_timepoints``, ``tr``, ``seed``,
         ``noise`` and ``truth`` (``maps``, ``A``, ``sources`` description,
-        ``garch`` parameters).
+        ``garch`` parameters; with states on also ``n_states``, ``states``,
+        ``state_patterns``, ``state_labels`` and ``state_model``).
 
     Raises
     ------
@@ -317,6 +511,17 @@ def make_consortium(
         raise ValueError(f"dtype must be 'float32' or 'int16', got {dtype!r}")
     if not np.isfinite(tr) or tr <= 0:
         raise ValueError(f"tr must be a positive number of seconds, got {tr!r}")
+    states = _check_int(states, "states", 0)
+    if states == 1:
+        raise ValueError("states must be 0 (no brain states) or >= 2")
+    if states > n_components:
+        raise ValueError(
+            f"states ({states}) exceeds n_components ({n_components}): every state needs its own component"
+        )
+    if states > np.iinfo(np.int8).max:
+        raise ValueError(f"states must be <= {np.iinfo(np.int8).max} (labels are stored as int8), got {states}")
+    state_dwell = _check_dwell(state_dwell)
+    state_strength = _check_unit_open(state_strength, "state_strength")
 
     mask, affine = load_space(space)
     D = int(mask.sum())
@@ -342,6 +547,17 @@ def make_consortium(
     A_path = truth_dir / "A.npy"
     np.save(A_path, A)
 
+    # ---- brain states (own streams: nothing above or below draws differently)
+    if states:
+        centroid_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_STATE_CENTROID_KEY,)))
+        mu = state_centroids(n_components, states, state_strength, centroid_rng)
+        state_scale = _state_noise_scale(mu)
+        states_path = truth_dir / "states.npy"
+        np.save(states_path, mu.astype(np.float32))
+        patterns_path = truth_dir / "state_patterns.npy"
+        np.save(patterns_path, (mu @ A.T.astype(np.float64)).astype(np.float32))
+        state_labels: dict[str, dict[str, str]] = {}
+
     # ---- subjects
     from tqdm.auto import tqdm
 
@@ -362,7 +578,17 @@ def make_consortium(
                 )
                 S = garch_sources(
                     n_timepoints, garch["alpha"], garch["beta"], rng, omega=garch["omega"]
-                ).astype(np.float32)
+                )
+                if states:
+                    label_rng = np.random.default_rng(
+                        np.random.SeedSequence(seed, spawn_key=(_STATE_SEQUENCE_KEY, s_idx, m_idx))
+                    )
+                    labels = state_sequence(n_timepoints, states, state_dwell, label_rng)
+                    S = mu[labels].T + state_scale[:, None] * S
+                    labels_path = truth_dir / f"labels_{site_name}_{sub_id}.npy"
+                    np.save(labels_path, labels.astype(np.int8))
+                    state_labels.setdefault(site_name, {})[sub_id] = str(labels_path)
+                S = S.astype(np.float32)
                 X = A @ S  # float32, D x T
                 if noise > 0:
                     X += np.float32(noise) * rng.standard_normal(X.shape, dtype=np.float32)
@@ -415,6 +641,24 @@ def make_consortium(
             },
         },
     }
+    if states:
+        manifest["truth"].update({
+            "n_states": states,
+            "states": str(states_path),
+            "state_patterns": str(patterns_path),
+            "state_labels": state_labels,
+            "state_model": {
+                "dwell": state_dwell,
+                "strength": state_strength,
+                "components_per_state": int(np.count_nonzero(mu.any(axis=0))) // states,
+                "noise_scale": state_scale.tolist(),
+                "description": (
+                    "S[:, t] = states[h_t] + noise_scale * G[:, t] with G the standardised GARCH sources "
+                    "and h_t the labels (Markov chain, uniform start, leaves its state with probability "
+                    "1/dwell to a uniform other state); state_patterns = states @ A.T"
+                ),
+            },
+        })
     with open(manifest["manifest_path"], "w") as f:
         json.dump(_relative(manifest, out_dir), f, indent=1)
     return manifest
@@ -476,6 +720,7 @@ def load_manifest(path) -> dict:
             sub["sources"] = res(sub["sources"])
     for key in ("maps", "A"):
         man["truth"][key] = res(man["truth"][key])
+    _map_state_paths(man["truth"], res)
     return man
 
 

@@ -42,12 +42,14 @@ def reference(cfg: RunConfig) -> dict:
     red_json = pipeline.stage_reduce(str(cj), sites)
     red = json.loads(Path(red_json).read_text())
     unm = json.loads(Path(pipeline.stage_unmix(str(cj), sites, red_json)).read_text())
+    sts = json.loads(Path(pipeline.stage_states(str(cj), sites, red_json)).read_text())
     ledgers = {}
     for s in cfg.sites:
-        parts = [PrivacyLedger.from_dict(x[s.name]) for x in (red["ledgers"], unm["ledgers"])]
+        parts = [PrivacyLedger.from_dict(x["ledgers"][s.name]) for x in (red, unm, sts) if s.name in x["ledgers"]]
         ledgers[s.name] = PrivacyLedger.merge_all(parts).to_dict()
     return {"basis": np.load(red["basis"]), "eigenvalues": np.load(red["eigenvalues"]), "W": np.load(unm["W"]),
-            "b": np.load(unm["b"]), "rounds": unm["rounds"], "ledgers": ledgers}
+            "b": np.load(unm["b"]), "rounds": unm["rounds"], "ledgers": ledgers,
+            "centroids": np.load(sts["centroids"]) if sts["n_states"] else None}
 
 
 def same_releases(a: dict, b: dict) -> bool:

@@ -33,6 +33,9 @@ CASES = {
     "asymmetric sites": ("asym", {"ica_bias": True}),
     "asymmetric sites, no colluders": ("asym", {"n_colluding": 0}),
     "spatial ICA (the PCA alone)": ("asym", {"ica": "spatial"}),
+    "brain states": ("asym", {"brain_states": 2, "states_epsilon": 3.0}),
+    "brain states, conv": ("sym", {"brain_states": 3, "plan": "conv"}),
+    "PD-SVD reduction (not private)": ("asym", {"reduction": "pdsvd", "pdsvd_iterations": 5}),
 }
 
 
@@ -44,6 +47,8 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
     # a run that stops early spends less than planned; spatial ICA runs no rounds
     assert ref["rounds"] == (cfg.ica_rounds if cfg.ica == "temporal" else 0)
     plan = spend(cfg, site_shapes(cfg), int(ref["basis"].shape[0]))
+    stages = {r["stage"] for s in plan.privacy["sites"].values() for r in s["ledger"]["releases"]}
+    assert ({"agn-m2", "agn-m3"} <= stages) == bool(cfg.brain_states)
     for name, led in ref["ledgers"].items():
         run = PrivacyLedger.from_dict(led)
         planned = PrivacyLedger.from_dict(plan.privacy["sites"][name]["ledger"])
@@ -52,7 +57,10 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
         assert planned.mu == pytest.approx(run.mu, rel=1e-9)
         assert sorted((r.name, r.count, r.neighbour) for r in planned.releases) == \
             sorted((r.name, r.count, r.neighbour) for r in run.releases)
-    if cfg.plan == "cape":
+        assert planned.not_private == run.not_private
+    if cfg.reduction == "pdsvd":  # no noise in the reduction: the run is not differentially private
+        assert all(math.isinf(e) for e in plan.epsilon.values()) and plan.privacy["not_private"]
+    elif cfg.plan == "cape":
         # the headline is the guarantee against the aggregator: never below a single release's
         assert all(s["epsilon"] > s["epsilon_single_release"] for s in plan.privacy["sites"].values())
 
@@ -104,3 +112,27 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     assert "ica_epsilon_i" in capsys.readouterr().err
     assert main(["budget", "--sites", "4"]) == 2
     assert eps > 0 and math.isfinite(eps)
+
+
+def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia, tmp_path):
+    cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6, brain_states=2, states_epsilon=2.0)
+    shapes = site_shapes(cfg)
+    base = spend(cfg, shapes, 60)
+
+    def mus(p):
+        s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
+        return s["capepca"], s["ica"], math.hypot(s["agn-m2"], s["agn-m3"])
+
+    for target, share in ((5.0, None), (9.0, 0.5)):
+        plan = plan_for_target(cfg, shapes, 60, target, pca_share=share)
+        assert max(plan.epsilon.values()) == pytest.approx(target, rel=1e-6)
+        pca, ica, states = mus(plan)
+        b_pca, b_ica, b_states = mus(base)
+        assert ica / states == pytest.approx(b_ica / b_states, rel=1e-6)  # the later stages keep their ratio
+        if share is None:
+            assert pca / ica == pytest.approx(b_pca / b_ica, rel=1e-6)
+        else:
+            assert pca**2 / (pca**2 + ica**2 + states**2) == pytest.approx(share, rel=1e-6)
+    ref = dc.reference(plan.config)
+    spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
+    assert spent == pytest.approx(9.0, rel=1e-6)

@@ -461,3 +461,33 @@ def test_spatial_ica_through_coinstac_services_releases_only_the_pca(tmp_path):
         assert led["releases"] and all(r["stage"].startswith("capepca") for r in led["releases"])
         assert (run.output_dir(cid) / "timecourses.tsv").exists()
     assert run.output["ica_rounds"] == 0 and run.iterations < 15  # set-up, one PCA round, the summary
+
+
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
+def test_pdsvd_and_brain_states_through_coinstac_services(tmp_path):
+    """reduction = "pdsvd" and brain states through the COINSTAC computation: the simulation's numbers."""
+    pytest.importorskip("coinstac")
+    spec = [{**site, "ica": {"value": "spatial"}, "reduction": {"value": "pdsvd"}, "pdsvd_iterations": {"value": 6},
+             "brain_states": {"value": 2}, "states_epsilon": {"value": 30.0}} for site in _load("inputspec.json")]
+    man = dc.consortium(tmp_path / "data", n_timepoints=60)
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
+    run = _services_run(tmp_path / "a", spec, man)
+    out = run.output_dir("remote")
+    # PD-SVD's blinding factors are fresh every run and move the fixed-point rounding of its secure sums
+    basis = np.load(out / run.output["basis"])
+    np.testing.assert_allclose(np.abs(basis.T @ ref["basis"]), np.eye(basis.shape[1]), atol=1e-6)
+    assert (out / run.output["states"]).exists()
+    priv = json.loads((out / run.output["privacy"]).read_text())
+    assert all(eps == float("inf") for eps in priv["epsilon"].values())  # PD-SVD is not differentially private
+    assert priv["not_private"] and "PD-SVD" in priv["not_private"][0]
+    for i, cid in enumerate(run.clients):
+        led = priv["sites"][cid]["ledger"]
+        assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"]), cid
+        assert sorted(r["stage"] for r in led["releases"]) == ["agn-m2", "agn-m3"]
+        site_out = run.output_dir(cid)
+        assert (site_out / "states.tsv").exists() and (site_out / "states.nii.gz").exists()
+        logs = list((tmp_path / "a" / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"))
+        assert {log.parent.parent.name for log in logs} >= {"reduce", "states-m2", "states-m3", "summary"}
+        for log in logs:
+            for rec in map(json.loads, log.read_text().splitlines()):
+                assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec

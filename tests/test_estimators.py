@@ -160,8 +160,10 @@ def test_bad_input_is_refused_clearly(consortium, fitted):
 def _site_party(name: str, data: dict, common: dict, out: str) -> None:
     """One site's process: fit as role "site", keep what the parent checks."""
     est = dpneuro.DecentralizedICA(role="site", site=name, output_dir=out, **common).fit(data)
+    occ = (getattr(est, "state_occupancy_", None) or {}).get(name, {})
     np.savez(Path(out) / "check.npz", eps=est.privacy_.epsilon[name],
-             **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()})
+             **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()},
+             **{f"occ_{sid}": o for sid, o in occ.items()})
 
 
 @pytest.fixture(scope="module")
@@ -172,15 +174,40 @@ def fitted_spatial(consortium):
     return ica.fit(files)
 
 
-@pytest.mark.parametrize("model", ["temporal", "spatial"])
-def test_deployed_parties_through_the_estimator(consortium, fitted, fitted_spatial, tmp_path, model):
+#: deployed runs compared with their simulation: each a model and what rides on it
+DEPLOYED = {
+    "temporal": {},
+    "spatial": {"ica": "spatial"},
+    "brain states": {"ica": "spatial", "n_states": 2, "states_epsilon": 50.0},
+    "pdsvd": {"reduction": "pdsvd", "pdsvd_iterations": 8},
+}
+
+
+@pytest.fixture(scope="module")
+def simulations(consortium, fitted, fitted_spatial):
+    root, man, files = consortium
+    done = {"temporal": fitted, "spatial": fitted_spatial}
+
+    def get(case: str):
+        if case not in done:
+            est = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], random_state=1,
+                                           output_dir=root / f"est-{case.replace(' ', '-')}",
+                                           **{**SETTINGS, **DEPLOYED[case]})
+            done[case] = est.fit(files)
+        return done[case]
+
+    return get
+
+
+@pytest.mark.parametrize("case", list(DEPLOYED))
+def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_path, case):
     """role="site" / "aggregator" over a shared folder: the numbers of the simulation (same seed)."""
     import multiprocessing as mp
 
     root, man, files = consortium
-    sim = fitted if model == "temporal" else fitted_spatial
-    common = dict(n_components=R, mask=man["mask"], ica=model, random_state=1, simulation=True,
-                  exchange=tmp_path / "shared", timeout=120.0, **SETTINGS)
+    sim = simulations(case)
+    common = dict(n_components=R, mask=man["mask"], random_state=1, simulation=True,
+                  exchange=tmp_path / "shared", timeout=120.0, **{**SETTINGS, **DEPLOYED[case]})
     # every party knows every site's name; a site has only its own data (figures need a process each)
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_site_party, args=(n, {m: (files[m] if m == n else None) for m in files}, common,
@@ -196,19 +223,30 @@ def test_deployed_parties_through_the_estimator(consortium, fitted, fitted_spati
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
+    # PD-SVD draws fresh blinding factors every run, which move the fixed-point rounding of its secure sums
+    atol = 1e-6 if DEPLOYED[case].get("reduction") == "pdsvd" else 1e-9
     np.testing.assert_allclose(np.asarray(agg.components_img_.dataobj),
-                               np.asarray(sim.components_img_.dataobj), rtol=0, atol=1e-9)
+                               np.asarray(sim.components_img_.dataobj), rtol=0, atol=atol)
     assert agg.privacy_.epsilon == pytest.approx(sim.privacy_.epsilon)
     for n in files:
         got = np.load(tmp_path / n / "check.npz")
         assert float(got["eps"]) == pytest.approx(sim.privacy_.epsilon[n])
         for sid, tc in sim.timecourses_[n].items():
             np.testing.assert_allclose(got[f"tc_{sid}"], tc, atol=1e-4)
+        if sim.state_occupancy_ is not None:  # each site's own subjects, computed at the site
+            for sid, occ in sim.state_occupancy_[n].items():
+                np.testing.assert_allclose(got[f"occ_{sid}"], occ, atol=1e-12)
+    if sim.states_img_ is not None:
+        np.testing.assert_allclose(np.asarray(nib.load(tmp_path / "agg" / "states.nii.gz").dataobj),
+                                   np.asarray(sim.states_img_.dataobj), rtol=0, atol=1e-6)
+        assert "Brain states" in agg.report_.html
     unmix_egress = list((tmp_path / "shared").rglob("unmix/egress/*.jsonl"))
-    if model == "spatial":  # nothing is exchanged for the unmixing: the PCA was the only release
+    if DEPLOYED[case].get("ica") == "spatial":  # nothing is exchanged for the unmixing: the PCA was the only release
         assert not [ln for f in unmix_egress for ln in f.read_text().splitlines() if ln.strip()]
     else:
         assert {f.name for f in unmix_egress} >= {f"{n}.jsonl" for n in files}
+    states_egress = list((tmp_path / "shared").rglob("states-m*/egress/*.jsonl"))
+    assert bool(states_egress) == bool(DEPLOYED[case].get("n_states"))
 
 
 def test_spatial_ica_spends_only_the_pca_and_recovers_the_maps(consortium, fitted, fitted_spatial):

@@ -1,4 +1,4 @@
-"""The consortium workflow: load (split over sites) -> reduce -> unmix -> maps -> report.
+"""The consortium workflow: load (split over sites) -> reduce -> unmix -> states -> maps -> report.
 
 Every node wraps one function of :mod:`dpneuro.pipeline` and passes file paths
 (JSON/NPY/NIfTI), never arrays, so Pydra hashes strings, not data. Each node
@@ -41,15 +41,20 @@ def unmix_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: s
 
 
 @pydra.mark.task
+def states_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: str) -> str:
+    return pipeline.stage_states(cfg_json, list(site_jsons), reduce_json, key)
+
+
+@pydra.mark.task
 def maps_task(cfg_json: str, site_jsons: ty.List[str], space_json: str, reduce_json: str, unmix_json: str,
-              key: str) -> str:
-    return pipeline.stage_maps(cfg_json, list(site_jsons), space_json, reduce_json, unmix_json, key)
+              states_json: str, key: str) -> str:
+    return pipeline.stage_maps(cfg_json, list(site_jsons), space_json, reduce_json, unmix_json, states_json, key)
 
 
 @pydra.mark.task
 def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, reduce_json: str, unmix_json: str,
-                key: str) -> str:
-    return pipeline.stage_report(cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json, key)
+                states_json: str, key: str) -> str:
+    return pipeline.stage_report(cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json, states_json, key)
 
 
 def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
@@ -66,14 +71,17 @@ def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
                        key=key["reduce"]))
     wf.add(unmix_task(name="unmix", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
                       reduce_json=wf.reduction.lzout.out, key=key["unmix"]))
+    wf.add(states_task(name="states", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
+                       reduce_json=wf.reduction.lzout.out, key=key["states"]))
     wf.add(maps_task(name="maps", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
                      space_json=wf.space.lzout.out, reduce_json=wf.reduction.lzout.out,
-                     unmix_json=wf.unmix.lzout.out, key=key["maps"]))
+                     unmix_json=wf.unmix.lzout.out, states_json=wf.states.lzout.out, key=key["maps"]))
     wf.add(report_task(name="report", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
                        maps_json=wf.maps.lzout.out, reduce_json=wf.reduction.lzout.out,
-                       unmix_json=wf.unmix.lzout.out, key=key["report"]))
+                       unmix_json=wf.unmix.lzout.out, states_json=wf.states.lzout.out, key=key["report"]))
     wf.set_output([("space", wf.space.lzout.out), ("load", wf.load.lzout.out), ("reduce", wf.reduction.lzout.out),
-                   ("unmix", wf.unmix.lzout.out), ("maps", wf.maps.lzout.out), ("report", wf.report.lzout.out)])
+                   ("unmix", wf.unmix.lzout.out), ("states", wf.states.lzout.out), ("maps", wf.maps.lzout.out),
+                   ("report", wf.report.lzout.out)])
     return wf
 
 

@@ -89,7 +89,9 @@ __all__ = [
     "avn",
     "brain_states",
     "cape_agn",
+    "finish_moments",
     "local_agn",
+    "moment_stage",
     "otd",
     "prepare_site",
     "sensitivities",
@@ -162,7 +164,8 @@ class PreparedSite:
 
 # -- validation ---------------------------------------------------------------------------
 
-def prepare_site(samples, model: str = "mog", *, scale: float | None = None, site: int | str = 0) -> PreparedSite:
+def prepare_site(samples, model: str = "mog", *, scale: float | None = None, site: int | str = 0,
+                 warn_clipping: bool = True) -> PreparedSite:
     """Validate one site's samples and bring them to the form the moments use.
 
     Raises ValueError (naming the site) for non-finite values, wrong shapes,
@@ -205,7 +208,7 @@ def prepare_site(samples, model: str = "mog", *, scale: float | None = None, sit
             if n_clip:
                 X = X.copy()
                 X[:, over] /= norms[over]
-            if n_clip > 0.05 * n:
+            if warn_clipping and n_clip > 0.05 * n:
                 # local diagnostic only; the count is never released
                 warnings.warn(f"{where}: {n_clip} of {n} samples exceed the norm bound scale={scale} and "
                               "were projected onto it; a larger scale would bias the moments less",
@@ -388,8 +391,11 @@ class _Stage:
         self.model, self.z, self.unit, self.groups = model, noise_multiplier, unit, groups
         self.seed, self.stage_id, self.scale = seed, stage_id, scale
 
+    #: brain states clip about half of the time points on purpose (a tight public bound): no warning then
+    quiet_clipping = False
+
     def site_init(self, site: int, data) -> dict:
-        sd = prepare_site(data, self.model, scale=self.scale, site=site)
+        sd = prepare_site(data, self.model, scale=self.scale, site=site, warn_clipping=not self.quiet_clipping)
         state: dict[str, Any] = {"_data": sd, "n": sd.n, "D": sd.D, "group": self.groups[site]}
         if self.seed is not None:
             state["rng"] = np.random.default_rng([self.seed, self.stage_id, site])
@@ -397,6 +403,12 @@ class _Stage:
 
     def site_weight(self, state) -> float:
         return float(state["n"])
+
+    def public_state(self, site: int, lengths, dim: int) -> dict:
+        """What a site's releases depend on: its counts (the budget planner calls this without data)."""
+        lengths = [int(n) for n in lengths]
+        group = max(lengths) if self.unit == "subject" else 1
+        return {"n": sum(lengths), "D": int(dim), "group": group}
 
     def aggregator_init(self) -> dict:
         return {}
@@ -480,6 +492,39 @@ class _OccupancyStage(_Stage):
     def aggregator_update(self, state, round, combined) -> Payload:
         state["occupancy"] = combined["occupancy"]
         return Payload(meta={"stop": True})
+
+
+def moment_stage(order: int, n_components: int, noise_multiplier: float, groups, *, scale: float,
+                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None):
+    """One capeAGN release on MOG samples as a CAPE algorithm: ``order`` 2 (M2, then W and sigma^2) or 3.
+
+    For the product's brain-states stage, run by every entry point through the
+    driver: ``groups`` maps each site id to the samples one subject owns there
+    (subject-level privacy); a deployed site needs only its own entry. Stage 3
+    needs the public ``W`` and ``sigma2`` of stage 2's broadcast (in the
+    scaled units).
+    """
+    common = dict(unit="subject", groups=groups, seed=seed, scale=scale)
+    if order == 2:
+        stage = _M2Stage("mog", noise_multiplier, stage_id=1, k=n_components, sigma2=None, **common)
+    elif order == 3:
+        if W is None:
+            raise ValueError("the third-moment stage needs W from the second-moment stage")
+        stage = _M3Stage("mog", noise_multiplier, stage_id=2, W=np.asarray(W, np.float64),
+                         sigma2=float(sigma2 or 0.0), **common)
+    else:
+        raise ValueError(f"order must be 2 or 3, got {order!r}")
+    stage.quiet_clipping = True
+    return stage
+
+
+def finish_moments(m3w: np.ndarray, W: np.ndarray, n_components: int, *, scale: float, seed: int | None = None,
+                   n_restarts: int = 30, n_iter: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """The aggregator's last step (post-processing): components (data units, as columns) and weights."""
+    rng = np.random.default_rng(None if seed is None else [seed, 99])
+    A, w, _ = _finish(np.asarray(m3w), np.asarray(W), n_components, "mog", scale, "euclidean", n_restarts,
+                      n_iter, rng)
+    return A, w
 
 
 # -- drivers -------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ Protocol (block power iteration, [PD-ML-Lite] Alg. 3-4, on the generic driver)
 ``pdsvd-setup``  sites announce D (public); the aggregator broadcasts
                  V_0 = orth(N(0, 1/D)^{D x k}) drawn from the agreed public
                  seed, and a public run nonce.
+``pdsvd-group-secret``  ``group_secret=True`` only, after secure aggregation's
+                 setup: the sites agree the blinding key K
+                 (:func:`dpneuro.secagg.group_secret_phase`, see below).
 secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App. C)
   ``pdsvd-n``     the total count n (the aggregator learns it, see below);
   ``pdsvd-mean``  PD-PCA only ([PD-ML-Lite] App. D, Alg. 6): the global mean
@@ -28,19 +31,51 @@ secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App
   ``pdsvd-it``    every round t: sum_s S_s V_t, one column per normalised sum
                   (NORMEDSECSUM, [PD-ML-Lite] Alg. 7); the aggregator orthonormalises
                   (QR, diag R >= 0) and broadcasts V_{t+1}.
+  ``pdsvd-eig``   ``eigenvalues=True`` only, one extra round after the
+                  ``n_iter`` iterations: sum_s diag(V^T S_s V) / (c n) for the
+                  final V, *not* blinded; the aggregator sorts the columns of
+                  V by these Rayleigh quotients (times c: the eigenvalues of
+                  the pooled second-moment matrix (1/n) sum_s X_s X_s^T, or of
+                  the covariance for PD-PCA, in the final basis) and
+                  broadcasts ``V`` and ``eigenvalues`` with the stop signal,
+                  so every site ends with the aggregator's basis and
+                  eigenvalues (what whitening and the maps need). They are
+                  Rayleigh quotients of the final columns: column i turns to
+                  its own eigenvector only as (lambda_{i+1}/lambda_i)^t
+                  (the subspace as (lambda_{k+1}/lambda_k)^t), and its
+                  eigenvalue is off by about that squared times the gap,
+                  so close eigenvalues need more iterations.
+``scale="unit"`` first brings every column (time point) to unit L2 norm at
+its site, block by block as the data are streamed (the per-column scaling of
+:func:`dpneuro.io.scale_columns` and capePCA's ``scale="unit"``, in float64);
+everything above, the norm check included, then concerns the scaled columns
+and the eigenvalues are those of the scaled data.
 Data are divided by a public ``norm_bound`` (every column norm <= it; for a
 simulation the largest column norm, treated as public) so that every value
 a site feeds to the fixed-point secure sum is bounded ([PD-ML-Lite] App. E scales by a
 secure sum of local Frobenius norms for the same purpose; the bound here needs
-no extra sum). The subspace is unchanged; revealed singular values are scaled back.
+no extra sum). The subspace is unchanged; revealed singular values and eigenvalues are scaled back.
 
 Normalised secure sum: construction and threat model
 ----------------------------------------------------
 [PD-ML-Lite] computes s / ||s|| inside SPDZ so that nobody sees ||s|| (the singular
-values). dpneuro has no general MPC; instead the *sites* share a secret key K
-(``site_secret``: distributed to every site out of band, e.g. in the
-consortium's site configuration, fresh per run, never given to the
-aggregator). From K and the public run nonce each site derives, with a keyed
+values). dpneuro has no general MPC; instead the *sites* share a secret key K,
+fresh per run and never given to the aggregator, in one of two ways:
+
+* ``group_secret=False`` (default): ``site_secret``, distributed to every site
+  out of band. Whoever distributes it must keep it from the aggregator -- a
+  configuration the aggregator also reads (e.g. a consortium's shared site
+  configuration) does not.
+* ``group_secret=True`` (needs ``secure=True``): K is agreed in the run
+  (phase ``pdsvd-group-secret``) with secure aggregation's keys: the site with
+  the lowest id draws K from ``os.urandom`` and sends it to every other site
+  encrypted (AES-256-GCM under the pairwise X25519-derived key of the secagg
+  setup, the associated data binding run, round, topic, sender and
+  recipient). The aggregator relays the ciphertexts but cannot read them; an
+  altered ciphertext makes its recipient stop (SecAggError). No secret has to
+  be configured anywhere.
+
+From K and the public run nonce each site derives, with a keyed
 hash (BLAKE2b as a PRF), the same positive factor r_{t,i} for column i of round
 t and feeds ``r_{t,i} * (S_s V_t)[:, i] / (c n)`` to the secure sum. Positive
 column scaling changes neither s / ||s|| nor the QR factor Q, so the
@@ -69,8 +104,17 @@ Who learns what (honest-but-curious parties):
   measurement below is how to check what it leaks for a given data set.
 * Every site learns V_t for every t, the final V, n and (PD-PCA) mu --
   never the norms: the broadcast is orthonormalised.
+* With ``eigenvalues=True`` the aggregator (and every site) also learns the
+  final k eigenvalues of (1/n) sum_s X_s X_s^T (i.e., with n, the top-k
+  singular values at the end of the run): that is what whitening and the
+  maps need. It does not learn the iterates' norms ||S V_t|| directly, but
+  it is not blind to them either: the final eigenvalues against the last
+  round's blinded norms give away that round's factors r_{T,i}, hence rho_i
+  up to the fresh part, so earlier rounds' norms stay hidden only within
+  the fresh factors (about 2^b either way) instead of 2^(a+b).
 * Collusion that breaks it: the aggregator together with ANY ONE site learns
-  K, hence every r_{t,i}: it then sees S V_t exactly, i.e. the singular values
+  K (with ``group_secret=True`` as with an out-of-band secret: every site
+  holds K), hence every r_{t,i}: it then sees S V_t exactly, i.e. the singular values
   and the convergence profile (the Sigma-revealing SECSUM variant of [PD-ML-Lite]).
   The individual sites' inputs stay protected by secure aggregation unless
   the aggregator also gathers the Shamir threshold's worth of sites
@@ -102,10 +146,11 @@ import numpy as np
 from scipy import stats
 
 from ..exchange import Payload
+from ..io import column_norms, scale_factors
 from ..privacy import PrivacyLedger
 from ..privacy.noise import accepts_random_state
 from ..driver import Phase, RunOptions, State, simulate
-from .pca import SiteSource, _check_k, as_source, check_sources, orthonormalize
+from .pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
 
 __all__ = [
     "KSPrivacyResult",
@@ -138,6 +183,15 @@ def _prf_uniform(key: bytes, label: str) -> float:
     """A uniform number in (0, 1) from a keyed BLAKE2b (a PRF keyed by the sites' secret)."""
     h = hashlib.blake2b(label.encode(), key=key, digest_size=8).digest()
     return (int.from_bytes(h, "big") + 0.5) / 2.0**64
+
+
+def _max_scaled_norm(src: SiteSource, scale: str | None) -> float:
+    """The largest column norm of a validated source's data as PD-SVD uses them (after ``scale``)."""
+    if scale != "unit":
+        return float(src.max_norm)
+    # unit scaling (dpneuro.io.scale_factors) brings every nonzero column to norm 1 and keeps zero
+    # columns at 0: the scaled data's largest column norm is 1 unless every column is zero
+    return 1.0 if src.max_norm > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -173,19 +227,45 @@ class PDSVD:
         Secure aggregation (default) or a plain sum (tests, simulations).
     secagg_config : SecAggConfig, optional
     blinding : Blinding, optional
+    group_secret : bool
+        Agree the sites' blinding secret K inside the run (the phase
+        ``pdsvd-group-secret``, :func:`dpneuro.secagg.group_secret_phase`)
+        instead of taking it from ``SiteInput(data, secret)``; needs
+        ``secure=True``. Sites then take plain data (no secret).
+    eigenvalues : bool
+        One extra round after the ``n_iter`` iterations: a secure sum of the
+        sites' Rayleigh quotients of the final basis. The aggregator's state
+        gets ``basis`` (D x k, columns by decreasing eigenvalue) and
+        ``eigenvalues`` (k,), and the final broadcast carries both (arrays
+        ``"V"`` and ``"eigenvalues"``), so every site ends with the same.
+    scale : None or "unit"
+        ``"unit"``: every column (time point) is scaled to unit L2 norm at its
+        site, block by block, before anything is computed from it (the
+        scaling of :func:`dpneuro.io.scale_columns` and of capePCA's
+        ``scale="unit"``; zero columns stay zero). The norm check then applies
+        to the scaled columns, so ``norm_bound=1.0`` admits raw data.
     """
 
     name = "pdsvd"
 
     def __init__(self, k: int, n_iter: int, *, n_sites: int, center: bool = False,
                  reveal_singular_values: bool = False, seed: int | None = None, norm_bound: float = 1.0,
-                 secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None):
+                 secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None,
+                 group_secret: bool = False, eigenvalues: bool = False, scale: str | None = None):
         self.k = _check_k(k)
         if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer, got {n_iter!r}")
         if not (float(norm_bound) > 0 and math.isfinite(float(norm_bound))):
             raise ValueError(f"norm_bound must be positive and finite, got {norm_bound!r}")
-        self.n_iter = self.max_rounds = int(n_iter)
+        if scale is not None and not (isinstance(scale, str) and scale == "unit"):
+            raise ValueError(f"scale must be None (data already within the norm bound) or 'unit' (every column "
+                             f"scaled to unit norm at its site), got {scale!r}")
+        if group_secret and not secure:
+            raise ValueError("group_secret=True agrees the sites' secret through secure aggregation's keys and "
+                             "needs secure=True; with secure=False give every site SiteInput(data, secret)")
+        self.n_iter = int(n_iter)
+        self.eigenvalues, self.group_secret, self.scale = bool(eigenvalues), bool(group_secret), scale
+        self.max_rounds = self.n_iter + (1 if self.eigenvalues else 0)  # the eigenvalue sum: one extra round
         self.n_sites, self.center, self.reveal = int(n_sites), bool(center), bool(reveal_singular_values)
         self.seed, self.norm_bound, self.secure = seed, float(norm_bound), bool(secure)
         self.c = 4.0 if self.center else 1.0  # ||x - mu||^2 <= 4 when ||x||, ||mu|| <= 1
@@ -208,13 +288,18 @@ class PDSVD:
         self._setup = [Phase("pdsvd-setup", self._site_setup, self._agg_setup)]
         if self.secure:
             self._setup += [self._wrap(p) for p in self._secagg.setup_phases(self.cfg)]
+            if self.group_secret:
+                self._setup.append(self._wrap(self._secagg.group_secret_phase(self.cfg, "pdsvd-group-secret")))
         self._setup += self._sum("pdsvd-n", self._input_count, self._on_count)
         if self.center:
             self._setup += self._sum("pdsvd-mean", self._input_mean, self._on_mean)
         self._iter = self._sum("pdsvd-it", self._input_iter, self._on_iter)
+        self._eig = self._sum("pdsvd-eig", self._input_eig, self._on_eig) if self.eigenvalues else []
 
     # -- phases ------------------------------------------------------------------------------
     def phases(self, round: int) -> Sequence[Phase]:
+        if round >= self.n_iter:  # only with eigenvalues=True: the round after the iterations
+            return self._eig
         return self._setup + self._iter if round == 0 else self._iter
 
     def _sum(self, topic: str, get_input: Callable, on_sum: Callable) -> list[Phase]:
@@ -243,6 +328,8 @@ class PDSVD:
                         state[key] = np.asarray(arr)
                 if "pdsvd_nonce" in incoming.meta:
                     state["nonce"] = incoming.meta["pdsvd_nonce"]
+                if self.group_secret and incoming.meta.get("secagg") == "group-secret":
+                    self._secagg.group_secret(state, incoming)  # decrypt K once; cached in state["secagg"]
             return site_fn(state, rnd, incoming)
 
         return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
@@ -253,19 +340,30 @@ class PDSVD:
         secret = None
         if isinstance(data, SiteInput):
             data, secret = data.data, data.secret
-        if not self.reveal:
+        if self.group_secret:
+            if secret is not None:
+                raise ValueError(f"site {site}: group_secret=True agrees the sites' secret inside the run; do not "
+                                 "also give one in SiteInput")
+        elif not self.reveal:
             if not isinstance(secret, (bytes, bytearray)) or not 16 <= len(secret) <= 64:
                 raise ValueError(f"site {site}: PD-SVD needs the sites' shared secret (16-64 bytes) to blind "
                                  "the normalised sums; give SiteInput(data, secret)")
         src = as_source(data).validate(f"site {site}")
         if self.k > src.dim:
             raise ValueError(f"site {site}: k = {self.k} exceeds the number of features D = {src.dim}")
-        if src.max_norm > self.norm_bound * (1 + 1e-9):
-            raise ValueError(f"site {site}: a column has norm {src.max_norm:.6g} above the public norm bound "
+        max_norm = _max_scaled_norm(src, self.scale)
+        if max_norm > self.norm_bound * (1 + 1e-9):
+            after = " (after unit scaling)" if self.scale is not None else ""
+            raise ValueError(f"site {site}: a column has norm {max_norm:.6g}{after} above the public norm bound "
                              f"{self.norm_bound:.6g}; nothing was sent")
         ledger = PrivacyLedger(owner=f"site-{site}")
         ledger.mark_not_private(_NOTE)
+        if self.scale is not None:
+            ledger.note(f"PD-SVD: {_scale_note(self.scale)}")
         ledger.note(f"PD-SVD data divided by the public norm bound {self.norm_bound:.6g}")
+        if self.eigenvalues:
+            ledger.note("PD-SVD eigenvalues=True: the final k eigenvalues of the pooled second-moment matrix are "
+                        "revealed to the aggregator and every site (not blinded)")
         state: State = {"site": site, "_src": src, "_secret": None if secret is None else bytes(secret),
                         "dim": src.dim, "ledger": ledger}
         # stochastic rounding in the fixed-point secure sum (not privacy noise)
@@ -275,9 +373,19 @@ class PDSVD:
     def aggregator_init(self) -> State:
         return {"transcript": []}
 
+    # -- data scaling --------------------------------------------------------------------------
+    def _factors(self, B: np.ndarray) -> np.ndarray | None:
+        """Per-column multipliers of ``scale`` for one block (None: no scaling)."""
+        return None if self.scale is None else scale_factors(column_norms(B), self.scale)
+
     # -- blinding -----------------------------------------------------------------------------
+    def _key(self, state: State) -> bytes:
+        if self.group_secret:  # agreed in the run (pdsvd-group-secret), decrypted when its broadcast arrived
+            return self._secagg.group_secret(state)
+        return state["_secret"]
+
     def _u(self, state: State, label: str) -> float:
-        return _prf_uniform(state["_secret"], f"dpneuro-pdsvd:{state['nonce']}:{label}")
+        return _prf_uniform(self._key(state), f"dpneuro-pdsvd:{state['nonce']}:{label}")
 
     def _count_factor(self, state: State) -> float:
         return 1.0 if self.reveal else 2.0 ** (_COUNT_BITS * self._u(state, "n"))
@@ -356,8 +464,10 @@ class PDSVD:
         if "_colsum" not in state:
             s = np.zeros(state["dim"])
             for blk in state["_src"].blocks():
-                s += np.asarray(blk, dtype=np.float64).sum(axis=1)
-                del blk
+                B = np.asarray(blk, dtype=np.float64)
+                f = self._factors(B)
+                s += B.sum(axis=1) if f is None else B @ f
+                del blk, B
             state["_colsum"] = s / self.norm_bound
         return state["_colsum"]
 
@@ -382,7 +492,14 @@ class PDSVD:
         Y = np.zeros((state["dim"], V.shape[1]))
         for blk in state["_src"].blocks():
             B = np.asarray(blk, dtype=np.float64)
-            Y += B @ (B.T @ V)
+            f = self._factors(B)
+            if f is None:
+                Y += B @ (B.T @ V)
+            else:  # (B F)(B F)^T V = B (f^2 * (B^T V)), without a scaled copy of the block
+                C = B.T @ V
+                C *= (f**2)[:, None]
+                Y += B @ C
+                del C
             del blk, B  # before the next block is read
         Y /= self.norm_bound**2
         mu = self._mu(state)
@@ -410,14 +527,32 @@ class PDSVD:
         V_new = orthonormalize(total / norms)
         meta: dict[str, Any] = {}
         if rnd >= self.n_iter - 1:
-            meta["stop"] = True
             if self.reveal:
                 H = state["V"].T @ total * (self.c * state["n"] / 2.0**self.blinding.lo)
                 lam = np.sort(np.linalg.eigvalsh((H + H.T) / 2))[::-1]
                 state["singular_values"] = np.sqrt(np.maximum(lam, 0.0)) * self.norm_bound
-            state["basis"] = V_new
+            if not self.eigenvalues:  # else the eigenvalue round follows and ends the run
+                meta["stop"] = True
+                state["basis"] = V_new
         state["V"] = V_new
         return Payload({"pdsvd/V": V_new}, meta)
+
+    # -- eigenvalues (eigenvalues=True) ---------------------------------------------------------
+    def _input_eig(self, state: State, rnd: int) -> np.ndarray:
+        """The site's Rayleigh quotients diag(V^T S_s V) / (c n) of the final basis: not blinded."""
+        V = np.asarray(state["pdsvd/V"], dtype=np.float64)
+        Y = self._local_product(state, V)
+        return np.einsum("ij,ij->j", V, Y) / (self.c * self._n(state))
+
+    def _on_eig(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        self._check_all(state, "pdsvd-eig")
+        # sum_s diag(V^T S_s V) / (c n), S_s of the data divided by norm_bound: undo both scalings
+        lam = np.asarray(total, dtype=np.float64).reshape(-1) * (self.c * self.norm_bound**2)
+        order = np.argsort(-lam, kind="stable")
+        V, lam = np.ascontiguousarray(state["V"][:, order]), lam[order]
+        state["transcript"].append({"topic": "eigenvalues", "values": lam.copy()})
+        state["basis"], state["eigenvalues"] = V, lam
+        return Payload({"V": V, "eigenvalues": lam}, {"stop": True}, carries={"V": "public", "eigenvalues": "public"})
 
 
 # -- convenience entry points ---------------------------------------------------------------------
@@ -427,8 +562,11 @@ class PDSVDResult:
     """Output of :func:`pd_svd` / :func:`pd_pca`.
 
     ``singular_values`` is None unless the run revealed them
-    (``reveal_singular_values=True``); ``transcript`` is what the aggregator
-    observed (blinded sums' norms per round), for leakage studies.
+    (``reveal_singular_values=True``); ``eigenvalues`` is None unless the run
+    computed them (``eigenvalues=True``: the k eigenvalues of the pooled
+    second-moment matrix in the final basis, which is then sorted by them);
+    ``transcript`` is what the aggregator observed (blinded sums' norms per
+    round), for leakage studies.
     """
 
     basis: np.ndarray
@@ -437,6 +575,7 @@ class PDSVDResult:
     n_iter: int
     transcript: list = field(default_factory=list)
     norm_bound: float = 1.0
+    eigenvalues: np.ndarray | None = None
 
 
 def _sources(X_sites, k: int) -> list[SiteSource]:
@@ -449,7 +588,8 @@ def _sources(X_sites, k: int) -> list[SiteSource]:
 def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
            reveal_singular_values: bool = False, norm_bound: float | None = None, secure: bool = True,
            site_secret: bytes | None = None, secagg_config=None, blinding: Blinding | None = None,
-           options: RunOptions | None = None) -> PDSVDResult:
+           options: RunOptions | None = None, group_secret: bool = False, eigenvalues: bool = False,
+           scale: str | None = None) -> PDSVDResult:
     """PD-SVD: the top-k left singular subspace of ``[X_1 ... X_S]`` without revealing singular values.
 
     Parameters
@@ -465,11 +605,15 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
         Plain-SECSUM variant: singular values are revealed and returned.
     norm_bound : float, optional
         Public bound on column norms; None takes the largest column norm of
-        the pooled data (a simulation shortcut: treated as public).
+        the pooled data (a simulation shortcut: treated as public; 1 with
+        ``scale="unit"``).
     secure : bool
         Secure aggregation (default) or a plain sum (simulations only).
     site_secret : bytes, optional
         The sites' shared secret; None draws a fresh one (given to the sites only).
+    group_secret, eigenvalues, scale
+        See :class:`PDSVD`; with ``group_secret=True`` the sites agree the
+        secret in the run (``site_secret`` must then be None).
 
     Returns
     -------
@@ -478,16 +622,23 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
     k = n_components  # the papers' k
     k = _check_k(k)
     srcs = _sources(X_sites, k)
+    if group_secret and site_secret is not None:
+        raise ValueError("group_secret=True agrees the sites' secret inside the run; do not give site_secret")
     if norm_bound is None:
-        norm_bound = max(s.max_norm for s in srcs) or 1.0
-    secret = site_secret if site_secret is not None else os.urandom(32)
+        norm_bound = max(_max_scaled_norm(s, scale) for s in srcs) or 1.0
     proto = PDSVD(k, n_iter, n_sites=len(srcs), center=center, reveal_singular_values=reveal_singular_values,
-                  seed=seed, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding)
-    res = simulate(proto, [SiteInput(s, secret) for s in srcs], exchange=exchange, options=options)
+                  seed=seed, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding,
+                  group_secret=group_secret, eigenvalues=eigenvalues, scale=scale)
+    if group_secret:
+        data = list(srcs)
+    else:
+        secret = site_secret if site_secret is not None else os.urandom(32)
+        data = [SiteInput(s, secret) for s in srcs]
+    res = simulate(proto, data, exchange=exchange, options=options)
     agg = res.aggregator
     leds = [s["ledger"] if s is not None else None for s in res.sites]
     return PDSVDResult(agg["basis"], agg.get("singular_values"), leds, proto.n_iter, agg["transcript"],
-                       float(norm_bound))
+                       float(norm_bound), agg.get("eigenvalues"))
 
 
 def pd_pca(X_sites, n_components: int, n_iter: int, **kw) -> PDSVDResult:

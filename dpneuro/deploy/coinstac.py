@@ -111,7 +111,8 @@ OWNER_INPUTS: dict[str, type] = {
     "n_components": int, "reduction": str, "ica": str, "plan": str, "n_colluding": int, "delta": float,
     "pca_epsilon": float, "ica_epsilon_i": float, "ica_delta_i": float, "ica_rounds": int, "clip_G": float, "clip_h": float,
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
-    "standardize": bool, "min_volumes": int, "simulation": bool,
+    "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
+    "states_epsilon": float,
 }
 SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory

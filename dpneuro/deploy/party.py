@@ -64,7 +64,7 @@ MANIFEST_VERSION = 1
 CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G",
     "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
-    "standardize", "min_volumes", "parcels",
+    "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
     "seed", "simulation",
 )
 
@@ -283,7 +283,16 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
         return {"ledger": led}
 
     ica = _cached(work / "unmix.result.npz", unmix)
-    ledger = PrivacyLedger.merge_all([red["ledger"], ica["ledger"]])
+    leds = [red["ledger"], ica["ledger"]]
+    moments = None
+    for step in analysis.STATES_STEPS if cfg.brain_states else ():
+        def states(step: str = step, moments: dict | None = moments) -> dict[str, Any]:
+            return analysis.states_site(cfg, step, i, Z, lengths, ctx.exchange(step), n_sites=n, moments=moments,
+                                        checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
+
+        moments = _cached(work / f"{step}.result.npz", states)
+        leds.append(moments["ledger"])
+    ledger = PrivacyLedger.merge_all(leds)
     ledger.owner = ctx.site
     declared = {"site": ctx.site, "n_subjects": int(info["n_subjects"]), "n_samples": int(info["n_samples"]),
                 "tr": info.get("tr"), "ledger": ledger.to_dict()}
@@ -291,7 +300,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     def summary() -> dict[str, Any]:
         reply = analysis.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
                                    timeout=ctx.timeout)
-        return {"W": reply.arrays["W"], "b": reply.arrays["b"]}
+        return dict(reply.arrays)  # W, b and, with brain states, their centroids
 
     summ = _cached(work / "summary.result.npz", summary)
     result = _write_site_outputs(ctx, info, red, summ, ledger)
@@ -312,6 +321,15 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
                            subjects=(info["subject_ids"], info["boundaries"]))
     comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
     np.save(out / "W.npy", W)
+    states = None
+    if "centroids" in summ:  # this site's own subjects' occupancy: computed here, never sent
+        from ..maps import write_occupancy
+        from ..outputs import write_states
+
+        write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]], summ["centroids"]),
+                        info["subject_ids"], out / "states.tsv")
+        states, _ = write_states(info["space"], red["basis"], red["eigenvalues"], summ["centroids"],
+                                 out / "states.nii.gz")
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
@@ -321,7 +339,9 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
-            "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"]}
+            "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
+            "states": None if states is None else str(states),
+            "states_occupancy": None if states is None else str(out / "states.tsv")}
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger) -> Path:
@@ -401,20 +421,30 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
         return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
     ica = _cached(work / "unmix.result.npz", unmix)
+    moments: dict[str, Any] | None = None
+    for step in analysis.STATES_STEPS if cfg.brain_states else ():
+        def states(step: str = step, moments: dict | None = moments) -> dict[str, Any]:
+            return analysis.states_aggregator(cfg, step, ctx.exchange(step), n_sites=n, moments=moments,
+                                              checkpoint=ctx.checkpoint(step), options=ctx.options)
+
+        moments = _cached(work / f"{step}.result.npz", states)
 
     def summary() -> dict[str, Any]:
-        reply = Payload({"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])})
+        arrays = {"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])}
+        if moments is not None:
+            arrays["centroids"] = np.asarray(moments["centroids"])
+        reply = Payload(arrays)
         return {"sites": analysis.summary_aggregator(reply, ctx.exchange("summary"),
                                                   checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
     summ = _cached(work / "summary.result.npz", summary)
-    result = _write_aggregator_outputs(ctx, space, red, ica, summ["sites"], time.perf_counter() - t0)
+    result = _write_aggregator_outputs(ctx, space, red, ica, moments, summ["sites"], time.perf_counter() - t0)
     write_json(done, result)
     return result
 
 
-def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, declared: dict,
-                              seconds: float) -> dict[str, Any]:
+def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, states: dict | None,
+                              declared: dict, seconds: float) -> dict[str, Any]:
     from ..budget import run_warnings
     from ..maps import convergence_figure, render_components
     from ..outputs import consortium_privacy, headline as consortium_headline, write_maps
@@ -457,10 +487,24 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
              "output folder has its own)."]
     if cfg.seed is not None:
         notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
+    states_part = None
+    if states is not None:
+        from ..maps import template_problem
+        from ..outputs import state_activation, write_states
+        from ..pipeline import states_section
+
+        st_path, _ = write_states(space, red["basis"], red["eigenvalues"], states["centroids"], out / "states.nii.gz")
+        np.save(out / "state_activation.npy", state_activation(W, b, states["centroids"]))
+        occupancy = analysis.StatesResult(np.asarray(states["centroids"]), np.asarray(states["weights"])).occupancy
+        states_part = states_section({"patterns": str(st_path), "activation": str(out / "state_activation.npy"),
+                                      "occupancy": [float(x) for x in occupancy]}, space["mask"], figs,
+                                     template_problem(space["mask"]))
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
-                          timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes)
+                          timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes,
+                          states=states_part)
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
+            "states": None if states_part is None else str(out / "states.nii.gz"),
             "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings}

@@ -78,6 +78,8 @@ def privacy_report(
         "(sensitivity/sigma)^2), cross-checked with the RDP accountant of Google's dp-accounting.",
         "Numbers of subjects and time points per site, the data grid and the configuration are public.",
     ]
+    not_private = sorted({led.not_private for led in ledgers.values() if led.not_private})
+    assumptions += [f"NOT differentially private: {why}" for why in not_private]
     if scaling_note:
         assumptions.append(scaling_note)
     assumptions.append(
@@ -91,7 +93,7 @@ def privacy_report(
             "epsilon": eps,
             "threat_model": threat_model(plan, S_C),
             "strength": strength(worst), "reading": plain_reading(worst, delta),
-            "sites": sites, "assumptions": assumptions}
+            "sites": sites, "assumptions": assumptions, "not_private": not_private}
 
 
 def threat_model(plan: str, n_colluding: int) -> str:

@@ -10,12 +10,16 @@ Typical use inside a protocol::
     cfg = SecAggConfig(n_sites=S)
     phases = setup_phases(cfg)                           # once per run
     phases += sum_phases(cfg, "noise", get_input, on_sum)  # per secure sum
+
+A secret shared by the sites only (the aggregator relays it encrypted) can be
+agreed right after the setup with ``group_secret_phase(cfg)``; each site then
+reads it with ``group_secret(state, broadcast)``.
 """
 
 from .config import DEFAULT_FRAC_BITS, DEFAULT_VALUE_RANGE, SecAggConfig, min_threshold
 from .errors import SecAggDropped, SecAggError, SecAggWarning
 from .fixedpoint import check_no_wrap, decode, encode
-from .phases import setup_phases, sum_phases
+from .phases import group_secret, group_secret_phase, setup_phases, sum_phases
 from .shamir import PRIME, ShamirError
 
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
     "check_no_wrap",
     "decode",
     "encode",
+    "group_secret",
+    "group_secret_phase",
     "min_threshold",
     "setup_phases",
     "sum_phases",

@@ -10,6 +10,17 @@ Run-level setup (:func:`setup_phases`, once per run)
                     encrypted to each other site; the aggregator relays the
                     table (set U1, the first *key set*).
 
+Optional group secret (:func:`group_secret_phase`, once, directly after the setup)
+    ``<topic>``     the leader (lowest site id in the key set) draws a fresh
+                    32-byte secret and sends it AES-GCM-encrypted under the
+                    pairwise share-encryption key to every other site of the
+                    key set; the others send nothing; the aggregator relays
+                    the ciphertexts, which it cannot read. Each site gets the
+                    secret with :func:`group_secret`. It is a secret of the
+                    *sites* (e.g. PD-SVD's blinding key): the aggregator never
+                    holds it, but any one site that colludes with the
+                    aggregator hands it over.
+
 Per secure sum (:func:`sum_phases`)
     ``<topic>-masked``  site u sends ``y_u = x_u + PRG(b_u) + sum_v +-PRG(k_uv)``
                         (uint64 ring), ``SHA-256(b_u)`` and encrypted Shamir
@@ -36,7 +47,7 @@ site's id); aggregator state lives in ``agg_state["secagg"]``. Everything
 stored is JSON-able, bytes, or numpy arrays. Sums must not interleave: a
 sum's ``-unmask`` phase must come before the next sum's ``-masked`` phase,
 and the first sum's ``-masked`` phase must directly follow the setup phases
-(it receives their last broadcast).
+(it receives their last broadcast) or the group-secret phase that follows them.
 """
 
 from __future__ import annotations
@@ -63,8 +74,10 @@ OnSum = Callable[[State, int, np.ndarray], Payload]
 SECRET_BYTES = 32
 _ONE_SHARE = prg.ciphertext_bytes(shamir.SHARE_BYTES)  # setup: the s key share
 _TWO_SHARES = prg.ciphertext_bytes(2 * shamir.SHARE_BYTES)  # masked: b share || next s share
+_GROUP_CT = prg.ciphertext_bytes(SECRET_BYTES)  # group secret: one 32-byte secret per recipient
+LABEL_GROUP_AAD = "dpneuro-secagg/v1/group-secret"
 
-__all__ = ["setup_phases", "sum_phases"]
+__all__ = ["group_secret", "group_secret_phase", "setup_phases", "sum_phases"]
 
 
 # -- small helpers -------------------------------------------------------------------
@@ -274,6 +287,158 @@ def setup_phases(config: SecAggConfig, *, topic_prefix: str = "secagg") -> list[
     ]
 
 
+# -- optional: a secret shared by the sites only ------------------------------------------
+
+def _group_aad(tag: str, round: int, topic: str, sender: int, recipient: int) -> bytes:
+    """Associated data of an encrypted group secret: run tag, round, topic, sender, recipient."""
+    return json.dumps([LABEL_GROUP_AAD, tag, int(round), topic, int(sender), int(recipient)],
+                      separators=(",", ":")).encode()
+
+
+def _group_site(config: SecAggConfig, topic: str) -> Callable[[State, int, Payload | None], Payload]:
+    def step(state: State, round: int, incoming: Payload | None) -> Payload:
+        sa = _site_state(state)
+        u = sa["site"]
+        if incoming is not None and incoming.meta.get("secagg") == "share-keys":
+            _absorb_setup(config, sa, incoming)  # the next sum's masked step then finds the key set
+        if sa.get("keyset") is None:
+            raise SecAggError(f"site {u}: the group-secret phase {topic!r} must directly follow setup_phases "
+                              "(the key shares have not been received)")
+        if sa.get("open"):
+            raise SecAggError(f"site {u}: secure sum {sa['open']['topic']!r} is still open; the group-secret "
+                              f"phase {topic!r} may not interleave with it")
+        keyset = [int(v) for v in sa["keyset"]]
+        if u not in keyset:
+            raise SecAggDropped(f"site {u} is no longer in the secure-aggregation key set; it must not rejoin")
+        leader = min(keyset)
+        group = {"topic": topic, "round": int(round), "leader": leader, "members": keyset,
+                 "n_sites": config.n_sites, "secret": None}
+        if u != leader:
+            sa["group"] = group
+            return Payload(meta={"secagg": "group-secret", "topic": topic})
+        secret = os.urandom(SECRET_BYTES)
+        enc = np.zeros((config.n_sites, _GROUP_CT), dtype=np.uint8)
+        for v in keyset:
+            if v != u:
+                enc[v] = _u8(prg.encrypt(sa["enc_keys"][str(v)], secret,
+                                         _group_aad(sa["tag"], round, topic, u, v)))
+        group["secret"] = secret  # the leader keeps its own; the others decrypt the relayed table
+        sa["group"] = group
+        return Payload(arrays={"enc": enc}, meta={"secagg": "group-secret", "topic": topic},
+                       carries={"enc": "encrypted-share"})
+    return step
+
+
+def _group_aggregator(config: SecAggConfig, topic: str) -> Callable[[State, int, dict[int, Payload]], Payload]:
+    def step(agg_state: State, round: int, msgs: dict[int, Payload]) -> Payload:
+        sa = _agg_state(agg_state)
+        if sa.get("keyset") is None:
+            raise SecAggError(f"the group-secret phase {topic!r} ran before the secure-aggregation setup finished")
+        keyset = [int(v) for v in sa["keyset"]]
+        leader = min(keyset)
+        if leader not in msgs:
+            raise SecAggError(f"group secret {topic!r}: the leader, site {leader} (lowest id in the key set), "
+                              "did not send the encrypted secret; the sites cannot agree on it")
+        enc = _need(msgs[leader], "enc", (config.n_sites, _GROUP_CT), f"group secret from site {leader}")
+        for v in keyset:
+            if v != leader and v in msgs and msgs[v].arrays:
+                raise SecAggError(f"group secret {topic!r}: site {v} sent arrays, but only the leader "
+                                  f"(site {leader}) sends the secret")
+        # what the aggregator keeps: who took part, never the secret (it only relays ciphertexts)
+        sa["group"] = {"topic": topic, "round": int(round), "leader": leader, "members": keyset}
+        return Payload(arrays={"enc": np.asarray(enc, dtype=np.uint8).copy()},
+                       meta={"secagg": "group-secret", "topic": topic, "leader": leader, "members": keyset},
+                       carries={"enc": "encrypted-share"})
+    return step
+
+
+def group_secret_phase(config: SecAggConfig, topic: str = "secagg-group-secret") -> Phase:
+    """A phase in which the sites agree on a fresh 32-byte secret the aggregator cannot read.
+
+    Put it directly after :func:`setup_phases` and before the first
+    :func:`sum_phases` (its site step takes over absorbing the key shares).
+    The leader -- the lowest site id in the key set -- draws the secret with
+    ``os.urandom`` and encrypts it (AES-256-GCM, the pairwise share-encryption
+    key of the setup, associated data binding run tag, round, ``topic``,
+    sender and recipient) to every other site of the key set; the other sites
+    send an empty message; the aggregator relays the ciphertext table. Each
+    site then calls :func:`group_secret` with the broadcast.
+
+    Parameters
+    ----------
+    config : SecAggConfig
+        The configuration given to :func:`setup_phases`.
+    topic : str
+        The phase's topic (unique within the round).
+
+    Returns
+    -------
+    Phase
+        Allowing dropouts like the other secure-aggregation phases (a site
+        that misses it is then handled as dropped by the next sum), but the
+        aggregator raises :class:`SecAggError` if the leader's message is
+        missing or malformed.
+
+    Notes
+    -----
+    The secret is protected against the aggregator alone (it never holds it,
+    and altering a ciphertext makes the recipient raise
+    :class:`SecAggError`), not against a coalition of the aggregator with
+    any one site, which holds the secret. A site's state keeps it (in
+    ``state["secagg"]["group"]``), so a site checkpoint contains it.
+    """
+    return Phase(topic=topic, site=_group_site(config, topic), aggregator=_group_aggregator(config, topic),
+                 allow_dropout=True)
+
+
+def group_secret(state: State, incoming: Payload | None = None) -> bytes:
+    """The group secret at a site: decrypt it from the group-secret broadcast once, then from the cache.
+
+    Parameters
+    ----------
+    state : dict
+        The site's state (holds ``state["secagg"]``).
+    incoming : Payload, optional
+        The broadcast of :func:`group_secret_phase`; needed the first time
+        at every site but the leader.
+
+    Raises
+    ------
+    SecAggError
+        If no group-secret phase ran at this site, the broadcast is missing
+        or belongs to another phase, or the ciphertext fails authentication
+        (altered, misrouted or encrypted under another key).
+    """
+    sa = _site_state(state)
+    u, group = sa["site"], sa.get("group")
+    if group is None:
+        raise SecAggError(f"site {u}: no group secret was agreed; put group_secret_phase(config) directly "
+                          "after setup_phases(config)")
+    if group.get("secret") is not None:
+        return bytes(group["secret"])
+    topic = group["topic"]
+    meta = incoming.meta if incoming is not None else {}
+    if meta.get("secagg") != "group-secret" or meta.get("topic") != topic:
+        raise SecAggError(f"site {u}: the group secret {topic!r} has not been decrypted yet and needs its "
+                          "broadcast (the message that follows the group-secret phase)")
+    leader = int(meta.get("leader", -1))
+    if leader != group["leader"]:
+        raise SecAggError(f"site {u}: the group-secret broadcast names site {leader} as the leader, but the "
+                          f"lowest id in this site's key set is {group['leader']}")
+    enc = _need(incoming, "enc", (int(group["n_sites"]), _GROUP_CT), "group-secret broadcast")
+    try:
+        secret = prg.decrypt(sa["enc_keys"][str(leader)], enc[u].tobytes(),
+                             _group_aad(sa["tag"], group["round"], topic, leader, u))
+    except SecAggError as exc:
+        raise SecAggError(f"site {u}: the encrypted group secret from site {leader} ({topic!r}) failed "
+                          "authentication (altered, misrouted, or encrypted under another key)") from exc
+    if len(secret) != SECRET_BYTES:
+        raise SecAggError(f"site {u}: the group secret from site {leader} has {len(secret)} bytes, "
+                          f"expected {SECRET_BYTES}")
+    group["secret"] = secret
+    return secret
+
+
 # -- one secure sum: masked input collection -------------------------------------------
 
 def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
@@ -288,7 +453,7 @@ def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
         if sa.get("keyset") is None:
             raise SecAggError(
                 f"site {u}: secure sum {topic!r} started before the key shares were received; the first "
-                "sum_phases must directly follow setup_phases")
+                "sum_phases must directly follow setup_phases (or the group_secret_phase after them)")
         if sa.get("open"):
             raise SecAggError(f"site {u}: secure sum {sa['open']['topic']!r} is still open; "
                               f"sums may not interleave (starting {topic!r})")

@@ -1,0 +1,123 @@
+"""Brain states (capeAGN) in the run, and PD-SVD as the reduction, on the demo's consortium with planted states.
+
+Data: ``dpneuro synth``'s demo consortium (4 sites x 32 subjects x 120 volumes,
+6 mm MNI grid, 8 networks), and the same with 128 subjects per site, with K = 3 planted brain states (``states=3``:
+each state switches on its own networks, dwell 8 volumes, strength 0.4), the
+run's defaults otherwise (100 parcels, capePCA at pca_epsilon = 16, spatial
+ICA so that no ICA round is spent). For each ``states_epsilon`` (each of the
+stage's two releases at (eps, delta/2)) and seed, the whole run up to the maps
+through ``dpneuro.pipeline`` (the functions the workflow runs), then the
+states' voxel patterns against the planted ones (V Lambda^1/2 c_k painted back
+from the parcels, matched one to one; mean signed r). The non-private
+reference is ``plan = "none"`` (no noise anywhere). Reported per setting: the
+median over seeds of the mean r, the headline eps of the states stage alone
+and of the whole run (exact GDP, against the aggregator and its colluders).
+
+PD-SVD rows: the same run with ``reduction = "pdsvd"`` (secure sums, no noise)
+and with the exact PCA (``reduction = "none"``, plan none): the maps' mean |r|
+with the truth (they must agree: PD-SVD computes the pooled subspace).
+
+    python benchmarks/states_utility.py            # full: 3 seeds, ~8 min on 2 cores
+    python benchmarks/states_utility.py --quick    # smoke run on a small grid (writes *_quick.*)
+
+Writes benchmarks/results/states_utility.{csv,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+EPSILONS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+SUBJECTS = (32, 128)  # per site: the demo's, and four times as many
+K = 3
+
+
+def run(cfg) -> dict:
+    from dpneuro import pipeline
+    from dpneuro.privacy import gdp_epsilon
+
+    cfg, _ = pipeline.prepare(cfg, until="maps")
+    out = pipeline.run_stages(cfg, until="maps")
+    mp = json.loads(Path(out["maps"]).read_text())
+    priv = json.loads(Path(mp["privacy"]).read_text())
+    site = max(priv["sites"].values(), key=lambda s: s["epsilon"])
+    by = site["by_stage_mu"]
+    mu_states = (by.get("agn-m2", 0.0) ** 2 + by.get("agn-m3", 0.0) ** 2) ** 0.5
+    st = mp.get("states") or {}
+    return {"states_r": (st.get("truth") or {}).get("mean r with truth"),
+            "maps_r": mp["truth"]["metrics"]["mean |r| with truth"],
+            "eps_total": site["epsilon"], "eps_states": gdp_epsilon(cfg.delta, mu_states) if mu_states else 0.0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small grid, one seed, two budgets")
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args(argv)
+    from dpneuro.config import SYNTHETIC_CONSORTIUM as SC, RunConfig
+    from dpneuro.synth import make_consortium
+
+    t0 = time.perf_counter()
+    rows = []
+    for subjects in ([6] if args.quick else SUBJECTS):
+        with tempfile.TemporaryDirectory(prefix="dpneuro-states-") as tmp:
+            tmp = Path(tmp)
+            if args.quick:
+                shape = dict(n_sites=4, subjects_per_site=subjects, n_components=6, n_timepoints=60, space="grid30")
+                epsilons, seeds, extra = (4.0, 32.0), [0], {"parcels": 60}
+            else:
+                shape = dict(n_sites=SC["sites"], subjects_per_site=subjects, n_components=SC["components"],
+                             n_timepoints=SC["timepoints"], space=SC["space"], dtype=SC["dtype"])
+                epsilons, seeds, extra = EPSILONS, list(range(args.seeds)), {}
+            man = make_consortium(tmp / "data", seed=0, states=K, **shape)
+            base = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]],
+                        out=str(tmp / "run"), space=shape["space"], n_components=shape["n_components"],
+                        ica="spatial", brain_states=K, truth=str(tmp / "data"), simulation=True, **extra)
+
+            def cfg(**kw):
+                return RunConfig.from_dict({**base, **kw}).validate()
+
+            for eps in ("none", *epsilons):
+                res = [run(cfg(seed=s, **({"plan": "none"} if eps == "none" else {"states_epsilon": eps})))
+                       for s in (seeds if eps != "none" else seeds[:1])]
+                row = {"method": "states", "subjects": subjects, "reduction": "capepca", "states_epsilon": eps,
+                       "states_r_median": statistics.median(r["states_r"] for r in res),
+                       "states_r_min": min(r["states_r"] for r in res),
+                       "eps_states": res[0]["eps_states"], "eps_total": res[0]["eps_total"], "seeds": len(res)}
+                rows.append(row)
+                print(row, flush=True)
+            if subjects == (6 if args.quick else SUBJECTS[0]):
+                for red, plan in (("none", "none"), ("pdsvd", "cape")):
+                    r = run(cfg(seed=0, reduction=red, plan=plan, brain_states=0))
+                    row = {"method": "maps", "subjects": subjects, "reduction": red, "maps_r": r["maps_r"],
+                           "eps_total": r["eps_total"], "seeds": 1}
+                    rows.append(row)
+                    print(row, flush=True)
+    runtime = time.perf_counter() - t0
+    suffix = "_quick" if args.quick else ""
+    RESULTS.mkdir(exist_ok=True)
+    keys = ["method", "subjects", "reduction", "states_epsilon", "states_r_median", "states_r_min", "eps_states", "eps_total",
+            "maps_r", "seeds"]
+    with open(RESULTS / f"states_utility{suffix}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in keys})
+    meta = {"K": K, "consortium": shape, "subjects_per_site": [6] if args.quick else list(SUBJECTS),
+            "seeds": len(seeds), "epsilons": list(epsilons), "runtime_s": runtime,
+            "ica": "spatial", "delta": 1e-5}
+    (RESULTS / f"states_utility{suffix}.json").write_text(json.dumps(meta, indent=1))
+    print(f"wrote {RESULTS / f'states_utility{suffix}.csv'} in {runtime:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
