@@ -639,6 +639,44 @@ def section_coinstac(p: Page) -> dict:
     return {}
 
 
+def section_states(p: Page) -> dict:
+    rows = read_csv("states_utility.csv")
+    meta = read_json("states_utility.json")
+    if not rows:
+        return {}
+    p.add("### Brain states (capeAGN) in the run, and PD-SVD as the reduction")
+    p.add("")
+    p.add(f"The demo's consortium (4 sites, 120 volumes per subject, 6 mm, 8 networks) with {meta.get('K')} planted "
+          "brain states (`dpneuro synth --brain-states 3`), at 32 and 128 subjects per site; spatial ICA, the default "
+          "capePCA, then the brain-states stage at each `states_epsilon` (each of its two releases at (eps, delta/2)). "
+          "Metric: the states' voxel patterns against the planted ones, matched one to one, mean signed r; median "
+          f"(and worst) of {meta.get('seeds')} seeds. `none`: no noise anywhere (plan none). eps columns: the headline "
+          "(against the aggregator and its colluders, exact GDP) of the states stage alone and of the whole run.")
+    p.add("")
+    p.meta("python benchmarks/states_utility.py", ["states_utility.csv", "states_utility.json"],
+           meta.get("runtime_s"))
+    states = [r for r in rows if r["method"] == "states"]
+    p.add(table(["subjects per site", "states_epsilon", "mean r (median)", "mean r (worst)", "eps of the stage",
+                 "eps of the run"],
+                [[r["subjects"], r["states_epsilon"], r["states_r_median"], r["states_r_min"], r["eps_states"],
+                  r["eps_total"]] for r in states]))
+    p.add("")
+    p.add("What limits the private states: capeAGN fits spherical noise around linearly independent state means. "
+          "Whitened time points have zero mean, so the state means are linearly dependent, and identity covariance, "
+          "so the second moment, which capeAGN whitens the third with, carries almost no state information: its top "
+          "eigenvalues are nearly equal, and the smallest noise rotates the whitening. The states then need "
+          "far more subjects or budget than the maps, and even then vary between seeds; a model of states that "
+          "fits whitened data is the open problem.")
+    p.add("")
+    maps = [r for r in rows if r["method"] == "maps"]
+    p.add("Spatial maps with the exact PCA (`reduction = \"none\"`, no noise) and with PD-SVD (secure sums, no "
+          "noise: not differentially private), 32 subjects per site, mean |r| with the truth:")
+    p.add("")
+    p.add(table(["reduction", "mean |r| with truth"], [[r["reduction"], r["maps_r"]] for r in maps]))
+    p.add("")
+    return {"states": states, "states_maps": maps}
+
+
 def section_demo(p: Page) -> dict:
     d = read_json("demo_speed.json")
     p.add("### End-to-end `dpneuro demo`")
@@ -830,7 +868,7 @@ def build(env: dict) -> str:
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
                section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
-               section_coinstac, section_demo):
+               section_coinstac, section_states, section_demo):
         facts.update(fn(body) or {})
     blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "
                      f"{b.get('num_threads')} threads, {b.get('architecture')})" for b in env.get("threadpoolctl", []))

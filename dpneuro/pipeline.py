@@ -154,6 +154,12 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
                              "seconds": time.perf_counter() - t0})
 
 
+def _open_stage(cfg_json: str, site_jsons: list[str], stage: str, *inputs: Any) -> tuple[RunConfig, list[dict], Path]:
+    """A consortium stage's configuration, the sites' records, and its folder (named by its inputs and fields)."""
+    cfg = RunConfig.from_dict(_read_json(cfg_json))
+    return cfg, _sites(site_jsons), _stage_dir(cfg, stage, *inputs, stage_key(cfg, stage))
+
+
 def _sites(site_jsons: list[str]) -> list[dict]:
     sites = [_read_json(p) for p in site_jsons]
     Ds = {s["n_features"] for s in sites}
@@ -190,9 +196,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
     from .analysis import reduce_inprocess
 
-    cfg = RunConfig.from_dict(_read_json(cfg_json))
-    sites = _sites(site_jsons)
-    d = _stage_dir(cfg, "reduce", site_jsons, stage_key(cfg, "reduce"))
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, "reduce", site_jsons)
     out = d / "reduce.json"
     if out.exists():
         return str(out)
@@ -213,10 +217,8 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
     # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
     from .analysis import unmix_inprocess
 
-    cfg = RunConfig.from_dict(_read_json(cfg_json))
-    sites = _sites(site_jsons)
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, "unmix", reduce_json)
     red = _read_json(reduce_json)
-    d = _stage_dir(cfg, "unmix", reduce_json, stage_key(cfg, "unmix"))
     out = d / "unmix.json"
     if out.exists():
         return str(out)
@@ -239,9 +241,7 @@ def stage_states(cfg_json: str, site_jsons: list[str], reduce_json: str, key: st
     """capeAGN brain states on every site's whitened time points (a record with no states when off)."""
     from .analysis import states_inprocess
 
-    cfg = RunConfig.from_dict(_read_json(cfg_json))
-    sites = _sites(site_jsons)
-    d = _stage_dir(cfg, "states", reduce_json, stage_key(cfg, "states"))
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, "states", reduce_json)
     out = d / "states.json"
     if out.exists():
         return str(out)
@@ -371,11 +371,9 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     from .outputs import state_activation, write_maps, write_states
     from .parcellation import space_parcels
 
-    cfg = RunConfig.from_dict(_read_json(cfg_json))
-    sites = _sites(site_jsons)
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", unmix_json, states_json, space_json)
     space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
     sts = _read_json(states_json)
-    d = _stage_dir(cfg, "maps", unmix_json, states_json, space_json, stage_key(cfg, "maps"))
     out = d / "maps.json"
     if out.exists():
         return str(out)

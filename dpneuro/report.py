@@ -117,7 +117,9 @@ def states_html(states: dict) -> str:
            "every site's whitened time points, released privately, then a tensor decomposition of their "
            "mixture at the aggregator). Each state is the mean pattern of the time points in it; the fraction "
            "of time is the consortium's (the mixture weights). Each site's own subjects' occupancy stays at "
-           "the site. " + html.escape(states.get("note", "")) + "</p>"]
+           "the site. The mixture model behind them fits whitened time points poorly: with few subjects per site "
+           "they can be noise at budgets the maps tolerate (benchmarks/README.md); treat them as exploratory. "
+           + html.escape(states.get("note", "")) + "</p>"]
     if states.get("truth"):
         out.append(_table(["mean r of the patterns with the truth"], [[states["truth"]["mean r with truth"]]]))
     out.append(_img(states["figure"], "brain states"))

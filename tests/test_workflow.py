@@ -80,6 +80,28 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert Path(res["report"]).stat().st_mtime_ns != report_mtime
 
 
+def test_brain_states_node_equals_the_stages_and_reruns_alone(consortium):
+    """The Pydra workflow's brain-states node: the numbers of run_stages; a new states budget re-runs it alone."""
+    from dpneuro import pipeline
+
+    root, man = consortium
+    cfg = _config(root, man, "states-wf", ica="spatial", brain_states=2, states_epsilon=30.0)
+    res = run_workflow(cfg)
+    ref_cfg, _ = pipeline.prepare(_config(root, man, "states-stages", ica="spatial", brain_states=2,
+                                          states_epsilon=30.0))
+    ref = pipeline.run_stages(ref_cfg)
+    got, want = (json.loads(Path(r["states"]).read_text()) for r in (res, ref))
+    np.testing.assert_array_equal(np.load(got["centroids"]), np.load(want["centroids"]))
+    assert got["ledgers"] == want["ledgers"]
+    out = Path(cfg.out)
+    assert nib.load(out / "states.nii.gz").shape == (30, 30, 1, 2)
+    assert len(list((out / "timecourses").glob("*_states.tsv"))) == 3
+    assert len(re.findall(r'<img alt="state \d"', Path(res["report"]).read_text())) == 2
+    run_workflow(_config(root, man, "states-wf", ica="spatial", brain_states=2, states_epsilon=20.0))
+    assert len(_work_dirs(cfg, "reduce")) == 1 and len(_work_dirs(cfg, "unmix")) == 1
+    assert len(_work_dirs(cfg, "states")) == 2 and len(_work_dirs(cfg, "maps")) == 2
+
+
 def test_relative_paths_are_taken_against_the_working_folder(tmp_path, consortium, monkeypatch):
     """A config built in Python with relative paths runs from wherever the caller stands."""
     import shutil

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -235,16 +236,28 @@ def _message_bytes(cfg: RunConfig, dim: int) -> int:
 
 # -- the two functions COINSTAC calls -----------------------------------------------------------
 
+def _strict_json(obj: Any) -> Any:
+    """``obj`` with non-finite numbers as text: COINSTAC parses replies with JSON.parse, which has no Infinity
+    (a run that is not differentially private reports epsilon = inf)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict_json(v) for v in obj]
+    return obj
+
+
 def local(args: dict[str, Any]) -> dict[str, Any]:
     """A site's iteration (see the module notes); returns ``{"output": ..., "cache": ...}``."""
     with _ONE_PARTY_AT_A_TIME:
-        return _local(args)
+        return _strict_json(_local(args))
 
 
 def remote(args: dict[str, Any]) -> dict[str, Any]:
     """The remote's iteration (see the module notes); adds ``"success": true`` at the end."""
     with _ONE_PARTY_AT_A_TIME:
-        return _remote(args)
+        return _strict_json(_remote(args))
 
 
 def _local(args: dict[str, Any]) -> dict[str, Any]:
@@ -384,6 +397,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
     final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}
-    for k in ("components", "privacy", "report", "W", "basis"):
-        final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
+    for k in ("components", "privacy", "report", "W", "basis", "states"):
+        if res.get(k):
+            final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
     return {"output": final, "cache": {"dpneuro": "done"}, "success": True}
