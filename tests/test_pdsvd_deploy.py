@@ -337,10 +337,17 @@ def test_the_final_broadcast_sorts_the_basis_by_eigenvalue():
     proto = PDSVD(3, 2, n_sites=3, secure=False, eigenvalues=True, norm_bound=2.0, center=True)
     V = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 3)))[0]
     state = {"V": V, "sites": [0, 1, 2], "transcript": []}
-    out = proto._on_eig(state, 2, np.array([0.01, 0.03, 0.02]))
+    out = proto._on_eig(state, 2, np.diag([0.01, 0.03, 0.02]).ravel())
     lam = np.array([0.03, 0.02, 0.01]) * 4 * 2.0**2  # times c and norm_bound^2
     np.testing.assert_allclose(out.arrays["eigenvalues"], lam, rtol=1e-15)
     np.testing.assert_array_equal(out.arrays["V"], V[:, [1, 2, 0]])
+    # Rayleigh-Ritz: a non-diagonal projected matrix rotates the basis onto its eigenvectors, within the span
+    H = np.array([[0.03, 0.01, 0.0], [0.01, 0.02, 0.005], [0.0, 0.005, 0.01]])
+    rot = proto._on_eig({"V": V, "sites": [0, 1, 2], "transcript": []}, 2, H.ravel())
+    U = V.T @ rot.arrays["V"]  # the rotation applied
+    np.testing.assert_allclose(U.T @ U, np.eye(3), atol=1e-12)
+    np.testing.assert_allclose(U.T @ H @ U * 16, np.diag(rot.arrays["eigenvalues"]), atol=1e-12)
+    assert np.all(np.diff(rot.arrays["eigenvalues"]) < 0)
     assert out.meta == {"stop": True} and dict(out.carries) == {"V": "public", "eigenvalues": "public"}
     np.testing.assert_array_equal(state["basis"], out.arrays["V"])
     np.testing.assert_array_equal(state["eigenvalues"], out.arrays["eigenvalues"])

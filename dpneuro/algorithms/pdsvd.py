@@ -32,19 +32,19 @@ secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App
                   (NORMEDSECSUM, [PD-ML-Lite] Alg. 7); the aggregator orthonormalises
                   (QR, diag R >= 0) and broadcasts V_{t+1}.
   ``pdsvd-eig``   ``eigenvalues=True`` only, one extra round after the
-                  ``n_iter`` iterations: sum_s diag(V^T S_s V) / (c n) for the
-                  final V, *not* blinded; the aggregator sorts the columns of
-                  V by these Rayleigh quotients (times c: the eigenvalues of
-                  the pooled second-moment matrix (1/n) sum_s X_s X_s^T, or of
-                  the covariance for PD-PCA, in the final basis) and
-                  broadcasts ``V`` and ``eigenvalues`` with the stop signal,
-                  so every site ends with the aggregator's basis and
-                  eigenvalues (what whitening and the maps need). They are
-                  Rayleigh quotients of the final columns: column i turns to
-                  its own eigenvector only as (lambda_{i+1}/lambda_i)^t
-                  (the subspace as (lambda_{k+1}/lambda_k)^t), and its
-                  eigenvalue is off by about that squared times the gap,
-                  so close eigenvalues need more iterations.
+                  ``n_iter`` iterations: sum_s V^T S_s V / (c n) for the
+                  final V (k x k), *not* blinded; the aggregator
+                  eigendecomposes it (Rayleigh-Ritz), rotates V by its
+                  eigenvectors within the span, sorts by decreasing eigenvalue
+                  (times c: the eigenvalues of the pooled second-moment matrix
+                  (1/n) sum_s X_s X_s^T, or of the covariance for PD-PCA,
+                  restricted to the final subspace) and broadcasts ``V`` and
+                  ``eigenvalues`` with the stop signal, so every site ends
+                  with the aggregator's basis and eigenvalues (what whitening
+                  and the maps need). The rotation is published as the new
+                  basis anyway, so the k x k matrix reveals nothing beyond the
+                  eigenvalues; whitening with them is exact within the
+                  subspace, whose accuracy is (lambda_{k+1}/lambda_k)^t.
 ``scale="unit"`` first brings every column (time point) to unit L2 norm at
 its site, block by block as the data are streamed (the per-column scaling of
 :func:`dpneuro.io.scale_columns` and capePCA's ``scale="unit"``, in float64);
@@ -234,7 +234,8 @@ class PDSVD:
         ``secure=True``. Sites then take plain data (no secret).
     eigenvalues : bool
         One extra round after the ``n_iter`` iterations: a secure sum of the
-        sites' Rayleigh quotients of the final basis. The aggregator's state
+        sites' V^T S_s V for the final basis, then Rayleigh-Ritz (the basis
+        rotated to the eigenvectors within its span). The aggregator's state
         gets ``basis`` (D x k, columns by decreasing eigenvalue) and
         ``eigenvalues`` (k,), and the final broadcast carries both (arrays
         ``"V"`` and ``"eigenvalues"``), so every site ends with the same.
@@ -539,17 +540,22 @@ class PDSVD:
 
     # -- eigenvalues (eigenvalues=True) ---------------------------------------------------------
     def _input_eig(self, state: State, rnd: int) -> np.ndarray:
-        """The site's Rayleigh quotients diag(V^T S_s V) / (c n) of the final basis: not blinded."""
+        """The site's V^T S_s V / (c n) of the final basis (k x k, flattened): not blinded."""
         V = np.asarray(state["pdsvd/V"], dtype=np.float64)
         Y = self._local_product(state, V)
-        return np.einsum("ij,ij->j", V, Y) / (self.c * self._n(state))
+        return (V.T @ Y).ravel() / (self.c * self._n(state))
 
     def _on_eig(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         self._check_all(state, "pdsvd-eig")
-        # sum_s diag(V^T S_s V) / (c n), S_s of the data divided by norm_bound: undo both scalings
-        lam = np.asarray(total, dtype=np.float64).reshape(-1) * (self.c * self.norm_bound**2)
+        # sum_s V^T S_s V / (c n), S_s of the data divided by norm_bound: undo both scalings
+        H = np.asarray(total, dtype=np.float64).reshape(self.k, self.k) * (self.c * self.norm_bound**2)
+        # Rayleigh-Ritz: the eigenvectors of the projected matrix rotate V within its span, so the basis
+        # columns are the best eigenvector estimates the subspace holds and whitening with them is exact there
+        lam, U = np.linalg.eigh((H + H.T) / 2)
         order = np.argsort(-lam, kind="stable")
-        V, lam = np.ascontiguousarray(state["V"][:, order]), lam[order]
+        lam, U = lam[order], U[:, order]
+        U *= np.where(U[np.abs(U).argmax(axis=0), np.arange(self.k)] < 0, -1.0, 1.0)  # a fixed sign per column
+        V = np.ascontiguousarray(state["V"] @ U)
         state["transcript"].append({"topic": "eigenvalues", "values": lam.copy()})
         state["basis"], state["eigenvalues"] = V, lam
         return Payload({"V": V, "eigenvalues": lam}, {"stop": True}, carries={"V": "public", "eigenvalues": "public"})
