@@ -133,7 +133,8 @@ def pdsvd_protocol(cfg: RunConfig, n_sites: int):
     from .algorithms.pdsvd import PDSVD
 
     return PDSVD(cfg.n_components, cfg.pdsvd_iterations, n_sites=n_sites, seed=stage_seed(cfg, 1),
-                 norm_bound=1.0, scale="unit", group_secret=True, eigenvalues=True)
+                 norm_bound=1.0, scale="unit", group_secret=True, eigenvalues=True,
+                 privacy_note=PDSVD_THREAT_MODEL)
 
 
 def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
@@ -143,12 +144,6 @@ def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
     from .cape import cape_protocol
 
     return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
-
-
-def _pdsvd_ledger(ledger: PrivacyLedger | None) -> PrivacyLedger | None:
-    if ledger is not None:
-        ledger.mark_not_private(PDSVD_THREAT_MODEL)
-    return ledger
 
 
 def _pca_source(X, lengths: Sequence[int]):
@@ -177,8 +172,7 @@ def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: 
     st = run_site(reduce_protocol(cfg, n_sites, dim), site, _pca_source(X, lengths), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     final = st["final"]
-    led = _pdsvd_ledger(st["ledger"]) if cfg.reduction == "pdsvd" else st["ledger"]
-    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [led])
+    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
 
 
 def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: int | None = None,
@@ -201,10 +195,8 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     check_sources(srcs, cfg.n_components)
     sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
     agg = sim.aggregator
-    leds = [s["ledger"] if s is not None else None for s in sim.sites]
-    if cfg.reduction == "pdsvd":
-        leds = [_pdsvd_ledger(led) for led in leds]
-    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]), leds)
+    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
+                        [s["ledger"] if s is not None else None for s in sim.sites])
 
 
 # -- unmix: capeDJICA ----------------------------------------------------------------------
@@ -342,6 +334,13 @@ def states_scale(cfg: RunConfig) -> float:
     return math.sqrt(cfg.n_components)
 
 
+def states_noise_multiplier(cfg: RunConfig) -> float:
+    """Noise multiplier of each brain-states release: (``states_epsilon``, delta/2), analytic calibration."""
+    from .privacy import noise_multiplier
+
+    return noise_multiplier(cfg.states_epsilon, cfg.pca_delta)
+
+
 def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
     """One capeAGN release of the brain-states stage (``step`` in :data:`STATES_STEPS`).
 
@@ -350,11 +349,10 @@ def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
     (``states_epsilon``, delta/2) on its own, like the PCA release.
     """
     from .algorithms.agn import moment_stage
-    from .privacy import noise_multiplier
 
     if not cfg.brain_states:
         raise ConfigError("config field 'brain_states': 0, the run has no brain-states stage")
-    z = noise_multiplier(cfg.states_epsilon, cfg.pca_delta) if cfg.plan != "none" else 0.0
+    z = states_noise_multiplier(cfg) if cfg.plan != "none" else 0.0
     order = STATES_STEPS.index(step) + 2
     return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), seed=stage_seed(cfg, 3),
                         W=W, sigma2=sigma2)

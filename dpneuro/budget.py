@@ -269,7 +269,9 @@ def _ica_noise_multiplier(cfg: RunConfig) -> float:
 
 
 def _states_noise_multiplier(cfg: RunConfig) -> float:
-    return noise_multiplier(cfg.states_epsilon, cfg.pca_delta)
+    from .analysis import states_noise_multiplier  # the run's own calibration of the states releases
+
+    return states_noise_multiplier(cfg)
 
 
 #: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names)

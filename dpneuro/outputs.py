@@ -18,7 +18,7 @@ from .analysis import SCALING_NOTE
 from .config import RunConfig
 from .privacy import PrivacyLedger
 
-__all__ = ["component_maps", "consortium_privacy", "headline", "state_activation", "to_voxels", "write_maps",
+__all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
            "write_states"]
 
 
@@ -46,20 +46,38 @@ def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarr
     return write_components(maps, space["mask"], path), maps
 
 
-def state_activation(W, b, centroids) -> np.ndarray:
-    """Brain states in component units (R x K): the unmixing applied to the whitened centroids."""
-    C = np.asarray(centroids, np.float64)
-    return np.asarray(W, np.float64) @ C + np.asarray(b, np.float64).reshape(-1, 1)
+def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tuple[dict[str, str], np.ndarray]:
+    """The brain states' files in ``folder``: ``states.nii.gz`` and ``state_activation.npy``.
 
-
-def write_states(space: dict, basis, eigenvalues, centroids, path) -> tuple[Path, np.ndarray]:
-    """``states.nii.gz``: each brain state's pattern in voxels (V Lambda^1/2 c_k, z-scored, sign kept)."""
+    The patterns are V Lambda^1/2 c_k painted to voxels, z-scored with their
+    sign kept (a state's sign is meaningful); the activation is W c_k + b, each
+    state in component units (R x K). Returns the two paths and the voxel patterns.
+    """
     from .maps import write_components
 
+    folder = Path(folder)
     V, lam = np.asarray(basis, np.float64), np.asarray(eigenvalues, np.float64)
-    P = to_voxels(space, (V * np.sqrt(lam)) @ np.asarray(centroids, np.float64))
-    P = (P - P.mean(axis=0)) / np.maximum(P.std(axis=0), 1e-12)  # a state's sign is meaningful: not flipped
-    return write_components(P, space["mask"], path), P
+    C = np.asarray(centroids, np.float64)
+    P = to_voxels(space, (V * np.sqrt(lam)) @ C)
+    P = (P - P.mean(axis=0)) / np.maximum(P.std(axis=0), 1e-12)
+    np.save(folder / "state_activation.npy", np.asarray(W, np.float64) @ C + np.asarray(b, np.float64).reshape(-1, 1))
+    paths = {"patterns": str(write_components(P, space["mask"], folder / "states.nii.gz")),
+             "activation": str(folder / "state_activation.npy")}
+    return paths, P
+
+
+def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
+    """The report's brain-states section: ``states`` has the paths of :func:`write_states`, the consortium's
+    ``occupancy`` and optionally ``truth`` (matched correlations with a synthetic truth)."""
+    from .maps import render_components, states_figure
+
+    entries, note, _ = render_components(states["patterns"], mask, figs, problem=problem, kind="state")
+    truth = states.get("truth")
+    if truth:
+        for j, k in enumerate(truth["perm"]):
+            entries[k]["corr"] = truth["corr"][j]
+    return {"entries": entries, "note": note, "occupancy": states["occupancy"], "truth": truth,
+            "figure": str(states_figure(np.load(states["activation"]), states["occupancy"], figs / "states.png"))}
 
 
 def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,

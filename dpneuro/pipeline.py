@@ -368,7 +368,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     from .analysis import state_occupancy
     from .maps import template_problem, write_occupancy, write_timecourses
     from .metrics import match_components, md_index, qngi
-    from .outputs import state_activation, write_maps, write_states
+    from .outputs import write_maps, write_states
     from .parcellation import space_parcels
 
     cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", unmix_json, states_json, space_json)
@@ -405,11 +405,9 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
               "states": None}
     truth = _truth(cfg)
     if C is not None:
-        states_path, patterns = write_states(space, V, lam, C, d / "states.nii.gz")
-        result["states"] = {"patterns": str(states_path), "occupancy": sts["occupancy"], "occupancy_sites": occ,
-                            "activation": str(d / "state_activation.npy"),
+        paths, patterns = write_states(space, V, lam, W, b, C, d)
+        result["states"] = {**paths, "occupancy": sts["occupancy"], "occupancy_sites": occ,
                             "truth": _states_truth(truth, patterns, space)}
-        np.save(d / "state_activation.npy", state_activation(W, b, C))
     if truth is not None:
         A_true = np.load(truth["truth"]["A"]).astype(np.float64)
         mask, _ = load_mask(space["mask"])
@@ -427,19 +425,6 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     return _write_json(out, result)
 
 
-def states_section(st: dict, mask: str, figs: Path, problem) -> dict:
-    """The report's brain-states section from the maps stage's record (patterns, occupancy, truth)."""
-    from .maps import render_components, states_figure
-
-    entries, note, _ = render_components(st["patterns"], mask, figs, problem=problem, kind="state")
-    truth = st.get("truth")
-    if truth:
-        for j, k in enumerate(truth["perm"]):
-            entries[k]["corr"] = truth["corr"][j]
-    return {"entries": entries, "note": note, "occupancy": st["occupancy"], "truth": truth,
-            "figure": str(states_figure(np.load(st["activation"]), st["occupancy"], figs / "states.png"))}
-
-
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
                  states_json: str, key: str = "") -> str:
     """report.html (self-contained) plus the final outputs copied to the run folder."""
@@ -448,6 +433,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     from .analysis import describe_unmixing
     from .maps import convergence_figure, render_components, site_timecourse_figure
     from .outputs import headline as consortium_headline
+    from .outputs import states_section
     from .report import write_report
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))

@@ -245,6 +245,9 @@ class PDSVD:
         scaling of :func:`dpneuro.io.scale_columns` and of capePCA's
         ``scale="unit"``; zero columns stay zero). The norm check then applies
         to the scaled columns, so ``norm_bound=1.0`` admits raw data.
+    privacy_note : str, optional
+        Why every site's ledger is not private, in the caller's terms (default:
+        this module's statement); a product states its own threat model here.
     """
 
     name = "pdsvd"
@@ -252,7 +255,8 @@ class PDSVD:
     def __init__(self, k: int, n_iter: int, *, n_sites: int, center: bool = False,
                  reveal_singular_values: bool = False, seed: int | None = None, norm_bound: float = 1.0,
                  secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None,
-                 group_secret: bool = False, eigenvalues: bool = False, scale: str | None = None):
+                 group_secret: bool = False, eigenvalues: bool = False, scale: str | None = None,
+                 privacy_note: str | None = None):
         self.k = _check_k(k)
         if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer, got {n_iter!r}")
@@ -272,6 +276,7 @@ class PDSVD:
         self.c = 4.0 if self.center else 1.0  # ||x - mu||^2 <= 4 when ||x||, ||mu|| <= 1
         self.blinding = blinding or Blinding()
         self.nonce = nonce
+        self.privacy_note = privacy_note
         if self.secure:
             from .. import secagg
 
@@ -358,7 +363,7 @@ class PDSVD:
             raise ValueError(f"site {site}: a column has norm {max_norm:.6g}{after} above the public norm bound "
                              f"{self.norm_bound:.6g}; nothing was sent")
         ledger = PrivacyLedger(owner=f"site-{site}")
-        ledger.mark_not_private(_NOTE)
+        ledger.mark_not_private(self.privacy_note or _NOTE)
         if self.scale is not None:
             ledger.note(f"PD-SVD: {_scale_note(self.scale)}")
         ledger.note(f"PD-SVD data divided by the public norm bound {self.norm_bound:.6g}")

@@ -328,8 +328,8 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
 
         write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]], summ["centroids"]),
                         info["subject_ids"], out / "states.tsv")
-        states, _ = write_states(info["space"], red["basis"], red["eigenvalues"], summ["centroids"],
-                                 out / "states.nii.gz")
+        states = write_states(info["space"], red["basis"], red["eigenvalues"], W, b, summ["centroids"],
+                              out)[0]["patterns"]
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
@@ -490,14 +490,11 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     states_part = None
     if states is not None:
         from ..maps import template_problem
-        from ..outputs import state_activation, write_states
-        from ..pipeline import states_section
+        from ..outputs import states_section, write_states
 
-        st_path, _ = write_states(space, red["basis"], red["eigenvalues"], states["centroids"], out / "states.nii.gz")
-        np.save(out / "state_activation.npy", state_activation(W, b, states["centroids"]))
+        paths, _ = write_states(space, red["basis"], red["eigenvalues"], W, b, states["centroids"], out)
         occupancy = analysis.StatesResult(np.asarray(states["centroids"]), np.asarray(states["weights"])).occupancy
-        states_part = states_section({"patterns": str(st_path), "activation": str(out / "state_activation.npy"),
-                                      "occupancy": [float(x) for x in occupancy]}, space["mask"], figs,
+        states_part = states_section({**paths, "occupancy": [float(x) for x in occupancy]}, space["mask"], figs,
                                      template_problem(space["mask"]))
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
