@@ -125,7 +125,7 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None):
     mode = "power" if cfg.reduction == "capepca-power" else "covariance"
     # every time point scaled to unit norm at its site (SCALING_NOTE)
     return CapePCA(cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, mode=mode, scale="unit",
-                   seed=stage_seed(cfg, 1), dim=dim)
+                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound)
 
 
 def pdsvd_protocol(cfg: RunConfig, n_sites: int):

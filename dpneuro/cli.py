@@ -148,7 +148,7 @@ BUDGET_OVERRIDES = {
     "ica_epsilon_i": "ica_epsilon_i", "ica_delta_i": "ica_delta_i", "calibration": "calibration",
     "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
     "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding", "ica": "ica", "brain_states": "brain_states",
-    "states_epsilon": "states_epsilon",
+    "states_epsilon": "states_epsilon", "subject_bound": "pca_subject_bound",
 }
 
 
@@ -334,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--n-colluding", type=int, default=None, help="field n_colluding")
     over.add_argument("--delta", type=float, default=None, help="total delta per site (field delta)")
     over.add_argument("--pca-epsilon", type=float, default=None, help="field pca_epsilon")
+    over.add_argument("--subject-bound", type=float, default=None,
+                      help="field pca_subject_bound (public bound on a subject's normalised second moment)")
     over.add_argument("--ica-epsilon-i", type=float, default=None, help="field ica_epsilon_i (per ICA release)")
     over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")
     over.add_argument("--rounds", type=int, default=None, help="ICA rounds (field ica_rounds)")

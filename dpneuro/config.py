@@ -69,6 +69,9 @@ class RunConfig:
     # budget planner chooses pca_epsilon and ica_epsilon_i from the sites' subject counts before the run
     epsilon: float | None = None
     pca_epsilon: float = 16.0
+    # public bound c on each subject's normalised second moment ||X_m X_m^T / n_m||_F in the PCA: a subject
+    # above it is scaled down to it, and the PCA's sensitivity (so its noise) shrinks by c; 1 = no clipping
+    pca_subject_bound: float = 1.0
     # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in [capeDJICA] Sec. V;
     # totals over all rounds are composed exactly from the ledgers at ``delta``
     ica_epsilon_i: float = 0.7
@@ -235,6 +238,10 @@ class RunConfig:
                 isinstance(self.states_epsilon, (int, float)) and not isinstance(self.states_epsilon, bool)
                 and self.states_epsilon > 0 and math.isfinite(self.states_epsilon)):
             bad("states_epsilon", f"must be a positive number, got {self.states_epsilon!r}")
+        if isinstance(self.pca_subject_bound, bool) or not isinstance(self.pca_subject_bound, (int, float)) \
+                or not 0 < self.pca_subject_bound <= 1:
+            bad("pca_subject_bound", "a number in (0, 1]: the public bound on one subject's normalised second "
+                f"moment (1: no clipping), got {self.pca_subject_bound!r}")
         if self.ica not in ICA_MODELS:
             bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
                 "after the PCA) or 'temporal' (capeDJICA)")

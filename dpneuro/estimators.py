@@ -378,7 +378,8 @@ class DecentralizedICA(_Decentralized):
         Progress bars when > 0.
     **options
         Expert settings: any other :class:`~dpneuro.config.RunConfig` field
-        (``pca_epsilon``, ``ica_epsilon_i``, ``ica_rounds``, ``clip_G``, ``n_colluding``, ``truth``, ...).
+        (``pca_epsilon``, ``pca_subject_bound``, ``ica_epsilon_i``, ``ica_rounds``, ``clip_G``,
+        ``n_colluding``, ``truth``, ...).
 
     Attributes
     ----------

@@ -33,6 +33,7 @@ CASES = {
     "asymmetric sites": ("asym", {"ica_bias": True}),
     "asymmetric sites, no colluders": ("asym", {"n_colluding": 0}),
     "spatial ICA (the PCA alone)": ("asym", {"ica": "spatial"}),
+    "spatial ICA, subject bound": ("asym", {"ica": "spatial", "pca_subject_bound": 0.4}),
     "brain states": ("asym", {"brain_states": 2, "states_epsilon": 3.0}),
     "brain states, conv": ("sym", {"brain_states": 3, "plan": "conv"}),
     "PD-SVD reduction (not private)": ("asym", {"reduction": "pdsvd", "pdsvd_iterations": 5}),
@@ -57,6 +58,8 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
         assert planned.mu == pytest.approx(run.mu, rel=1e-9)
         assert sorted((r.name, r.count, r.neighbour) for r in planned.releases) == \
             sorted((r.name, r.count, r.neighbour) for r in run.releases)
+        assert sorted(r.sensitivity for r in planned.releases) == \
+            pytest.approx(sorted(r.sensitivity for r in run.releases), rel=1e-12)
         assert planned.not_private == run.not_private
     if cfg.reduction == "pdsvd":  # no noise in the reduction: the run is not differentially private
         assert all(math.isinf(e) for e in plan.epsilon.values()) and plan.privacy["not_private"]

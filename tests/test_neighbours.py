@@ -148,3 +148,26 @@ def test_capeagn_second_moment_and_occupancy_sensitivities_are_the_replace_worst
         return occ.site_compute(occ.site_init(0, np.hstack(bl)), 0, None)["occupancy"]
 
     assert _max_change(release_occ, blocks, 0, _candidates(D, group)) == pytest.approx(rec_occ, rel=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["covariance", "power"])
+def test_capepca_subject_bound_scales_the_worst_case_by_the_bound(mode):
+    # every candidate is clipped at 0.5 (rank one: ||P||_F = T; random: >= T / sqrt(D)), so the worst
+    # pair is two rank-one subjects along orthogonal axes: exactly sqrt(2) * 0.5 * 3 / 7
+    D, lengths, c = 3, [3, 2, 2], 0.5
+    base = _pca_site(lengths, D)
+    alg = CapePCA(2, 1.0, 1e-5, mode=mode, scale="unit", seed=0, n_iter=3 if mode == "power" else None,
+                  subject_bound=c)
+    recorded = alg.site_init(0, as_source(base))["sensitivity"]
+    V = np.eye(D)[:, :2]
+
+    def release(blocks):
+        st = alg.site_init(0, as_source(blocks))
+        if mode == "covariance":
+            return pack(alg.site_compute(st, 0, None)["A"], True)
+        return alg.site_compute(st, 1, Payload({"V": V}))["AV"].ravel()
+
+    worst = _max_change(release, base, 0, _candidates(D, lengths[0]))
+    assert recorded == pytest.approx(math.sqrt(2) * c * 3 / 7, rel=1e-12)
+    assert worst == pytest.approx(recorded, rel=1e-6)
+    assert worst <= recorded

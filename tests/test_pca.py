@@ -274,6 +274,106 @@ def test_power_mode_streams_float32_and_composes_its_releases():
         cape_pca(sites, k, eps, DELTA, plan="conv", mode="power", n_iter=1)
 
 
+# -- per-subject bound -------------------------------------------------------------------------
+
+def _subject_fro(B):
+    """||B B^T / n||_F of a block of unit columns (the normalised second moment's Frobenius norm)."""
+    return float(np.linalg.norm(B @ B.T) / B.shape[1])
+
+
+def test_subject_bound_clips_each_subject_to_the_bound_and_keeps_the_rest():
+    sites = low_rank_sites(D=60, r=3, S=3, subjects=4, T=30, seed=3)
+    fro = [_subject_fro(B) for blocks in sites for B in blocks]
+    c = float(np.median(fro))  # half the subjects above the bound, half below
+    res = cape_pca(sites, 3, None, DELTA, plan="none", subject_bound=c)
+    expect = []
+    for blocks in sites:
+        A = sum(min(1.0, c / _subject_fro(B)) * (B @ B.T) for B in blocks) / sum(B.shape[1] for B in blocks)
+        expect.append(A)
+    assert np.allclose(res.info["A_hat"], sum(expect) / 3, atol=1e-12)
+    # each clipped contribution is within the bound, and the ones below it are untouched
+    for B in sites[0]:
+        f = min(1.0, c / _subject_fro(B))
+        assert np.linalg.norm(f * B @ B.T) <= c * B.shape[1] * (1 + 1e-12)
+        assert (f == 1.0) == (_subject_fro(B) <= c)
+
+
+def test_subject_bound_in_power_mode_equals_the_clipped_covariance():
+    sites = low_rank_sites(D=80, r=4, S=3, subjects=3, T=25, seed=4)
+    cov = cape_pca(sites, 4, None, DELTA, plan="none", subject_bound=0.3)
+    power = cape_pca(sites, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, seed=0)
+    assert sin_max_angle(power.basis, cov.basis) < 1e-6
+    assert np.allclose(power.eigenvalues, cov.eigenvalues, rtol=1e-8)
+    # float32 blocks: the same clip factors (computed in float64) to float32 accuracy
+    sites32 = [[B.astype(np.float32) for B in blocks] for blocks in sites]
+    p32 = cape_pca(sites32, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, seed=0)
+    assert np.allclose(p32.eigenvalues, cov.eigenvalues, rtol=1e-5)
+
+
+def test_subject_bound_shrinks_sensitivity_and_noise_by_the_bound():
+    sites = low_rank_sites(D=30, r=3, S=3, subjects=5, T=20, seed=5)
+    full = cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1)
+    clipped = cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1, subject_bound=0.4)
+    for a, b in zip(full.ledgers, clipped.ledgers):
+        (ra,), (rb,) = a.releases, b.releases
+        assert rb.sensitivity == pytest.approx(0.4 * ra.sensitivity, rel=1e-12)
+        assert rb.sigma == pytest.approx(0.4 * ra.sigma, rel=1e-12)
+        assert b.epsilon(DELTA) == pytest.approx(a.epsilon(DELTA), rel=1e-9)  # same guarantee
+        assert any("clipped to Frobenius norm <= 0.4" in n for n in b.notes)
+    assert cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1, subject_bound=1.0).ledgers[0].releases[0].sigma \
+        == pytest.approx(full.ledgers[0].releases[0].sigma, rel=1e-12)
+
+
+def test_subject_bound_buys_utility_where_subjects_sit_below_it():
+    # subjects whose normalised second moments have Frobenius ~0.46: a bound of 0.5 barely reweights
+    # them and halves the noise; over 6 noise draws every clipped run captures more energy
+    sites = low_rank_sites(D=150, r=5, S=3, subjects=8, T=40, seed=6)
+    fro = np.array([_subject_fro(B) for blocks in sites for B in blocks])
+    assert 0.4 < np.median(fro) < 0.5
+    X = np.hstack([np.hstack(b) for b in sites])
+    A, _, U = exact(X, 5)
+    gains = []
+    for seed in range(6):
+        e_full = captured_energy(cape_pca(sites, 5, 4.0, DELTA, seed=seed).basis, A)
+        e_clip = captured_energy(cape_pca(sites, 5, 4.0, DELTA, seed=seed, subject_bound=0.5).basis, A)
+        gains.append(e_clip - e_full)
+    assert min(gains) > 0
+    none = cape_pca(sites, 5, None, DELTA, plan="none", subject_bound=0.5)
+    assert sin_max_angle(none.basis, U) < 0.2  # the bias of clipping is small on such data
+
+
+def test_subject_bound_distinguishing_attack_sees_the_calibrated_separation():
+    """The best test between two neighbouring sites separates them by 1/z, not 1/(c z).
+
+    Site: three subjects on D = 3; the neighbours differ in subject 0 (constant along e1 or e2:
+    rank one, ||P||_F = n, the extremal pair). The likelihood-ratio statistic is the noisy
+    release projected on the difference of the two clean releases; its mean shift over its
+    std must equal Delta_true / tau = 1 / z when clipping is applied (and 1 / (c z) if it were not).
+    """
+    from dpneuro.algorithms.pca import local_pca
+    from dpneuro.cape.packing import pack
+
+    c, eps, n_draws = 0.5, 2.0, 1000
+    rest = [np.ones((3, 2)) / math.sqrt(3)] * 2
+    worlds = [[np.tile(np.eye(3)[:, [j]], (1, 3))] + rest for j in (0, 1)]
+    clean = [pack(cape_pca([w], 2, None, DELTA, plan="none", scale="unit", subject_bound=c).info["A_hat"], True)
+             for w in worlds]
+    u = (clean[1] - clean[0]) / np.linalg.norm(clean[1] - clean[0])
+    stats_ = [[], []]
+    for i in range(n_draws):
+        for j, w in enumerate(worlds):
+            res = local_pca(w, 2, eps, DELTA, scale="unit", subject_bound=c, random_state=2 * i + j)
+            stats_[j].append(float(pack(res.info["A_hat"], True) @ u))
+    tau = res.ledgers[0].releases[0].sigma
+    z = tau / res.ledgers[0].releases[0].sensitivity
+    a, b = np.array(stats_[0]), np.array(stats_[1])
+    assert np.std(a) == pytest.approx(tau, rel=0.1) and np.std(b) == pytest.approx(tau, rel=0.1)
+    sep = (b.mean() - a.mean()) / tau
+    se = math.sqrt(2 / n_draws)
+    assert abs(sep - 1 / z) < 4 * se  # 1 / (c z) would be 1 / z away: > 10 standard errors here
+    assert 1 / z - 1 / (c * z) < -10 * se
+
+
 # -- bad input: clear errors before any release ---------------------------------------------------
 
 def _ok_sites():

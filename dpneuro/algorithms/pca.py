@@ -65,6 +65,12 @@ unit", which under-states what a swap of one person for another changes.
   scan lengths (see docs/privacy.md).
 * Replacement: ||P - P'||_F^2 = ||P||_F^2 + ||P'||_F^2 - 2<P, P'> <= 2 n_m^2
   (<P, P'> >= 0 for PSD matrices): Delta = sqrt(2) n_m / N_s.
+* Subject bound (``subject_bound=c`` < 1): a subject's normalised second
+  moment P_m / n_m has trace <= 1 but is rarely rank one, so its Frobenius
+  norm is typically well below 1 on real fMRI. Each P_m is scaled by
+  min(1, c n_m / ||P_m||_F) (still PSD, now ||P_m||_F <= c n_m), and the
+  same replacement argument gives Delta = sqrt(2) c max_m n_m / N_s: the
+  noise shrinks by c at the cost of down-weighting the few subjects above it.
 * Power mode releases A_s V with V (D x b) orthonormal and public:
   ||x x^T V||_F = ||x|| ||V^T x|| <= 1 and ||(P - P') V||_F <= ||P - P'||_F,
   so the sensitivities are exactly those of the covariance mode.
@@ -321,47 +327,105 @@ def _scale_note(scale) -> str:
             "norm <= 1; c is public (agreed beforehand), not derived privately from the data")
 
 
-def second_moment(src: SiteSource, scale) -> np.ndarray:
-    """A_s = sum over blocks of (B F)(B F)^T / N_s with F the per-column scale factors."""
+#: relative slack on a clipped subject's Frobenius norm, so that rounding never lets it exceed the bound
+_CLIP_SLACK = 1e-9
+
+
+def subject_clip_factor(gram_fro: float, n_columns: int, bound: float | None) -> float:
+    """min(1, bound * n_m / ||P_m||_F): the multiplier that clips one subject's P_m = X_m X_m^T.
+
+    ``gram_fro`` is ||P_m||_F of the subject's scaled block; ``bound`` is the
+    public bound on the normalised matrix P_m / n_m (None or 1: no clipping
+    beyond what unit-norm columns already give).
+    """
+    if bound is None or bound >= 1.0:
+        return 1.0
+    cap = bound * n_columns * (1.0 - _CLIP_SLACK)
+    return 1.0 if gram_fro <= cap else cap / gram_fro
+
+
+def _gram_fro(B: np.ndarray) -> float:
+    """||B B^T||_F from the smaller Gram matrix (same non-zero spectrum), in float64."""
+    B = np.asarray(B, dtype=np.float64)
+    G = B.T @ B if B.shape[1] <= B.shape[0] else B @ B.T
+    return float(np.linalg.norm(G))
+
+
+def second_moment(src: SiteSource, scale, subject_bound: float | None = None) -> np.ndarray:
+    """A_s = sum over blocks of f_m (B F)(B F)^T / N_s with F the per-column scale factors.
+
+    f_m is :func:`subject_clip_factor` of each block (a subject) under ``subject_bound``.
+    """
     D = src.dim
     A = np.zeros((D, D))
     for blk in src.blocks():
         B = np.asarray(blk, dtype=np.float64)
         B = B * scale_factors(column_norms(B), scale)
-        A += B @ B.T
-        del blk, B  # before the next block is read
+        P = B @ B.T
+        A += subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound) * P
+        del blk, B, P  # before the next block is read
     A /= src.n_samples
     return (A + A.T) / 2
 
 
-def second_moment_times(src: SiteSource, scale, V: np.ndarray) -> np.ndarray:
-    """A_s V streamed: sum over blocks of B (f^2 * (B^T V)) / N_s, never forming A_s.
+def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: float | None = None,
+                        factors: list[float] | None = None) -> np.ndarray:
+    """A_s V streamed: sum over blocks of f_m B (F^2 * (B^T V)) / N_s, never forming A_s.
 
     Float32 data are multiplied in float32 (half the memory and time of a
-    float64 copy of the block) and accumulated in float64.
+    float64 copy of the block) and accumulated in float64. The subjects' clip
+    factors f_m depend on the data only: pass a list as ``factors`` to keep
+    them from the first call (filled when empty) instead of recomputing them.
     """
+    clip = subject_bound is not None and subject_bound < 1.0
+    known = bool(factors)
     Y = np.zeros((src.dim, V.shape[1]))
-    for blk in src.blocks():
+    for i, blk in enumerate(src.blocks()):
         B = np.asarray(blk)
         if B.dtype not in (np.float32, np.float64):
             B = B.astype(np.float64)
-        f2 = scale_factors(column_norms(B), scale) ** 2
+        fs = scale_factors(column_norms(B), scale)
+        f_m = 1.0
+        if clip:
+            if known:
+                f_m = factors[i]
+            else:
+                f_m = subject_clip_factor(_gram_fro(B * fs), B.shape[1], subject_bound)
+                if factors is not None:
+                    factors.append(f_m)
         C = B.T @ V.astype(B.dtype, copy=False)
-        C *= f2[:, None].astype(B.dtype, copy=False)
+        C *= (f_m * fs ** 2)[:, None].astype(B.dtype, copy=False)
         Y += B @ C
         del blk, B, C  # before the next block is read: one subject in memory
     Y /= src.n_samples
     return Y
 
 
-def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "replace") -> float:
+def check_subject_bound(bound) -> float | None:
+    """None, or a public bound in (0, 1] on one subject's normalised second moment ||P_m / n_m||_F."""
+    if bound is None:
+        return None
+    if isinstance(bound, bool):
+        raise ValueError(f"subject_bound must be a number in (0, 1], got {bound!r}")
+    b = float(bound)
+    if not (0 < b <= 1):
+        raise ValueError(f"subject_bound must be in (0, 1] (1: no clipping; a unit-norm time point already "
+                         f"gives ||P_m / n_m||_F <= 1), got {bound!r}")
+    return b
+
+
+def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "replace",
+                    subject_bound: float | None = None) -> float:
     """L2 sensitivity of A_s (and of A_s V) for one unit of ``max_subject_len`` columns.
 
-    ``max_subject_len=1`` is the sample level. See the module docstring for the derivation.
+    ``max_subject_len=1`` is the sample level. With ``subject_bound`` c every
+    subject's P_m is clipped to ||P_m||_F <= c n_m, which scales the bound by c.
+    See the module docstring for the derivation.
     """
     if neighbour not in NEIGHBOURS:
         raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
-    base = max_subject_len / n_samples
+    c = check_subject_bound(subject_bound) or 1.0
+    base = c * max_subject_len / n_samples
     return base * (math.sqrt(2.0) if neighbour == "replace" else 1.0)
 
 
@@ -437,6 +501,11 @@ class CapePCA:
     keep_matrix : bool
         Covariance mode: keep the noisy average (D x D) in the aggregator's
         state as ``A_hat`` (simulations and diagnostics; it is checkpointed).
+    subject_bound : float in (0, 1] or None
+        Subject level only: a public bound c on each subject's normalised
+        second moment ``||X_m X_m^T / n_m||_F``; a subject above it is scaled
+        down to it, and the sensitivity shrinks by the factor c (module
+        docstring). None or 1: no clipping (unit-norm columns give 1).
     """
 
     name = "capepca"
@@ -444,8 +513,9 @@ class CapePCA:
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
                  unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
-                 keep_matrix: bool = False):
+                 keep_matrix: bool = False, subject_bound: float | None = None):
         self.k = _check_k(k)
+        self.subject_bound = check_subject_bound(subject_bound)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if unit not in (None, "sample", "subject"):
@@ -498,14 +568,22 @@ class CapePCA:
         if unit == "subject" and lengths is None:
             raise ValueError(f"site {site}: unit='subject' needs subject boundaries (subjects=..., a SiteData, "
                              "or one block per subject)")
+        clipped = self.subject_bound is not None and self.subject_bound < 1
+        if clipped and unit != "subject":
+            raise ValueError(f"site {site}: subject_bound clips each subject's second moment, so it needs the "
+                             "subject as the privacy unit (subject boundaries and unit='subject')")
         max_len = max(lengths) if unit == "subject" else 1
-        sens = pca_sensitivity(n_samples, max_len, self.neighbour)
+        sens = pca_sensitivity(n_samples, max_len, self.neighbour, self.subject_bound)
         ledger = PrivacyLedger(owner=f"site-{site}")
         ledger.note(_scale_note(self.scale))
         what = "one subject (all its time points)" if unit == "subject" else "one sample (column)"
         ledger.note(f"{self.name}: privacy unit = {what}, neighbours by {self.neighbour}, counts N_s (and M_s) "
                     f"public; sensitivity {sens:.6g} = {'sqrt(2) * ' if self.neighbour == 'replace' else ''}"
-                    f"{max_len}/{n_samples}")
+                    f"{f'{self.subject_bound:g} * ' if clipped else ''}{max_len}/{n_samples}")
+        if clipped:
+            ledger.note(f"{self.name}: each subject's X_m X_m^T clipped to Frobenius norm <= "
+                        f"{self.subject_bound:g} * n_m (the public subject bound); a subject above it is "
+                        "scaled down, never dropped")
         if self.mode == "power":
             ledger.note(f"{self.name} power mode: {self.n_iter} releases of A_s V_t, per-release noise multiplier "
                         f"sqrt({self.n_iter}) * z(eps, delta) so that their composition is the run's (eps, delta)")
@@ -525,14 +603,15 @@ class CapePCA:
     def site_compute(self, state: State, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
         src = state["_src"]
         if self.mode == "covariance":
-            return {"A": second_moment(src, self.scale)}
+            return {"A": second_moment(src, self.scale, self.subject_bound)}
         if broadcast is None or "V" not in broadcast.arrays:
             raise RuntimeError(f"site {state['site']}: no subspace V received for round {round}")
         V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
         if V.shape != (src.dim, self.block):
             raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected "
                              f"{(src.dim, self.block)}")
-        return {"AV": second_moment_times(src, self.scale, V)}
+        return {"AV": second_moment_times(src, self.scale, V, self.subject_bound,
+                                          state.setdefault("_clip_factors", []))}
 
     # -- aggregator ----------------------------------------------------------------------
     def aggregator_init(self) -> State:
@@ -712,7 +791,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
              oversample: int = 0, exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
-             method: str | None = None) -> PCAResult:
+             method: str | None = None, subject_bound: float | None = None) -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -729,7 +808,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     subjects : list, optional
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
-    unit, scale, neighbour, mode, n_iter, oversample, calibration
+    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -750,7 +829,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
                   seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
-                  keep_matrix=True)
+                  keep_matrix=True, subject_bound=subject_bound)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)
