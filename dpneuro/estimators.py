@@ -162,7 +162,7 @@ class _Decentralized:
 
     def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
                  plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
-                 reduction: str = "capepca", ica: str = "temporal", n_states: int = 0,
+                 reduction: str = "capepca", ica: str = "spatial", n_states: int = 0,
                  random_state: int | None = None,
                  output_dir=None, role: str = "simulation", site: str | None = None, exchange=None,
                  engine: str = "serial", verbose: int = 0, **options):
@@ -345,7 +345,7 @@ class DecentralizedICA(_Decentralized):
         values but add no noise: the run is NOT differentially private (the
         report's privacy box says what it reveals; ``pdsvd_iterations`` sets
         its power iterations).
-    ica : {"temporal", "spatial"}, default "temporal"
+    ica : {"spatial", "temporal"}, default "spatial"
         The group ICA model. ``"spatial"``: independent maps, the model of
         CanICA, MELODIC and GIFT, found by FastICA on the released PCA basis
         (post-processing: the PCA is the only release; each site's time

@@ -688,9 +688,17 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
         raise DataValidationError(
             f"{path}: non-finite values (NaN/inf) in {n_bad} mask voxel(s)"
         )
+    return preprocess(block, standardize=standardize, detrend=detrend)
+
+
+def preprocess(block: np.ndarray, *, standardize: bool = True, detrend: bool = False) -> np.ndarray:
+    """A subject's D x T block as a site prepares it (the run: z-scored voxels, no detrending), float32.
+
+    A voxel constant to float32 precision carries no signal and becomes 0.
+    """
     if not (standardize or detrend):
-        return block.astype(np.float32, copy=False)
-    y = block.astype(np.float64)
+        return np.asarray(block).astype(np.float32, copy=False)
+    y = np.asarray(block).astype(np.float64)
     if detrend:
         from scipy.signal import detrend as _detrend
 

@@ -23,9 +23,12 @@ def consortium(root: Path, *, n_timepoints: int = 40, seed: int = 0) -> dict:
 
 
 def run_config(man: dict, out: Path, **kw) -> RunConfig:
-    """A run on the consortium ``man``; small and fast, seeded (tests compare runs)."""
+    """A run on the consortium ``man``; small and fast, seeded (tests compare runs).
+
+    Temporal ICA unless ``ica`` is given: its private rounds are what most deployment tests follow.
+    """
     d = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(out), space="grid30",
-             parcels=60, n_components=4, pca_epsilon=20.0, ica_epsilon_i=4.0, ica_delta_i=0.01, ica_rounds=12,
+             parcels=60, n_components=4, ica="temporal", pca_epsilon=20.0, ica_epsilon_i=4.0, ica_delta_i=0.01, ica_rounds=12,
              clip_G=5.0, clip_h=5.0, seed=3, simulation=True, plan="cape", timeout=60.0)
     d.update(kw)
     return RunConfig.from_dict(d).validate()

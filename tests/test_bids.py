@@ -117,7 +117,8 @@ def test_ledger_sensitivity_is_that_of_the_grouped_person(bids, tmp_path):
                                "mask": str(mask), "n_components": 2, "pca_epsilon": 4.0, "seed": 0})
     res = reduce_inprocess(cfg, [sd.X] * 3, [lengths] * 3)
     rel = res.ledgers[0].releases[0]
-    assert rel.sensitivity == pytest.approx(math.sqrt(2) * 38 / 58, rel=1e-12)
+    # one person (38 of the site's 58 volumes) under the PCA's subject bound
+    assert rel.sensitivity == pytest.approx(cfg.pca_subject_bound * math.sqrt(2) * 38 / 58, rel=1e-12)
     assert rel.neighbour == "replace" and rel.unit == "subject"
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 import deploy_common as dc
-from dpneuro.budget import plan_for_target, site_shapes, spend
+from dpneuro.budget import TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
 from dpneuro.cli import main
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.synth import make_consortium
@@ -78,20 +79,35 @@ def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
     assert spent == pytest.approx(8.0, rel=1e-6)
 
 
-def test_default_split_keeps_the_configurations_ratio(consortia, tmp_path):
-    """Without pca_share the planner scales both stages alike: the tuned split, at the target."""
+def test_default_split_gives_a_temporal_pca_its_tuned_share(consortia, tmp_path):
+    """Without pca_share a temporal run's PCA gets TEMPORAL_PCA_SHARE of mu^2, whatever the settings' ratio."""
     cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
     shapes = site_shapes(cfg)
-    base, plan = spend(cfg, shapes, 60), plan_for_target(cfg, shapes, 60, 5.0)
 
     def ratio(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
         return s["capepca"] / s["ica"]
 
-    assert ratio(plan) == pytest.approx(ratio(base), rel=1e-6)
-    assert max(plan.epsilon.values()) == pytest.approx(5.0, rel=1e-6)
+    for pca_epsilon in (2.0, 20.0):  # two settings' ratios, one planned split
+        plan = plan_for_target(replace(cfg, pca_epsilon=pca_epsilon), shapes, 60, 5.0)
+        assert ratio(plan) == pytest.approx((TEMPORAL_PCA_SHARE / (1 - TEMPORAL_PCA_SHARE)) ** 0.5, rel=1e-6)
+        assert max(plan.epsilon.values()) == pytest.approx(5.0, rel=1e-6)
     shared = plan_for_target(cfg, shapes, 60, 5.0, pca_share=0.3)
     assert ratio(shared) == pytest.approx((0.3 / 0.7) ** 0.5, rel=1e-6)
+
+
+def test_default_split_without_ica_rounds_keeps_the_configurations_ratio(consortia, tmp_path):
+    """Spatial ICA with brain states: the PCA and the states keep the ratio of their settings."""
+    cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica="spatial", brain_states=2, states_epsilon=2.0)
+    shapes = site_shapes(cfg)
+    base, plan = spend(cfg, shapes, 60), plan_for_target(cfg, shapes, 60, 7.0)
+
+    def ratio(p):
+        s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
+        return s["capepca"] / math.hypot(s["agn-m2"], s["agn-m3"])
+
+    assert ratio(plan) == pytest.approx(ratio(base), rel=1e-6)
+    assert max(plan.epsilon.values()) == pytest.approx(7.0, rel=1e-6)
 
 
 def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(consortia, tmp_path, capsys):
@@ -99,7 +115,7 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])
     toml = tmp_path / "run.toml"
     toml.write_text(f'out = "{tmp_path / "o"}"\nspace = "grid30"\nparcels = 60\nn_components = 4\n'
-                    f'ica_rounds = 6\n{sites}')
+                    f'ica = "temporal"\nica_rounds = 6\n{sites}')
     assert main(["budget", str(toml), "--json"]) == 0
     import json
 
@@ -132,10 +148,8 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
         pca, ica, states = mus(plan)
         b_pca, b_ica, b_states = mus(base)
         assert ica / states == pytest.approx(b_ica / b_states, rel=1e-6)  # the later stages keep their ratio
-        if share is None:
-            assert pca / ica == pytest.approx(b_pca / b_ica, rel=1e-6)
-        else:
-            assert pca**2 / (pca**2 + ica**2 + states**2) == pytest.approx(share, rel=1e-6)
+        expect = TEMPORAL_PCA_SHARE if share is None else share
+        assert pca**2 / (pca**2 + ica**2 + states**2) == pytest.approx(expect, rel=1e-6)
     ref = dc.reference(plan.config)
     spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
     assert spent == pytest.approx(9.0, rel=1e-6)

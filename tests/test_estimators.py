@@ -29,8 +29,8 @@ def consortium(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fitted(consortium):
     root, man, files = consortium
-    ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], random_state=1, output_dir=root / "est",
-                                   truth=str(root / "data"), **SETTINGS)
+    ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], ica="temporal", random_state=1,
+                                   output_dir=root / "est", truth=str(root / "data"), **SETTINGS)
     return ica.fit(files)
 
 
@@ -87,7 +87,7 @@ def test_estimator_cli_and_workflow_give_identical_numbers(fitted, consortium, t
     root, man, files = consortium
     cfg = fitted.config_
     toml = ["[[sites]]\n" + f'name = "{s.name}"\nfiles = {json.dumps(s.files)}\n' for s in cfg.sites]
-    fields = {"out": str(tmp_path / "cli"), "mask": man["mask"], "n_components": R, "seed": 1,
+    fields = {"out": str(tmp_path / "cli"), "mask": man["mask"], "n_components": R, "seed": 1, "ica": cfg.ica,
               "truth": str(root / "data"), **SETTINGS}
     head = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
     (tmp_path / "run.toml").write_text(head + "\n".join(toml))
@@ -176,7 +176,7 @@ def fitted_spatial(consortium):
 
 #: deployed runs compared with their simulation: each a model and what rides on it
 DEPLOYED = {
-    "temporal": {},
+    "temporal": {"ica": "temporal"},
     "spatial": {"ica": "spatial"},
     "brain states": {"ica": "spatial", "n_states": 2, "states_epsilon": 50.0},
     "pdsvd": {"reduction": "pdsvd", "pdsvd_iterations": 8},
@@ -223,8 +223,10 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
-    # PD-SVD draws fresh blinding factors every run, which move the fixed-point rounding of its secure sums
-    atol = 1e-6 if DEPLOYED[case].get("reduction") == "pdsvd" else 1e-9
+    # the images hold float32: maps equal to ~1e-12 may round to neighbouring float32 values (one unit in the
+    # last place, < 1e-6 for z-scores below 8); PD-SVD's fresh blinding factors move its fixed-point rounding
+    # (basis to ~1e-7), which the spatial ICA's rotation carries into the maps at ~1e-5
+    atol = 1e-4 if DEPLOYED[case].get("reduction") == "pdsvd" else 1e-6
     np.testing.assert_allclose(np.asarray(agg.components_img_.dataobj),
                                np.asarray(sim.components_img_.dataobj), rtol=0, atol=atol)
     assert agg.privacy_.epsilon == pytest.approx(sim.privacy_.epsilon)
@@ -241,7 +243,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
                                    np.asarray(sim.states_img_.dataobj), rtol=0, atol=1e-6)
         assert "Brain states" in agg.report_.html
     unmix_egress = list((tmp_path / "shared").rglob("unmix/egress/*.jsonl"))
-    if DEPLOYED[case].get("ica") == "spatial":  # nothing is exchanged for the unmixing: the PCA was the only release
+    if sim.config_.ica == "spatial":  # nothing is exchanged for the unmixing: the PCA was the only release
         assert not [ln for f in unmix_egress for ln in f.read_text().splitlines() if ln.strip()]
     else:
         assert {f.name for f in unmix_egress} >= {f"{n}.jsonl" for n in files}

@@ -54,7 +54,7 @@ class SpatialICAResult:
     n_iter: int
 
 
-def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-6,
+def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-10,
                 init_seed: int = 0) -> SpatialICAResult:
     """FastICA (logcosh, as CanICA) of the eigenmaps in ``basis``.
 
@@ -68,7 +68,9 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-6,
         Orthonormal columns V (capePCA's basis), D > R.
     eigenvalues : ndarray, shape (R,)
         The matching eigenvalues (positive).
-    max_iter, tol : FastICA's iteration limit and tolerance.
+    max_iter, tol : FastICA's iteration limit and tolerance. The tolerance is tight so that bases equal
+        to the last bits (a deployment and its simulation) give maps equal to the last bits, not to
+        wherever a loose tolerance happens to stop the iteration.
     init_seed : int
         Seed of FastICA's initial rotation (public; see the module notes).
     """

@@ -1,0 +1,245 @@
+"""Real fMRI: dpneuro's maps against nilearn's CanICA, and the privacy-utility frontier on pseudo-consortia.
+
+Data: region time series of 33 people (OpenNeuro ds000140, heat-pain task runs 3
+and 7, 122 regions of the MIST/BASC atlas, TR 2 s; pip package
+``connattractor``, read by ``benchmarks/_real_data.py``). Every subject is
+prepared as a site prepares it (``dpneuro.io.preprocess``: each region z-scored
+within the run); capePCA then scales every time point to unit norm.
+
+1. Agreement with CanICA. The 33 people split over 4 sites (9, 8, 8, 8), 20
+   components, no noise (plan none): dpneuro's spatial and temporal group ICA
+   on the 122 regions, painted into the atlas on the 6 mm MNI grid, against
+   nilearn's CanICA on the same series painted into the same atlas as 4-D
+   images (the tool users know). Mean matched |r| over the atlas voxels.
+2. Frontier. Pseudo-consortia of 4 sites x {50, 100, 250, 500} subjects: each
+   pseudo-subject is one of the 33 people, drawn with replacement, and a random
+   150-volume window of one of its two runs (so two draws of one person are
+   rarely the same data). For each size the non-private maps of the same
+   method (plan none) are the reference; for each total eps (headline: against
+   the aggregator and its colluders, every stage, delta 1e-5; the budget
+   planner splits it) and subject bound, 3 noise seeds: mean matched |r| of the
+   private maps with the reference, median and worst.
+
+What it does not show: bootstrapped subjects repeat 33 people, so the
+non-private reference is more stable than a real consortium of that size; the
+eps a real consortium of M people per site needs is what the frontier shows at M.
+
+    python benchmarks/real_frontier.py            # full: ~15 min on 2 cores
+    python benchmarks/real_frontier.py --quick    # smoke run (writes *_quick.*)
+
+Writes benchmarks/results/real_frontier.{csv,json} and real_frontier.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frontier import base_config, mean_r, planned  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SUBJECTS = (50, 100, 250, 500)
+EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
+BOUNDS = (1.0, 0.5, 0.35, 0.25)
+DEFAULT_BOUND = 0.35  # the temporal model is measured without a bound and with this one
+TEMPORAL_MAX_SUBJECTS = 250
+N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
+
+
+def real_subjects():
+    """Per person the two runs, each region z-scored within its run (float32, regions x volumes)."""
+    from _real_data import load_real_regions
+
+    from dpneuro.io import preprocess
+
+    d = load_real_regions(runs=(3, 7))
+    runs = []
+    for X in d["series"]:
+        half = X.shape[1] // 2
+        runs.append([preprocess(X[:, :half]), preprocess(X[:, half:])])
+    return d, runs
+
+
+def split_real(runs, n_sites: int):
+    """The real people over ``n_sites`` sites (both runs of a person at one site)."""
+    groups = np.array_split(np.arange(len(runs)), n_sites)
+    X_sites = [np.hstack([np.hstack(runs[i]) for i in g]).astype(np.float32) for g in groups]
+    lengths = [[sum(r.shape[1] for r in runs[i]) for i in g] for g in groups]
+    return X_sites, lengths
+
+
+def pseudo_consortium(runs, subjects: int, n_sites: int, window: int, seed: int):
+    from dpneuro.io import preprocess
+
+    rng = np.random.default_rng(seed)
+    X_sites, lengths = [], []
+    for _ in range(n_sites):
+        blocks = []
+        for _ in range(subjects):
+            run = runs[int(rng.integers(len(runs)))][int(rng.integers(2))]
+            a = int(rng.integers(run.shape[1] - window + 1))
+            blocks.append(preprocess(run[:, a:a + window]))
+        X_sites.append(np.hstack(blocks))
+        lengths.append([window] * subjects)
+    return X_sites, lengths
+
+
+def region_maps(cfg, X_sites, lengths):
+    from dpneuro.algorithms.djica import spatial_maps
+    from dpneuro.analysis import reduce_inprocess, unmix_inprocess
+
+    red = reduce_inprocess(cfg, X_sites, lengths)
+    unm = unmix_inprocess(cfg, X_sites, lengths, red.basis, red.eigenvalues)
+    return spatial_maps(red.basis, red.eigenvalues, unm.W)
+
+
+def atlas_on_grid(atlas, space: str = "mni6mm"):
+    """Region label of every voxel of the analysis grid (0: outside), nearest-neighbour resampled."""
+    import nibabel as nib
+    from nilearn.image import resample_img
+
+    from dpneuro.io import load_space
+
+    mask, affine = load_space(space)
+    img = resample_img(atlas, target_affine=affine, target_shape=mask.shape, interpolation="nearest",
+                       force_resample=True, copy_header=True)
+    labels = np.asarray(img.dataobj).astype(np.int64) * mask
+    return labels, affine, nib
+
+
+def canica_maps(runs, labels, affine, nib, n_components: int, seed: int = 0):
+    """nilearn's CanICA on every person's runs painted into the atlas (4-D images): voxels x components."""
+    from nilearn.decomposition import CanICA
+
+    inside = labels > 0
+    idx = labels[inside] - 1
+    imgs = []
+    for person in runs:
+        X = np.hstack(person)  # regions x volumes
+        vol = np.zeros(labels.shape + (X.shape[1],), np.float32)
+        vol[inside] = X[idx]
+        imgs.append(nib.Nifti1Image(vol, affine))
+    mask_img = nib.Nifti1Image(inside.astype(np.uint8), affine)
+    ica = CanICA(n_components=n_components, mask=mask_img, smoothing_fwhm=None, standardize="zscore_sample",
+                 random_state=seed, n_jobs=1, verbose=0)
+    ica.fit(imgs)
+    comp = np.asarray(ica.components_img_.dataobj)  # x, y, z, k
+    return comp[inside], inside, idx
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small pseudo-consortium, two budgets, one seed, no CanICA")
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args(argv)
+    from dpneuro.config import ConfigError
+
+    t0 = time.perf_counter()
+    d, runs = real_subjects()
+    if args.quick:
+        subjects_grid, epsilons, bounds, seeds = (12,), (4.0, 16.0), (1.0, 0.35), [0]
+    else:
+        subjects_grid, epsilons, bounds, seeds = SUBJECTS, EPSILONS, BOUNDS, list(range(args.seeds))
+    rows, agreement = [], {}
+    with tempfile.TemporaryDirectory(prefix="dpneuro-real-") as tmp:
+        tmp = Path(tmp)
+        D = runs[0][0].shape[0]
+        # 1. the real people, no noise, against CanICA
+        X_real, len_real = split_real(runs, N_SITES)
+        labels, affine, nib = atlas_on_grid(d["atlas"])
+        ref_maps = {ica: region_maps(base_config(tmp, N_SITES, ica=ica, plan="none", parcels=0, seed=0),
+                                     X_real, len_real) for ica in ("spatial", "temporal")}
+        if not args.quick:
+            tc = time.perf_counter()
+            can, inside, idx = canica_maps(runs, labels, affine, nib, N_COMPONENTS)
+            agreement["canica_seconds"] = time.perf_counter() - tc
+            for ica, M in ref_maps.items():
+                agreement[f"{ica} vs CanICA"] = mean_r(M[idx], can)
+            print(agreement, flush=True)
+        # 2. pseudo-consortia
+        X_all, len_all = pseudo_consortium(runs, max(subjects_grid), N_SITES, WINDOW, seed=1)
+        for subjects in subjects_grid:
+            X_sites = [X[:, :subjects * WINDOW] for X in X_all]
+            lengths = [ln[:subjects] for ln in len_all]
+            for ica in ("spatial", "temporal"):
+                if ica == "temporal" and subjects > TEMPORAL_MAX_SUBJECTS:
+                    continue  # 40 private rounds over every time point: the largest sizes take too long
+                for bound in bounds if ica == "spatial" else (bounds[0], DEFAULT_BOUND):
+                    kw = dict(ica=ica, pca_subject_bound=bound, parcels=0)
+                    ref = region_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
+                    row0 = {"subjects": subjects, "ica": ica, "bound": bound}
+                    if bound == bounds[0]:
+                        rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica]),
+                                     "r_min": "", "pca_epsilon": "", "seeds": 1, "reference": "real 33"})
+                        print(rows[-1], flush=True)
+                    cfg0 = base_config(tmp, N_SITES, **kw)
+                    for eps in epsilons:
+                        try:
+                            cfg = planned(cfg0, lengths, eps, dim=D)
+                        except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
+                            rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "",
+                                         "seeds": 0, "reference": f"refused by the planner: {exc}"})
+                            print(rows[-1], flush=True)
+                            continue
+                        r = [mean_r(region_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
+                        rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
+                                     "pca_epsilon": round(cfg.pca_epsilon, 3), "seeds": len(seeds),
+                                     "reference": "non-private, same data"})
+                        print(rows[-1], flush=True)
+    runtime = time.perf_counter() - t0
+    suffix = "_quick" if args.quick else ""
+    RESULTS.mkdir(exist_ok=True)
+    keys = ["subjects", "ica", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "seeds", "reference"]
+    with open(RESULTS / f"real_frontier{suffix}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
+    meta = {"data": d["source"], "people": len(runs), "regions": D, "window": WINDOW, "n_sites": N_SITES,
+            "n_components": N_COMPONENTS, "subjects_per_site": list(subjects_grid), "epsilons": list(epsilons),
+            "bounds": list(bounds), "seeds": len(seeds), "delta": 1e-5, "agreement": agreement,
+            "runtime_s": runtime}
+    (RESULTS / f"real_frontier{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
+    if not args.quick:
+        figure(rows, subjects_grid, RESULTS / "real_frontier.png")
+    print(f"wrote {RESULTS / f'real_frontier{suffix}.csv'} in {runtime:.0f} s")
+    return 0
+
+
+def figure(rows, subjects_grid, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(subjects_grid), figsize=(3.8 * len(subjects_grid), 3.6), sharey=True)
+    for ax, subjects in zip(np.atleast_1d(axes), subjects_grid):
+        series = sorted({(r["ica"], r["bound"]) for r in rows if r["subjects"] == subjects})
+        for ica, bound in series:
+            pts = [(r["epsilon"], r["r_median"]) for r in rows if r["subjects"] == subjects and r["ica"] == ica
+                   and r["bound"] == bound and r["epsilon"] != "none"]
+            ax.plot(*zip(*pts), "o-" if ica == "spatial" else "s--", label=f"{ica}, bound {bound:g}")
+        ax.axhline(0.7, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{subjects} subjects per site")
+        ax.set_xlabel("total epsilon per site (headline)")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("mean |r| with the non-private maps")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
