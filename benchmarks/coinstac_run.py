@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         files = [[x["path"] for x in s["subjects"]] for s in man["sites"]]
         entry = TEMPLATES / "entry.py"
         for J in rounds:
-            run_spec = [{**site, "ica_rounds": {"value": J}} for site in spec]
+            run_spec = [{**site, "ica": {"value": "temporal"}, "ica_rounds": {"value": J}} for site in spec]
             settings = dcc.settings_from_inputs(run_spec[0])
             t_sim, W_sim = inprocess(settings, man, tmp / f"ref-{J}")
             root = tmp / f"sim-{J}"

@@ -582,12 +582,13 @@ def section_central(p: Page) -> dict:
     p.add("### dpneuro vs centralized non-private tools (same data)")
     p.add("")
     cfg = meta.get("dpneuro_config", {})
-    demo = "the data set and privacy settings of `dpneuro demo` at run time: " if s.get("from_demo") else ""
+    demo = "the data set of `dpneuro demo` at run time: " if s.get("from_demo") else ""
     p.add(f"One dpneuro.synth consortium, {demo}{s.get('space')} ({meta.get('n_voxels'):,} voxels), "
           f"{s.get('sites')} sites "
           f"x {s.get('subjects')} subjects x {s.get('timepoints')} volumes, R = {s.get('components')} true maps, noise "
           f"{s.get('noise')}. A = from the NIfTI files to maps: nilearn {v.get('nilearn')} CanICA (voxels, its "
-          f"defaults) vs the dpneuro workflow (load, capePCA, capeDJICA, maps, report) on {s.get('parcels')} "
+          f"defaults) vs the dpneuro workflow with temporal ICA, the unmixing B compares (load, capePCA, "
+          f"capeDJICA, maps, report), on {s.get('parcels')} "
           f"data-independent parcels, plan none and plan cape (pca_epsilon {par(cfg.get('pca_epsilon'))}, eps_i "
           f"{par(cfg.get('ica_epsilon_i'))}, {cfg.get('ica_rounds')} rounds, clip {par(cfg.get('clip_G'))} per "
           f"{cfg.get('ica_clip_unit', 'sample')}; full configuration in the JSON). B = unmixing only, on the "
@@ -647,8 +648,8 @@ def section_states(p: Page) -> dict:
     p.add("### Brain states (capeAGN) in the run, and PD-SVD as the reduction")
     p.add("")
     p.add(f"The demo's consortium (4 sites, 120 volumes per subject, 6 mm, 8 networks) with {meta.get('K')} planted "
-          "brain states (`dpneuro synth --brain-states 3`), at 32 and 128 subjects per site; spatial ICA, the default "
-          "capePCA, then the brain-states stage at each `states_epsilon` (each of its two releases at (eps, delta/2)). "
+          "brain states (`dpneuro synth --brain-states 3`), at 32 and 128 subjects per site; spatial ICA, capePCA at "
+          "pca_epsilon = 16 without a subject bound, then the brain-states stage at each `states_epsilon` (each of its two releases at (eps, delta/2)). "
           "Metric: the states' voxel patterns against the planted ones, matched one to one, mean signed r; median "
           f"(and worst) of {meta.get('seeds')} seeds. `none`: no noise anywhere (plan none). eps columns: the headline "
           "(against the aggregator and its colluders, exact GDP) of the states stage alone and of the whole run.")

@@ -3,8 +3,9 @@
 Data: ``dpneuro synth``'s demo consortium (4 sites x 32 subjects x 120 volumes,
 6 mm MNI grid, 8 networks), and the same with 128 subjects per site, with K = 3 planted brain states (``states=3``:
 each state switches on its own networks, dwell 8 volumes, strength 0.4), the
-run's defaults otherwise (100 parcels, capePCA at pca_epsilon = 16, spatial
-ICA so that no ICA round is spent). For each ``states_epsilon`` (each of the
+run's defaults otherwise (100 parcels, spatial ICA so that no ICA round is
+spent) but the PCA these results were measured with (pca_epsilon = 16, no
+subject bound). For each ``states_epsilon`` (each of the
 stage's two releases at (eps, delta/2)) and seed, the whole run up to the maps
 through ``dpneuro.pipeline`` (the functions the workflow runs), then the
 states' voxel patterns against the planted ones (V Lambda^1/2 c_k painted back
@@ -80,7 +81,8 @@ def main(argv=None) -> int:
             man = make_consortium(tmp / "data", seed=0, states=K, **shape)
             base = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]],
                         out=str(tmp / "run"), space=shape["space"], n_components=shape["n_components"],
-                        ica="spatial", brain_states=K, truth=str(tmp / "data"), simulation=True, **extra)
+                        ica="spatial", brain_states=K, truth=str(tmp / "data"), simulation=True,
+                        pca_epsilon=16.0, pca_subject_bound=1.0, **extra)  # the PCA of the measured table
 
             def cfg(**kw):
                 return RunConfig.from_dict({**base, **kw}).validate()

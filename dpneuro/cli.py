@@ -100,7 +100,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                                seed=args.seed, progress=not args.quiet, dtype=d["dtype"])
     est = _demo_estimator(out, manifest, args)
     if not args.quiet:
-        print("running the workflow (load -> capePCA -> capeDJICA -> maps -> report) ...")
+        unmix = "capeDJICA" if est.ica == "temporal" else "spatial ICA of the released basis"
+        print(f"running the workflow (load -> capePCA -> {unmix} -> maps -> report) ...")
     est.fit({s["site"]: s["path"] for s in manifest["sites"]})
     if not args.quiet:
         _print_summary(est, time.perf_counter() - t0)

@@ -24,10 +24,10 @@ manifest = make_consortium(out / "data", n_sites=n_sites, subjects_per_site=n_su
 sites = {s["site"]: sorted(Path(s["path"]).glob("*.nii.gz")) for s in manifest["sites"]}
 
 # %% How much privacy would the run spend? The planner reads the counts from the file headers
-print(dpneuro.plan_budget(30.0, sites=sites, n_components=n_networks, mask=manifest["mask"]))
+print(dpneuro.plan_budget(8.0, sites=sites, n_components=n_networks, mask=manifest["mask"]))
 
 # %% Fit: the five lines a notebook needs
-ica = dpneuro.DecentralizedICA(n_components=n_networks, epsilon=30.0, mask=manifest["mask"],
+ica = dpneuro.DecentralizedICA(n_components=n_networks, epsilon=8.0, mask=manifest["mask"],
                                output_dir=out / "run", truth=str(out / "data"))  # truth: agreement with the synthetic ground truth
 ica.fit(sites)
 print(ica.privacy_)

@@ -132,7 +132,9 @@ def test_coinstac_pipeline_runs_the_computation_like_the_simulation(tmp_path):
     modules = coinstac_node_modules()
 
     # 3 ICA rounds: the singularity service starts new containers every iteration (~7 s each here)
-    spec = [{**site, "ica_rounds": {"value": 3}} for site in json.loads((COINSTAC / "inputspec.json").read_text())]
+    # temporal ICA: the run follows capeDJICA's private rounds through COINSTAC's iterations
+    spec = [{**site, "ica": {"value": "temporal"}, "ica_rounds": {"value": 3}}
+            for site in json.loads((COINSTAC / "inputspec.json").read_text())]
     (tmp_path / "inputspec.json").write_text(json.dumps(spec))
     compspec = json.loads((COINSTAC / "compspec.json").read_text())
     man = dc.consortium(tmp_path / "data", n_timepoints=60)

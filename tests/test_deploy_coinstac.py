@@ -29,6 +29,11 @@ def _load(name):
     return json.loads((COINSTAC / name).read_text())
 
 
+def _temporal_spec():
+    """The template inputspec with temporal ICA: these runs follow capeDJICA's private rounds."""
+    return [{**site, "ica": {"value": "temporal"}} for site in _load("inputspec.json")]
+
+
 # -- COINSTAC's validator rules (coinstac-common services/validator/schemas/computation.js, DESIGN 10) --
 
 def _nonempty_str(x) -> bool:
@@ -300,7 +305,7 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     pytest.importorskip("coinstac")
     pytest.importorskip("websockets")
 
-    spec = _load("inputspec.json")
+    spec = _temporal_spec()
     man = dc.consortium(tmp_path / "data", n_timepoints=60)
     sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
     settings = dcc.settings_from_inputs(spec[0])
@@ -388,7 +393,7 @@ def _services_run(tmp_path, spec, man, *, new_process_every_iteration=False, **k
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_lost_messages_are_sent_again_and_a_lost_cause_ends_the_run(tmp_path):
     pytest.importorskip("coinstac")
-    spec = [{**site, "ica_rounds": {"value": 5}} for site in _load("inputspec.json")]
+    spec = [{**site, "ica_rounds": {"value": 5}} for site in _temporal_spec()]
     man = dc.consortium(tmp_path / "data", n_timepoints=60)
     ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
     lost = []
@@ -423,7 +428,7 @@ def test_lost_messages_are_sent_again_and_a_lost_cause_ends_the_run(tmp_path):
 def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_iteration(tmp_path):
     pytest.importorskip("coinstac")
     man = dc.consortium(tmp_path / "data", n_timepoints=60)
-    base = _load("inputspec.json")
+    base = _temporal_spec()
     first = _services_run(tmp_path, [{**s, "ica_rounds": {"value": 3}} for s in base], man)
     spec = [{**s, "ica_rounds": {"value": 4}} for s in base]
     again = _services_run(tmp_path, spec, man, new_process_every_iteration=True)  # same simulator folders

@@ -54,7 +54,7 @@ class SpatialICAResult:
     n_iter: int
 
 
-def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-10,
+def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-8,
                 init_seed: int = 0) -> SpatialICAResult:
     """FastICA (logcosh, as CanICA) of the eigenmaps in ``basis``.
 
