@@ -678,6 +678,77 @@ def section_states(p: Page) -> dict:
     return {"states": states, "states_maps": maps}
 
 
+def _frontier_table(rows, key_cols, value, epsilons) -> tuple[list[str], list[list]]:
+    """One row per key (e.g. subjects, model, bound), one column per budget ("none" first when present)."""
+    keys = list(dict.fromkeys(tuple(r[k] for k in key_cols) for r in rows))
+    cols = ["none"] + [e for e in epsilons if e != "none"]
+    out = []
+    for key in keys:
+        cells = {r["epsilon"]: r[value] for r in rows if tuple(r[k] for k in key_cols) == key}
+        if any(c in cells for c in cols[1:]):
+            out.append(list(key) + [cells.get(c, "") for c in cols])
+    return [*key_cols, *(f"eps {c}" if c != "none" else "no noise" for c in cols)], out
+
+
+def section_real_frontier(p: Page) -> dict:
+    rows = read_csv("real_frontier.csv")
+    meta = read_json("real_frontier.json")
+    if not rows:
+        return {}
+    ag = meta.get("agreement", {})
+    p.add("### Real fMRI: agreement with CanICA, and the privacy-utility frontier")
+    p.add("")
+    p.add(f"Region time series of {meta.get('people')} people ({(meta.get('data') or {}).get('dataset')}; task runs, "
+          "not rest; pip package `connattractor`, read by `benchmarks/_real_data.py`), every region z-scored "
+          "within its run. Without noise, split over 4 sites, 20 components: dpneuro's maps, painted "
+          "into the atlas on the 6 mm grid, against nilearn's CanICA on the same series painted into the same atlas "
+          f"(mean matched |r|): spatial ICA {fmt(ag.get('spatial vs CanICA'))}, temporal ICA "
+          f"{fmt(ag.get('temporal vs CanICA'))}.")
+    p.add("")
+    p.add(f"Frontier: pseudo-consortia of {meta.get('n_sites')} sites, each pseudo-subject one of the real people "
+          f"(drawn with replacement) and a random {meta.get('window')}-volume window of one of its runs. Cell: mean "
+          "matched |r| of the private maps with the same method's maps without noise on the same pseudo-consortium, "
+          f"median of {meta.get('seeds')} noise seeds; eps is the run's total per site in the headline sense "
+          "(against the aggregator and its colluders, delta 1e-5), split by the planner. `bound`: "
+          "`pca_subject_bound` (1 = none). The `no noise` column compares the pseudo-consortium's maps with the "
+          "real 33 people's.")
+    p.add("")
+    p.meta("python benchmarks/real_frontier.py", ["real_frontier.csv", "real_frontier.json", "real_frontier.png"],
+           meta.get("runtime_s"))
+    header, body = _frontier_table(rows, ["subjects", "ica", "bound"], "r_median",
+                                   [str(e) for e in meta.get("epsilons", [])])
+    p.add(table(header, body))
+    p.add("")
+    p.fig("real_frontier.png", "real-data frontier")
+    return {"real_frontier": rows, "real_agreement": ag}
+
+
+def section_frontier(p: Page) -> dict:
+    rows = read_csv("frontier.csv")
+    meta = read_json("frontier.json")
+    if not rows:
+        return {}
+    ceil = meta.get("parcel_ceiling", {})
+    p.add("### Realistic synthetic networks: the frontier against a known truth")
+    p.add("")
+    p.add(f"`dpneuro.synth.network_model` (model \"networks\": {meta.get('n_components')} distributed, partly "
+          "bilateral, overlapping networks; slow, correlated, near-Gaussian time courses; global signal, structured "
+          f"and white noise), {meta.get('n_sites')} sites, {meta.get('timepoints')} volumes per subject at "
+          f"{meta.get('space')}, averaged into 100 or 400 data-independent parcels. Cell: mean matched |r| of the maps "
+          f"with the true networks, median of {meta.get('seeds')} noise seeds; eps as above (total, headline, planned). "
+          "Parcel ceiling (the true maps averaged into the parcels and painted back): "
+          + ", ".join(f"{k} parcels {fmt(v)}" for k, v in ceil.items()) + ". Temporal ICA at eps 1 is refused by "
+          "the planner (40 rounds cannot share it at the ICA's per-release delta).")
+    p.add("")
+    p.meta("python benchmarks/frontier.py", ["frontier.csv", "frontier.json", "frontier.png"], meta.get("runtime_s"))
+    header, body = _frontier_table(rows, ["subjects", "ica", "parcels", "bound"], "r_truth_median",
+                                   [str(e) for e in meta.get("epsilons", [])])
+    p.add(table(header, body))
+    p.add("")
+    p.fig("frontier.png", "synthetic frontier")
+    return {"frontier": rows}
+
+
 def section_demo(p: Page) -> dict:
     d = read_json("demo_speed.json")
     p.add("### End-to-end `dpneuro demo`")
@@ -869,7 +940,7 @@ def build(env: dict) -> str:
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
                section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
-               section_coinstac, section_states, section_demo):
+               section_coinstac, section_states, section_real_frontier, section_frontier, section_demo):
         facts.update(fn(body) or {})
     blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "
                      f"{b.get('num_threads')} threads, {b.get('architecture')})" for b in env.get("threadpoolctl", []))

@@ -47,11 +47,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontier import base_config, mean_r, planned  # noqa: E402
 
+from dpneuro.config import RunConfig  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 BOUNDS = (1.0, 0.5, 0.35, 0.25)
-DEFAULT_BOUND = 0.35  # the temporal model is measured without a bound and with this one
+#: the temporal model is measured without a bound and with the library's default one
+DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
 

@@ -29,6 +29,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         dtype=args.dtype,
         states=args.brain_states,
+        model=args.model,
     )
     if not args.quiet:
         n_subj = sum(len(s["subjects"]) for s in manifest["sites"])
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .config import ICA_MODELS, PLANS, REDUCTIONS
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
+    from .synth import MODELS as SYNTH_MODELS
     from .privacy import CALIBRATIONS
     from .privacy.ledger import UNITS
 
@@ -290,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--brain-states", type=int, default=0, metavar="K",
                    help="plant K recurring brain states in the sources (0: none, the default; 2 <= K <= "
                         "--components); their patterns go in the truth for the report to compare with")
+    s.add_argument("--model", default="blobs", choices=SYNTH_MODELS,
+                   help="blobs: 1-3 smooth blobs per map, independent heavy-tailed sources (the papers' model, the "
+                        "default); networks: distributed, bilateral, overlapping networks with slow, correlated, "
+                        "near-Gaussian time courses, global signal and structured noise (looks like real fMRI)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     s.set_defaults(func=_cmd_synth)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -153,3 +154,21 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
     ref = dc.reference(plan.config)
     spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
     assert spent == pytest.approx(9.0, rel=1e-6)
+
+
+def test_planner_says_how_many_components_a_budget_supports(capsys):
+    from dpneuro.budget import REFERENCE_SPECTRUM, supported_components
+
+    # more noise, fewer components; the reference speaks for region-level data only
+    counts = [supported_components(norm, 120) for norm in (0.3, 0.03, 0.01, 0.005, 0.001)]
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == len(REFERENCE_SPECTRUM)
+    assert supported_components(0.01, 29_000) is None
+    # 4 x 100 subjects at eps 8: about half of 20 components, which the warning says; 4 x 500: all of them
+    assert main(["budget", "--sites", "4", "--subjects", "100", "--target-epsilon", "8"]) == 0
+    out = capsys.readouterr()
+    m = re.search(r"components this budget supports: about (\d+)", out.out)
+    assert m and 8 <= int(m.group(1)) <= 14, out.out
+    assert f"only about {m.group(1)} components stand above" in out.out + out.err
+    assert main(["budget", "--sites", "4", "--subjects", "500", "--target-epsilon", "8"]) == 0
+    out = capsys.readouterr()
+    assert "stand above" not in out.out + out.err and f"{len(REFERENCE_SPECTRUM)} or more" in out.out

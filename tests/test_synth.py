@@ -308,6 +308,16 @@ def test_cli_synth(tmp_path, capsys):
     assert rc == 2
     assert "n_sites" in capsys.readouterr().err
 
+    # the realistic model: what the library's network_model gives for the same seed
+    from dpneuro.synth import network_model
+
+    net = tmp_path / "net"
+    assert main(["synth", "--out", str(net), "--sites", "1", "--subjects", "1", "--space", "grid30",
+                 "--components", "4", "--timepoints", "20", "--model", "networks", "--dtype", "float32", "-q"]) == 0
+    man = load_manifest(net)
+    assert man["model"] == "networks"
+    np.testing.assert_array_equal(np.load(man["truth"]["A"]), network_model("grid30", 4, seed=0).A)
+
 
 def test_int16_storage_keeps_the_data_to_its_quantisation_step(tmp_path):
     a = make_consortium(tmp_path / "f", n_sites=1, subjects_per_site=1, n_components=3, n_timepoints=30,
