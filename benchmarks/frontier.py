@@ -202,7 +202,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def figure(rows, subjects_grid, path: Path) -> None:
+_LABELS = {"ica": str, "parcels": lambda v: f"{v} parcels", "bound": lambda v: f"bound {v:g}"}
+
+
+def figure(rows, subjects_grid, path: Path, *, series=("ica", "parcels", "bound"), value="r_truth_median",
+           ylabel="maps: mean |r| with the true networks", hline=None) -> None:
+    """One panel per consortium size: ``value`` against the total eps, one line per ``series`` key."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,17 +215,18 @@ def figure(rows, subjects_grid, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(subjects_grid), figsize=(4.2 * len(subjects_grid), 3.6), sharey=True)
     for ax, subjects in zip(np.atleast_1d(axes), subjects_grid):
-        series = sorted({(r["ica"], r["parcels"], r["bound"]) for r in rows if r["subjects"] == subjects})
-        for ica, P, bound in series:
-            pts = [(r["epsilon"], r["r_truth_median"]) for r in rows if r["subjects"] == subjects
-                   and (r["ica"], r["parcels"], r["bound"]) == (ica, P, bound) and r["epsilon"] != "none"]
-            if pts:
-                ax.plot(*zip(*pts), "o-" if ica == "spatial" else "s--", label=f"{ica}, {P} parcels, bound {bound:g}")
+        here = [r for r in rows if r["subjects"] == subjects and r["epsilon"] != "none" and r[value] != ""]
+        for key in sorted({tuple(r[k] for k in series) for r in here}):
+            pts = [(r["epsilon"], r[value]) for r in here if tuple(r[k] for k in series) == key]
+            ax.plot(*zip(*pts), "o-" if key[0] == "spatial" else "s--",
+                    label=", ".join(_LABELS[k](v) for k, v in zip(series, key)))
+        if hline is not None:
+            ax.axhline(hline, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.set_title(f"{subjects} subjects per site")
         ax.set_xlabel("total epsilon per site (headline)")
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("maps: mean |r| with the true networks")
+    np.atleast_1d(axes)[0].set_ylabel(ylabel)
     np.atleast_1d(axes)[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, mean_r, planned  # noqa: E402
+from frontier import base_config, figure, mean_r, planned  # noqa: E402
 
 from dpneuro.config import RunConfig  # noqa: E402
 
@@ -214,34 +214,10 @@ def main(argv=None) -> int:
             "runtime_s": runtime}
     (RESULTS / f"real_frontier{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
     if not args.quick:
-        figure(rows, subjects_grid, RESULTS / "real_frontier.png")
+        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "bound"), value="r_median",
+               ylabel="mean |r| with the non-private maps", hline=0.7)
     print(f"wrote {RESULTS / f'real_frontier{suffix}.csv'} in {runtime:.0f} s")
     return 0
-
-
-def figure(rows, subjects_grid, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(subjects_grid), figsize=(3.8 * len(subjects_grid), 3.6), sharey=True)
-    for ax, subjects in zip(np.atleast_1d(axes), subjects_grid):
-        series = sorted({(r["ica"], r["bound"]) for r in rows if r["subjects"] == subjects})
-        for ica, bound in series:
-            pts = [(r["epsilon"], r["r_median"]) for r in rows if r["subjects"] == subjects and r["ica"] == ica
-                   and r["bound"] == bound and r["epsilon"] != "none"]
-            ax.plot(*zip(*pts), "o-" if ica == "spatial" else "s--", label=f"{ica}, bound {bound:g}")
-        ax.axhline(0.7, color="grey", lw=0.8, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{subjects} subjects per site")
-        ax.set_xlabel("total epsilon per site (headline)")
-        ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("mean |r| with the non-private maps")
-    np.atleast_1d(axes)[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class RunConfig:
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
     n_components: int = 20
     reduction: str = "capepca"
-    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.57 with CanICA on real fMRI, temporal 0.37), and
+    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.62 with CanICA on real fMRI, temporal 0.36), and
     # the PCA is its only release (benchmarks/real_frontier.py)
     ica: str = "spatial"
     plan: str = "cape"

@@ -2,7 +2,7 @@
 
 Run it as a script (``python examples/decentralized_ica.py [OUT] [--small]``) or
 cell by cell in Jupyter. It synthesizes the demo's consortium (4 sites x 32
-subjects, 6 mm, 8 networks; about 70 s in all), so it needs no data of your
+subjects, 6 mm, 8 networks; about 80 s in all), so it needs no data of your
 own; ``--small`` (3 sites x 8 subjects, about 25 s) shows the API on a
 consortium too small for private maps, which the warnings then say. With real
 data, replace ``sites`` by your own mapping: site name -> folder, BIDS root or
