@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,22 @@ def reference(cfg: RunConfig) -> dict:
             "centroids": np.load(sts["centroids"]) if sts["n_states"] else None}
 
 
-def same_releases(a: dict, b: dict) -> bool:
-    """Two ledgers (as dicts) recorded the same releases, counts and noise draws (owners may differ)."""
-    return a["releases"] == b["releases"] and a["draws"] == b["draws"]
+def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:
+    """Two ledgers (as dicts) recorded the same releases, counts and noise draws (owners may differ).
+
+    ``rtol``: relative tolerance on the numbers of each release (sensitivity, sigma, ...), for runs whose
+    later releases depend on inputs equal only to rounding (PD-SVD's fresh blinding); everything else exact.
+    """
+    if a["draws"] != b["draws"] or len(a["releases"]) != len(b["releases"]):
+        return False
+    for ra, rb in zip(a["releases"], b["releases"]):
+        if set(ra) != set(rb):
+            return False
+        for k, va in ra.items():
+            vb = rb[k]
+            if isinstance(va, float) and isinstance(vb, float):
+                if not math.isclose(va, vb, rel_tol=rtol, abs_tol=0.0):
+                    return False
+            elif va != vb:
+                return False
+    return True

@@ -487,7 +487,9 @@ def test_pdsvd_and_brain_states_through_coinstac_services(tmp_path):
     assert priv["not_private"] and "PD-SVD" in priv["not_private"][0]
     for i, cid in enumerate(run.clients):
         led = priv["sites"][cid]["ledger"]
-        assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"]), cid
+        # the third moment's bound uses the noise level estimated from the released second moment, whose
+        # input (the whitened data) carries PD-SVD's run-to-run rounding
+        assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"], rtol=1e-6), cid
         assert sorted(r["stage"] for r in led["releases"]) == ["agn-m2", "agn-m3"]
         site_out = run.output_dir(cid)
         assert (site_out / "states.tsv").exists() and (site_out / "states.nii.gz").exists()

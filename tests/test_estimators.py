@@ -303,7 +303,7 @@ def test_example_script_runs_as_a_notebook_would(tmp_path):
     res = subprocess.run([sys.executable, str(script), str(tmp_path / "ex"), "--small"], capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "proposal for eps = 30" in res.stdout and "time courses (120, 6)" in res.stdout
+    assert "proposal for eps = 8" in res.stdout and "time courses (120, 6)" in res.stdout
     assert (tmp_path / "ex" / "report.html").stat().st_size > 10_000 and (tmp_path / "ex" / "IC01.png").exists()
     priv = json.loads((tmp_path / "ex" / "run" / "privacy.json").read_text())
-    assert max(priv["epsilon"].values()) == pytest.approx(30.0, rel=1e-6)
+    assert max(priv["epsilon"].values()) == pytest.approx(8.0, rel=1e-6)

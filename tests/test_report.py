@@ -58,7 +58,7 @@ def test_report_loads_offline_in_a_browser_with_every_image(mni_run, tmp_path):
     page = inspect_page(Path(res["report"]), screenshot=tmp_path / "report.png")
     assert page["errors"] == [], page["errors"]
     assert page["remote_requests"] == [], page["remote_requests"]
-    assert len(page["images"]) >= 4 + 4 + 1  # maps, their truths, convergence
+    assert len(page["images"]) >= 4 + 4  # maps and their truths (spatial ICA: no convergence figure)
     assert all(w > 0 and h > 0 for _, w, h in page["images"]), page["images"]
     assert page["iframes"] == 4
     assert (tmp_path / "report.png").stat().st_size > 10_000

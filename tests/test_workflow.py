@@ -26,8 +26,10 @@ def consortium(tmp_path_factory):
 
 
 def _config(root: Path, man: dict, out: str, **kw) -> RunConfig:
+    """Temporal ICA unless ``ica`` is given: the end-to-end test follows capeDJICA's rounds and their re-run."""
     d = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(root / out),
-             mask=man["mask"], n_components=R, truth=str(root / "data"), pca_epsilon=50.0, ica_epsilon_i=50.0,
+             mask=man["mask"], n_components=R, truth=str(root / "data"), ica="temporal", pca_epsilon=50.0,
+             ica_epsilon_i=50.0,
              ica_rounds=15, clip_G=5.0, clip_h=5.0, seed=1, plan="cape")
     d.update(kw)
     return RunConfig.from_dict(d).validate()
