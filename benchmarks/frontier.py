@@ -73,15 +73,15 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 
 
 def subject_frobenius(X_sites, lengths) -> np.ndarray:
+    """Every subject's ||X_m X_m^T / n_m||_F with unit-norm time points: what the subject bound compares."""
+    from dpneuro.algorithms.pca import gram_frobenius
     from dpneuro.analysis import unit_columns
 
     out = []
     for X, ln in zip(X_sites, lengths):
         a = 0
         for n in ln:
-            B = unit_columns(np.asarray(X[:, a:a + n], np.float64))
-            G = B.T @ B if n <= B.shape[0] else B @ B.T
-            out.append(float(np.linalg.norm(G)) / n)
+            out.append(gram_frobenius(unit_columns(X[:, a:a + n])) / n)
             a += n
     return np.array(out)
 
@@ -103,13 +103,15 @@ def planned(cfg, lengths, target: float, dim: int = PARCELS):
     return plan_for_target(cfg, shapes, dim, target).config
 
 
-def run_maps(cfg, X_sites, lengths, parcels):
+def run_maps(cfg, X_sites, lengths, parcels=None):
+    """The run's maps from in-memory site data: features x components, painted to voxels when ``parcels``."""
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.analysis import reduce_inprocess, unmix_inprocess
 
     red = reduce_inprocess(cfg, X_sites, lengths)
     unm = unmix_inprocess(cfg, X_sites, lengths, red.basis, red.eigenvalues)
-    return parcels.expand(spatial_maps(red.basis, red.eigenvalues, unm.W))
+    maps = spatial_maps(red.basis, red.eigenvalues, unm.W)
+    return maps if parcels is None else parcels.expand(maps)
 
 
 def mean_r(est, ref) -> float:

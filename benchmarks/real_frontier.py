@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, figure, mean_r, planned  # noqa: E402
+from frontier import base_config, figure, mean_r, planned, run_maps  # noqa: E402
 
-from dpneuro.config import RunConfig  # noqa: E402
+from dpneuro.config import ConfigError, RunConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
@@ -97,18 +97,8 @@ def pseudo_consortium(runs, subjects: int, n_sites: int, window: int, seed: int)
     return X_sites, lengths
 
 
-def region_maps(cfg, X_sites, lengths):
-    from dpneuro.algorithms.djica import spatial_maps
-    from dpneuro.analysis import reduce_inprocess, unmix_inprocess
-
-    red = reduce_inprocess(cfg, X_sites, lengths)
-    unm = unmix_inprocess(cfg, X_sites, lengths, red.basis, red.eigenvalues)
-    return spatial_maps(red.basis, red.eigenvalues, unm.W)
-
-
 def atlas_on_grid(atlas, space: str = "mni6mm"):
-    """Region label of every voxel of the analysis grid (0: outside), nearest-neighbour resampled."""
-    import nibabel as nib
+    """Region label of every voxel of the analysis grid (0: outside), nearest-neighbour resampled; its affine."""
     from nilearn.image import resample_img
 
     from dpneuro.io import load_space
@@ -117,11 +107,12 @@ def atlas_on_grid(atlas, space: str = "mni6mm"):
     img = resample_img(atlas, target_affine=affine, target_shape=mask.shape, interpolation="nearest",
                        force_resample=True, copy_header=True)
     labels = np.asarray(img.dataobj).astype(np.int64) * mask
-    return labels, affine, nib
+    return labels, affine
 
 
-def canica_maps(runs, labels, affine, nib, n_components: int, seed: int = 0):
+def canica_maps(runs, labels, affine, n_components: int, seed: int = 0):
     """nilearn's CanICA on every person's runs painted into the atlas (4-D images): voxels x components."""
+    import nibabel as nib
     from nilearn.decomposition import CanICA
 
     inside = labels > 0
@@ -145,8 +136,6 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small pseudo-consortium, two budgets, one seed, no CanICA")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
-    from dpneuro.config import ConfigError
-
     t0 = time.perf_counter()
     d, runs = real_subjects()
     if args.quick:
@@ -159,12 +148,12 @@ def main(argv=None) -> int:
         D = runs[0][0].shape[0]
         # 1. the real people, no noise, against CanICA
         X_real, len_real = split_real(runs, N_SITES)
-        labels, affine, nib = atlas_on_grid(d["atlas"])
-        ref_maps = {ica: region_maps(base_config(tmp, N_SITES, ica=ica, plan="none", parcels=0, seed=0),
+        labels, affine = atlas_on_grid(d["atlas"])
+        ref_maps = {ica: run_maps(base_config(tmp, N_SITES, ica=ica, plan="none", parcels=0, seed=0),
                                      X_real, len_real) for ica in ("spatial", "temporal")}
         if not args.quick:
             tc = time.perf_counter()
-            can, inside, idx = canica_maps(runs, labels, affine, nib, N_COMPONENTS)
+            can, inside, idx = canica_maps(runs, labels, affine, N_COMPONENTS)
             agreement["canica_seconds"] = time.perf_counter() - tc
             for ica, M in ref_maps.items():
                 agreement[f"{ica} vs CanICA"] = mean_r(M[idx], can)
@@ -179,7 +168,7 @@ def main(argv=None) -> int:
                     continue  # 40 private rounds over every time point: the largest sizes take too long
                 for bound in bounds if ica == "spatial" else (bounds[0], DEFAULT_BOUND):
                     kw = dict(ica=ica, pca_subject_bound=bound, parcels=0)
-                    ref = region_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
+                    ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
                     row0 = {"subjects": subjects, "ica": ica, "bound": bound}
                     if bound == bounds[0]:
                         rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica]),
@@ -194,7 +183,7 @@ def main(argv=None) -> int:
                                          "seeds": 0, "reference": f"refused by the planner: {exc}"})
                             print(rows[-1], flush=True)
                             continue
-                        r = [mean_r(region_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
+                        r = [mean_r(run_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
                         rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
                                      "pca_epsilon": round(cfg.pca_epsilon, 3), "seeds": len(seeds),
                                      "reference": "non-private, same data"})

@@ -313,11 +313,7 @@ def garch_sources(
         h = omega + alpha * e_prev2 + beta * h
         out[:, t] = np.sqrt(h) * z[:, t]
         e_prev2 = out[:, t] ** 2
-    s = out[:, burn_in:]
-    s = s - s.mean(axis=1, keepdims=True)
-    std = s.std(axis=1, keepdims=True)
-    std[std == 0] = 1.0
-    return s / std
+    return _standardise_rows(out[:, burn_in:])
 
 
 # ---------------------------------------------------------------------------
@@ -1148,8 +1144,7 @@ def make_consortium(
         raise ValueError(f"network_params must be a dict, got {type(network_params).__name__}")
     if dtype not in ("float32", "int16"):
         raise ValueError(f"dtype must be 'float32' or 'int16', got {dtype!r}")
-    if not np.isfinite(tr) or tr <= 0:
-        raise ValueError(f"tr must be a positive number of seconds, got {tr!r}")
+    tr = _check_tr(tr)
     states = _check_int(states, "states", 0)
     if states == 1:
         raise ValueError("states must be 0 (no brain states) or >= 2")

@@ -331,20 +331,17 @@ def _scale_note(scale) -> str:
 _CLIP_SLACK = 1e-9
 
 
-def subject_clip_factor(gram_fro: float, n_columns: int, bound: float | None) -> float:
+def subject_clip_factor(gram_fro: float, n_columns: int, bound: float) -> float:
     """min(1, bound * n_m / ||P_m||_F): the multiplier that clips one subject's P_m = X_m X_m^T.
 
     ``gram_fro`` is ||P_m||_F of the subject's scaled block; ``bound`` is the
-    public bound on the normalised matrix P_m / n_m (None or 1: no clipping
-    beyond what unit-norm columns already give).
+    public bound on the normalised matrix P_m / n_m (:func:`check_subject_bound`).
     """
-    if bound is None or bound >= 1.0:
-        return 1.0
     cap = bound * n_columns * (1.0 - _CLIP_SLACK)
     return 1.0 if gram_fro <= cap else cap / gram_fro
 
 
-def _gram_fro(B: np.ndarray) -> float:
+def gram_frobenius(B: np.ndarray) -> float:
     """||B B^T||_F from the smaller Gram matrix (same non-zero spectrum), in float64."""
     B = np.asarray(B, dtype=np.float64)
     G = B.T @ B if B.shape[1] <= B.shape[0] else B @ B.T
@@ -354,7 +351,8 @@ def _gram_fro(B: np.ndarray) -> float:
 def second_moment(src: SiteSource, scale, subject_bound: float | None = None) -> np.ndarray:
     """A_s = sum over blocks of f_m (B F)(B F)^T / N_s with F the per-column scale factors.
 
-    f_m is :func:`subject_clip_factor` of each block (a subject) under ``subject_bound``.
+    f_m is :func:`subject_clip_factor` of each block (a subject) under ``subject_bound``
+    (None: no clipping).
     """
     D = src.dim
     A = np.zeros((D, D))
@@ -362,7 +360,9 @@ def second_moment(src: SiteSource, scale, subject_bound: float | None = None) ->
         B = np.asarray(blk, dtype=np.float64)
         B = B * scale_factors(column_norms(B), scale)
         P = B @ B.T
-        A += subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound) * P
+        if subject_bound is not None:
+            P *= subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound)
+        A += P
         del blk, B, P  # before the next block is read
     A /= src.n_samples
     return (A + A.T) / 2
@@ -377,7 +377,7 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: fl
     factors f_m depend on the data only: pass a list as ``factors`` to keep
     them from the first call (filled when empty) instead of recomputing them.
     """
-    clip = subject_bound is not None and subject_bound < 1.0
+    clip = subject_bound is not None
     known = bool(factors)
     Y = np.zeros((src.dim, V.shape[1]))
     for i, blk in enumerate(src.blocks()):
@@ -390,7 +390,7 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: fl
             if known:
                 f_m = factors[i]
             else:
-                f_m = subject_clip_factor(_gram_fro(B * fs), B.shape[1], subject_bound)
+                f_m = subject_clip_factor(gram_frobenius(B * fs), B.shape[1], subject_bound)
                 if factors is not None:
                     factors.append(f_m)
         C = B.T @ V.astype(B.dtype, copy=False)
@@ -402,16 +402,19 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: fl
 
 
 def check_subject_bound(bound) -> float | None:
-    """None, or a public bound in (0, 1] on one subject's normalised second moment ||P_m / n_m||_F."""
+    """A public bound in (0, 1) on one subject's normalised second moment ||P_m / n_m||_F, or None (no clipping).
+
+    1 is no clipping (a unit-norm time point already gives ||P_m / n_m||_F <= 1), so it becomes None.
+    """
     if bound is None:
         return None
-    if isinstance(bound, bool):
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.integer, np.floating)):
         raise ValueError(f"subject_bound must be a number in (0, 1], got {bound!r}")
     b = float(bound)
     if not (0 < b <= 1):
         raise ValueError(f"subject_bound must be in (0, 1] (1: no clipping; a unit-norm time point already "
                          f"gives ||P_m / n_m||_F <= 1), got {bound!r}")
-    return b
+    return None if b == 1 else b
 
 
 def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "replace",
@@ -568,7 +571,7 @@ class CapePCA:
         if unit == "subject" and lengths is None:
             raise ValueError(f"site {site}: unit='subject' needs subject boundaries (subjects=..., a SiteData, "
                              "or one block per subject)")
-        clipped = self.subject_bound is not None and self.subject_bound < 1
+        clipped = self.subject_bound is not None
         if clipped and unit != "subject":
             raise ValueError(f"site {site}: subject_bound clips each subject's second moment, so it needs the "
                              "subject as the privacy unit (subject boundaries and unit='subject')")
