@@ -115,17 +115,48 @@ PDSVD_THREAT_MODEL = (
     "bounded: dpneuro.algorithms.pdsvd.ks_privacy.")
 
 
+#: the PCA without noise, streamed (D too large for D x D): iterations and extra columns so that the
+#: subspace converges like an exact eigendecomposition (rate (lambda_2k / lambda_k) per iteration)
+STREAMED_PCA_ITERATIONS = 30
+
+
+def pca_mode(cfg: RunConfig, dim: int) -> str:
+    """"covariance" (one D x D release) or "power" (D x k per round) for a run on ``dim`` features.
+
+    ``capepca-power`` always streams. The covariance mode must fit ``max_memory_gb``: the PCA without
+    noise then streams instead (no privacy changes), and capePCA is refused before anything runs.
+    """
+    from .algorithms.pca import covariance_bytes
+
+    if cfg.reduction == "capepca-power":
+        return "power"
+    need, limit = covariance_bytes(dim), cfg.max_memory_gb * 2**30
+    if need <= limit:
+        return "covariance"
+    if cfg.reduction == "none":
+        return "power"
+    raise ConfigError(
+        f"config field 'reduction': capePCA's covariance mode forms D x D matrices, and D = {dim} features need "
+        f"about {need / 2**30:.1f} GB per site, more than max_memory_gb = {cfg.max_memory_gb:g}. Use reduction = "
+        f"'capepca-power' (releases D x k per round, O(D k) memory), fewer features (parcels), or raise "
+        f"max_memory_gb if every site has the memory. Nothing was released")
+
+
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):
-    """The capePCA algorithm of a run (``dim``: D if known, checked against every site)."""
+    """The capePCA algorithm of a run (``dim``: D if known, checked against every site; default: the run's grid)."""
     from .algorithms.pca import CapePCA
+    from .budget import features
 
     if cfg.reduction not in DEPLOYABLE_REDUCTIONS:
         raise ConfigError(f"config field 'reduction': {cfg.reduction!r} is not a CAPE protocol; "
                           f"use one of {DEPLOYABLE_REDUCTIONS}")
-    mode = "power" if cfg.reduction == "capepca-power" else "covariance"
+    mode = pca_mode(cfg, features(cfg, dim))
+    power = {}
+    if mode == "power" and cfg.reduction == "none":
+        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components}
     # every time point scaled to unit norm at its site (SCALING_NOTE)
     return CapePCA(cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, mode=mode, scale="unit",
-                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound)
+                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound, **power)
 
 
 def pdsvd_protocol(cfg: RunConfig, n_sites: int):
@@ -204,16 +235,26 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
 def site_whiten(X, basis, eigenvalues) -> np.ndarray:
     """A site's whitened data Z = Lambda^{-1/2} V^T x for its unit-norm time points (float32).
 
-    The basis is made C-contiguous first: BLAS rounds a float32 product
-    differently for another memory layout, and the basis reaches a site in
-    different layouts (from ``np.load`` of a Fortran-ordered file in a
-    simulation, from a decoded message in a deployment).
+    ``X`` is the site's D x N matrix, or the path of its ``.npy`` file: it is
+    read in column blocks, so only the k x N result and one block are in
+    memory. The basis is made C-contiguous first: BLAS rounds a float32
+    product differently for another memory layout, and the basis reaches a
+    site in different layouts (from ``np.load`` of a Fortran-ordered file in
+    a simulation, from a decoded message in a deployment).
     """
-    from .algorithms.djica import whiten
+    from .algorithms.djica import _check_basis, whiten
+    from .io import column_blocks, site_matrix
 
     V = np.ascontiguousarray(basis, dtype=np.float64)
     lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
-    return whiten(unit_columns(np.asarray(X)), V, lam).astype(np.float32)
+    V, lam = _check_basis(V, lam)
+    X = site_matrix(X)
+    if X.ndim != 2 or X.shape[0] != V.shape[0]:
+        raise ValueError(f"X must be D x N with D = {V.shape[0]}, got shape {X.shape}")
+    Z = np.empty((V.shape[1], X.shape[1]), dtype=np.float32)
+    for a, b, blk in column_blocks(X):
+        Z[:, a:b] = whiten(unit_columns(blk), V, lam)
+    return Z
 
 
 def ica_algorithm(cfg: RunConfig):

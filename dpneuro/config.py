@@ -78,6 +78,11 @@ class RunConfig:
     # Real fMRI subjects sit at 0.28-0.35 (122 regions): 0.25 scales nearly all of them, the noise by 1/4 and
     # the signal by ~1/1.2
     pca_subject_bound: float = 0.25
+    # memory (GB) one site may use for the reduction: capePCA's covariance mode forms D x D matrices (about
+    # 9 D^2 doubles, so D <= ~7,700 at 4 GB: parcels and the 6 mm grid's voxels fit, finer voxels do not) and is
+    # refused before anything runs when they do not fit; "capepca-power" and the PCA without noise ("none",
+    # streamed when D x D does not fit) hold O(D k)
+    max_memory_gb: float = 4.0
     # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in [capeDJICA] Sec. V;
     # totals over all rounds are composed exactly from the ledgers at ``delta``
     ica_epsilon_i: float = 0.7
@@ -250,6 +255,9 @@ class RunConfig:
             check_subject_bound(self.pca_subject_bound)
         except ValueError as exc:
             bad("pca_subject_bound", str(exc))
+        if isinstance(self.max_memory_gb, bool) or not isinstance(self.max_memory_gb, (int, float)) \
+                or not (0 < self.max_memory_gb < math.inf):
+            bad("max_memory_gb", f"a positive number of GB, got {self.max_memory_gb!r}")
         if self.ica not in ICA_MODELS:
             bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
                 "after the PCA) or 'temporal' (capeDJICA)")

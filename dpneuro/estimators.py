@@ -337,7 +337,7 @@ class DecentralizedICA(_Decentralized):
         noise (not private; a reference).
     mask : Niimg-like path, optional
         Consortium mask; default: the template grid named by ``space``.
-    space : {"mni6mm", "mni4mm", "grid30"}, optional
+    space : {"mni6mm", "mni4mm", "mni3mm", "grid30"}, optional
     parcels : int, optional
         Data-independent parcels of the mask (0: voxels); default 100.
     reduction : {"capepca", "capepca-power", "none", "pdsvd"}, default "capepca"

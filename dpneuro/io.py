@@ -15,6 +15,7 @@ values can only be found while reading and are reported the same way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import json
@@ -39,6 +40,8 @@ __all__ = [
     "mask_to_image",
     "find_nifti",
     "subject_id_from_path",
+    "NpyColumns",
+    "column_blocks",
 ]
 
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
@@ -239,6 +242,160 @@ def scale_columns(X, scale="unit") -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
+# site matrices on disk: column-major .npy, read and written column block by column block
+# ---------------------------------------------------------------------------
+
+def resolve_workers(workers: int | None = None) -> int:
+    """The number of parallel workers: ``workers``, or the cores this process may use."""
+    if workers is None:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    return int(workers)
+
+
+def ordered_map(fn, items, *, workers: int = 1):
+    """Yield ``fn(item)`` in the order of ``items``, computed by ``workers`` threads.
+
+    At most ``2 * workers`` results wait to be consumed, so memory stays bounded
+    when ``fn`` returns large arrays. Closing the generator cancels the work not
+    yet started.
+    """
+    items = list(items)
+    if workers <= 1:
+        for x in items:
+            yield fn(x)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="dpneuro") as pool:
+        pending: deque = deque()
+        todo = iter(items)
+        try:
+            for x in todo:
+                pending.append(pool.submit(fn, x))
+                if len(pending) >= 2 * workers:
+                    break
+            while pending:
+                result = pending.popleft().result()
+                nxt = next(todo, pending)  # the deque itself marks the end
+                if nxt is not pending:
+                    pending.append(pool.submit(fn, nxt))
+                yield result
+                del result
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+class NpyColumns:
+    """A D x N ``.npy`` file read column block by column block with plain file reads.
+
+    The site matrices are stored column-major, so one subject's time points are
+    one contiguous read and the process holds only the block it asked for (a
+    memory map would keep every page it touched resident). A row-major file is
+    read through a memory map instead.
+    """
+
+    ndim = 2
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                major, _ = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, self.fortran_order, self.dtype = read(f)
+                self.offset = f.tell()
+        except FileNotFoundError:
+            raise DataValidationError(f"{self.path}: file not found") from None
+        except ValueError as exc:
+            raise DataValidationError(f"{self.path}: not a .npy file ({exc})") from None
+        if len(shape) != 2:
+            raise DataValidationError(f"{self.path}: a site matrix must be D x N, got shape {shape}")
+        self.shape = tuple(int(n) for n in shape)
+
+    def __repr__(self) -> str:
+        return f"NpyColumns({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def columns(self, a: int, b: int) -> np.ndarray:
+        """Columns a..b-1 as a fresh D x (b - a) array."""
+        D, N = self.shape
+        if not 0 <= a <= b <= N:
+            raise IndexError(f"columns {a}:{b} outside 0:{N}")
+        if not self.fortran_order:
+            return np.array(np.load(self.path, mmap_mode="r")[:, a:b])
+        out = np.empty((b - a, D), dtype=self.dtype)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + a * D * self.dtype.itemsize)
+            got = f.readinto(memoryview(out).cast("B"))
+        if got != out.nbytes:
+            raise DataValidationError(f"{self.path}: truncated ({got} of {out.nbytes} bytes of columns {a}:{b})")
+        return out.T
+
+
+class ColumnWriter:
+    """Write a D x N float32 ``.npy`` (column-major) from consecutive column blocks.
+
+    The file is complete only when exactly N columns were written; otherwise
+    leaving the ``with`` block raises and removes it.
+    """
+
+    def __init__(self, path, shape: tuple[int, int]):
+        self.path, self.shape, self.written = Path(path), (int(shape[0]), int(shape[1])), 0
+
+    def __enter__(self) -> ColumnWriter:
+        self._f = open(self.path, "wb")
+        np.lib.format.write_array_header_1_0(
+            self._f, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": True,
+                      "shape": self.shape})
+        return self
+
+    def write(self, block: np.ndarray) -> None:
+        if block.ndim != 2 or block.shape[0] != self.shape[0]:
+            raise ValueError(f"a block must have {self.shape[0]} rows, got shape {block.shape}")
+        if self.written + block.shape[1] > self.shape[1]:
+            raise ValueError(f"more than the {self.shape[1]} columns of {self.path}")
+        np.ascontiguousarray(block.T, dtype="<f4").tofile(self._f)
+        self.written += block.shape[1]
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._f.close()
+        if exc_type is None and self.written != self.shape[1]:
+            self.path.unlink(missing_ok=True)
+            raise RuntimeError(f"{self.path}: {self.written} of {self.shape[1]} columns written")
+        if exc_type is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def site_matrix(X):
+    """A site's D x N matrix for block reading: a ``.npy`` path becomes :class:`NpyColumns`; arrays stay."""
+    if isinstance(X, (str, os.PathLike)):
+        return NpyColumns(X)
+    return X
+
+
+def column_blocks(X, ranges=None, *, block_bytes: int = 1 << 26) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Yield ``(start, stop, block)`` over the columns of a site matrix (array, path or :class:`NpyColumns`).
+
+    ``ranges``: the (start, stop) column ranges to read (e.g. the subjects);
+    default: consecutive blocks of about ``block_bytes``.
+    """
+    X = site_matrix(X)
+    D, N = X.shape
+    if ranges is None:
+        width = max(1, block_bytes // (4 * max(1, D)))
+        ranges = [(a, min(a + width, N)) for a in range(0, N, width)]
+    read = X.columns if isinstance(X, NpyColumns) else (lambda a, b: X[:, a:b])
+    for a, b in ranges:
+        yield a, b, read(a, b)
+
+
+# ---------------------------------------------------------------------------
 # mask helpers
 # ---------------------------------------------------------------------------
 
@@ -341,10 +498,10 @@ def mask_to_image(values, mask) -> nib.Nifti1Image:
 # ---------------------------------------------------------------------------
 
 #: the template grids a run may name instead of a mask (RunConfig.space)
-SPACES = ("mni4mm", "mni6mm", "grid30")
+SPACES = ("mni3mm", "mni4mm", "mni6mm", "grid30")
 
 #: expected in-mask voxel counts; used as a sanity check
-_EXPECTED_VOXELS = {"mni4mm": 29_398, "mni6mm": 8_735, "grid30": 900}
+_EXPECTED_VOXELS = {"mni3mm": 69_765, "mni4mm": 29_398, "mni6mm": 8_735, "grid30": 900}
 
 
 def load_space(space: str) -> tuple[np.ndarray, np.ndarray]:
@@ -352,9 +509,10 @@ def load_space(space: str) -> tuple[np.ndarray, np.ndarray]:
 
     Parameters
     ----------
-    space : {"mni4mm", "mni6mm", "grid30"}
-        ``"mni4mm"`` / ``"mni6mm"``: nilearn's shipped MNI152 brain mask at
-        4 / 6 mm isotropic (29,398 / 8,735 voxels; no download needed).
+    space : {"mni3mm", "mni4mm", "mni6mm", "grid30"}
+        ``"mni3mm"`` / ``"mni4mm"`` / ``"mni6mm"``: nilearn's shipped MNI152
+        brain mask at 3 / 4 / 6 mm isotropic (69,765 / 29,398 / 8,735 voxels;
+        no download needed).
         ``"grid30"``: the papers' 30 x 30 2-D grid as a 30 x 30 x 1 volume
         with an identity affine and every voxel in the mask (D = 900).
 
@@ -372,9 +530,9 @@ def _load_space_cached(space: str) -> tuple[np.ndarray, np.ndarray]:
     # nilearn's import and the mask read take ~2 s: do them once per process
     if space == "grid30":
         return np.ones((30, 30, 1), dtype=bool), np.eye(4)
-    if space not in ("mni4mm", "mni6mm"):
+    if space not in SPACES:
         raise ValueError(f"unknown space {space!r}; choose one of {', '.join(SPACES)}")
-    res = 4 if space == "mni4mm" else 6
+    res = int(space[3])
     from nilearn import datasets, image  # slow import; only needed here
 
     img = datasets.load_mni152_brain_mask(resolution=res)
@@ -675,13 +833,22 @@ def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int
 def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool) -> np.ndarray:
     """Masked D x T float32 block of one subject, preprocessed."""
     try:
-        data = np.asanyarray(nib.load(str(path)).dataobj)
+        proxy = nib.load(str(path)).dataobj
+        # the stored values, masked first: scaling only the mask's voxels, in float32, avoids a float64 copy
+        # of the whole grid
+        block = np.asarray(proxy.get_unscaled())[mask]
     except Exception as exc:
         raise DataValidationError(
             f"{path}: unreadable or corrupted data ({type(exc).__name__}: {exc})"
         ) from exc
-    block = data[mask]
-    del data  # only one subject's full image at a time
+    slope, inter = float(proxy.slope), float(proxy.inter)  # nibabel: 1 and 0 when the header has none
+    # float32 holds every 8- and 16-bit integer and float32 value exactly; wider types keep float64
+    block = block.astype(np.float32 if block.dtype.itemsize <= 2 or block.dtype == np.float32 else np.float64,
+                         copy=False)
+    if slope != 1.0:
+        block = block * block.dtype.type(slope)
+    if inter != 0.0:
+        block += block.dtype.type(inter)
     finite = np.isfinite(block)
     if not finite.all():
         n_bad = int((~finite.all(axis=1)).sum())
@@ -727,6 +894,7 @@ def load_site(
     parcels=None,
     bids: dict | None = None,
     subjects_tsv=None,
+    workers: int | None = None,
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
@@ -747,10 +915,12 @@ def load_site(
     min_volumes : int, default 10
         Files with fewer volumes are rejected.
     memmap_path : str or Path, optional
-        Write `X` into this ``.npy`` file (memory-mapped, filled subject by
-        subject) and return it opened read-only; a ``.json`` sidecar with
-        the same stem records the metadata (see :func:`open_site_data`).
-        Default: `X` is an in-memory array.
+        Write `X` into this ``.npy`` file (column-major, so that a subject's
+        columns are contiguous on disk; written subject by subject) and
+        return it memory-mapped read-only; a ``.json`` sidecar with the same
+        stem records the metadata (see :func:`open_site_data`). Later stages
+        read it block by block (:class:`NpyColumns`) and never decode the
+        NIfTI files again. Default: `X` is an in-memory array.
     progress : bool, default False
         Show a tqdm progress bar while reading.
     parcels : dpneuro.parcellation.Parcellation, optional
@@ -761,6 +931,10 @@ def load_site(
         BIDS filters (``task``, ``space``, ``session``, ``run``).
     subjects_tsv : str or Path, optional
         TSV mapping files to subjects (columns ``file``, ``subject``).
+    workers : int, optional
+        Runs decoded at the same time, in threads (gzip, nibabel and numpy
+        release the GIL); default: the usable cores (:func:`resolve_workers`).
+        The result does not depend on it.
 
     Returns
     -------
@@ -815,25 +989,33 @@ def load_site(
             raise DataValidationError(f"the parcellation has {len(parcels.labels)} voxels but the mask has {D}")
         D = parcels.n_parcels
 
-    # ---- pass 2: read run by run into the output (each run preprocessed on its own)
+    # ---- pass 2: decode runs in parallel, write them in column order (each run preprocessed on its own)
     if memmap_path is not None:
         memmap_path = Path(memmap_path)
         memmap_path.parent.mkdir(parents=True, exist_ok=True)
-        X = np.lib.format.open_memmap(memmap_path, mode="w+", dtype=np.float32, shape=(D, N))
+        X = None
     else:
-        X = np.empty((D, N), dtype=np.float32)
+        X = np.empty((D, N), dtype=np.float32, order="F")
 
     from tqdm.auto import tqdm
 
-    run_starts = np.concatenate([[0], np.cumsum(run_vols)])
+    def decode(path: Path) -> np.ndarray:
+        block = _read_subject(path, mask_bool, standardize, detrend)
+        return block if parcels is None else parcels.reduce(block)
+
+    blocks = ordered_map(decode, files, workers=resolve_workers(workers))
     try:
-        for i, path in enumerate(tqdm(files, desc="load", unit="run", disable=not progress)):
-            a, b = int(run_starts[i]), int(run_starts[i + 1])
-            block = _read_subject(path, mask_bool, standardize, detrend)
-            X[:, a:b] = block if parcels is None else parcels.reduce(block)
+        with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out:
+            a = 0
+            for block in tqdm(blocks, total=len(files), desc="load", unit="run", disable=not progress):
+                if out is None:
+                    X[:, a:a + block.shape[1]] = block
+                else:
+                    out.write(block)
+                a += block.shape[1]
     except BaseException:
+        blocks.close()
         if memmap_path is not None:
-            del X
             memmap_path.unlink(missing_ok=True)
         raise
 
@@ -851,8 +1033,6 @@ def load_site(
         memmap_path=str(memmap_path) if memmap_path is not None else None,
     )
     if memmap_path is not None:
-        X.flush()
-        del X
         site.X = np.load(memmap_path, mmap_mode="r")
         with open(memmap_path.with_suffix(".json"), "w") as f:
             json.dump(site.metadata(), f, indent=1)

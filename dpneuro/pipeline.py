@@ -81,7 +81,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
     "load": ("sites", "standardize", "min_volumes", "bids"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound", "delta",
-               "seed", "pdsvd_iterations"),
+               "seed", "pdsvd_iterations", "max_memory_gb"),
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
@@ -201,8 +201,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     if out.exists():
         return str(out)
     t0 = time.perf_counter()
-    X = [np.load(s["X"], mmap_mode="r") for s in sites]
-    res = reduce_inprocess(cfg, X, [_lengths(s) for s in sites], options=_options("capePCA"))
+    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites], options=_options("capePCA"))
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
@@ -224,7 +223,7 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
         return str(out)
     t0 = time.perf_counter()
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    res = unmix_inprocess(cfg, [np.load(s["X"], mmap_mode="r") for s in sites], [_lengths(s) for s in sites],
+    res = unmix_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
                           V, lam, options=_options("capeDJICA"))
     np.save(d / "W.npy", res.W)
     np.save(d / "b.npy", res.b)
@@ -250,7 +249,7 @@ def stage_states(cfg_json: str, site_jsons: list[str], reduce_json: str, key: st
     t0 = time.perf_counter()
     red = _read_json(reduce_json)
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    Z = [site_whiten(np.load(s["X"], mmap_mode="r"), V, lam) for s in sites]
+    Z = [site_whiten(s["X"], V, lam) for s in sites]
     res = states_inprocess(cfg, Z, [_lengths(s) for s in sites], options=_options("capeAGN brain states"))
     np.save(d / "centroids.npy", res.centroids)
     return _write_json(out, {"n_states": cfg.brain_states, "centroids": str(d / "centroids.npy"),
@@ -278,7 +277,13 @@ def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
     if until not in STAGES:
         raise ValueError(f"until must be one of {STAGES}, got {until!r}")
     reached = tuple(s for s in RELEASING_STAGES if STAGES.index(s) <= STAGES.index(until))
-    return apply_target(cfg.resolved().validate(), stages=reached)
+    cfg = cfg.resolved().validate()
+    if cfg.reduction != "pdsvd":
+        from .analysis import pca_mode
+        from .budget import features
+
+        pca_mode(cfg, features(cfg))  # a reduction that cannot fit is refused before any data are read
+    return apply_target(cfg, stages=reached)
 
 
 def write_config(cfg: RunConfig) -> str:
@@ -385,7 +390,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     C = np.load(sts["centroids"]) if sts["n_states"] else None
     tcs, occ = {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
-        Z = site_whiten(np.load(s["X"], mmap_mode="r"), V, lam)
+        Z = site_whiten(s["X"], V, lam)
         S = time_courses(W, Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
@@ -399,6 +404,11 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     problem = template_problem(space["mask"])
     if problem:
         warnings.append(f"WARNING: {problem}")
+    if np.any(lam <= 0):
+        warnings.append(f"WARNING: {int(np.sum(lam <= 0))} of the {lam.size} released eigenvalues are <= 0: the "
+                        "noise exceeds the signal in those directions, so their components are noise (whitened with "
+                        "a floor). Ask for fewer components or spend more budget (dpneuro budget says how many it "
+                        "supports).")
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
               "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem,

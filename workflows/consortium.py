@@ -97,7 +97,7 @@ def _one_line(exc: BaseException) -> str:
     return msg + (f" (crash report: {crash})" if crash else "")
 
 
-def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prepared: bool = False,
+def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared: bool = False,
                  **plugin_args) -> dict:
     """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
 
@@ -109,6 +109,10 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prep
     if not prepared:
         cfg, _ = pipeline.prepare(cfg)
     wf = build_workflow(cfg, cache_dir)
+    if plugin == "cf":
+        from dpneuro.io import resolve_workers
+
+        plugin_args.setdefault("n_procs", resolve_workers())  # the sites load in parallel, one per core
     try:
         with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
             sub(wf)

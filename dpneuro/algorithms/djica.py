@@ -473,6 +473,26 @@ def _float_data(X) -> np.ndarray:
 # whitening and back-projection
 # ---------------------------------------------------------------------------------------
 
+#: a released eigenvalue <= 0 (noise above the signal) is raised to this fraction of the largest for whitening
+EIGENVALUE_FLOOR = 1e-3
+
+
+def usable_eigenvalues(eigenvalues) -> np.ndarray:
+    """Released eigenvalues made positive for whitening, by post-processing.
+
+    The top-k eigenvalues of a noisy second moment can be <= 0 when the noise
+    exceeds the signal; whitening needs them positive, and failing after the
+    release would waste the privacy it spent. Each one <= 0 becomes
+    :data:`EIGENVALUE_FLOOR` times the largest (1 when none is positive): its
+    component is noise, and the run warns about it.
+    """
+    lam = np.asarray(eigenvalues, np.float64)
+    if np.all(lam > 0):
+        return lam
+    top = float(lam.max()) if lam.size and lam.max() > 0 else 1.0 / EIGENVALUE_FLOOR
+    return np.where(lam > 0, lam, EIGENVALUE_FLOOR * top)
+
+
 def _check_basis(basis, eigenvalues) -> tuple[np.ndarray, np.ndarray]:
     V = np.asarray(basis, np.float64)
     lam = np.asarray(eigenvalues, np.float64).reshape(-1)
@@ -483,9 +503,9 @@ def _check_basis(basis, eigenvalues) -> tuple[np.ndarray, np.ndarray]:
     lam = lam[: V.shape[1]]
     if lam.size != V.shape[1]:
         raise ValueError(f"{V.shape[1]} basis vectors but {lam.size} eigenvalues")
-    if not (np.all(np.isfinite(lam)) and np.all(lam > 0)):
-        raise ValueError("whitening needs positive finite eigenvalues (the top-k of a noisy "
-                         "second-moment matrix can be <= 0: choose a smaller k)")
+    if not np.all(np.isfinite(lam)):
+        raise ValueError("eigenvalues contain NaN or infinite values")
+    lam = usable_eigenvalues(lam)
     if not np.all(np.isfinite(V)):
         raise ValueError("basis contains NaN or infinite values")
     return V, lam

@@ -108,7 +108,7 @@ import numpy as np
 import scipy.linalg
 
 from .. import privacy
-from ..io import column_norms, scale_factors, subject_ranges
+from ..io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
@@ -180,7 +180,8 @@ class SiteSource:
     ----------
     data
         One of: a D x N array (in memory or a ``numpy.memmap``); the path of a
-        ``.npy`` file (memory-mapped); a :class:`dpneuro.io.SiteData` (its
+        ``.npy`` file or a :class:`dpneuro.io.NpyColumns` (read block by block
+        from the file); a :class:`dpneuro.io.SiteData` (its
         subject boundaries are used); a sequence of D x N_m arrays (one per
         subject); or a callable returning a fresh iterable of D x N_m blocks on
         every call (e.g. ``site_data.iter_subjects``), one block per subject.
@@ -208,7 +209,7 @@ class SiteSource:
         self.lengths: list[int] | None = None
         self.max_norm = 0.0
         if isinstance(data, (str, os.PathLike)):
-            data = np.load(data, mmap_mode="r")
+            data = NpyColumns(data)
         if hasattr(data, "X") and hasattr(data, "boundaries") and hasattr(data, "iter_subjects"):
             if subjects is None:
                 self._subjects_spec = [tuple(b) for b in data.boundaries]
@@ -218,6 +219,8 @@ class SiteSource:
                 raise ValueError(f"site data must be a D x N matrix, got shape {data.shape}")
             if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)):
                 raise ValueError(f"site data must be real numbers, got dtype {data.dtype}")
+            self._array = data
+        elif isinstance(data, NpyColumns):
             self._array = data
         elif callable(data):
             self._blocks_fn = data
@@ -238,14 +241,14 @@ class SiteSource:
     def blocks(self):
         """Yield the site's data as D x n_b blocks (one subject each when subjects are known)."""
         if self._array is not None:
-            if self._ranges is not None:
-                for a, b in self._ranges:
-                    yield self._array[:, a:b]
-            else:
+            ranges = self._ranges
+            if ranges is None:
                 D, n = self._array.shape
                 width = self.chunk_columns or max(1, (1 << 26) // (8 * max(1, D)))
-                for a in range(0, n, width):
-                    yield self._array[:, a:a + width]
+                ranges = [(a, min(a + width, n)) for a in range(0, n, width)]
+            for _, _, blk in column_blocks(self._array, ranges):
+                yield blk
+                del blk  # before the next block is read: one subject in memory
         else:
             it = self._blocks_fn()
             if it is None:
@@ -430,6 +433,16 @@ def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "
     c = check_subject_bound(subject_bound) or 1.0
     base = c * max_subject_len / n_samples
     return base * (math.sqrt(2.0) if neighbour == "replace" else 1.0)
+
+
+#: the covariance mode's peak memory in D x D float64 matrices (one site and the aggregator in one process,
+#: measured at D = 3000: the site's sum, its noise and message, the aggregator's average and eigendecomposition)
+COVARIANCE_MATRICES = 9
+
+
+def covariance_bytes(dim: int) -> int:
+    """Memory the covariance mode needs for ``dim`` features (:data:`COVARIANCE_MATRICES` D x D doubles)."""
+    return COVARIANCE_MATRICES * 8 * int(dim) ** 2
 
 
 # -- parameter checks -----------------------------------------------------------------------

@@ -62,7 +62,8 @@ MANIFEST_VERSION = 1
 #: settings every party must share: privacy budget, collusion assumption, data
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
-    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "ica_epsilon_i", "ica_delta_i", "ica_rounds",
+    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "max_memory_gb", "ica_epsilon_i",
+    "ica_delta_i", "ica_rounds",
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
     "seed", "simulation",
@@ -262,7 +263,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     if done.exists():
         return json.loads(done.read_text())
     info = load_site_data(ctx)
-    X = np.load(info["X"], mmap_mode="r")
+    X = info["X"]  # the .npy path: read subject by subject, never mapped whole
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
 
