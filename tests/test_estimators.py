@@ -225,8 +225,12 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)
     # the images hold float32: maps equal to ~1e-12 may round to neighbouring float32 values (one unit in the
-    # last place, < 1e-6 for z-scores below 8); PD-SVD's fresh blinding factors move its fixed-point rounding
-    atol = 1e-5 if DEPLOYED[case].get("reduction") == "pdsvd" else 1e-6
+    # last place, < 1e-6 for z-scores below 8); PD-SVD's fresh blinding factors move its fixed-point rounding.
+    # Spatial ICA on this 900-voxel, 3 x 4 subject consortium is ill-conditioned: bases that agree to 2e-15
+    # (the sites' BLAS rounding in separate processes) give maps that agree to ~5e-6, while any difference in
+    # what was released (noise, data) moves them by more than 0.1
+    atol = 1e-5 if DEPLOYED[case].get("reduction") == "pdsvd" else 1e-6 if DEPLOYED[case]["ica"] == "temporal" \
+        else 5e-5
     np.testing.assert_allclose(np.asarray(agg.components_img_.dataobj),
                                np.asarray(sim.components_img_.dataobj), rtol=0, atol=atol)
     assert agg.privacy_.epsilon == pytest.approx(sim.privacy_.epsilon)

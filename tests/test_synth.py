@@ -331,3 +331,173 @@ def test_int16_storage_keeps_the_data_to_its_quantisation_step(tmp_path):
     assert nib.load(all_subjects(b)[0]["path"]).get_data_dtype() == np.int16
     with pytest.raises(ValueError, match="dtype"):
         make_consortium(tmp_path / "z", n_sites=1, subjects_per_site=1, space="grid30", dtype="float16")
+
+
+# ---------------------------------------------------------------------------
+# parallel workers, compression, the 3 mm grid
+# ---------------------------------------------------------------------------
+
+def _sha256s(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kw", [
+    dict(model="blobs", space="grid30", n_components=4),
+    dict(model="blobs", space="mni6mm", n_components=4, states=2, dtype="int16"),
+    dict(model="networks", space="mni6mm", n_components=4),
+    dict(model="networks", space="grid30", n_components=3, dtype="int16", compress=False),
+], ids=["blobs", "blobs-states-int16", "networks", "networks-int16-nii"])
+def test_workers_do_not_change_a_byte(tmp_path, kw):
+    kw = dict(n_sites=2, subjects_per_site=[2, 3], n_timepoints=12, seed=6, **kw)
+    make_consortium(tmp_path / "w1", workers=1, **kw)
+    make_consortium(tmp_path / "w2", workers=2, **kw)
+    one, two = _sha256s(tmp_path / "w1"), _sha256s(tmp_path / "w2")
+    assert len(one) >= 1 + 2 + 2 * 5 + 1  # manifest, mask, maps, A, 5 subjects x (BOLD, sources)
+    assert one == two  # every file, the manifest and gzip streams included
+
+
+def test_uncompressed_nii_same_data_and_found_by_the_loaders(tmp_path):
+    from dpneuro.io import find_subjects
+
+    kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", seed=2,
+              dtype="int16")
+    gz = make_consortium(tmp_path / "gz", **kw)
+    nii = make_consortium(tmp_path / "nii", **kw, compress=False)
+    raw = json.loads((tmp_path / "nii" / "manifest.json").read_text())
+    assert raw["sites"][0]["subjects"][0]["path"] == "site-01/sub-0001_bold.nii"
+    assert load_manifest(tmp_path / "nii") == nii
+    import gzip
+
+    for a, b in zip(all_subjects(gz), all_subjects(nii)):
+        assert a["path"].endswith(".nii.gz") and b["path"].endswith("_bold.nii")
+        # the .nii is exactly the .nii.gz decompressed: header, scaling and data
+        assert gzip.decompress(Path(a["path"]).read_bytes()) == Path(b["path"]).read_bytes()
+    for site in nii["sites"]:
+        found = find_subjects(site["path"]).subjects
+        assert [sid for sid, _ in found] == [s["id"] for s in site["subjects"]]
+        assert [str(f) for _, files in found for f in files] == [s["path"] for s in site["subjects"]]
+    # a compressed re-run into the same folder replaces the .nii files (they are in the old manifest)
+    make_consortium(tmp_path / "nii", **kw)
+    assert sorted(p.name for p in (tmp_path / "nii" / "site-02").iterdir()) == [
+        "sub-0002_bold.nii.gz", "sub-0003_bold.nii.gz"]
+
+
+@pytest.mark.parametrize("space", ["mni6mm", "grid30"])
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+@pytest.mark.parametrize("offset", [0.0, 5.0])
+def test_bold_encoding_is_what_nib_save_writes(tmp_path, space, dtype, offset):
+    """The writer never builds the float volume; its bytes must still be nib.save's (header, scaling, data).
+
+    offset 5: all in-mask values positive, so the zeros outside the mask (mni6mm; grid30 has none) set the
+    int16 range.
+    """
+    from dpneuro.synth import _nifti, _SubjectWriter, _to_volume
+
+    mask, affine = load_space(space)
+    X = (np.random.default_rng(0).standard_normal((int(mask.sum()), 7)) + offset).astype(np.float32)
+    head, data = _SubjectWriter(None, mask, affine, space, 7, 2.5, dtype, False)._encode(X)
+    img = _nifti(_to_volume(X, mask), affine, space, 2.5)
+    if dtype == "int16":
+        img.set_data_dtype(np.int16)
+    nib.save(img, tmp_path / "ref.nii")
+    assert head + data.tobytes() == (tmp_path / "ref.nii").read_bytes()
+
+
+@pytest.mark.parametrize("space", ["mni6mm", "grid30"])
+def test_bold_gzip_is_what_nib_save_writes(tmp_path, monkeypatch, space):
+    """The .nii.gz files are nib.save's at gzip level 1, header included: the files did not change."""
+    monkeypatch.setattr(nib.openers.Opener, "default_compresslevel", 1)
+    from dpneuro.synth import _nifti, _to_volume
+
+    man = make_consortium(tmp_path / "c", 1, 2, n_components=3, n_timepoints=6, space=space, seed=4, workers=2)
+    mask, affine = load_space(space)
+    for sub in all_subjects(man):
+        X = np.asarray(nib.load(sub["path"]).dataobj)[mask]  # float32: exactly the generated data
+        nib.save(_nifti(_to_volume(X, mask), affine, space, 2.0), tmp_path / "ref.nii.gz")
+        assert Path(sub["path"]).read_bytes() == (tmp_path / "ref.nii.gz").read_bytes()
+
+
+def test_every_space_has_its_model_parameters():
+    from dpneuro.io import SPACES
+    from dpneuro.synth import _BLOB_SIGMA, _NET_GLOBAL_SMOOTH, _NET_PHYSIO_SMOOTH, _NET_SIGMA
+
+    for table in (_BLOB_SIGMA, _NET_SIGMA, _NET_PHYSIO_SMOOTH, _NET_GLOBAL_SMOOTH):
+        assert set(table) == set(SPACES)
+    for space in SPACES:
+        if space.startswith("mni"):  # the same anatomy in millimetres on every MNI grid
+            vox = float(space[3])
+            assert tuple(v * vox for v in _BLOB_SIGMA[space]) == pytest.approx((8.0, 14.0))
+            assert _NET_SIGMA[space] == (5.0, 9.0) and _NET_PHYSIO_SMOOTH[space] == (2.0, 8.0)
+            assert _NET_GLOBAL_SMOOTH[space] == 25.0
+
+
+@pytest.mark.parametrize("model", ["blobs", "networks"])
+def test_mni3mm_consortium(tmp_path, model):
+    man = make_consortium(tmp_path, 1, 2, n_components=3, n_timepoints=4, space="mni3mm", seed=0, model=model,
+                          dtype="int16")
+    mask, affine = load_space("mni3mm")
+    assert man["space"] == "mni3mm" and man["n_voxels"] == int(mask.sum()) == 69_765
+    np.testing.assert_array_equal(np.asarray(nib.load(man["mask"]).dataobj) > 0, mask)
+    A = np.load(man["truth"]["A"])
+    assert A.shape == (69_765, 3) and np.abs(A).max(axis=0) == pytest.approx(1.0)
+    for sub in all_subjects(man):
+        img = nib.load(sub["path"])
+        assert img.shape == mask.shape + (4,)
+        np.testing.assert_allclose(img.affine, affine)
+        assert img.header.get_zooms() == pytest.approx((3.0, 3.0, 3.0, 2.0))
+        data = np.asarray(img.dataobj)
+        step = np.ptp(data) / 65535
+        assert np.abs(data[~mask]).max() <= step  # int16: the out-of-brain zeros up to one quantisation step
+        assert np.isfinite(data[mask]).all() and data[mask].std() > 0.1
+    if model == "networks":
+        assert man["truth"]["networks"]["region_sigma_mm"] == [5.0, 9.0]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_bar_with_workers(tmp_path, capsys, workers):
+    make_consortium(tmp_path, 2, 3, n_components=2, n_timepoints=5, space="grid30", progress=True, workers=workers)
+    assert "6/6" in capsys.readouterr().err
+
+
+def test_a_failing_subject_stops_the_run(tmp_path, monkeypatch):
+    import dpneuro.synth as synth
+
+    real = synth._subject_data
+
+    def flaky(model, s_idx, m_idx, *args):
+        if (s_idx, m_idx) == (1, 0):
+            raise RuntimeError("disk on fire")
+        return real(model, s_idx, m_idx, *args)
+
+    monkeypatch.setattr(synth, "_subject_data", flaky)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        make_consortium(tmp_path, 2, 2, n_components=2, n_timepoints=5, space="grid30", workers=2)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(workers=0), "workers"),
+    (dict(workers=1.5), "workers"),
+    (dict(workers=True), "workers"),
+    (dict(compress="yes"), "compress"),
+])
+def test_bad_parallel_arguments(tmp_path, kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        make_consortium(tmp_path / "x", 1, 1, space="grid30", **kwargs)
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_synth_workers_and_no_compress(tmp_path):
+    from dpneuro.cli import main
+
+    out = tmp_path / "cons"
+    assert main(["synth", "--out", str(out), "--sites", "1", "--subjects", "3", "--space", "grid30",
+                 "--timepoints", "6", "--workers", "2", "--no-compress", "-q"]) == 0
+    man = load_manifest(out)
+    assert [Path(s["path"]).name for s in all_subjects(man)] == [
+        "sub-0001_bold.nii", "sub-0002_bold.nii", "sub-0003_bold.nii"]
+    assert nib.load(all_subjects(man)[0]["path"]).shape == (30, 30, 1, 6)
+    assert main(["synth", "--out", str(tmp_path / "bad"), "--space", "grid30", "--workers", "0", "-q"]) == 2
