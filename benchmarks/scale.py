@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve()
 #: name -> (grid, parcels)
 CONFIGS = {"200 parcels": ("mni4mm", 200), "6 mm voxels": ("mni6mm", 0), "4 mm voxels": ("mni4mm", 0)}
 QUICK_CONFIGS = {"50 parcels": ("mni6mm", 50), "6 mm voxels": ("mni6mm", 0)}
+#: each measured in its own process; "load" includes the mask and parcels (pipeline.run_stages always runs both)
+STAGES = ("load", "reduce", "unmix", "maps")
 
 
 def _vm_hwm_mb() -> float:
@@ -163,8 +165,8 @@ def main(argv=None) -> int:
                     row = {"config": name, "features": parcels or _n_voxels(man["mask"]),
                            "subjects_per_site": M, "sites": sites, "timepoints": T, "reduction": cfg.reduction,
                            "workers": workers, "decompress_s": round(floor, 2)}
-                    for st in ("space", "load", "reduce", "unmix", "maps"):
-                        if st in ("space", "load") and reduction == "private":  # shared with the first run
+                    for st in STAGES:
+                        if st == "load" and reduction == "private":  # shared with the first run
                             row[f"{st}_s"], row[f"{st}_peak_mb"] = rows[-1][f"{st}_s"], rows[-1][f"{st}_peak_mb"]
                             continue
                         r = stage(cfg_path, st)
@@ -172,10 +174,9 @@ def main(argv=None) -> int:
                         if st == "maps":
                             truth = json.loads(Path(r["out"]).read_text()).get("truth")
                             row["mean_r_truth"] = round(truth["metrics"]["mean |r| with truth"], 3) if truth else ""
-                    row["total_s"] = round(sum(row[f"{st}_s"] for st in ("space", "load", "reduce", "unmix",
-                                                                           "maps")), 2)
+                    row["total_s"] = round(sum(row[f"{st}_s"] for st in STAGES), 2)
                     row["total_over_decompress"] = round(row["total_s"] / floor, 2)
-                    row["peak_mb"] = max(row[f"{st}_peak_mb"] for st in ("space", "load", "reduce", "unmix", "maps"))
+                    row["peak_mb"] = max(row[f"{st}_peak_mb"] for st in STAGES)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 shutil.rmtree(root / f"run-{space}-{parcels}-{M}", ignore_errors=True)  # the site matrices

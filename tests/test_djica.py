@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dpneuro.algorithms.djica import (
+    EIGENVALUE_FLOOR,
     INFOMAX_SCALE,
     OPTIMIZERS,
     CapeDJICA,
@@ -385,8 +386,11 @@ def test_whitening_and_spatial_maps_roundtrip():
     W = np.linalg.inv(whiten(A, V, lam))  # the exact unmixing of the whitened data
     np.testing.assert_allclose(spatial_maps(V, lam, W), A, atol=1e-8)
     np.testing.assert_allclose(time_courses(W, Z), S, atol=1e-8)
-    with pytest.raises(ValueError, match="positive"):
-        whiten(X, V, np.r_[lam[:-1], -1.0])
+    # a released eigenvalue <= 0 (noise above the signal) is floored, not fatal: the release is already spent
+    floored = np.r_[lam[:-1], EIGENVALUE_FLOOR * lam[0]]
+    np.testing.assert_array_equal(whiten(X, V, np.r_[lam[:-1], -1.0]), whiten(X, V, floored))
+    with pytest.raises(ValueError, match="NaN"):
+        whiten(X, V, np.r_[lam[:-1], np.nan])
     with pytest.raises(ValueError, match="D x N"):
         whiten(X[:-1], V, lam)
 
