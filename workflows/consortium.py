@@ -97,7 +97,7 @@ def _one_line(exc: BaseException) -> str:
     return msg + (f" (crash report: {crash})" if crash else "")
 
 
-def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared: bool = False,
+def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prepared: bool = False,
                  **plugin_args) -> dict:
     """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
 
