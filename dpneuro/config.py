@@ -22,6 +22,11 @@ REDUCTIONS = ("capepca", "capepca-power", "none", "pdsvd")
 #: the group ICA model: independent maps (spatial: CanICA/MELODIC/GIFT, post-processing of the released basis)
 #: or independent time courses (temporal: capeDJICA, private rounds of its own)
 ICA_MODELS = ("spatial", "temporal")
+#: Pydra workers a site may run its per-subject decoding on (``cluster.worker``), and the keys of ``cluster``
+CLUSTER_WORKERS = ("dask", "slurm")
+CLUSTER_KEYS = ("worker", "subjects_per_task", "address", "sbatch_args")
+#: subjects one cluster task decodes when ``cluster.subjects_per_task`` is not given (a SLURM job each)
+SUBJECTS_PER_TASK = 8
 
 
 #: What ``dpneuro synth`` writes by default and the demo analyses: 128 subjects at 6 mm.
@@ -107,6 +112,10 @@ class RunConfig:
     min_volumes: int = 10
     # BIDS filters: keep only the runs whose entities match (keys task, space, session, run)
     bids: dict[str, str] = field(default_factory=dict)
+    # a site's own cluster for its per-subject work (decoding, masking, standardising): Pydra's Dask or SLURM
+    # worker, e.g. {worker = "dask", address = "tcp://host:8786"}; empty: threads on this machine. The result is
+    # the same either way, so it is a site's own setting, not a consortium one
+    cluster: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # None: OS entropy (deployments); an int: reproducible simulation
     # a deployed party (dpneuro site / aggregator, COINSTAC) refuses a seed unless this says the run is a test
     simulation: bool = False
@@ -231,6 +240,7 @@ class RunConfig:
         for k, v in self.bids.items():
             if isinstance(v, bool) or not isinstance(v, (str, int)):
                 bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
+        self._check_cluster(bad, check_here=data_sites is None or bool(data_sites))
         if self.n_components < 2:
             bad("n_components", "must be >= 2")
         if self.reduction not in REDUCTIONS:
@@ -315,6 +325,37 @@ class RunConfig:
         if self.truth and not (Path(self.truth) / "manifest.json").exists():
             bad("truth", f"{self.truth} has no manifest.json")
         return self
+
+    def _check_cluster(self, bad, *, check_here: bool) -> None:
+        c = self.cluster
+        if not isinstance(c, dict) or set(c) - set(CLUSTER_KEYS):
+            bad("cluster", f"a table with keys among {list(CLUSTER_KEYS)} (or empty: threads on this machine), "
+                f"got {c!r}")
+        if not c:
+            return
+        worker = c.get("worker")
+        if worker not in CLUSTER_WORKERS:
+            bad("cluster.worker", f"one of {CLUSTER_WORKERS}, got {worker!r}")
+        n = c.get("subjects_per_task", SUBJECTS_PER_TASK)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            bad("cluster.subjects_per_task", f"a positive integer, got {n!r}")
+        for key, owner in (("address", "dask"), ("sbatch_args", "slurm")):
+            if key in c and (not isinstance(c[key], str) or worker != owner):
+                bad(f"cluster.{key}", f"text, and only for worker = {owner!r}, got {c[key]!r}")
+        if worker == "dask" and not c.get("address"):
+            bad("cluster.address", "the Dask worker needs the address of the site's scheduler, e.g. "
+                "'tcp://10.0.0.5:8786' (dask scheduler, or dask-jobqueue on a batch system)")
+        if not check_here:  # a party without data here (the aggregator) runs no per-subject work
+            return
+        import importlib.util
+        import shutil
+
+        if worker == "dask" and importlib.util.find_spec("distributed") is None:
+            bad("cluster.worker", "the Dask worker needs dask.distributed on this machine: "
+                "pip install 'dpneuro[cluster]'")
+        if worker == "slurm" and shutil.which("sbatch") is None:
+            bad("cluster.worker", "the SLURM worker submits with sbatch, which is not on this machine's PATH; run "
+                "from a SLURM login node, or leave cluster out to decode in threads here")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], base: Path | None = None) -> RunConfig:

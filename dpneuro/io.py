@@ -858,6 +858,12 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
     return preprocess(block, standardize=standardize, detrend=detrend)
 
 
+def decode_run(path, *, mask: np.ndarray, standardize: bool, detrend: bool, parcels=None) -> np.ndarray:
+    """One run's D x T float32 block as it enters the site matrix: masked, preprocessed, parcel-averaged."""
+    block = _read_subject(Path(path), mask, standardize, detrend)
+    return block if parcels is None else parcels.reduce(block)
+
+
 def preprocess(block: np.ndarray, *, standardize: bool = True, detrend: bool = False) -> np.ndarray:
     """A subject's D x T block as a site prepares it (the run: z-scored voxels, no detrending), float32.
 
@@ -895,6 +901,7 @@ def load_site(
     bids: dict | None = None,
     subjects_tsv=None,
     workers: int | None = None,
+    decoder=None,
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
@@ -935,6 +942,12 @@ def load_site(
         Runs decoded at the same time, in threads (gzip, nibabel and numpy
         release the GIL); default: the usable cores (:func:`resolve_workers`).
         The result does not depend on it.
+    decoder : callable, optional
+        Decodes the runs elsewhere, e.g. on the site's cluster
+        (:func:`dpneuro.workflows.cluster.cluster_decoder`): called with the
+        subjects' runs (a list of lists of paths, after validation) and
+        returns an iterator of the runs' blocks in that order, each as
+        :func:`decode_run` gives it. Default: threads in this process.
 
     Returns
     -------
@@ -999,22 +1012,26 @@ def load_site(
 
     from tqdm.auto import tqdm
 
-    def decode(path: Path) -> np.ndarray:
-        block = _read_subject(path, mask_bool, standardize, detrend)
-        return block if parcels is None else parcels.reduce(block)
-
-    blocks = ordered_map(decode, files, workers=resolve_workers(workers))
+    if decoder is not None:
+        blocks = decoder([list(fs) for _, fs in found.subjects])
+    else:
+        blocks = ordered_map(functools.partial(decode_run, mask=mask_bool, standardize=standardize, detrend=detrend,
+                                               parcels=parcels), files, workers=resolve_workers(workers))
     try:
         with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out:
             a = 0
-            for block in tqdm(blocks, total=len(files), desc="load", unit="run", disable=not progress):
+            # the blocks first: zip then runs a decoder to its end (which cleans up after itself)
+            for block, path, n in zip(tqdm(blocks, total=len(files), desc="load", unit="run", disable=not progress),
+                                      files, run_vols):
+                if block.shape != (D, n):
+                    raise RuntimeError(f"{path}: decoded to shape {block.shape}, expected {(D, n)}")
                 if out is None:
                     X[:, a:a + block.shape[1]] = block
                 else:
                     out.write(block)
                 a += block.shape[1]
     except BaseException:
-        blocks.close()
+        getattr(blocks, "close", lambda: None)()
         if memmap_path is not None:
             memmap_path.unlink(missing_ok=True)
         raise

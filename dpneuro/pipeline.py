@@ -143,10 +143,15 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     if out.exists():
         return str(out)
     parcels = space_parcels(space)
+    decoder = None
+    if cfg.cluster:  # the site's own cluster decodes its subjects (same matrix as the threads here)
+        from .workflows.cluster import cluster_decoder
+
+        decoder = cluster_decoder(cfg.cluster, space_json=space_json, standardize=cfg.standardize, work=d / "cluster")
     t0 = time.perf_counter()
     sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
                    min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels, bids=cfg.bids,
-                   subjects_tsv=site.subjects_tsv or None)
+                   subjects_tsv=site.subjects_tsv or None, decoder=decoder)
     return _write_json(out, {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
                              "n_features": sd.n_features, "n_samples": sd.n_samples,
                              "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
