@@ -179,20 +179,26 @@ def main(argv=None) -> int:
                     row["peak_mb"] = max(row[f"{st}_peak_mb"] for st in STAGES)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    save(rows, synth, workers, time.perf_counter() - t_all, args.quick)  # hours of work: keep each row
                 shutil.rmtree(root / f"run-{space}-{parcels}-{M}", ignore_errors=True)  # the site matrices
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
-    suffix = "_quick" if args.quick else ""
+    print(json.dumps(save(rows, synth, workers, time.perf_counter() - t_all, args.quick), indent=1))
+    return 0
+
+
+def save(rows: list[dict], synth: dict, workers: int, seconds: float, quick: bool) -> dict:
+    """Write the table and its summary (growth exponents) as they stand."""
+    suffix = "_quick" if quick else ""
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / f"scale{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    meta = {"total_seconds": time.perf_counter() - t_all, "synth": synth, "growth": growth(rows), "workers": workers}
+    meta = {"total_seconds": seconds, "synth": synth, "growth": growth(rows), "workers": workers}
     (RESULTS / f"scale{suffix}.json").write_text(json.dumps(meta, indent=1))
-    print(json.dumps(meta, indent=1))
-    return 0
+    return meta
 
 
 def _n_voxels(mask_path: str) -> int:

@@ -58,7 +58,7 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
     from .estimators import DecentralizedICA
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
-                            random_state=args.seed, output_dir=out / "run", engine="pydra",
+                            random_state=args.seed, output_dir=out / "run", engine="pydra-cf",
                             verbose=int(not args.quiet))
 
 
@@ -318,10 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run a consortium analysis described by a TOML config")
     s.add_argument("config", help="run configuration (see site_templates/run.toml)")
-    s.add_argument("--plugin", default="serial", choices=["serial", "cf"],
-                   help="Pydra execution plugin: serial (the default; each site still decodes its subjects in "
-                        "parallel threads) or cf (concurrent workers, one per usable core: the sites load at the "
-                        "same time)")
+    s.add_argument("--plugin", default="cf", choices=["serial", "cf"],
+                   help="Pydra execution plugin: cf (the default: concurrent workers, one per usable core, so the "
+                        "sites load at the same time) or serial (one stage at a time; each site still decodes its "
+                        "subjects in parallel threads)")
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=_cmd_run)
 

@@ -125,14 +125,21 @@ def test_data_errors_reach_the_user_as_one_line(tmp_path, consortium, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(man["sites"][1]["path"], bad)
     victim = sorted(bad.glob("*.nii.gz"))[0]
-    victim.write_bytes(victim.read_bytes()[:1500])
+    intact = victim.read_bytes()
+    victim.write_bytes(intact[:1500])
     sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{bad if i == 1 else s["path"]}"\n'
                     for i, s in enumerate(man["sites"]))
     cfg = tmp_path / "bad.toml"
     cfg.write_text(f'out = "{tmp_path / "o"}"\nmask = "{man["mask"]}"\nn_components = {R}\nseed = 0\n{sites}')
-    assert main(["run", str(cfg), "-q"]) == 2
+    assert main(["run", str(cfg), "-q"]) == 2  # Pydra's concurrent worker (the default) ends, it does not spin
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and victim.name in err and not err.startswith("dpneuro run: error: (")
+    crash = Path(re.search(r"traceback: (\S+)\)", err).group(1))
+    assert "DataValidationError" in crash.read_text()  # the whole traceback is kept
+    # the error was not cached as the stage's result: with the file mended, the same command runs through
+    victim.write_bytes(intact)
+    assert main(["run", str(cfg), "-q"]) == 0
+    assert (tmp_path / "o" / "report.html").exists()
 
 
 def test_config_errors_name_the_field(tmp_path, consortium):

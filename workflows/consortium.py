@@ -9,6 +9,7 @@ budget re-runs only the stages downstream of it.
 
 
 import os
+import shutil
 import typing as ty
 from pathlib import Path
 
@@ -20,41 +21,69 @@ from dpneuro import pipeline  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
 
 
+#: a stage's error travels through the remaining tasks as this prefix and its message (see :func:`_guard`)
+ERROR = "dpneuro-error: "
+
+
+def _guard(stage, cfg_json: str, *args):
+    """Run a stage, unless an input is an upstream error; return its error instead of raising.
+
+    No task fails under Pydra: Pydra 0.25's concurrent worker can spin forever
+    pruning the graph after a failed task. The first error is handed down to
+    the workflow's outputs and raised there (:func:`run_workflow`), and its
+    traceback is kept next to the run's configuration.
+    """
+    for v in args:
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, str) and x.startswith(ERROR):
+                return x
+    try:
+        return stage(cfg_json, *args)
+    except Exception as exc:  # noqa: BLE001 - carried to run_workflow, which raises it
+        import traceback
+
+        crash = Path(cfg_json).parent / f"error-{stage.__name__}.txt"
+        crash.write_text(traceback.format_exc())
+        return f"{ERROR}{' '.join(str(exc).split()) or type(exc).__name__} (traceback: {crash})"
+
+
 @pydra.mark.task
 def space_task(cfg_json: str, key: str) -> str:
-    return pipeline.stage_space(cfg_json, key)
+    return _guard(pipeline.stage_space, cfg_json, key)
 
 
 @pydra.mark.task
 def load_task(cfg_json: str, site_name: str, space_json: str, key: str) -> str:
-    return pipeline.stage_load(cfg_json, site_name, space_json, key)
+    return _guard(pipeline.stage_load, cfg_json, site_name, space_json, key)
 
 
 @pydra.mark.task
 def reduce_task(cfg_json: str, site_jsons: ty.List[str], key: str) -> str:
-    return pipeline.stage_reduce(cfg_json, list(site_jsons), key)
+    return _guard(pipeline.stage_reduce, cfg_json, list(site_jsons), key)
 
 
 @pydra.mark.task
 def unmix_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: str) -> str:
-    return pipeline.stage_unmix(cfg_json, list(site_jsons), reduce_json, key)
+    return _guard(pipeline.stage_unmix, cfg_json, list(site_jsons), reduce_json, key)
 
 
 @pydra.mark.task
 def states_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: str) -> str:
-    return pipeline.stage_states(cfg_json, list(site_jsons), reduce_json, key)
+    return _guard(pipeline.stage_states, cfg_json, list(site_jsons), reduce_json, key)
 
 
 @pydra.mark.task
 def maps_task(cfg_json: str, site_jsons: ty.List[str], space_json: str, reduce_json: str, unmix_json: str,
               states_json: str, key: str) -> str:
-    return pipeline.stage_maps(cfg_json, list(site_jsons), space_json, reduce_json, unmix_json, states_json, key)
+    return _guard(pipeline.stage_maps, cfg_json, list(site_jsons), space_json, reduce_json, unmix_json, states_json,
+                  key)
 
 
 @pydra.mark.task
 def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, reduce_json: str, unmix_json: str,
                 states_json: str, key: str) -> str:
-    return pipeline.stage_report(cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json, states_json, key)
+    return _guard(pipeline.stage_report, cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json,
+                  states_json, key)
 
 
 def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
@@ -97,14 +126,16 @@ def _one_line(exc: BaseException) -> str:
     return msg + (f" (crash report: {crash})" if crash else "")
 
 
-def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prepared: bool = False,
+def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared: bool = False,
                  **plugin_args) -> dict:
     """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
 
     Relative paths in ``cfg`` are taken against the current working folder
     (Pydra runs every stage from its own cache folder) and a total ``epsilon``
     is planned first (:func:`dpneuro.pipeline.prepare`), unless ``prepared``
-    says the caller already did.
+    says the caller already did. ``plugin``: Pydra's concurrent worker by
+    default (the sites load at the same time, one process per usable core), or
+    "serial". A stage's error is raised as :class:`WorkflowError`, in one line.
     """
     if not prepared:
         cfg, _ = pipeline.prepare(cfg)
@@ -123,4 +154,9 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "serial", cache_dir=None, prep
         raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")
     out = {name: getattr(res.output, name) for name in pipeline.STAGES}
     out["load"] = list(out["load"])
+    errors = [x for v in out.values() for x in (v if isinstance(v, list) else [v]) if str(x).startswith(ERROR)]
+    if errors:
+        # Pydra cached the error as a task's result: the next run must compute again (the stages' own files stay)
+        shutil.rmtree(wf.cache_dir, ignore_errors=True)
+        raise WorkflowError(errors[0][len(ERROR):])
     return out
