@@ -749,6 +749,47 @@ def section_frontier(p: Page) -> dict:
     return {"frontier": rows}
 
 
+def section_scale(p: Page) -> dict:
+    rows = read_csv("scale.csv")
+    meta = read_json("scale.json")
+    if not rows:
+        return {}
+    r0 = rows[0]
+    p.add("### Scale: from NIfTI files to maps at parcel and voxel resolution")
+    p.add("")
+    p.add(f"`make_consortium` data ({r0.get('sites')} sites x M subjects x {r0.get('timepoints')} volumes, 20 "
+          "components, int16 gzip NIfTI); every stage in a fresh process that runs the whole consortium (every site "
+          "and the aggregator), so its peak resident memory (VmHWM) bounds one site process of a deployment. Load: "
+          f"the sites one after another, each decoding its subjects in {r0.get('workers')} threads, into float32 "
+          "column-major matrices (with the mask and parcels). Reduction `none` is the PCA without noise (covariance "
+          "when D x D fits `max_memory_gb` = 4, streamed power iterations otherwise); the private one is capePCA "
+          "(covariance) or `capepca-power` where the covariance does not fit. decompress: the time to gunzip every "
+          "input once with as many threads (the I/O floor); x floor = total / decompress.")
+    p.add("")
+    p.meta("python benchmarks/scale.py --workdir DIR", ["scale.csv", "scale.json"], meta.get("total_seconds"))
+    p.add(table(["data", "features", "M", "reduction", "load s", "reduce s", "unmix s", "maps s", "total s",
+                 "decompress s", "x floor", "peak MB", "mean abs r with truth"],
+                [[r["config"], r["features"], r["subjects_per_site"], r["reduction"], r["load_s"], r["reduce_s"],
+                  r["unmix_s"], r["maps_s"], r["total_s"], r["decompress_s"], r["total_over_decompress"],
+                  r["peak_mb"], r["mean_r_truth"]] for r in rows]))
+    p.add("")
+    growth = meta.get("growth", {})
+    if growth:
+        p.add("Growth exponents b of time ~ x^b (least squares on logs): with the features (voxel grids, same M) "
+              "and with the subjects per site.")
+        p.add("")
+        p.add(table(["stage", "with features", *sorted({c for g in growth.values() for c in g["with subjects"]})],
+                    [[k, g["with features"], *[g["with subjects"].get(c) for c in
+                                               sorted({c for g in growth.values() for c in g["with subjects"]})]]
+                     for k, g in growth.items()]))
+        p.add("")
+    for space, sy in meta.get("synth", {}).items():
+        p.add(f"- `dpneuro synth` at {space}: {sy['subjects']} subjects x {sy['timepoints']} volumes in "
+              f"{fmt(sy['seconds'])} s (gzip).")
+    p.add("")
+    return {"scale": rows}
+
+
 def section_demo(p: Page) -> dict:
     d = read_json("demo_speed.json")
     p.add("### End-to-end `dpneuro demo`")
@@ -963,7 +1004,8 @@ def build(env: dict) -> str:
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
                section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
-               section_coinstac, section_states, section_real_frontier, section_frontier, section_demo):
+               section_coinstac, section_states, section_real_frontier, section_frontier, section_scale,
+               section_demo):
         facts.update(fn(body) or {})
     blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "
                      f"{b.get('num_threads')} threads, {b.get('architecture')})" for b in env.get("threadpoolctl", []))
