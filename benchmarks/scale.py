@@ -143,6 +143,7 @@ def main(argv=None) -> int:
             if gen_s == gen_s:
                 synth[space] = {"seconds": gen_s, "subjects": sites * max(sizes), "timepoints": T}
                 print(f"synth {space}: {sites * max(sizes)} subjects in {gen_s:.0f} s", flush=True)
+            features = parcels or _n_voxels(man["mask"])
             for M in sizes:
                 sf = site_files(man, M)
                 floor = decompress_seconds([f for s in sf for f in s["files"]], workers)
@@ -156,13 +157,13 @@ def main(argv=None) -> int:
                         from dpneuro.config import ConfigError
 
                         try:
-                            pca_mode(cfg, parcels or _n_voxels(man["mask"]))
+                            pca_mode(cfg, features)
                         except ConfigError:  # D x D does not fit: the power mode
                             cfg = RunConfig.from_dict({**cfg.to_json(), "reduction": "capepca-power"})
                     cfg_path = Path(cfg.out) / f"cfg-{reduction}.json"
                     cfg_path.parent.mkdir(parents=True, exist_ok=True)
                     cfg_path.write_text(json.dumps(cfg.to_json(), default=str))
-                    row = {"config": name, "features": parcels or _n_voxels(man["mask"]),
+                    row = {"config": name, "features": features,
                            "subjects_per_site": M, "sites": sites, "timepoints": T, "reduction": cfg.reduction,
                            "workers": workers, "decompress_s": round(floor, 2)}
                     for st in STAGES:

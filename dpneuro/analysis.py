@@ -142,6 +142,14 @@ def pca_mode(cfg: RunConfig, dim: int) -> str:
         f"max_memory_gb if every site has the memory. Nothing was released")
 
 
+def check_reduction_fits(cfg: RunConfig, dim: int | None = None) -> None:
+    """Refuse, before any data are read, a reduction that cannot fit (:func:`pca_mode`; PD-SVD holds D x k)."""
+    if cfg.reduction != "pdsvd":
+        from .budget import features
+
+        pca_mode(cfg, features(cfg, dim))
+
+
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):
     """The capePCA algorithm of a run (``dim``: D if known, checked against every site; default: the run's grid)."""
     from .algorithms.pca import CapePCA
@@ -242,18 +250,18 @@ def site_whiten(X, basis, eigenvalues) -> np.ndarray:
     site in different layouts (from ``np.load`` of a Fortran-ordered file in
     a simulation, from a decoded message in a deployment).
     """
-    from .algorithms.djica import _check_basis, whiten
+    from .algorithms.djica import whitening_matrix
     from .io import column_blocks, site_matrix
 
     V = np.ascontiguousarray(basis, dtype=np.float64)
     lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
-    V, lam = _check_basis(V, lam)
     X = site_matrix(X)
-    if X.ndim != 2 or X.shape[0] != V.shape[0]:
-        raise ValueError(f"X must be D x N with D = {V.shape[0]}, got shape {X.shape}")
-    Z = np.empty((V.shape[1], X.shape[1]), dtype=np.float32)
+    T = whitening_matrix(V, lam, np.float32)  # checked and formed once, not per block; unit_columns gives float32
+    if X.ndim != 2 or X.shape[0] != T.shape[1]:
+        raise ValueError(f"X must be D x N with D = {T.shape[1]}, got shape {X.shape}")
+    Z = np.empty((T.shape[0], X.shape[1]), dtype=np.float32)
     for a, b, blk in column_blocks(X):
-        Z[:, a:b] = whiten(unit_columns(blk), V, lam)
+        Z[:, a:b] = T @ unit_columns(blk)
     return Z
 
 

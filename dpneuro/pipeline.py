@@ -283,11 +283,9 @@ def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
         raise ValueError(f"until must be one of {STAGES}, got {until!r}")
     reached = tuple(s for s in RELEASING_STAGES if STAGES.index(s) <= STAGES.index(until))
     cfg = cfg.resolved().validate()
-    if cfg.reduction != "pdsvd":
-        from .analysis import pca_mode
-        from .budget import features
+    from .analysis import check_reduction_fits
 
-        pca_mode(cfg, features(cfg))  # a reduction that cannot fit is refused before any data are read
+    check_reduction_fits(cfg)
     return apply_target(cfg, stages=reached)
 
 

@@ -528,13 +528,18 @@ def whiten(X, basis, eigenvalues) -> np.ndarray:
     ndarray, shape (R, N)
         In X's floating dtype (float64 for integer input).
     """
-    V, lam = _check_basis(basis, eigenvalues)
     X = np.asarray(X)
-    if X.ndim != 2 or X.shape[0] != V.shape[0]:
-        raise ValueError(f"X must be D x N with D = {V.shape[0]}, got shape {X.shape}")
     dt = X.dtype if X.dtype in (np.float32, np.float64) else np.float64
-    T = (V / np.sqrt(lam)).T.astype(dt)
+    T = whitening_matrix(basis, eigenvalues, dt)
+    if X.ndim != 2 or X.shape[0] != T.shape[1]:
+        raise ValueError(f"X must be D x N with D = {T.shape[1]}, got shape {X.shape}")
     return T @ X.astype(dt, copy=False)
+
+
+def whitening_matrix(basis, eigenvalues, dtype=np.float64) -> np.ndarray:
+    """T = Lambda^{-1/2} V^T (R x D) in ``dtype``, checked once: ``whiten(X) == T @ X``."""
+    V, lam = _check_basis(basis, eigenvalues)
+    return (V / np.sqrt(lam)).T.astype(dtype)
 
 
 def spatial_maps(basis, eigenvalues, W) -> np.ndarray:

@@ -242,11 +242,11 @@ class SiteSource:
         """Yield the site's data as D x n_b blocks (one subject each when subjects are known)."""
         if self._array is not None:
             ranges = self._ranges
-            if ranges is None:
-                D, n = self._array.shape
-                width = self.chunk_columns or max(1, (1 << 26) // (8 * max(1, D)))
-                ranges = [(a, min(a + width, n)) for a in range(0, n, width)]
-            for _, _, blk in column_blocks(self._array, ranges):
+            if ranges is None and self.chunk_columns:
+                n = self._array.shape[1]
+                ranges = [(a, min(a + self.chunk_columns, n)) for a in range(0, n, self.chunk_columns)]
+            # default width: about 64 MB once a block is float64 (column_blocks counts 4-byte values)
+            for _, _, blk in column_blocks(self._array, ranges, block_bytes=1 << 25):
                 yield blk
                 del blk  # before the next block is read: one subject in memory
         else:

@@ -245,8 +245,7 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
 
     ctx.work.mkdir(parents=True, exist_ok=True)
     space_json, space = _space(ctx.cfg, ctx.work)
-    if ctx.cfg.reduction != "pdsvd":
-        analysis.pca_mode(ctx.cfg, _dim(space))  # a reduction that cannot fit is refused before the data are read
+    analysis.check_reduction_fits(ctx.cfg, _dim(space))
     info = json.loads(Path(stage_load(_pipeline_config(ctx.cfg, ctx.work), ctx.site, space_json)).read_text())
     info["space"] = space
     return info
