@@ -5,7 +5,9 @@ x up to 200 subjects x 150 volumes, 20 components, int16 NIfTI (gzip). Each
 configuration reads the first M subjects of every site (explicit file lists):
 
 - ``200 parcels``: the 4 mm data averaged into 200 data-independent parcels;
-- ``6 mm voxels``: 8,735 features; ``4 mm voxels``: 29,398 features.
+- ``6 mm voxels``: 8,735 features; ``4 mm voxels``: 29,398 features;
+- ``3 mm voxels``: 69,765 features, on request (``--configs "3 mm voxels"``:
+  4.2 GB of float32 per site at 100 subjects).
 
 Every stage runs in a fresh process (``pipeline.run_stages`` up to that stage;
 the earlier stages come from the run's cache), which reports its wall time and
@@ -13,12 +15,15 @@ peak resident memory (VmHWM). The whole consortium runs in that one process
 (every site and the aggregator), so a stage's peak bounds what one site process
 of a deployment needs. Load: the sites one after another, each decoding its
 subjects in parallel threads. Two reductions per cell: without noise
-(``none``: the covariance when D x D fits ``max_memory_gb``, streamed otherwise)
-and private (capePCA; ``capepca-power`` where the covariance does not fit).
+(``none``: the covariance when D x D fits ``max_memory_gb``, streamed otherwise,
+stopping when converged; ``reduce_rounds`` counts its passes over the data) and
+private (capePCA; ``capepca-power`` where the covariance does not fit).
 The floor is the time to decompress every input once with as many threads
 as the loader uses; the table gives total / floor.
 
-Writes benchmarks/results/scale.csv and .json (``_quick`` with --quick).
+Writes benchmarks/results/scale.csv and .json (``_quick`` with --quick). A run
+of some configurations or sizes replaces those rows of the committed table and
+keeps the others.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 HERE = Path(__file__).resolve()
 
 #: name -> (grid, parcels)
-CONFIGS = {"200 parcels": ("mni4mm", 200), "6 mm voxels": ("mni6mm", 0), "4 mm voxels": ("mni4mm", 0)}
+CONFIGS = {"200 parcels": ("mni4mm", 200), "6 mm voxels": ("mni6mm", 0), "4 mm voxels": ("mni4mm", 0),
+           "3 mm voxels": ("mni3mm", 0)}
+DEFAULT_CONFIGS = ("200 parcels", "6 mm voxels", "4 mm voxels")
 QUICK_CONFIGS = {"50 parcels": ("mni6mm", 50), "6 mm voxels": ("mni6mm", 0)}
 #: each measured in its own process; "load" includes the mask and parcels (pipeline.run_stages always runs both)
 STAGES = ("load", "reduce", "unmix", "maps")
@@ -115,7 +122,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke size for CI (3 sites x 3 subjects, 6 mm)")
     ap.add_argument("--sizes", default="50,100,200", help="subjects per site (comma list)")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="which of: " + ", ".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="which of: " + ", ".join(CONFIGS))
+    ap.add_argument("--reductions", default="none,private", help="which of: none, private")
     ap.add_argument("--workdir", default=None, help="data and runs (default: a temporary folder, removed)")
     ap.add_argument("--child", nargs=2, metavar=("CFG", "STAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -132,11 +140,14 @@ def main(argv=None) -> int:
         sites, T, R = 4, 150, 20
         sizes = [int(x) for x in args.sizes.split(",")]
         configs = {k: CONFIGS[k] for k in args.configs.split(",")}
+    reductions = [r for r in ("none", "private") if r in args.reductions.split(",")]
     workers = resolve_workers()
     root = Path(args.workdir) if args.workdir else Path(f"/tmp/dpneuro_scale_{os.getpid()}")
     root.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()
     rows, synth = [], {}
+    kept, before = ([], {}) if args.quick else previous(configs, sizes, reductions)
+    synth_before, seconds_before = before.get("synth", {}), before.get("total_seconds", 0.0) if kept else 0.0
     try:
         for name, (space, parcels) in configs.items():
             man, gen_s = make_data(root, space, sites, max(sizes), T, R)
@@ -147,7 +158,7 @@ def main(argv=None) -> int:
             for M in sizes:
                 sf = site_files(man, M)
                 floor = decompress_seconds([f for s in sf for f in s["files"]], workers)
-                for reduction in ("none", "private"):
+                for reduction in reductions:
                     cfg = RunConfig.from_dict(dict(
                         sites=sf, out=str(root / f"run-{space}-{parcels}-{M}"), mask=man["mask"], space=space,
                         parcels=parcels, n_components=R, seed=0, truth=str(Path(man["mask"]).parent),
@@ -167,11 +178,13 @@ def main(argv=None) -> int:
                            "subjects_per_site": M, "sites": sites, "timepoints": T, "reduction": cfg.reduction,
                            "workers": workers, "decompress_s": round(floor, 2)}
                     for st in STAGES:
-                        if st == "load" and reduction == "private":  # shared with the first run
+                        if st == "load" and reduction == "private" and "none" in reductions:  # shared with it
                             row[f"{st}_s"], row[f"{st}_peak_mb"] = rows[-1][f"{st}_s"], rows[-1][f"{st}_peak_mb"]
                             continue
                         r = stage(cfg_path, st)
                         row[f"{st}_s"], row[f"{st}_peak_mb"] = round(r["seconds"], 2), round(r["peak_mb"])
+                        if st == "reduce":
+                            row["reduce_rounds"] = json.loads(Path(r["out"]).read_text()).get("rounds", "")
                         if st == "maps":
                             truth = json.loads(Path(r["out"]).read_text()).get("truth")
                             row["mean_r_truth"] = round(truth["metrics"]["mean |r| with truth"], 3) if truth else ""
@@ -180,21 +193,51 @@ def main(argv=None) -> int:
                     row["peak_mb"] = max(row[f"{st}_peak_mb"] for st in STAGES)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    save(rows, synth, workers, time.perf_counter() - t_all, args.quick)  # hours of work: keep each row
+                    # hours of work: keep each row
+                    save(kept + rows, {**synth_before, **synth}, workers, seconds_before + time.perf_counter() - t_all,
+                         args.quick)
                 shutil.rmtree(root / f"run-{space}-{parcels}-{M}", ignore_errors=True)  # the site matrices
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(save(rows, synth, workers, time.perf_counter() - t_all, args.quick), indent=1))
+    print(json.dumps(save(kept + rows, {**synth_before, **synth}, workers, seconds_before + time.perf_counter() - t_all,
+                         args.quick),
+                     indent=1))
     return 0
 
 
+def _number(v: str):
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def previous(configs: dict, sizes: list[int], reductions: list[str]) -> tuple[list[dict], dict]:
+    """The committed rows this run does not measure again, and the committed summary."""
+    path = RESULTS / "scale.csv"
+    if not path.exists():
+        return [], {}
+    with open(path, newline="") as f:
+        rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    kept = [r for r in rows if not (r["config"] in configs and r["subjects_per_site"] in sizes
+                                    and ("none" if r["reduction"] == "none" else "private") in reductions)]
+    meta = json.loads((RESULTS / "scale.json").read_text()) if (RESULTS / "scale.json").exists() else {}
+    return kept, meta
+
+
 def save(rows: list[dict], synth: dict, workers: int, seconds: float, quick: bool) -> dict:
-    """Write the table and its summary (growth exponents) as they stand."""
+    """Write the table (in CONFIGS order, then size) and its summary (growth exponents) as they stand."""
     suffix = "_quick" if quick else ""
     RESULTS.mkdir(exist_ok=True)
+    order = {c: i for i, c in enumerate([*CONFIGS, *QUICK_CONFIGS])}
+    rows = sorted(rows, key=lambda r: (order.get(r["config"], len(order)), r["subjects_per_site"],
+                                       r["reduction"] != "none"))
+    fields = list(dict.fromkeys(k for r in rows for k in r))
     with open(RESULTS / f"scale{suffix}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
         w.writerows(rows)
     meta = {"total_seconds": seconds, "synth": synth, "growth": growth(rows), "workers": workers}

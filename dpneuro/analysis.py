@@ -115,9 +115,11 @@ PDSVD_THREAT_MODEL = (
     "bounded: dpneuro.algorithms.pdsvd.ks_privacy.")
 
 
-#: the PCA without noise, streamed (D too large for D x D): iterations and extra columns so that the
-#: subspace converges like an exact eigendecomposition (rate (lambda_2k / lambda_k) per iteration)
+#: the PCA without noise, streamed (D too large for D x D): k extra columns (rate lambda_2k / lambda_k per
+#: iteration), stopped once every top-k Ritz pair's residual is below STREAMED_PCA_TOL * lambda_1
+#: (benchmarks/scale.py measures the rounds), at most STREAMED_PCA_ITERATIONS passes over the data
 STREAMED_PCA_ITERATIONS = 30
+STREAMED_PCA_TOL = 1e-4
 
 
 def pca_mode(cfg: RunConfig, dim: int) -> str:
@@ -159,11 +161,13 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None):
         raise ConfigError(f"config field 'reduction': {cfg.reduction!r} is not a CAPE protocol; "
                           f"use one of {DEPLOYABLE_REDUCTIONS}")
     mode = pca_mode(cfg, features(cfg, dim))
-    power = {}
+    power, eps = {}, cfg.pca_epsilon
     if mode == "power" and cfg.reduction == "none":
-        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components}
+        # no noise: the data may decide when to stop
+        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components, "tol": STREAMED_PCA_TOL}
+        eps = None
     # every time point scaled to unit norm at its site (SCALING_NOTE)
-    return CapePCA(cfg.n_components, cfg.pca_epsilon, cfg.pca_delta, mode=mode, scale="unit",
+    return CapePCA(cfg.n_components, eps, cfg.pca_delta, mode=mode, scale="unit",
                    seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound, **power)
 
 
@@ -193,11 +197,12 @@ def _pca_source(X, lengths: Sequence[int]):
 
 @dataclass
 class ReduceResult:
-    """What the reduction released: the basis, its eigenvalues, each site's ledger."""
+    """What the reduction released: the basis, its eigenvalues, each site's ledger, its rounds (0: unknown)."""
 
     basis: np.ndarray
     eigenvalues: np.ndarray
     ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+    rounds: int = 0
 
 
 def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
@@ -218,7 +223,7 @@ def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: 
                       checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> ReduceResult:
     """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
     st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
-    return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]))
+    return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]), rounds=int(st.get("rounds", 0)))
 
 
 def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
@@ -235,7 +240,7 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
     agg = sim.aggregator
     return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
-                        [s["ledger"] if s is not None else None for s in sim.sites])
+                        [s["ledger"] if s is not None else None for s in sim.sites], int(agg.get("rounds", 0)))
 
 
 # -- unmix: capeDJICA ----------------------------------------------------------------------

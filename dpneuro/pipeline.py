@@ -211,7 +211,7 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
                              "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
-                             "seconds": time.perf_counter() - t0})
+                             "rounds": res.rounds, "seconds": time.perf_counter() - t0})
 
 
 # -- unmixing ----------------------------------------------------------------------------------

@@ -274,6 +274,46 @@ def test_power_mode_streams_float32_and_composes_its_releases():
         cape_pca(sites, k, eps, DELTA, plan="conv", mode="power", n_iter=1)
 
 
+def _ritz_residual(A, V, theta):
+    """max_i ||A v_i - theta_i v_i|| / theta_1 on the explicit matrix."""
+    return float(np.linalg.norm(A @ V - V * theta, axis=0).max() / theta[0])
+
+
+def test_power_mode_without_noise_stops_when_converged():
+    """tol: fewer passes over the data, every Ritz pair within tol on the explicit matrix, tighter tol = more rounds."""
+    k = 5
+    sites = low_rank_sites(D=400, r=k, S=3, subjects=3, T=60, seed=4)
+    X = np.hstack([np.hstack(b) for b in sites])
+    # the sites' weighted average: each site's own mean, weighted by its columns (equal here)
+    A, lam, U = exact(X, k)
+    rounds = {}
+    for tol in (1e-3, 1e-6, 1e-9):
+        res = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=60, oversample=k, tol=tol, seed=0)
+        rounds[tol] = res.rounds
+        assert _ritz_residual(A, res.basis, res.eigenvalues) <= tol * (1 + 1e-6)
+        # residual r bounds the angle by r / gap and the eigenvalue error by r^2 / gap
+        gap = lam[-1] - np.linalg.eigvalsh(A)[::-1][k]
+        assert sin_max_angle(res.basis, U) <= tol * lam[0] / gap * 1.01
+        assert np.abs(res.eigenvalues - lam).max() <= (tol * lam[0]) ** 2 / gap * 1.01 + 1e-15
+    assert rounds[1e-3] < rounds[1e-6] < rounds[1e-9] < 60
+    full = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=12, oversample=k, seed=0)
+    assert full.rounds == 12  # no tol: every planned round
+
+
+def test_stopping_on_convergence_is_refused_with_noise_or_without_iterations():
+    sites = low_rank_sites(D=50, r=2, S=3, subjects=2, T=10, seed=5)
+    with pytest.raises(ValueError, match="only a run without noise"):
+        CapePCA(2, 1.0, DELTA, mode="power", n_iter=10, tol=1e-4)
+    with pytest.raises(ValueError, match="covariance mode has none"):
+        CapePCA(2, None, None, mode="covariance", tol=1e-4)
+    for bad in (0, 1, -1e-3, "1e-3", True):
+        with pytest.raises(ValueError, match="tol must be"):
+            CapePCA(2, None, None, mode="power", n_iter=10, tol=bad)
+    # the cap still holds when the tolerance is out of reach
+    res = cape_pca(sites, 2, None, None, plan="none", mode="power", n_iter=3, tol=1e-12, seed=0)
+    assert res.rounds == 3
+
+
 # -- per-subject bound -------------------------------------------------------------------------
 
 def _subject_fro(B):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpneuro import pipeline
-from dpneuro.analysis import pca_mode, reduce_inprocess, site_whiten
+from dpneuro.analysis import STREAMED_PCA_ITERATIONS, pca_mode, reduce_inprocess, site_whiten
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
 from dpneuro.synth import make_consortium
@@ -167,9 +167,11 @@ def test_streamed_pca_without_noise_equals_the_covariance_mode(consortium):
     full = reduce_inprocess(cfg, [sd.X for sd in X], lengths)
     streamed = reduce_inprocess(replace(cfg, max_memory_gb=0.01), [sd.X for sd in X], lengths)
     assert not any(led.releases for led in streamed.ledgers)  # no noise, nothing released privately
+    # stopped on convergence (residual <= STREAMED_PCA_TOL * lambda_1), well before the cap
+    assert 2 <= streamed.rounds < STREAMED_PCA_ITERATIONS
     cosines = np.linalg.svd(full.basis.T @ streamed.basis, compute_uv=False)
     assert cosines.min() > 1 - 1e-8
-    np.testing.assert_allclose(streamed.eigenvalues, full.eigenvalues, rtol=1e-8)
+    np.testing.assert_allclose(streamed.eigenvalues, full.eigenvalues, rtol=1e-6)
 
 
 def test_eigenvalues_at_or_below_zero_are_floored_not_fatal(consortium):

@@ -90,6 +90,12 @@ round uses the noise multiplier sqrt(T) * z(eps, delta) and the whole run is
 (eps, delta); the ledger records the T releases. Memory per site is
 O(D b + one subject).
 
+Without noise (``tol``) the aggregator also takes the Rayleigh-Ritz pairs of
+every round's product and stops as soon as every one of the top k has a
+relative residual ||A w - theta w|| <= tol * theta_1; ``n_iter`` is then the
+cap. Stopping looks at the data, which only a run without privacy may do: with
+noise the number of releases is fixed in advance (and planned).
+
 Eigenvectors are ordered by eigenvalue (descending), never by |eigenvalue|:
 a large negative noise eigenvalue is not signal. Returned eigenvalues are
 those of the noisy average; they can be small or negative at strong privacy,
@@ -458,6 +464,20 @@ def _noise_multiplier(epsilon, delta, rounds: int = 1, calibration: str = "analy
     return privacy.noise_multiplier(epsilon, delta, rounds, calibration)
 
 
+def _check_tol(tol, mode: str, z: float) -> float | None:
+    """The power mode's convergence tolerance: only without noise (a private run's releases are planned)."""
+    if tol is None:
+        return None
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) or not 0 < tol < 1:
+        raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
+    if mode != "power":
+        raise ValueError("tol stops the power mode's iterations; the covariance mode has none")
+    if z != 0:
+        raise ValueError("tol stops on convergence, which depends on the data: only a run without noise "
+                         "(epsilon=None) may use it; a private run makes its planned number of releases")
+    return float(tol)
+
+
 def _check_privacy(epsilon, delta, plan_kind: str) -> None:
     no_noise = epsilon is None or (isinstance(epsilon, (float, int)) and math.isinf(epsilon) and epsilon > 0)
     if no_noise:
@@ -522,6 +542,10 @@ class CapePCA:
         second moment ``||X_m X_m^T / n_m||_F``; a subject above it is scaled
         down to it, and the sensitivity shrinks by the factor c (module
         docstring). None or 1: no clipping (unit-norm columns give 1).
+    tol : float or None
+        Power mode without noise only: stop once every top-k Ritz pair has a
+        relative residual below ``tol`` (module docstring); ``n_iter`` caps
+        the rounds. None: always ``n_iter`` rounds.
     """
 
     name = "capepca"
@@ -529,7 +553,7 @@ class CapePCA:
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
                  unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
-                 keep_matrix: bool = False, subject_bound: float | None = None):
+                 keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None):
         self.k = _check_k(k)
         self.subject_bound = check_subject_bound(subject_bound)
         if mode not in MODES:
@@ -555,6 +579,7 @@ class CapePCA:
         self.epsilon, self.delta = epsilon, delta
         self.calibration, self.keep_matrix = calibration, bool(keep_matrix)
         self.z = _noise_multiplier(epsilon, delta, self.max_rounds, calibration)
+        self.tol = _check_tol(tol, mode, self.z)
 
     @property
     def block(self) -> int:
@@ -600,7 +625,10 @@ class CapePCA:
             ledger.note(f"{self.name}: each subject's X_m X_m^T clipped to Frobenius norm <= "
                         f"{self.subject_bound:g} * n_m (the public subject bound); a subject above it is "
                         "scaled down, never dropped")
-        if self.mode == "power":
+        if self.mode == "power" and self.tol is not None:
+            ledger.note(f"{self.name} power mode without noise: up to {self.n_iter} products A_s V_t, stopped when "
+                        f"every top-{self.k} Ritz pair's relative residual is below {self.tol:g}")
+        elif self.mode == "power":
             ledger.note(f"{self.name} power mode: {self.n_iter} releases of A_s V_t, per-release noise multiplier "
                         f"sqrt({self.n_iter}) * z(eps, delta) so that their composition is the run's (eps, delta)")
         return {"site": site, "dim": dim, "n": n_samples, "unit": unit, "sensitivity": sens, "ledger": ledger}
@@ -663,18 +691,28 @@ class CapePCA:
                 state["A_hat"] = (A + A.T) / 2
             return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
         Y = combined["AV"]
-        if round < self.max_rounds - 1:
+        last = round >= self.max_rounds - 1
+        if not last and self.tol is None:
             V = orthonormalize(Y)
             state["V"] = V
             return Payload({"V": V})
-        # Rayleigh-Ritz on the last release: Ritz pairs of span(V_{T-1})
+        # Rayleigh-Ritz: Ritz pairs of span(V_t) from Y = A V_t
         Vp = state["V"]
         H = Vp.T @ Y
         theta, U = np.linalg.eigh((H + H.T) / 2)
         order = np.argsort(theta)[::-1][: self.k]
-        V = _fix_signs(Vp @ U[:, order])
-        state.update(basis=V, eigenvalues=theta[order])
-        return Payload({"V": V, "eigenvalues": theta[order]}, {"stop": True})
+        Uk, th = U[:, order], theta[order]
+        if self.tol is not None:
+            residual = np.linalg.norm(Y @ Uk - (Vp @ Uk) * th, axis=0)
+            state["residual"] = float(residual.max() / max(abs(th[0]), np.finfo(float).tiny))
+            if not last and state["residual"] > self.tol:
+                V = orthonormalize(Y)
+                state["V"] = V
+                return Payload({"V": V})
+        state["rounds"] = round + 1
+        V = _fix_signs(Vp @ Uk)
+        state.update(basis=V, eigenvalues=th)
+        return Payload({"V": V, "eigenvalues": th}, {"stop": True})
 
 
 # -- DPdisPCA: its own one-phase protocol, reusing capePCA's site computation -----------------
@@ -807,7 +845,8 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
              oversample: int = 0, exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
-             method: str | None = None, subject_bound: float | None = None) -> PCAResult:
+             method: str | None = None, subject_bound: float | None = None,
+             tol: float | None = None) -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -824,7 +863,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     subjects : list, optional
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
-    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound
+    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -845,7 +884,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
                   seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
-                  keep_matrix=True, subject_bound=subject_bound)
+                  keep_matrix=True, subject_bound=subject_bound, tol=tol)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)
