@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dpneuro import pipeline
-from dpneuro.analysis import STREAMED_PCA_ITERATIONS, pca_mode, reduce_inprocess, site_whiten
+from dpneuro.analysis import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, pca_mode, reduce_inprocess, site_whiten
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
 from dpneuro.synth import make_consortium
@@ -172,6 +172,14 @@ def test_streamed_pca_without_noise_equals_the_covariance_mode(consortium):
     cosines = np.linalg.svd(full.basis.T @ streamed.basis, compute_uv=False)
     assert cosines.min() > 1 - 1e-8
     np.testing.assert_allclose(streamed.eigenvalues, full.eigenvalues, rtol=1e-6)
+
+
+def test_readme_states_the_streamed_pca_stopping_rule():
+    """The README's numbers come from the constants the run uses."""
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    tol = f"{STREAMED_PCA_TOL:.0e}".replace("e-0", "e-")  # 1e-4
+    assert (f"residual below {tol} of the largest eigenvalue; at most {STREAMED_PCA_ITERATIONS} "
+            "passes over the data") in text
 
 
 def test_eigenvalues_at_or_below_zero_are_floored_not_fatal(consortium):
