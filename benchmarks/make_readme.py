@@ -762,16 +762,20 @@ def section_scale(p: Page) -> dict:
           "and the aggregator), so its peak resident memory (VmHWM) bounds one site process of a deployment. Load: "
           f"the sites one after another, each decoding its subjects in {r0.get('workers')} threads, into float32 "
           "column-major matrices (with the mask and parcels). Reduction `none` is the PCA without noise (covariance "
-          "when D x D fits `max_memory_gb` = 4, streamed power iterations otherwise); the private one is capePCA "
-          "(covariance) or `capepca-power` where the covariance does not fit. decompress: the time to gunzip every "
-          "input once with as many threads (the I/O floor); x floor = total / decompress.")
+          "when D x D fits `max_memory_gb` = 4, otherwise streamed subspace iterations that stop once converged; "
+          "passes: how many times the reduction read the data); the private one is capePCA (covariance) or "
+          "`capepca-power` (one pass per planned release) where the covariance does not fit. decompress: the "
+          "time to gunzip every input once with as many threads (the I/O floor); x floor = total / decompress; "
+          "load share = load / total. Rows without a pass count were measured by an earlier run of the same "
+          "code for their stages (the streamed PCA's stopping rule changes only the `none` voxel rows).")
     p.add("")
     p.meta("python benchmarks/scale.py --workdir DIR", ["scale.csv", "scale.json"], meta.get("total_seconds"))
-    p.add(table(["data", "features", "M", "reduction", "load s", "reduce s", "unmix s", "maps s", "total s",
-                 "decompress s", "x floor", "peak MB", "mean abs r with truth"],
+    p.add(table(["data", "features", "M", "reduction", "load s", "reduce s", "passes", "unmix s", "maps s",
+                 "total s", "decompress s", "x floor", "load share", "peak MB", "mean abs r with truth"],
                 [[r["config"], r["features"], r["subjects_per_site"], r["reduction"], r["load_s"], r["reduce_s"],
-                  r["unmix_s"], r["maps_s"], r["total_s"], r["decompress_s"], r["total_over_decompress"],
-                  r["peak_mb"], r["mean_r_truth"]] for r in rows]))
+                  r.get("reduce_rounds") or "", r["unmix_s"], r["maps_s"], r["total_s"], r["decompress_s"],
+                  r["total_over_decompress"], f"{float(r['load_s']) / float(r['total_s']):.0%}", r["peak_mb"],
+                  r["mean_r_truth"]] for r in rows]))
     p.add("")
     growth = meta.get("growth", {})
     if growth:

@@ -232,7 +232,7 @@ def save(rows: list[dict], synth: dict, workers: int, seconds: float, quick: boo
     """Write the table (in CONFIGS order, then size) and its summary (growth exponents) as they stand."""
     suffix = "_quick" if quick else ""
     RESULTS.mkdir(exist_ok=True)
-    order = {c: i for i, c in enumerate([*CONFIGS, *QUICK_CONFIGS])}
+    order = {c: i for i, c in enumerate(dict.fromkeys([*CONFIGS, *QUICK_CONFIGS]))}
     rows = sorted(rows, key=lambda r: (order.get(r["config"], len(order)), r["subjects_per_site"],
                                        r["reduction"] != "none"))
     fields = list(dict.fromkeys(k for r in rows for k in r))
