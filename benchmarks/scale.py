@@ -147,7 +147,12 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     rows, synth = [], {}
     kept, before = ([], {}) if args.quick else previous(configs, sizes, reductions)
-    synth_before, seconds_before = before.get("synth", {}), before.get("total_seconds", 0.0) if kept else 0.0
+    seconds_before = before.get("total_seconds", 0.0) if kept else 0.0
+
+    def save_all() -> dict:
+        return save(kept + rows, {**before.get("synth", {}), **synth}, workers,
+                    seconds_before + time.perf_counter() - t_all, args.quick)
+
     try:
         for name, (space, parcels) in configs.items():
             man, gen_s = make_data(root, space, sites, max(sizes), T, R)
@@ -193,16 +198,12 @@ def main(argv=None) -> int:
                     row["peak_mb"] = max(row[f"{st}_peak_mb"] for st in STAGES)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    # hours of work: keep each row
-                    save(kept + rows, {**synth_before, **synth}, workers, seconds_before + time.perf_counter() - t_all,
-                         args.quick)
+                    save_all()  # hours of work: keep each row
                 shutil.rmtree(root / f"run-{space}-{parcels}-{M}", ignore_errors=True)  # the site matrices
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps(save(kept + rows, {**synth_before, **synth}, workers, seconds_before + time.perf_counter() - t_all,
-                         args.quick),
-                     indent=1))
+    print(json.dumps(save_all(), indent=1))
     return 0
 
 

@@ -690,29 +690,25 @@ class CapePCA:
             if self.keep_matrix:
                 state["A_hat"] = (A + A.T) / 2
             return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
-        Y = combined["AV"]
-        last = round >= self.max_rounds - 1
-        if not last and self.tol is None:
+        Y, Vp = combined["AV"], state["V"]
+        stop = round >= self.max_rounds - 1
+        if stop or self.tol is not None:
+            # Rayleigh-Ritz: Ritz pairs of span(V_t) from Y = A V_t
+            H = Vp.T @ Y
+            theta, U = np.linalg.eigh((H + H.T) / 2)
+            order = np.argsort(theta)[::-1][: self.k]
+            Uk, th = U[:, order], theta[order]
+            if self.tol is not None:
+                residual = np.linalg.norm(Y @ Uk - (Vp @ Uk) * th, axis=0)
+                state["residual"] = float(residual.max() / max(abs(th[0]), np.finfo(float).tiny))
+                stop = stop or state["residual"] <= self.tol
+        if not stop:
             V = orthonormalize(Y)
             state["V"] = V
             return Payload({"V": V})
-        # Rayleigh-Ritz: Ritz pairs of span(V_t) from Y = A V_t
-        Vp = state["V"]
-        H = Vp.T @ Y
-        theta, U = np.linalg.eigh((H + H.T) / 2)
-        order = np.argsort(theta)[::-1][: self.k]
-        Uk, th = U[:, order], theta[order]
-        if self.tol is not None:
-            residual = np.linalg.norm(Y @ Uk - (Vp @ Uk) * th, axis=0)
-            state["residual"] = float(residual.max() / max(abs(th[0]), np.finfo(float).tiny))
-            if not last and state["residual"] > self.tol:
-                V = orthonormalize(Y)
-                state["V"] = V
-                return Payload({"V": V})
-        state["rounds"] = round + 1
         V = _fix_signs(Vp @ Uk)
         state.update(basis=V, eigenvalues=th)
-        return Payload({"V": V, "eigenvalues": th}, {"stop": True})
+        return Payload({"V": V, "eigenvalues": th}, {"stop": True})  # the driver records the rounds
 
 
 # -- DPdisPCA: its own one-phase protocol, reusing capePCA's site computation -----------------
