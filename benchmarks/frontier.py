@@ -50,9 +50,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 N_SITES, N_COMPONENTS, N_TIMEPOINTS, TR, SPACE, PARCELS = 4, 20, 150, 2.0, "mni6mm", 100
-#: (ICA model, parcels, subject bound) measured at every size and budget
-RUNS = (("spatial", 100, 1.0), ("spatial", 100, 0.5), ("spatial", 100, 0.25), ("spatial", 400, 1.0),
-        ("spatial", 400, 0.25), ("temporal", 100, 1.0), ("temporal", 100, 0.25))
+#: (ICA model, parcels, the PCA's subject contribution, subject bound) measured at every size and budget
+RUNS = (("spatial", 100, "moment", 1.0), ("spatial", 100, "moment", 0.25), ("spatial", 100, "subspace", 0.25),
+        ("spatial", 400, "moment", 0.25), ("spatial", 400, "subspace", 0.25), ("temporal", 100, "moment", 1.0),
+        ("temporal", 100, "moment", 0.25))
 
 
 def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) -> dict:
@@ -133,7 +134,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if args.quick:
         subjects_grid, epsilons, seeds, n_sites, T = (12,), (4.0, 16.0), [0], 3, 100
-        runs = [("spatial", PARCELS, 1.0), ("spatial", PARCELS, 0.25), ("temporal", PARCELS, 0.25)]
+        runs = [("spatial", PARCELS, "moment", 0.25), ("spatial", PARCELS, "subspace", 0.25),
+                ("temporal", PARCELS, "moment", 0.25)]
     else:
         subjects_grid, epsilons, seeds, n_sites, T = SUBJECTS, EPSILONS, list(range(args.seeds)), N_SITES, \
             N_TIMEPOINTS
@@ -152,16 +154,16 @@ def main(argv=None) -> int:
         gen_s = time.perf_counter() - tg
         print(f"generated {n_sites} x {max(subjects_grid)} subjects in {gen_s:.0f} s", flush=True)
         for subjects in subjects_grid:
-            for ica, P, bound in runs:
+            for ica, P, con, bound in runs:
                 X_sites = [X[:, :subjects * T] for X in data[P][0]]
                 lengths = [ln[:subjects] for ln in data[P][1]]
                 if (subjects, P) not in frob:
                     fro = subject_frobenius(X_sites, lengths)
                     frob[(subjects, P)] = {q: float(np.percentile(fro, q)) for q in (10, 50, 90)}
-                kw = dict(ica=ica, parcels=P, pca_subject_bound=bound)
+                kw = dict(ica=ica, parcels=P, pca_contribution=con, pca_subject_bound=bound)
                 ref = run_maps(base_config(tmp, n_sites, plan="none", seed=0, **kw), X_sites, lengths,
                                parcellations[P])
-                row0 = {"subjects": subjects, "ica": ica, "parcels": P, "bound": bound}
+                row0 = {"subjects": subjects, "ica": ica, "parcels": P, "contribution": con, "bound": bound}
                 rows.append({**row0, "epsilon": "none", "r_truth_median": mean_r(ref, A_true), "r_truth_min": "",
                              "r_nonprivate_median": 1.0, "pca_epsilon": "", "seeds": 1})
                 print(rows[-1], flush=True)
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
     runtime = time.perf_counter() - t0
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(exist_ok=True)
-    keys = ["subjects", "ica", "parcels", "bound", "epsilon", "r_truth_median", "r_truth_min",
+    keys = ["subjects", "ica", "parcels", "contribution", "bound", "epsilon", "r_truth_median", "r_truth_min",
             "r_nonprivate_median", "pca_epsilon", "seeds"]
     with open(RESULTS / f"frontier{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
@@ -204,10 +206,11 @@ def main(argv=None) -> int:
     return 0
 
 
-_LABELS = {"ica": str, "parcels": lambda v: f"{v} parcels", "bound": lambda v: f"bound {v:g}"}
+_LABELS = {"ica": str, "contribution": str, "parcels": lambda v: f"{v} parcels", "bound": lambda v: f"bound {v:g}"}
 
 
-def figure(rows, subjects_grid, path: Path, *, series=("ica", "parcels", "bound"), value="r_truth_median",
+def figure(rows, subjects_grid, path: Path, *, series=("ica", "parcels", "contribution", "bound"),
+           value="r_truth_median",
            ylabel="maps: mean |r| with the true networks", hline=None) -> None:
     """One panel per consortium size: ``value`` against the total eps, one line per ``series`` key."""
     import matplotlib

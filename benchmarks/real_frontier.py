@@ -17,8 +17,10 @@ within the run); capePCA then scales every time point to unit norm.
    rarely the same data). For each size the non-private maps of the same
    method (plan none) are the reference; for each total eps (headline: against
    the aggregator and its colluders, every stage, delta 1e-5; the budget
-   planner splits it) and subject bound, 3 noise seeds: mean matched |r| of the
-   private maps with the reference, median and worst.
+   planner splits it) and way a subject enters the PCA (its second moment,
+   with or without a subject bound, or its own principal subspace), 3 noise
+   seeds: mean matched |r| of the private maps with the reference, median and
+   worst.
 
 What it does not show: bootstrapped subjects repeat 33 people, so the
 non-private reference is more stable than a real consortium of that size; the
@@ -52,9 +54,10 @@ from dpneuro.config import ConfigError, RunConfig  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
-BOUNDS = (1.0, 0.5, 0.35, 0.25)
-#: the temporal model is measured without a bound and with the library's default one
 DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
+#: (ICA model, the PCA's subject contribution, subject bound) measured at every size and budget
+RUNS = (("spatial", "moment", 1.0), ("spatial", "moment", DEFAULT_BOUND), ("spatial", "subspace", DEFAULT_BOUND),
+        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND))
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
 
@@ -139,9 +142,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     d, runs = real_subjects()
     if args.quick:
-        subjects_grid, epsilons, bounds, seeds = (12,), (4.0, 16.0), (1.0, 0.35), [0]
+        subjects_grid, epsilons, seeds = (12,), (4.0, 16.0), [0]
+        runs_grid = (("spatial", "moment", 1.0), ("spatial", "subspace", DEFAULT_BOUND))
     else:
-        subjects_grid, epsilons, bounds, seeds = SUBJECTS, EPSILONS, BOUNDS, list(range(args.seeds))
+        subjects_grid, epsilons, seeds, runs_grid = SUBJECTS, EPSILONS, list(range(args.seeds)), RUNS
     rows, agreement = [], {}
     with tempfile.TemporaryDirectory(prefix="dpneuro-real-") as tmp:
         tmp = Path(tmp)
@@ -149,49 +153,53 @@ def main(argv=None) -> int:
         # 1. the real people, no noise, against CanICA
         X_real, len_real = split_real(runs, N_SITES)
         labels, affine = atlas_on_grid(d["atlas"])
-        ref_maps = {ica: run_maps(base_config(tmp, N_SITES, ica=ica, plan="none", parcels=0, seed=0),
-                                     X_real, len_real) for ica in ("spatial", "temporal")}
+        models = sorted({(ica, con) for ica, con, _ in runs_grid})
+        ref_maps = {(ica, con): run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
+                                                     parcels=0, seed=0), X_real, len_real)
+                    for ica, con in models}
         if not args.quick:
             tc = time.perf_counter()
             can, inside, idx = canica_maps(runs, labels, affine, N_COMPONENTS)
             agreement["canica_seconds"] = time.perf_counter() - tc
-            for ica, M in ref_maps.items():
-                agreement[f"{ica} vs CanICA"] = mean_r(M[idx], can)
+            for (ica, con), M in ref_maps.items():
+                agreement[f"{ica} ({con}) vs CanICA"] = mean_r(M[idx], can)
             print(agreement, flush=True)
         # 2. pseudo-consortia
         X_all, len_all = pseudo_consortium(runs, max(subjects_grid), N_SITES, WINDOW, seed=1)
         for subjects in subjects_grid:
             X_sites = [X[:, :subjects * WINDOW] for X in X_all]
             lengths = [ln[:subjects] for ln in len_all]
-            for ica in ("spatial", "temporal"):
+            seen = set()
+            for ica, con, bound in runs_grid:
                 if ica == "temporal" and subjects > TEMPORAL_MAX_SUBJECTS:
                     continue  # 40 private rounds over every time point: the largest sizes take too long
-                for bound in bounds if ica == "spatial" else (bounds[0], DEFAULT_BOUND):
-                    kw = dict(ica=ica, pca_subject_bound=bound, parcels=0)
-                    ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
-                    row0 = {"subjects": subjects, "ica": ica, "bound": bound}
-                    if bound == bounds[0]:
-                        rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica]),
-                                     "r_min": "", "pca_epsilon": "", "seeds": 1, "reference": "real 33"})
+                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0)
+                ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
+                row0 = {"subjects": subjects, "ica": ica, "contribution": con, "bound": bound}
+                if (ica, con) not in seen:
+                    seen.add((ica, con))
+                    rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica, con]),
+                                 "r_min": "", "pca_epsilon": "", "seeds": 1, "reference": "real 33"})
+                    print(rows[-1], flush=True)
+                cfg0 = base_config(tmp, N_SITES, **kw)
+                for eps in epsilons:
+                    try:
+                        cfg = planned(cfg0, lengths, eps, dim=D)
+                    except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
+                        rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "",
+                                     "seeds": 0, "reference": f"refused by the planner: {exc}"})
                         print(rows[-1], flush=True)
-                    cfg0 = base_config(tmp, N_SITES, **kw)
-                    for eps in epsilons:
-                        try:
-                            cfg = planned(cfg0, lengths, eps, dim=D)
-                        except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
-                            rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "",
-                                         "seeds": 0, "reference": f"refused by the planner: {exc}"})
-                            print(rows[-1], flush=True)
-                            continue
-                        r = [mean_r(run_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
-                        rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
-                                     "pca_epsilon": round(cfg.pca_epsilon, 3), "seeds": len(seeds),
-                                     "reference": "non-private, same data"})
-                        print(rows[-1], flush=True)
+                        continue
+                    r = [mean_r(run_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
+                    rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
+                                 "pca_epsilon": round(cfg.pca_epsilon, 3), "seeds": len(seeds),
+                                 "reference": "non-private, same data"})
+                    print(rows[-1], flush=True)
     runtime = time.perf_counter() - t0
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(exist_ok=True)
-    keys = ["subjects", "ica", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "seeds", "reference"]
+    keys = ["subjects", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "seeds",
+            "reference"]
     with open(RESULTS / f"real_frontier{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
@@ -199,11 +207,11 @@ def main(argv=None) -> int:
             w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
     meta = {"data": d["source"], "people": len(runs), "regions": D, "window": WINDOW, "n_sites": N_SITES,
             "n_components": N_COMPONENTS, "subjects_per_site": list(subjects_grid), "epsilons": list(epsilons),
-            "bounds": list(bounds), "seeds": len(seeds), "delta": 1e-5, "agreement": agreement,
+            "runs": [list(r) for r in runs_grid], "seeds": len(seeds), "delta": 1e-5, "agreement": agreement,
             "runtime_s": runtime}
     (RESULTS / f"real_frontier{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
     if not args.quick:
-        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "bound"), value="r_median",
+        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"), value="r_median",
                ylabel="mean |r| with the non-private maps", hline=0.7)
     print(f"wrote {RESULTS / f'real_frontier{suffix}.csv'} in {runtime:.0f} s")
     return 0

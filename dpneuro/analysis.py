@@ -168,7 +168,8 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None):
         eps = None
     # every time point scaled to unit norm at its site (SCALING_NOTE)
     return CapePCA(cfg.n_components, eps, cfg.pca_delta, mode=mode, scale="unit",
-                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound, **power)
+                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound,
+                   contribution=cfg.contribution, **power)
 
 
 def pdsvd_protocol(cfg: RunConfig, n_sites: int):

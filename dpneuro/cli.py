@@ -153,6 +153,7 @@ BUDGET_OVERRIDES = {
     "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
     "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding", "ica": "ica", "brain_states": "brain_states",
     "states_epsilon": "states_epsilon", "subject_bound": "pca_subject_bound",
+    "contribution": "pca_contribution",
 }
 
 
@@ -353,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--pca-epsilon", type=float, default=None, help="field pca_epsilon")
     over.add_argument("--subject-bound", type=float, default=None,
                       help="field pca_subject_bound (public bound on a subject's normalised second moment)")
+    over.add_argument("--contribution", choices=("auto", "subspace", "moment"), default=None,
+                      help="field pca_contribution (what a subject adds to the PCA's second moment)")
     over.add_argument("--ica-epsilon-i", type=float, default=None, help="field ica_epsilon_i (per ICA release)")
     over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")
     over.add_argument("--rounds", type=int, default=None, help="ICA rounds (field ica_rounds)")

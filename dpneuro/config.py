@@ -22,6 +22,8 @@ REDUCTIONS = ("capepca", "capepca-power", "none", "pdsvd")
 #: the group ICA model: independent maps (spatial: CanICA/MELODIC/GIFT, post-processing of the released basis)
 #: or independent time courses (temporal: capeDJICA, private rounds of its own)
 ICA_MODELS = ("spatial", "temporal")
+#: what a subject adds to the PCA's second moment ("auto": subspace under spatial ICA, moment otherwise)
+PCA_CONTRIBUTIONS = ("auto", "subspace", "moment")
 #: Pydra workers a site may run its per-subject decoding on (``cluster.worker``), and the keys of ``cluster``
 CLUSTER_WORKERS = ("dask", "slurm")
 CLUSTER_KEYS = ("worker", "subjects_per_task", "address", "sbatch_args")
@@ -38,7 +40,7 @@ SYNTHETIC_CONSORTIUM: dict[str, Any] = {
 #: The tuned analysis settings (the field defaults above): measured on :data:`SYNTHETIC_CONSORTIUM` by
 #: ``benchmarks/demo_speed.py``; the demo and ``site_templates/run.toml`` use them (a test checks).
 #: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
-TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "ica_epsilon_i", "ica_rounds",
+TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i", "ica_rounds",
                 "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit", "ica_bias")
 
 
@@ -83,6 +85,13 @@ class RunConfig:
     # Real fMRI subjects sit at 0.28-0.35 (122 regions): 0.25 scales nearly all of them, the noise by 1/4 and
     # the signal by ~1/1.2
     pca_subject_bound: float = 0.25
+    # what each subject adds to the PCA's second moment: "subspace" its own top-n_components principal subspace
+    # (as CanICA/MELODIC reduce each subject first; norm 1/sqrt(n_components) by construction, every subject
+    # weighs the same), "moment" its X X^T / n (the papers'). Real fMRI, 4 sites x 100, 20 components, eps 8:
+    # private maps agree with the non-private ones at 0.62 against 0.45 (benchmarks/real_frontier.py).
+    # "auto": subspace under spatial ICA; temporal ICA and brain states whiten with the released eigenvalues,
+    # which are variances only under "moment"
+    pca_contribution: str = "auto"
     # memory (GB) one site may use for the reduction: capePCA's covariance mode forms D x D matrices (about
     # 9 D^2 doubles, so D <= ~7,700 at 4 GB: parcels and the 6 mm grid's voxels fit, finer voxels do not) and is
     # refused before anything runs when they do not fit; "capepca-power" and the PCA without noise ("none",
@@ -130,6 +139,14 @@ class RunConfig:
     def recommended(cls) -> dict[str, Any]:
         """The tuned settings (:data:`TUNED_FIELDS`) at their defaults."""
         return {f: cls.__dataclass_fields__[f].default for f in TUNED_FIELDS}
+
+    @property
+    def contribution(self) -> str:
+        """The PCA's subject contribution ``pca_contribution`` resolves to."""
+        if self.pca_contribution != "auto":
+            return self.pca_contribution
+        spatial_only = self.ica == "spatial" and not self.brain_states and self.reduction != "pdsvd"
+        return "subspace" if spatial_only else "moment"
 
     @property
     def pca_delta(self) -> float:
@@ -268,6 +285,14 @@ class RunConfig:
         if isinstance(self.max_memory_gb, bool) or not isinstance(self.max_memory_gb, (int, float)) \
                 or not (0 < self.max_memory_gb < math.inf):
             bad("max_memory_gb", f"a positive number of GB, got {self.max_memory_gb!r}")
+        if self.pca_contribution not in PCA_CONTRIBUTIONS:
+            bad("pca_contribution", f"one of {PCA_CONTRIBUTIONS}, got {self.pca_contribution!r}")
+        elif self.pca_contribution == "subspace" and (self.ica != "spatial" or self.brain_states):
+            bad("pca_contribution", "'subspace' releases how consistently subjects share a direction, not its "
+                "variance; temporal ICA and brain states whiten with the released eigenvalues, so they need "
+                "'moment' (or 'auto')")
+        elif self.pca_contribution == "subspace" and self.reduction == "pdsvd":
+            bad("pca_contribution", "PD-SVD sums the data's second moment; 'subspace' is capePCA's (use 'auto')")
         if self.ica not in ICA_MODELS:
             bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
                 "after the PCA) or 'temporal' (capeDJICA)")

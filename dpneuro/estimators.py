@@ -20,7 +20,7 @@ import html as _html
 import json
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import replace, fields
 from pathlib import Path
 from typing import Any
 
@@ -547,7 +547,10 @@ class DecentralizedPCA(_Decentralized):
         if self.n_states:
             raise ConfigError("n_states: brain states are found on the ICA's whitened time points; "
                               "use DecentralizedICA(n_states=...)")
-        return super().to_config(sites)
+        cfg = super().to_config(sites)
+        if cfg.pca_contribution == "auto":  # a PCA's eigenvalues are variances: second moments
+            cfg = replace(cfg, pca_contribution="moment")
+        return cfg
 
     def _read_outputs(self, outputs: dict) -> None:
         from .io import mask_to_image

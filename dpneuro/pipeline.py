@@ -80,8 +80,8 @@ def _read_json(path) -> dict:
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
     "load": ("sites", "standardize", "min_volumes", "bids"),
-    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound", "delta",
-               "seed", "pdsvd_iterations", "max_memory_gb"),
+    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
+               "pca_contribution", "ica", "brain_states", "delta", "seed", "pdsvd_iterations", "max_memory_gb"),
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),

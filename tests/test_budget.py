@@ -36,6 +36,9 @@ CASES = {
     "asymmetric sites, no colluders": ("asym", {"n_colluding": 0}),
     "spatial ICA (the PCA alone)": ("asym", {"ica": "spatial"}),
     "spatial ICA, subject bound": ("asym", {"ica": "spatial", "pca_subject_bound": 0.4}),
+    "spatial ICA, second moments": ("asym", {"ica": "spatial", "pca_contribution": "moment"}),
+    "spatial ICA, subspaces in power mode": ("sym", {"ica": "spatial", "reduction": "capepca-power",
+                                                      "pca_epsilon": 5000.0}),
     "brain states": ("asym", {"brain_states": 2, "states_epsilon": 3.0}),
     "brain states, conv": ("sym", {"brain_states": 3, "plan": "conv"}),
     "PD-SVD reduction (not private)": ("asym", {"reduction": "pdsvd", "pdsvd_iterations": 5}),
@@ -163,12 +166,57 @@ def test_planner_says_how_many_components_a_budget_supports(capsys):
     counts = [supported_components(norm, 120) for norm in (0.3, 0.03, 0.01, 0.005, 0.001)]
     assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == len(REFERENCE_SPECTRUM)
     assert supported_components(0.01, 29_000) is None
-    # 4 x 100 subjects at eps 8: about half of 20 components, which the warning says; 4 x 500: all of them
-    assert main(["budget", "--sites", "4", "--subjects", "100", "--target-epsilon", "8"]) == 0
+    # second moments, 4 x 100 subjects at eps 8: about half of 20 components, which the warning says; 4 x 500:
+    # all of them
+    moment = ["--contribution", "moment"]
+    assert main(["budget", "--sites", "4", "--subjects", "100", "--target-epsilon", "8", *moment]) == 0
     out = capsys.readouterr()
     m = re.search(r"components this budget supports: about (\d+)", out.out)
     assert m and 8 <= int(m.group(1)) <= 14, out.out
     assert f"only about {m.group(1)} components stand above" in out.out + out.err
-    assert main(["budget", "--sites", "4", "--subjects", "500", "--target-epsilon", "8"]) == 0
+    assert main(["budget", "--sites", "4", "--subjects", "500", "--target-epsilon", "8", *moment]) == 0
     out = capsys.readouterr()
     assert "stand above" not in out.out + out.err and f"{len(REFERENCE_SPECTRUM)} or more" in out.out
+    # subspace contributions (the default under spatial ICA) carry every one of the 20 at 4 x 100
+    assert main(["budget", "--sites", "4", "--subjects", "100", "--target-epsilon", "8"]) == 0
+    out = capsys.readouterr()
+    m = re.search(r"components this budget supports: about (\d+)", out.out)
+    assert "subject contribution 'subspace'" in out.out and m and int(m.group(1)) >= 20, out.out
+    assert "stand above" not in out.err
+
+
+def test_subspace_reference_spectra_are_what_consistent_subspaces_give():
+    from dpneuro.budget import REFERENCE_SUBSPACE_SPECTRA, reference_spectrum, supported_components
+
+    for k, spec in REFERENCE_SUBSPACE_SPECTRA.items():
+        # k lam_j of averaged projectors: in (0, 1], decreasing, summing to at most k over the top k
+        assert all(0 < v <= 1 for v in spec) and list(spec) == sorted(spec, reverse=True)
+        assert sum(spec[:k]) <= k and len(spec) == min(2 * k, 40)
+    assert reference_spectrum("subspace", 20) == tuple(v / 20 for v in REFERENCE_SUBSPACE_SPECTRA[20])
+    assert reference_spectrum("subspace", 12) == tuple(v / 10 for v in REFERENCE_SUBSPACE_SPECTRA[10])
+    counts = [supported_components(n, 120, "subspace", 20) for n in (0.1, 0.02, 0.01, 0.001)]
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == 40
+
+
+def test_subject_contribution_follows_the_ica_model_and_refuses_what_cannot_whiten(tmp_path):
+    from dpneuro.config import ConfigError, RunConfig
+
+    def cfg(**kw):
+        return RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
+                                    "out": str(tmp_path / "o"), **kw})
+
+    assert cfg().contribution == "subspace"  # spatial ICA: the measured best
+    assert cfg(ica="temporal").contribution == "moment"
+    assert cfg(brain_states=2).contribution == "moment"
+    assert cfg(reduction="pdsvd").contribution == "moment"
+    assert cfg(pca_contribution="moment").contribution == "moment"
+    for kw in ({"ica": "temporal"}, {"brain_states": 2}, {"reduction": "pdsvd"}):
+        with pytest.raises(ConfigError, match="pca_contribution"):
+            cfg(pca_contribution="subspace", **kw).validate(data_sites=[])
+    with pytest.raises(ConfigError, match="pca_contribution"):
+        cfg(pca_contribution="projector").validate(data_sites=[])
+    # the run uses what the field resolves to
+    from dpneuro.analysis import pca_algorithm
+
+    assert pca_algorithm(cfg(parcels=100), dim=100).contribution == "subspace"
+    assert pca_algorithm(cfg(ica="temporal", parcels=100), dim=100).contribution == "moment"

@@ -171,3 +171,30 @@ def test_capepca_subject_bound_scales_the_worst_case_by_the_bound(mode):
     assert recorded == pytest.approx(math.sqrt(2) * c * 3 / 7, rel=1e-12)
     assert worst == pytest.approx(recorded, rel=1e-6)
     assert worst <= recorded
+
+
+@pytest.mark.parametrize("mode", ["covariance", "power"])
+def test_capepca_subspace_contribution_worst_case_is_sqrt2_over_sqrt_k(mode):
+    # a subject adds (n / k) U U^T whatever its data: the worst pair are two subjects with orthogonal top-k
+    # subspaces (||P - P'||_F = sqrt(2 k) n / k), exactly the recorded sqrt(2) n / (sqrt(k) N)
+    D, k, lengths = 4, 2, [4, 3, 3]
+    base = _pca_site(lengths, D)
+    alg = CapePCA(k, 1.0, 1e-5, mode=mode, scale="unit", seed=0, n_iter=3 if mode == "power" else None,
+                  contribution="subspace")
+    recorded = alg.site_init(0, as_source(base))["sensitivity"]
+    V = np.eye(D)[:, :k]
+
+    def release(blocks):
+        st = alg.site_init(0, as_source(blocks))
+        if mode == "covariance":
+            return pack(alg.site_compute(st, 0, None)["A"], True)
+        return alg.site_compute(st, 1, Payload({"V": V}))["AV"].ravel()
+
+    T = lengths[0]
+    pairs = [np.column_stack([np.eye(D)[:, a if t % 2 else b] for t in range(T)]) for a, b in ((0, 1), (2, 3))]
+    cands = pairs + _candidates(D, T)
+    worst = _max_change(release, base, 0, cands)
+    assert recorded == pytest.approx(math.sqrt(2) * T / (math.sqrt(k) * sum(lengths)), rel=1e-12)
+    assert worst <= recorded * (1 + 1e-9)
+    if mode == "covariance":  # the orthogonal pair attains it (power mode sees only span(V))
+        assert worst == pytest.approx(recorded, rel=1e-9)

@@ -414,6 +414,92 @@ def test_subject_bound_distinguishing_attack_sees_the_calibrated_separation():
     assert 1 / z - 1 / (c * z) < -10 * se
 
 
+# -- subspace contributions --------------------------------------------------------------------------
+
+def _projector_average(sites, k):
+    """sum over subjects of (n_m / k) U_m U_m^T / N_s per site, averaged with weights N_s / N (by hand)."""
+    out, N = 0.0, sum(B.shape[1] for blocks in sites for B in blocks)
+    for blocks in sites:
+        for B in blocks:
+            B = B / np.linalg.norm(B, axis=0)
+            U = np.linalg.svd(B, full_matrices=False)[0][:, :min(k, B.shape[1])]
+            out = out + (B.shape[1] / k) * (U @ U.T)
+    return out / N
+
+
+@pytest.mark.parametrize("D", [80, 12])  # subjects with fewer columns than features, and more
+def test_subspace_contribution_is_each_subjects_projector_in_both_modes(D):
+    sites = low_rank_sites(D=D, r=3, S=3, subjects=3, T=25, seed=11)
+    expect = _projector_average(sites, 4)
+    cov = cape_pca(sites, 4, None, DELTA, plan="none", scale="unit", contribution="subspace")
+    assert np.allclose(cov.info["A_hat"], expect, atol=1e-12)
+    lam, U = top_eigh(expect, 4)
+    assert np.allclose(cov.eigenvalues, lam, rtol=1e-10) and sin_max_angle(cov.basis, U) < 1e-8
+    power = cape_pca(sites, 4, None, DELTA, plan="none", scale="unit", contribution="subspace", mode="power",
+                     n_iter=60, oversample=4, tol=1e-10, seed=0)
+    assert np.allclose(power.eigenvalues, lam, rtol=1e-8)
+    sites32 = [[B.astype(np.float32) for B in blocks] for blocks in sites]
+    p32 = cape_pca(sites32, 4, None, DELTA, plan="none", scale="unit", contribution="subspace", mode="power",
+                   n_iter=60, oversample=4, tol=1e-6, seed=0)
+    assert np.allclose(p32.eigenvalues, lam, rtol=1e-4)
+    # every subject weighs n_m / N whatever its spectrum: a subject scaled up 100-fold changes nothing
+    loud = [[B * (100.0 if i == 0 else 1.0) for i, B in enumerate(blocks)] for blocks in sites]
+    assert np.allclose(cape_pca(loud, 4, None, DELTA, plan="none", scale="unit",
+                                contribution="subspace").info["A_hat"], expect, atol=1e-12)
+
+
+def test_subspace_contribution_sensitivity_noise_and_refusals():
+    sites = low_rank_sites(D=30, r=3, S=3, subjects=5, T=20, seed=5)
+    full = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1)
+    sub = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace")
+    bound = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace", subject_bound=0.3)
+    loose = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace", subject_bound=0.9)
+    for a, b, c, d in zip(full.ledgers, sub.ledgers, bound.ledgers, loose.ledgers):
+        (ra,), (rb,), (rc,), (rd,) = a.releases, b.releases, c.releases, d.releases
+        assert rb.sigma == pytest.approx(ra.sigma / 2, rel=1e-12)  # 1 / sqrt(k), k = 4
+        assert rc.sigma == pytest.approx(0.3 * ra.sigma, rel=1e-12)  # a tighter bound clips the projector
+        assert rd.sigma == pytest.approx(rb.sigma, rel=1e-12)  # a looser one cannot raise it
+        assert b.epsilon(DELTA) == pytest.approx(a.epsilon(DELTA), rel=1e-9)
+        assert any("principal subspace" in n for n in b.notes)
+    # clipped below 1/sqrt(k): every projector scaled to 0.3 n_m
+    clipped = cape_pca(sites, 4, None, DELTA, plan="none", scale="unit", contribution="subspace",
+                       subject_bound=0.3)
+    assert np.allclose(clipped.info["A_hat"], _projector_average(sites, 4) * 0.3 * 2, atol=1e-12)
+    with pytest.raises(ValueError, match="contribution must be one of"):
+        CapePCA(2, 1.0, DELTA, contribution="projector")
+    X = np.hstack(sites[0])
+    with pytest.raises(ValueError, match="needs the subject as the privacy unit"):
+        cape_pca([X, X, X], 2, 1.0, DELTA, scale="unit", contribution="subspace")
+
+
+def test_subspace_contribution_distinguishing_attack_sees_the_calibrated_separation():
+    """Neighbours differ in subject 0: its columns span (e1, e2) or (e3, e4), orthogonal top-2 subspaces,
+    the extremal pair. The likelihood-ratio statistic (the release projected on the difference of the clean
+    releases) is shifted by exactly Delta / tau = 1 / z: the noise is calibrated to the true worst case."""
+    from dpneuro.cape.packing import pack
+
+    D, k, eps, n_draws = 4, 2, 2.0, 1000
+    rest = [np.ones((D, 2)) / 2.0] * 2
+    worlds = [[np.column_stack([np.eye(D)[:, a], np.eye(D)[:, b]] * 2)] + rest for a, b in ((0, 1), (2, 3))]
+    clean = [pack(cape_pca([w], k, None, DELTA, plan="none", scale="unit", contribution="subspace").info["A_hat"],
+                  True) for w in worlds]
+    diff = np.linalg.norm(clean[1] - clean[0])
+    u = (clean[1] - clean[0]) / diff
+    stats_ = [[], []]
+    for i in range(n_draws):
+        for j, w in enumerate(worlds):
+            res = local_pca(w, k, eps, DELTA, scale="unit", contribution="subspace", random_state=2 * i + j)
+            stats_[j].append(float(pack(res.info["A_hat"], True) @ u))
+    rel = res.ledgers[0].releases[0]
+    tau, z = rel.sigma, rel.sigma / rel.sensitivity
+    # the unique entries carry the diagonal once and each off-diagonal pair once: ||u(A - A')|| <= ||A - A'||_F
+    assert diff <= rel.sensitivity * (1 + 1e-12) and diff > 0.7 * rel.sensitivity
+    a, b = np.array(stats_[0]), np.array(stats_[1])
+    assert np.std(a) == pytest.approx(tau, rel=0.1) and np.std(b) == pytest.approx(tau, rel=0.1)
+    se = math.sqrt(2 / n_draws)
+    assert abs((b.mean() - a.mean()) / tau - diff / tau) < 4 * se
+
+
 # -- bad input: clear errors before any release ---------------------------------------------------
 
 def _ok_sites():

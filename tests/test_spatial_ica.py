@@ -51,7 +51,8 @@ def test_signs_order_and_determinism():
     np.testing.assert_array_equal(again.W, r.W)  # a fixed, public start: the aggregator's result is reproducible
     # the answer does not depend on the eigenvectors' signs (a noisy release flips them at random)
     flip = np.where(np.arange(V.shape[1]) % 2, -1.0, 1.0)
-    np.testing.assert_allclose(np.abs(spatial_ica(V * flip, lam).maps), np.abs(r.maps), atol=1e-6)
+    # (to FastICA's stopping angle, sqrt(tol) = 1e-6 rad, times maps of unit variance over features)
+    np.testing.assert_allclose(np.abs(spatial_ica(V * flip, lam).maps), np.abs(r.maps), atol=2e-5)
 
 
 def test_refuses_what_it_cannot_unmix():

@@ -71,6 +71,17 @@ unit", which under-states what a swap of one person for another changes.
   min(1, c n_m / ||P_m||_F) (still PSD, now ||P_m||_F <= c n_m), and the
   same replacement argument gives Delta = sqrt(2) c max_m n_m / N_s: the
   noise shrinks by c at the cost of down-weighting the few subjects above it.
+* Subspace contributions (``contribution="subspace"``): a subject adds
+  P_m = (n_m / k) U_m U_m^T instead of X_m X_m^T, with U_m (D x r, r <= k)
+  the top-k left singular vectors of its unit-norm block (per-subject PCA,
+  as CanICA and MELODIC reduce each subject before the group step). P_m is
+  PSD with trace <= n_m like X_m X_m^T, but its Frobenius norm is
+  n_m sqrt(r) / k <= n_m / sqrt(k) whatever the data: every subject weighs
+  the same, the dominant first eigenvalue of fMRI no longer sets the bound,
+  and the replacement argument gives Delta = sqrt(2) c max_m n_m / N_s with
+  c = min(subject bound, 1 / sqrt(k)) (no clipping needed at c = 1/sqrt(k)).
+  The released eigenvalues then measure how consistently subjects share a
+  direction (1/k each when all share it), not variance.
 * Power mode releases A_s V with V (D x b) orthonormal and public:
   ||x x^T V||_F = ||x|| ||V^T x|| <= 1 and ||(P - P') V||_F <= ||P - P'||_F,
   so the sensitivities are exactly those of the covariance mode.
@@ -135,6 +146,9 @@ __all__ = [
 ]
 
 MODES = ("covariance", "power")
+#: what one subject adds to the second moment: its X_m X_m^T, or (n_m / k) times the projector on its top-k
+#: principal subspace (module docstring)
+CONTRIBUTIONS = ("moment", "subspace")
 NEIGHBOURS = ("replace", "add-remove")
 _NORM_TOL = 1e-6  # relative slack when checking ||x|| <= 1 on already-scaled data
 
@@ -357,36 +371,81 @@ def gram_frobenius(B: np.ndarray) -> float:
     return float(np.linalg.norm(G))
 
 
-def second_moment(src: SiteSource, scale, subject_bound: float | None = None) -> np.ndarray:
-    """A_s = sum over blocks of f_m (B F)(B F)^T / N_s with F the per-column scale factors.
+#: singular values below this fraction of the largest are rank deficiency, not a direction of the subject
+_RANK_RTOL = 1e-6
 
-    f_m is :func:`subject_clip_factor` of each block (a subject) under ``subject_bound``
-    (None: no clipping).
+
+def subspace_factor(B: np.ndarray, k: int) -> np.ndarray:
+    """L (n x r) with B L = U_r, the top r = min(k, rank B) left singular vectors of the D x n block B.
+
+    From the smaller Gram matrix in float64 (as :func:`gram_frobenius`), so a voxel-level block costs
+    O(D n min(D, n)), never a D x D eigendecomposition when n < D.
+    """
+    B = np.asarray(B, dtype=np.float64)
+    D, n = B.shape
+    G = B.T @ B if n <= D else B @ B.T
+    s2, E = np.linalg.eigh((G + G.T) / 2)
+    order = np.argsort(s2)[::-1][:k]
+    s2, E = s2[order], E[:, order]
+    keep = s2 > (_RANK_RTOL ** 2) * max(float(s2[0]), 0.0) if s2.size and s2[0] > 0 else np.zeros(0, bool)
+    s2, E = s2[keep], E[:, keep]
+    if n <= D:  # E holds right singular vectors W: U = B W / s
+        return E / np.sqrt(s2)
+    return (B.T @ E) / s2  # E holds U: W / s = B^T U / s^2
+
+
+def subject_factors(B: np.ndarray, contribution: str, k: int, bound: float | None):
+    """One subject's contribution P_m as factors of its scaled block B (D x n_m): P_m = B K B^T.
+
+    Returns the clip multiplier f (a float, K = f I) for ``"moment"``, or L (n_m x r) with K = L L^T for
+    ``"subspace"`` (clip included in both).
+    """
+    n = B.shape[1]
+    if contribution == "subspace":
+        L = subspace_factor(B, k) * math.sqrt(n / k)  # P_m = (n_m / k) U U^T, ||P_m||_F = n_m sqrt(r) / k
+        if bound is not None:
+            L *= math.sqrt(subject_clip_factor(n * math.sqrt(L.shape[1]) / k, n, bound))
+        return L
+    return 1.0 if bound is None else subject_clip_factor(gram_frobenius(B), n, bound)
+
+
+def second_moment(src: SiteSource, scale, subject_bound: float | None = None, contribution: str = "moment",
+                  k: int | None = None) -> np.ndarray:
+    """A_s = sum over blocks (subjects) of P_m / N_s, P_m from the scaled block (B F) (F the column factors).
+
+    P_m = f_m (B F)(B F)^T with f_m :func:`subject_clip_factor` under ``subject_bound`` (None: no
+    clipping), or with ``contribution="subspace"`` (n_m / k) times the projector on the block's top-k
+    principal subspace (:func:`subject_factors`).
     """
     D = src.dim
     A = np.zeros((D, D))
     for blk in src.blocks():
         B = np.asarray(blk, dtype=np.float64)
         B = B * scale_factors(column_norms(B), scale)
-        P = B @ B.T
-        if subject_bound is not None:
-            P *= subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound)
-        A += P
-        del blk, B, P  # before the next block is read
+        if contribution == "subspace":
+            U = B @ subject_factors(B, contribution, k, subject_bound)
+            A += U @ U.T
+        else:
+            P = B @ B.T
+            if subject_bound is not None:
+                P *= subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound)
+            A += P
+        del blk, B  # before the next block is read
     A /= src.n_samples
     return (A + A.T) / 2
 
 
 def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: float | None = None,
-                        factors: list[float] | None = None) -> np.ndarray:
-    """A_s V streamed: sum over blocks of f_m B (F^2 * (B^T V)) / N_s, never forming A_s.
+                        factors: list | None = None, contribution: str = "moment",
+                        k: int | None = None) -> np.ndarray:
+    """A_s V streamed: sum over blocks of B F K_m F (B^T V) / N_s, never forming A_s.
 
-    Float32 data are multiplied in float32 (half the memory and time of a
-    float64 copy of the block) and accumulated in float64. The subjects' clip
-    factors f_m depend on the data only: pass a list as ``factors`` to keep
-    them from the first call (filled when empty) instead of recomputing them.
+    K_m is the subject's :func:`subject_factors` (f_m I, or L L^T for subspace contributions). Float32
+    data are multiplied in float32 (half the memory and time of a float64 copy of the block) and
+    accumulated in float64. The factors depend on the data only: pass a list as ``factors`` to keep them
+    from the first call (filled when empty) instead of recomputing them.
     """
-    clip = subject_bound is not None
+    shaped = subject_bound is not None or contribution == "subspace"
     known = bool(factors)
     Y = np.zeros((src.dim, V.shape[1]))
     for i, blk in enumerate(src.blocks()):
@@ -394,16 +453,21 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: fl
         if B.dtype not in (np.float32, np.float64):
             B = B.astype(np.float64)
         fs = scale_factors(column_norms(B), scale)
-        f_m = 1.0
-        if clip:
+        K = 1.0
+        if shaped:
             if known:
-                f_m = factors[i]
+                K = factors[i]
             else:
-                f_m = subject_clip_factor(gram_frobenius(B * fs), B.shape[1], subject_bound)
+                K = subject_factors(B * fs, contribution, k, subject_bound)
                 if factors is not None:
-                    factors.append(f_m)
+                    factors.append(K)
         C = B.T @ V.astype(B.dtype, copy=False)
-        C *= (f_m * fs ** 2)[:, None].astype(B.dtype, copy=False)
+        if isinstance(K, np.ndarray):  # the projector's n_m x n_m middle factor, in float64
+            C *= fs[:, None].astype(B.dtype, copy=False)
+            C = (K @ (K.T @ C)).astype(B.dtype, copy=False)
+            C *= fs[:, None].astype(B.dtype, copy=False)
+        else:
+            C *= (K * fs ** 2)[:, None].astype(B.dtype, copy=False)
         Y += B @ C
         del blk, B, C  # before the next block is read: one subject in memory
     Y /= src.n_samples
@@ -426,13 +490,27 @@ def check_subject_bound(bound) -> float | None:
     return None if b == 1 else b
 
 
+def contribution_bound(subject_bound: float | None, contribution: str = "moment", k: int | None = None) -> float | None:
+    """The bound c on a subject's normalised contribution ||P_m / n_m||_F the sensitivity uses (None: 1).
+
+    The subject bound, and with subspace contributions at most 1/sqrt(k), which holds by construction.
+    """
+    if contribution not in CONTRIBUTIONS:
+        raise ValueError(f"contribution must be one of {CONTRIBUTIONS}, got {contribution!r}")
+    bound = check_subject_bound(subject_bound)
+    if contribution == "moment":
+        return bound
+    own = 1.0 / math.sqrt(_check_k(k))
+    return own if bound is None else min(bound, own)
+
+
 def pca_sensitivity(n_samples: int, max_subject_len: int = 1, neighbour: str = "replace",
                     subject_bound: float | None = None) -> float:
     """L2 sensitivity of A_s (and of A_s V) for one unit of ``max_subject_len`` columns.
 
     ``max_subject_len=1`` is the sample level. With ``subject_bound`` c every
-    subject's P_m is clipped to ||P_m||_F <= c n_m, which scales the bound by c.
-    See the module docstring for the derivation.
+    subject's P_m has ||P_m||_F <= c n_m (clipped, or by construction: :func:`contribution_bound`),
+    which scales the bound by c. See the module docstring for the derivation.
     """
     if neighbour not in NEIGHBOURS:
         raise ValueError(f"neighbour must be one of {NEIGHBOURS}, got {neighbour!r}")
@@ -542,6 +620,11 @@ class CapePCA:
         second moment ``||X_m X_m^T / n_m||_F``; a subject above it is scaled
         down to it, and the sensitivity shrinks by the factor c (module
         docstring). None or 1: no clipping (unit-norm columns give 1).
+    contribution : {"moment", "subspace"}
+        Subject level only: what a subject adds, its X_m X_m^T ("moment", the
+        papers') or (n_m / k) times the projector on its own top-k principal
+        subspace ("subspace": norm n_m / sqrt(k) by construction, so the
+        bound is at most 1/sqrt(k); module docstring).
     tol : float or None
         Power mode without noise only: stop once every top-k Ritz pair has a
         relative residual below ``tol`` (module docstring); ``n_iter`` caps
@@ -553,9 +636,12 @@ class CapePCA:
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
                  unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
-                 keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None):
+                 keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None,
+                 contribution: str = "moment"):
         self.k = _check_k(k)
         self.subject_bound = check_subject_bound(subject_bound)
+        self.bound = contribution_bound(self.subject_bound, contribution, self.k)  # what the sensitivity uses
+        self.contribution = contribution
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if unit not in (None, "sample", "subject"):
@@ -609,19 +695,25 @@ class CapePCA:
         if unit == "subject" and lengths is None:
             raise ValueError(f"site {site}: unit='subject' needs subject boundaries (subjects=..., a SiteData, "
                              "or one block per subject)")
-        clipped = self.subject_bound is not None
+        clipped = self.bound is not None
         if clipped and unit != "subject":
-            raise ValueError(f"site {site}: subject_bound clips each subject's second moment, so it needs the "
-                             "subject as the privacy unit (subject boundaries and unit='subject')")
+            what = ("contribution='subspace' replaces each subject's second moment by its principal subspace"
+                    if self.contribution == "subspace" else "subject_bound clips each subject's second moment")
+            raise ValueError(f"site {site}: {what}, so it needs the subject as the privacy unit (subject "
+                             "boundaries and unit='subject')")
         max_len = max(lengths) if unit == "subject" else 1
-        sens = pca_sensitivity(n_samples, max_len, self.neighbour, self.subject_bound)
+        sens = pca_sensitivity(n_samples, max_len, self.neighbour, self.bound)
         ledger = PrivacyLedger(owner=f"site-{site}")
         ledger.note(_scale_note(self.scale))
         what = "one subject (all its time points)" if unit == "subject" else "one sample (column)"
         ledger.note(f"{self.name}: privacy unit = {what}, neighbours by {self.neighbour}, counts N_s (and M_s) "
                     f"public; sensitivity {sens:.6g} = {'sqrt(2) * ' if self.neighbour == 'replace' else ''}"
-                    f"{f'{self.subject_bound:g} * ' if clipped else ''}{max_len}/{n_samples}")
-        if clipped:
+                    f"{f'{self.bound:g} * ' if clipped else ''}{max_len}/{n_samples}")
+        if self.contribution == "subspace":
+            ledger.note(f"{self.name}: each subject adds (n_m / {self.k}) times the projector on its own top-{self.k} "
+                        f"principal subspace (Frobenius norm <= n_m / sqrt({self.k}) by construction)"
+                        + (f", clipped to {self.subject_bound:g} * n_m" if self.bound == self.subject_bound else ""))
+        elif clipped:
             ledger.note(f"{self.name}: each subject's X_m X_m^T clipped to Frobenius norm <= "
                         f"{self.subject_bound:g} * n_m (the public subject bound); a subject above it is "
                         "scaled down, never dropped")
@@ -647,7 +739,7 @@ class CapePCA:
     def site_compute(self, state: State, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
         src = state["_src"]
         if self.mode == "covariance":
-            return {"A": second_moment(src, self.scale, self.subject_bound)}
+            return {"A": second_moment(src, self.scale, self.subject_bound, self.contribution, self.k)}
         if broadcast is None or "V" not in broadcast.arrays:
             raise RuntimeError(f"site {state['site']}: no subspace V received for round {round}")
         V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
@@ -655,7 +747,7 @@ class CapePCA:
             raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected "
                              f"{(src.dim, self.block)}")
         return {"AV": second_moment_times(src, self.scale, V, self.subject_bound,
-                                          state.setdefault("_clip_factors", []))}
+                                          state.setdefault("_clip_factors", []), self.contribution, self.k)}
 
     # -- aggregator ----------------------------------------------------------------------
     def aggregator_init(self) -> State:
@@ -842,7 +934,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
              rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None, subject_bound: float | None = None,
-             tol: float | None = None) -> PCAResult:
+             tol: float | None = None, contribution: str = "moment") -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -859,7 +951,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     subjects : list, optional
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
-    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol
+    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol, contribution
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -880,7 +972,8 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
                   seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
-                  keep_matrix=True, subject_bound=subject_bound, tol=tol)
+                  keep_matrix=True, subject_bound=subject_bound, tol=tol,
+                  contribution=contribution)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)

@@ -54,7 +54,7 @@ class SpatialICAResult:
     n_iter: int
 
 
-def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-8,
+def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
                 init_seed: int = 0) -> SpatialICAResult:
     """FastICA (logcosh, as CanICA) of the eigenmaps in ``basis``.
 
@@ -68,9 +68,10 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-8,
         Orthonormal columns V (capePCA's basis), D > R.
     eigenvalues : ndarray, shape (R,)
         The matching eigenvalues (positive).
-    max_iter, tol : FastICA's iteration limit and tolerance. The tolerance is tight so that bases equal
-        to the last bits (a deployment and its simulation) give maps equal to the last bits, not to
-        wherever a loose tolerance happens to stop the iteration.
+    max_iter, tol : FastICA's iteration limit and tolerance. FastICA stops when 1 - |cos| of every
+        component's step is below ``tol``: an angle of sqrt(tol). The tolerance is tight (1e-6 rad) so that
+        bases equal to the last bits (a deployment and its simulation) give maps equal to ~1e-5, not to
+        wherever a loose tolerance happens to stop a slowly converging iteration (1e-8: ~1e-3).
     init_seed : int
         Seed of FastICA's initial rotation (public; see the module notes).
     """

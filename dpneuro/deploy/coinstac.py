@@ -110,7 +110,8 @@ RUN_ID = "coinstac"
 #: compspec inputs set by the consortium owner -> (RunConfig field, type); "seed_policy"/"seed" make ``seed``
 OWNER_INPUTS: dict[str, type] = {
     "n_components": int, "reduction": str, "ica": str, "plan": str, "n_colluding": int, "delta": float,
-    "pca_epsilon": float, "pca_subject_bound": float, "max_memory_gb": float, "ica_epsilon_i": float, "ica_delta_i": float,
+    "pca_epsilon": float, "pca_subject_bound": float, "pca_contribution": str,
+    "max_memory_gb": float, "ica_epsilon_i": float, "ica_delta_i": float,
     "ica_rounds": int, "clip_G": float, "clip_h": float,
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
