@@ -163,7 +163,7 @@ def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy:
 #: eigenvalues (fractions of the total) of real fMRI's normalised second moment, unit-norm time points: 33
 #: people, 122 regions of the MIST atlas (OpenNeuro ds000140, as in benchmarks/real_frontier.py). The planner
 #: counts how many stand above the expected noise: on that data private maps agreed with the non-private ones
-#: at mean |r| ~0.45 when about half of 20 components did, 0.67-0.91 when all did.
+#: at mean |r| ~0.46 when about half of 20 components did, 0.72-0.88 when all did.
 REFERENCE_SPECTRUM = (0.237, 0.0851, 0.0649, 0.059, 0.0366, 0.0271, 0.0248, 0.0215, 0.0201, 0.0184, 0.0154,
                       0.0135, 0.0134, 0.0107, 0.0104, 0.0098, 0.00918, 0.00862, 0.00843, 0.00818, 0.00762,
                       0.00749, 0.00725, 0.00716, 0.00694, 0.00681, 0.00673, 0.00599, 0.00592, 0.0058, 0.00568,

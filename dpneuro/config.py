@@ -40,8 +40,8 @@ SYNTHETIC_CONSORTIUM: dict[str, Any] = {
 #: The tuned analysis settings (the field defaults above): measured on :data:`SYNTHETIC_CONSORTIUM` by
 #: ``benchmarks/demo_speed.py``; the demo and ``site_templates/run.toml`` use them (a test checks).
 #: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
-TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i", "ica_rounds",
-                "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit", "ica_bias")
+TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i",
+                "ica_rounds", "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit", "ica_bias")
 
 
 class ConfigError(ValueError):
@@ -68,7 +68,7 @@ class RunConfig:
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
     n_components: int = 20
     reduction: str = "capepca"
-    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.62 with CanICA on real fMRI, temporal 0.36), and
+    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.59-0.61 with CanICA on real fMRI, temporal 0.36), and
     # the PCA is its only release (benchmarks/real_frontier.py)
     ica: str = "spatial"
     plan: str = "cape"
@@ -83,12 +83,12 @@ class RunConfig:
     # public bound c on each subject's normalised second moment ||X_m X_m^T / n_m||_F in the PCA: a subject
     # above it is scaled down to it, and the PCA's sensitivity (so its noise) shrinks by c; 1 = no clipping.
     # Real fMRI subjects sit at 0.28-0.35 (122 regions): 0.25 scales nearly all of them, the noise by 1/4 and
-    # the signal by ~1/1.2
+    # the signal by ~1/1.2. Subspace contributions have norm 1/sqrt(n_components): the bound only rescales them
     pca_subject_bound: float = 0.25
     # what each subject adds to the PCA's second moment: "subspace" its own top-n_components principal subspace
     # (as CanICA/MELODIC reduce each subject first; norm 1/sqrt(n_components) by construction, every subject
     # weighs the same), "moment" its X X^T / n (the papers'). Real fMRI, 4 sites x 100, 20 components, eps 8:
-    # private maps agree with the non-private ones at 0.62 against 0.45 (benchmarks/real_frontier.py).
+    # private maps agree with the non-private ones at 0.65 against 0.46 (benchmarks/real_frontier.py).
     # "auto": subspace under spatial ICA; temporal ICA and brain states whiten with the released eigenvalues,
     # which are variances only under "moment"
     pca_contribution: str = "auto"
