@@ -17,7 +17,7 @@ def test_demo_recovers_truth_at_printed_privacy(tmp_path, capsys, monkeypatch):
     m = re.search(r"mean \|r\| with truth = ([0-9.]+), min \|r\| with truth = ([0-9.]+)", out)
     assert m, out
     mean_r, min_r = map(float, m.groups())
-    # default seed 0 gives mean |r| 0.70, min 0.65 at eps 8.4 (spatial ICA, subject bound 0.25; 0.74 without
+    # default seed 0 gives mean |r| 0.72, min 0.66 at eps 8.4 (spatial ICA, subject subspaces; 0.74 without
     # noise: parcel-averaged maps at 6 mm cap |r| near 0.8)
     assert mean_r > 0.65 and min_r > 0.58
     assert "spatial ICA of the released basis" in out
