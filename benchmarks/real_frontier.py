@@ -211,8 +211,8 @@ def main(argv=None) -> int:
             "runtime_s": runtime}
     (RESULTS / f"real_frontier{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
     if not args.quick:
-        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"), value="r_median",
-               ylabel="mean |r| with the non-private maps", hline=0.7)
+        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"),
+               value="r_median", ylabel="mean |r| with the non-private maps", hline=0.7)
     print(f"wrote {RESULTS / f'real_frontier{suffix}.csv'} in {runtime:.0f} s")
     return 0
 

@@ -41,7 +41,8 @@ SYNTHETIC_CONSORTIUM: dict[str, Any] = {
 #: ``benchmarks/demo_speed.py``; the demo and ``site_templates/run.toml`` use them (a test checks).
 #: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
 TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i",
-                "ica_rounds", "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit", "ica_bias")
+                "ica_rounds", "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit",
+                "ica_bias")
 
 
 class ConfigError(ValueError):

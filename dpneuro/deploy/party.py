@@ -62,8 +62,8 @@ MANIFEST_VERSION = 1
 #: settings every party must share: privacy budget, collusion assumption, data
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
-    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb", "ica_epsilon_i",
-    "ica_delta_i", "ica_rounds",
+    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb",
+    "ica_epsilon_i", "ica_delta_i", "ica_rounds",
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
     "seed", "simulation",
