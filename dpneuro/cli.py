@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .config import ICA_MODELS, PLANS, REDUCTIONS
+    from .config import ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
     from .synth import MODELS as SYNTH_MODELS
@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--pca-epsilon", type=float, default=None, help="field pca_epsilon")
     over.add_argument("--subject-bound", type=float, default=None,
                       help="field pca_subject_bound (public bound on a subject's normalised second moment)")
-    over.add_argument("--contribution", choices=("auto", "subspace", "moment"), default=None,
+    over.add_argument("--contribution", choices=PCA_CONTRIBUTIONS, default=None,
                       help="field pca_contribution (what a subject adds to the PCA's second moment)")
     over.add_argument("--ica-epsilon-i", type=float, default=None, help="field ica_epsilon_i (per ICA release)")
     over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")

@@ -122,6 +122,22 @@ def test_compspec_satisfies_coinstac_rules():
     assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon"}
 
 
+def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
+    """A select's values are a copy of the configuration's choices: they must not drift apart."""
+    from dpneuro import config
+    from dpneuro.algorithms.djica import OPTIMIZERS
+    from dpneuro.io import SPACES
+
+    accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
+                "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
+                "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS}
+    selects = {k: v["values"] for k, v in _load("compspec.json")["computation"]["input"].items()
+               if v["type"] == "select" and k != "seed_policy"}  # seed_policy is the entry point's, not a field
+    assert set(selects) == set(accepted)
+    for name, values in selects.items():
+        assert sorted(values) == sorted(accepted[name]), name
+
+
 def test_compspec_is_the_projects_release_with_the_librarys_defaults():
     import tomllib
 
