@@ -81,6 +81,8 @@ def _print_summary(est, seconds: float) -> None:
     print(f"report:     {est.report_.path}")
     print(f"components: {out / 'components.nii.gz'}")
     print(f"privacy:    {out / 'privacy.json'}")
+    if est.site_maps_imgs_:
+        print(f"site maps:  {out / 'site_maps'} (each site's own, at voxel resolution)")
     if est.metrics_:
         print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in est.metrics_.items()))
     _print_privacy(est.privacy_.report, est.warnings_)

@@ -67,6 +67,10 @@ class RunConfig:
     mask: str = ""  # NIfTI mask; empty: the template at ``space``
     space: str = "mni6mm"
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
+    # with parcels, each site also regresses its own subjects' voxels on their time courses (dual regression):
+    # maps at the mask's resolution, computed and kept at the site, no privacy spent. 4 mm networks, 4 x 100, eps 8:
+    # mean |r| with the truth ... against ... for the painted parcels (benchmarks/site_maps.py)
+    site_voxel_maps: bool = True
     n_components: int = 20
     reduction: str = "capepca"
     # spatial: the maps users know from CanICA/MELODIC/GIFT (0.59-0.61 with CanICA on real fMRI, temporal 0.36), and
@@ -337,6 +341,8 @@ class RunConfig:
             bad("ica_bias", "true or false")
         if not isinstance(self.simulation, bool):
             bad("simulation", "true or false")
+        if not isinstance(self.site_voxel_maps, bool):
+            bad("site_voxel_maps", "true or false")
         if not isinstance(self.interactive_maps, bool):
             bad("interactive_maps", "true or false")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

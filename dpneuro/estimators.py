@@ -394,6 +394,11 @@ class DecentralizedICA(_Decentralized):
     timecourses_ : dict
         site -> subject -> ndarray (n_volumes, n_components): each site's own
         time courses (in a deployment a site sees only its own).
+    site_maps_imgs_ : dict
+        site -> 4-D Nifti1Image: with parcels, each site's own maps at the
+        mask's voxel resolution (its subjects' voxels regressed on their time
+        courses; no privacy spent; a site sees only its own). Empty without
+        parcels or with ``site_voxel_maps=False``.
     privacy_ : PrivacySummary
     report_ : Report
     budget_ : BudgetPlan or None
@@ -428,6 +433,7 @@ class DecentralizedICA(_Decentralized):
         for site, path in mp["timecourses"].items():
             subj, S = read_timecourses(path)
             self.timecourses_[site] = _by_subject(subj, S)
+        self.site_maps_imgs_ = {site: _in_memory(p) for site, p in mp.get("site_maps", {}).items()}
         self.privacy_ = PrivacySummary(_read_json(mp["privacy"]))
         self.report_ = Report(outputs["report"])
         self._read_states(mp.get("states"), _read_json(outputs["states"]))
@@ -451,11 +457,14 @@ class DecentralizedICA(_Decentralized):
 
         cfg = cfg.validate(data_sites=[self.site] if self.role == "site" else ())
         cfg.check_deployment(f"the {self.role}")
+        self.site_maps_imgs_ = {}
         if self.role == "site":
             if self.site not in [s.name for s in cfg.sites]:
                 raise ValueError(f"site={self.site!r} is not among the sites {[s.name for s in cfg.sites]}")
             res = site_main(cfg, self.site)
             self.timecourses_ = {self.site: _by_subject(*read_timecourses(res["timecourses"]))}
+            if res.get("site_maps"):
+                self.site_maps_imgs_ = {self.site: _in_memory(res["site_maps"])}
             if res.get("states_occupancy"):
                 self.state_occupancy_ = {self.site: _read_occupancy(res["states_occupancy"])}
             self.report_ = Report(res["report"])

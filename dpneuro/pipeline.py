@@ -85,7 +85,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
-    "maps": ("delta", "truth", "plan", "n_colluding", "seed"),
+    "maps": ("delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps"),
     "report": (),
 }
 
@@ -378,6 +378,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     from .metrics import match_components, md_index, qngi
     from .outputs import write_maps, write_states
     from .parcellation import space_parcels
+    from .site_maps import write_site_maps
 
     cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", unmix_json, states_json, space_json)
     space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
@@ -391,12 +392,15 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     parcels = space_parcels(space)
 
     C = np.load(sts["centroids"]) if sts["n_states"] else None
-    tcs, occ = {}, {}
+    tcs, occ, site_maps = {}, {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
         Z = site_whiten(s["X"], V, lam)
         S = time_courses(W, Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
+        vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
+        if vm is not None:
+            site_maps[s["site"]] = vm
         if C is not None:
             occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
                                                  d / f"states_{s['site']}.tsv"))
@@ -415,7 +419,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
 
     result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
               "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem,
-              "states": None}
+              "states": None, "site_maps": {site: str(p) for site, (p, _) in site_maps.items()}}
     truth = _truth(cfg)
     if C is not None:
         paths, patterns = write_states(space, V, lam, W, b, C, d)
@@ -433,8 +437,12 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
                 P = W @ ((V / np.sqrt(lam)).T @ A_true_red)
                 metrics["qNGI"] = qngi(P)
                 metrics["MD index"] = md_index(W, (V / np.sqrt(lam)).T @ A_true_red)
+            site_r = {site: float(np.mean(np.abs(match_components(m, A_true)[1])))
+                      for site, (_, m) in site_maps.items()}
+            if site_r:  # each site's own voxel maps, averaged over the sites
+                metrics["site voxel maps: mean |r| with truth"] = float(np.mean(list(site_r.values())))
             result["truth"] = {"maps": truth["truth"]["maps"], "perm": [int(p) for p in perm],
-                               "corr": [float(c) for c in corr], "metrics": metrics}
+                               "corr": [float(c) for c in corr], "metrics": metrics, "site_r": site_r}
     return _write_json(out, result)
 
 
@@ -448,6 +456,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     from .outputs import headline as consortium_headline
     from .outputs import states_section
     from .report import write_report
+    from .site_maps import consortium_section
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
@@ -483,6 +492,10 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
+    if mp.get("site_maps"):  # each site's own, beside its time courses
+        (out / "site_maps").mkdir(exist_ok=True)
+        for site, p in mp["site_maps"].items():
+            shutil.copyfile(p, out / "site_maps" / f"{site}.nii.gz")
     states = None
     if mp.get("states"):
         st = mp["states"]
@@ -501,5 +514,6 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
-                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes, states=states)
+                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes, states=states,
+                          site_maps=consortium_section(cfg, _read_json(mp["space"])))
     return str(report)

@@ -135,7 +135,8 @@ def states_html(states: dict) -> str:
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
                  metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
-                 maps_note: str = "", timecourses_png=None, states: dict | None = None) -> Path:
+                 maps_note: str = "", timecourses_png=None, states: dict | None = None,
+                 site_maps: dict | None = None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
@@ -146,6 +147,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     site's un-noised data and never appear in the consortium's. ``states``
     (brain states): ``entries`` (as ``components``), ``figure`` (activation
     and occupancy), ``occupancy`` (the consortium's), ``note``, ``truth``.
+    ``site_maps`` (each site's own voxel maps): ``note``, and ``entries``
+    (as ``components``) only in a site's own report, for the same reason as
+    ``timecourses_png``.
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -173,6 +177,12 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         cell.append("</div>")
         parts.append("".join(cell))
     parts.append("</div>")
+    if site_maps:
+        parts.append("<h3>Voxel maps of each site</h3>")
+        parts.append(f'<p class="small">{html.escape(site_maps["note"])}</p>')
+        parts.append('<div class="grid">' + "".join(
+            f'<div class="comp"><p><b>{html.escape(c["label"])}</b></p>{_img(c["png"], c["label"])}</div>'
+            for c in site_maps.get("entries", [])) + "</div>")
 
     if states:
         parts.append(states_html(states))

@@ -1,5 +1,6 @@
 """The notebook API: estimators, the budget in the user's terms, and agreement with the CLI and the workflow."""
 
+import html
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import dpneuro
 from dpneuro.cli import main
 from dpneuro.config import ConfigError
+from dpneuro.site_maps import SITE_NOTE
 from dpneuro.synth import make_consortium
 
 R = 4
@@ -162,9 +164,11 @@ def _site_party(name: str, data: dict, common: dict, out: str) -> None:
     """One site's process: fit as role "site", keep what the parent checks."""
     est = dpneuro.DecentralizedICA(role="site", site=name, output_dir=out, **common).fit(data)
     occ = (getattr(est, "state_occupancy_", None) or {}).get(name, {})
+    own = {"site_maps": np.asarray(est.site_maps_imgs_[name].dataobj),
+           "site_maps_shown": html.escape(SITE_NOTE) in est.report_.html} if est.site_maps_imgs_ else {}
     np.savez(Path(out) / "check.npz", eps=est.privacy_.epsilon[name],
              **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()},
-             **{f"occ_{sid}": o for sid, o in occ.items()})
+             **{f"occ_{sid}": o for sid, o in occ.items()}, **own)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +186,8 @@ DEPLOYED = {
     "brain states": {"ica": "spatial", "n_states": 2, "states_epsilon": 50.0},
     # temporal: the spatial ICA's rotation would carry PD-SVD's run-to-run rounding (fresh blinding) into the maps
     "pdsvd": {"reduction": "pdsvd", "pdsvd_iterations": 8, "ica": "temporal"},
+    # parcels: each site's own voxel maps, computed at the site from its data and the shared results
+    "site voxel maps": {"ica": "temporal", "parcels": 30},
 }
 
 
@@ -243,6 +249,13 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
         if sim.state_occupancy_ is not None:  # each site's own subjects, computed at the site
             for sid, occ in sim.state_occupancy_[n].items():
                 np.testing.assert_allclose(got[f"occ_{sid}"], occ, atol=1e-12)
+        assert ("site_maps" in got) == bool(DEPLOYED[case].get("parcels"))
+        if "site_maps" in got:  # each site's own voxel maps, shown only in its own report
+            np.testing.assert_allclose(got["site_maps"], np.asarray(sim.site_maps_imgs_[n].dataobj), atol=1e-4)
+            assert bool(got["site_maps_shown"])
+        # the aggregator's report says where they are, and shows none
+        assert ("Voxel maps of each site" in agg.report_.html) == ("site_maps" in got)
+    assert html.escape(SITE_NOTE) not in agg.report_.html
     if sim.states_img_ is not None:
         np.testing.assert_allclose(np.asarray(nib.load(tmp_path / "agg" / "states.nii.gz").dataobj),
                                    np.asarray(sim.states_img_.dataobj), rtol=0, atol=1e-6)

@@ -314,13 +314,16 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     from ..algorithms.djica import time_courses
     from ..maps import write_timecourses
     from ..outputs import write_maps
+    from ..site_maps import write_site_maps
 
     out = ctx.out
     out.mkdir(parents=True, exist_ok=True)
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
     Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
-    tc = write_timecourses(time_courses(W, Z, b), out / "timecourses.tsv",
-                           subjects=(info["subject_ids"], info["boundaries"]))
+    S = time_courses(W, Z, b)
+    tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
+    vm = write_site_maps(ctx.cfg, info, info["space"], S, out / "site_maps.nii.gz")
+    site_maps = None if vm is None else vm[0]
     comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
     np.save(out / "W.npy", W)
     states = None
@@ -337,23 +340,26 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
-    report = _write_site_report(ctx, info, comp, tc, ledger)
+    report = _write_site_report(ctx, info, comp, tc, ledger, site_maps)
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
             "states": None if states is None else str(states),
-            "states_occupancy": None if states is None else str(out / "states.tsv")}
+            "states_occupancy": None if states is None else str(out / "states.tsv"),
+            "site_maps": None if site_maps is None else str(site_maps)}
 
 
-def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger) -> Path:
-    """This site's own report: the group maps, what it spent, and its own subjects' time courses.
+def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
+                       site_maps: Path | None) -> Path:
+    """This site's own report: the group maps, what it spent, its own voxel maps and subjects' time courses.
 
-    It stays at the site (it shows the site's un-noised time courses).
+    It stays at the site (it shows the site's un-noised time courses and maps).
     """
     from ..maps import render_components, site_timecourse_figure
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
+    from ..site_maps import SITE_NOTE
 
     cfg, out = ctx.cfg, ctx.out
     figs = out / "figures"
@@ -363,12 +369,17 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
     tc_png = site_timecourse_figure(tc, ctx.site, (info["subject_ids"][0], *info["boundaries"][0]), info.get("tr"),
                                     figs / "timecourses.png")
+    own = None
+    if site_maps is not None:
+        entries = render_components(site_maps, info["space"]["mask"], figs / "site_maps")[0]
+        own = {"note": SITE_NOTE, "entries": entries}
     headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
                                "subjects of this site.", priv, warnings or None)
     return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
                         components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
-                        notes=["This report stays at this site: its time courses are computed from this "
-                               "site's own data and are not private releases."])
+                        site_maps=own,
+                        notes=["This report stays at this site: its time courses and voxel maps are computed "
+                               "from this site's own data and are not private releases."])
 
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -451,6 +462,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     from ..maps import convergence_figure, render_components
     from ..outputs import consortium_privacy, headline as consortium_headline, write_maps
     from ..report import write_report
+    from ..site_maps import consortium_section
 
     cfg, out = ctx.cfg, ctx.out
     out.mkdir(parents=True, exist_ok=True)
@@ -501,7 +513,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
                           timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes,
-                          states=states_part)
+                          states=states_part, site_maps=consortium_section(cfg, space))
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
