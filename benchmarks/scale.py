@@ -81,15 +81,17 @@ def stage(cfg_path: Path, until: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def make_data(root: Path, space: str, sites: int, subjects: int, T: int, R: int) -> tuple[dict, float]:
+def make_data(root: Path, space: str, sites: int, subjects: int, T: int, R: int,
+              model: str = "blobs") -> tuple[dict, float]:
+    """The consortium's files under ``root`` (reused when there), and the seconds it took to write them."""
     from dpneuro.synth import load_manifest, make_consortium
 
-    folder = root / f"data-{space}-{sites}x{subjects}x{T}"
+    folder = root / f"{'data' if model == 'blobs' else model}-{space}-{sites}x{subjects}x{T}"
     if (folder / "manifest.json").exists():
         return load_manifest(folder), float("nan")
     t0 = time.perf_counter()
     make_consortium(folder, n_sites=sites, subjects_per_site=subjects, n_components=R, n_timepoints=T, space=space,
-                    seed=0, dtype="int16")
+                    seed=0, dtype="int16", model=model)
     return load_manifest(folder), time.perf_counter() - t0
 
 
