@@ -21,7 +21,7 @@ planner sets ``pca_epsilon``), noise seeds 0-2. For reference, the same data
 at voxel resolution (``parcels = 0``): without noise, and private
 (``capepca-power``, D x k releases; one seed).
 
-    python benchmarks/site_maps.py                  # full: ~60 min on 2 cores
+    python benchmarks/site_maps.py                  # full: ~35 min on 2 cores
     python benchmarks/site_maps.py --quick          # smoke run (writes *_quick.*)
 
 Writes benchmarks/results/site_maps.{csv,json} and site_maps.png.
