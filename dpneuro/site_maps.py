@@ -49,7 +49,7 @@ def subject_map(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
     live = sd[:, 0] > 1e-12
     S = np.where(live[:, None], S / np.where(sd > 0, sd, 1.0), 0.0)
     # the pseudo-inverse of the small T x R design (SVD) keeps collinear time courses finite (the minimum-norm
-    # split between them); one product with it is ~50x faster than lstsq over every voxel
+    # split between them); one product with it is ~13x faster than lstsq over every voxel (29,398 voxels)
     return np.asarray(Y, np.float64) @ np.linalg.pinv(S.T).T
 
 
