@@ -1,11 +1,13 @@
 """The COINSTAC computation: compspec, inputspec, image, the suspending exchange, a full run through real services."""
 
+import html
 import json
 import re
 import shutil
 import time
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import pytest
 
@@ -19,6 +21,7 @@ from dpneuro.deploy.party import ManifestMismatch
 from dpneuro.exchange import DirectoryCheckpoint
 from dpneuro.exchange import Suspend
 from dpneuro.maps import read_timecourses
+from dpneuro.site_maps import SITE_NOTE
 from dpneuro.driver import run_aggregator, run_site
 
 COINSTAC = dc.TEMPLATES / "coinstac"
@@ -454,9 +457,12 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
     np.testing.assert_array_equal(np.load(out / again.output["W"]), ref["W"])
     priv = json.loads((out / again.output["privacy"]).read_text())
     assert "COINSTAC" in priv["transport"] and "forge" in priv["transport"]
-    for cid in again.clients:  # every member receives its own report: maps, its privacy, its time courses
-        html = (again.output_dir(cid) / "report.html").read_text()
-        assert 'alt="time courses"' in html and html.count('<img alt="IC') == 4 and "privacybox" in html
+    for cid in again.clients:  # every member's own report: maps, its privacy, its time courses, its voxel maps
+        page = (again.output_dir(cid) / "report.html").read_text()
+        group, own = page.split("Voxel maps of each site")
+        assert 'alt="time courses"' in page and "privacybox" in page and html.escape(SITE_NOTE) in own
+        assert group.count('<img alt="IC') == 4 and own.count('<img alt="IC') == 4
+        assert nib.load(again.output_dir(cid) / "site_maps.nii.gz").shape[-1] == 4
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
