@@ -15,7 +15,7 @@ own output and never appear in the consortium's report.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,8 +46,7 @@ def subject_map(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
     S = np.asarray(S, np.float64)
     S = S - S.mean(axis=1, keepdims=True)
     sd = S.std(axis=1, keepdims=True)
-    live = sd[:, 0] > 1e-12
-    S = np.where(live[:, None], S / np.where(sd > 0, sd, 1.0), 0.0)
+    S = np.divide(S, sd, out=np.zeros_like(S), where=sd > 1e-12)
     # the pseudo-inverse of the small T x R design (SVD) keeps collinear time courses finite (the minimum-norm
     # split between them); one product with it is ~13x faster than lstsq over every voxel (29,398 voxels)
     return np.asarray(Y, np.float64) @ np.linalg.pinv(S.T).T
@@ -84,7 +83,7 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         raise ValueError(f"{len(runs)} subjects' runs for {len(boundaries)} column ranges")
     files = [str(f) for fs in runs for f in fs]
     owner = [i for i, fs in enumerate(runs) for _ in fs]
-    blocks: Iterable[np.ndarray] = ordered_map(
+    blocks = ordered_map(
         functools.partial(decode_run, mask=np.asarray(mask, bool), standardize=standardize, detrend=detrend),
         files, workers=resolve_workers(workers))
     total = np.zeros((int(np.count_nonzero(mask)), S.shape[0]))
@@ -105,7 +104,7 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
                     "site loaded them; the data changed during the run: run it again")
             total += subject_map(Y, S[:, a:b])
     except BaseException:
-        getattr(blocks, "close", lambda: None)()
+        blocks.close()  # cancels the decoding not yet started
         raise
     return zscore_columns(total / len(runs))
 
