@@ -11,7 +11,9 @@ noise.
 Set-up ([CAPE-TF] Sec. VI-B and the authors' data-generation scripts):
 K = 5, D = 10 and K = 10, D = 50; w proportional to linspace(1, 10K, K);
 S = 5 equal sites; delta = 0.01; eps and delta split equally between the two
-stages. MOG: a_k = first K columns of a random orthogonal matrix,
+stages; the papers' noise shape on the symmetric moments ("mirrored": every
+unique entry at the full std; dpneuro's default halves the off-diagonal
+variance, see dpneuro.cape.packing). MOG: a_k = first K columns of a random orthogonal matrix,
 sigma^2 = 0.05, N = 50k; samples are divided by a public bound zeta computed
 from the model (never from the data; see ``mog_scale``) and projected onto the
 unit ball. STM: topics = the same columns with negatives zeroed and
@@ -103,9 +105,9 @@ def run_config(model, D, K, N, S, epsilons, repeats, seed0=0):
             sds = [prepare_site(x, "stm", site=s) for s, x in enumerate(sites)]
             pooled = prepare_site(np.concatenate(sites, axis=2), "stm", site="pooled")
             R = rng.dirichlet(np.ones(D), size=K).T
-        kw = dict(model=model)
+        kw = dict(model=model, symmetric_noise="mirrored")  # the papers' noise on the moments' unique entries
         q = lambda res: (q_comp(res.components, A), q_comp(res.components, A, "hungarian"))  # noqa: E731
-        nonpriv = q(otd(pooled, K, seed=rep, **kw))
+        nonpriv = q(otd(pooled, K, seed=rep, model=model))
         rnd = (q_comp(R, A), q_comp(R, A, "hungarian"))
         for eps in epsilons:
             rows[(eps, "capeagn")].append(q(cape_agn(sds, K, eps, DELTA, plan="cape", seed=rep, **kw)))

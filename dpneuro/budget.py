@@ -137,25 +137,33 @@ def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
 
 
 def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: dict) -> dict[str, float]:
-    """Expected noise std of the averaged releases: covariance entries, gradient entries (per round).
+    """Expected noise std of the averaged releases: covariance entries (off the diagonal), gradient entries (per
+    round), and the covariance noise's spectral norm.
 
     Under CAPE the zero-sum parts cancel in the N_s-weighted average, which keeps the local parts
     (variance tau_s^2 / S); under 'conv' every site's full noise stays.
     """
+    from .cape import ReleaseSpec
+    from .cape.packing import multiplicity
+
     n = dict(n_samples)
     N, S = sum(n.values()), len(n)
     share = 1.0 / S if cfg.plan == "cape" else 1.0
+    # the D x D release's off-diagonal entries (what sets its spectral norm) stand for 2 entries of the matrix:
+    # symmetrized noise, the releases' default, divides their std by sqrt(2) (dpneuro.cape.packing)
+    copies = multiplicity(2, 2)[1] if ReleaseSpec.symmetric_noise == "symmetrized" else 1.0
     out = {}
-    for stage, name, key in (("capepca", "A", "covariance"), ("capepca-power", "AV", "covariance"),
-                             ("ica", "G", "gradient (per round)")):
+    for stage, name, key, c in (("capepca", "A", "covariance", copies), ("capepca-power", "AV", "covariance", 1.0),
+                                ("ica", "G", "gradient (per round)", 1.0)):
         var = 0.0
         for site, s in privacy["sites"].items():
             for r in s["ledger"]["releases"]:
                 if r["stage"] == stage and r["name"] == name:
-                    var += (n[site] / N) ** 2 * share * r["sigma"] ** 2
+                    var += (n[site] / N) ** 2 * share * r["sigma"] ** 2 / c
         if var > 0:
             out[key] = math.sqrt(var)
     if "covariance" in out:
+        # semicircle edge of a symmetric Gaussian matrix: 2 sqrt(D) times its off-diagonal std
         out["covariance spectral norm"] = 2 * out["covariance"] * math.sqrt(dim)
     return out
 

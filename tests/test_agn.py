@@ -20,6 +20,7 @@ from dpneuro.algorithms.agn import (
     sensitivities,
 )
 from dpneuro.cape import ReleaseSpec, ledgers, n_unique, run_cape
+from dpneuro.cape.packing import noise_array, pack_weighted
 from dpneuro.exchange import Payload
 from dpneuro.metrics import q_comp
 from dpneuro.privacy import PrivacyLedger, gaussian, gaussian_sigma
@@ -215,7 +216,7 @@ def test_cape_wrapper_draws_symmetric_3way_noise_on_unique_entries(plan):
         t = msg.arrays["t"]
         for p in [(0, 2, 1), (1, 0, 2), (2, 1, 0)]:
             assert np.array_equal(t, t.transpose(p))
-        u = tz.unique_entries(t)
+        u = pack_weighted(t)  # entries standing for m copies, times sqrt(m): iid at the release std
         assert u.size == comb(D + 2, 3)
         q = np.sum(u**2) / 1.0  # tau_s = 2 * 0.5
         lo, hi = stats.chi2.ppf([5e-4, 1 - 5e-4], u.size)
@@ -231,7 +232,7 @@ def test_site_postprocess_keeps_cape_cancellation():
     assert all(m.arrays["t"].shape == (k, k, k) for m in rel.values())
     assert all(m.carries["t"] == "cape-noise" for m in rel.values())
     w = np.full(S, 1 / S)
-    g_part = sum(w[s] * tz.multilinear(tz.sym_from_unique(res.sites[s]["_last_noise"]["t"][1], D), W)
+    g_part = sum(w[s] * tz.multilinear(noise_array(res.sites[s]["_last_noise"]["t"][1], (D,) * 3, True), W)
                  for s in range(S))
     e = np.stack([res.sites[s]["_last_noise"]["t"][0] for s in range(S)])
     assert np.abs(w @ e).max() < 1e-8 and np.abs(e).max() > 0.1
@@ -309,7 +310,7 @@ def test_cape_m3_noise_has_pooled_variance():
     for i in range(tz.n_sym(D)):
         probe = np.zeros(tz.n_sym(D))
         probe[i] = 1
-        var_unit += tz.multilinear(tz.sym_from_unique(probe, D), W) ** 2
+        var_unit += tz.multilinear(noise_array(probe, (D,) * 3, True), W) ** 2
     ratio = {}
     for plan in ("cape", "conv"):
         r = []

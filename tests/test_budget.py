@@ -63,8 +63,16 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
         assert planned.mu == pytest.approx(run.mu, rel=1e-9)
         assert sorted((r.name, r.count, r.neighbour) for r in planned.releases) == \
             sorted((r.name, r.count, r.neighbour) for r in run.releases)
-        assert sorted(r.sensitivity for r in planned.releases) == \
-            pytest.approx(sorted(r.sensitivity for r in run.releases), rel=1e-12)
+        # agn-m3's sensitivity adds 6 R sigma^2 / N_s for the sigma^2 the aggregator estimates from the noisy
+        # M2 (post-processing, unknown before the run): more noise at the same noise multiplier, so the same
+        # eps. The planner counts the sigma^2 = 0 part
+        p_list, r_list = (sorted((r.stage, r.name, r.sensitivity) for r in x.releases) for x in (planned, run))
+        assert [x[:2] for x in p_list] == [x[:2] for x in r_list]
+        for (stage, _, p_sens), (_, _, r_sens) in zip(p_list, r_list):
+            if stage == "agn-m3":
+                assert r_sens >= p_sens * (1 - 1e-12)
+            else:
+                assert r_sens == pytest.approx(p_sens, rel=1e-12)
         assert planned.not_private == run.not_private
     if cfg.reduction == "pdsvd":  # no noise in the reduction: the run is not differentially private
         assert all(math.isinf(e) for e in plan.epsilon.values()) and plan.privacy["not_private"]
@@ -166,13 +174,13 @@ def test_planner_says_how_many_components_a_budget_supports(capsys):
     counts = [supported_components(norm, 120) for norm in (0.3, 0.03, 0.01, 0.005, 0.001)]
     assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == len(REFERENCE_SPECTRUM)
     assert supported_components(0.01, 29_000) is None
-    # second moments, 4 x 100 subjects at eps 8: about half of 20 components, which the warning says; 4 x 500:
+    # second moments, 4 x 100 subjects at eps 8: about 15 of 20 components, which the warning says; 4 x 500:
     # all of them
     moment = ["--contribution", "moment"]
     assert main(["budget", "--sites", "4", "--subjects", "100", "--target-epsilon", "8", *moment]) == 0
     out = capsys.readouterr()
     m = re.search(r"components this budget supports: about (\d+)", out.out)
-    assert m and 8 <= int(m.group(1)) <= 14, out.out
+    assert m and 12 <= int(m.group(1)) <= 17, out.out
     assert f"only about {m.group(1)} components stand above" in out.out + out.err
     assert main(["budget", "--sites", "4", "--subjects", "500", "--target-epsilon", "8", *moment]) == 0
     out = capsys.readouterr()
@@ -183,6 +191,35 @@ def test_planner_says_how_many_components_a_budget_supports(capsys):
     m = re.search(r"components this budget supports: about (\d+)", out.out)
     assert "subject contribution 'subspace'" in out.out and m and int(m.group(1)) >= 20, out.out
     assert "stand above" not in out.err
+
+
+def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
+    """The planner's covariance noise (off-diagonal entry sd, spectral norm) against the noise of a capePCA run
+    with the same ledgers: the entry sd by a chi-square test on 4,950 entries, the spectral norm within 10%
+    (the semicircle edge, 2 sqrt(D) sd, is reached up to a few percent at D = 100)."""
+    import numpy as np
+    from scipy import stats
+
+    from dpneuro.algorithms import cape_pca
+    from dpneuro.budget import expected_noise
+    from dpneuro.config import RunConfig
+
+    D, S, Ns = 100, 4, 300
+    rng = np.random.default_rng(0)
+    Xs = [rng.standard_normal((D, Ns)) for _ in range(S)]
+    Xs = [X / np.linalg.norm(X, axis=0) for X in Xs]
+    A = sum(X @ X.T for X in Xs) / (S * Ns)
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(S)],
+                               "out": str(tmp_path / "o")})
+    for seed in range(3):
+        res = cape_pca(Xs, 5, 2.0, DELTA, plan="cape", seed=seed)
+        privacy = {"sites": {f"s{i}": {"ledger": led.to_dict()} for i, led in enumerate(res.ledgers)}}
+        noise = expected_noise(cfg, {f"s{i}": Ns for i in range(S)}, D, privacy)
+        E = res.info["A_hat"] - A
+        off = E[np.triu_indices(D, 1)]
+        q = float(np.sum(off**2) / noise["covariance"] ** 2)
+        assert stats.chi2.ppf(5e-4, off.size) < q < stats.chi2.ppf(1 - 5e-4, off.size)
+        assert np.linalg.norm(E, 2) == pytest.approx(noise["covariance spectral norm"], rel=0.1)
 
 
 def test_subspace_reference_spectra_are_what_consistent_subspaces_give():

@@ -1,5 +1,7 @@
 """CAPE: variance plans, the protocol over the driver, dropouts, refusals."""
 
+from itertools import permutations
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -14,6 +16,7 @@ from dpneuro.cape import (
     run_cape,
     symmetric_plan,
 )
+from dpneuro.cape.packing import multiplicity, noise_array, pack, pack_weighted
 from dpneuro.exchange import InProcessExchange, Payload
 from dpneuro.driver import Phase, RunOptions, SimulatedDropout
 
@@ -23,15 +26,17 @@ class Zeros:
 
     name = "zeros"
 
-    def __init__(self, shape=(4000,), taus=None, symmetric=False, rounds=1, seed=0):
+    def __init__(self, shape=(4000,), taus=None, symmetric=False, rounds=1, seed=0, symmetric_noise="symmetrized"):
         self.shape, self.taus, self.symmetric, self.max_rounds, self.seed = shape, taus, symmetric, rounds, seed
+        self.symmetric_noise = symmetric_noise
 
     def site_init(self, site, data):
         return {"rng": np.random.default_rng([self.seed, site]), "_n": data}
 
     def site_releases(self, state):
         tau = 1.0 if self.taus is None else self.taus[state["site"]]
-        return {"f": ReleaseSpec(self.shape, sensitivity=0.5, noise_multiplier=2 * tau, symmetric=self.symmetric)}
+        return {"f": ReleaseSpec(self.shape, sensitivity=0.5, noise_multiplier=2 * tau, symmetric=self.symmetric,
+                                 symmetric_noise=self.symmetric_noise)}
 
     def site_weight(self, state):
         return state["_n"]
@@ -156,14 +161,52 @@ def test_asymmetric_cape_through_protocol():
     assert np.var(res.aggregator["combined"][0]) == pytest.approx(g_var, rel=0.05)
 
 
-def test_symmetric_matrix_release_is_symmetric_with_planned_variance():
+@pytest.mark.parametrize("how", ["symmetrized", "mirrored"])
+def test_symmetric_matrix_release_is_symmetric_with_planned_variance(how):
+    """tau = 1: diagonal entries have variance 1; off-diagonal 1/2 when symmetrized (1 when mirrored)."""
     D, S = 60, 3
-    res = run_cape(Zeros(shape=(D, D), symmetric=True), [5] * S, "cape")
+    res = run_cape(Zeros(shape=(D, D), symmetric=True, symmetric_noise=how), [5] * S, "cape")
+    off = 0.5 if how == "symmetrized" else 1.0
     for msg in _releases(res).values():
         a = msg.arrays["f"]
         assert np.array_equal(a, a.T)
-        assert _chi2_var_ok(a[np.triu_indices(D)], 1.0)
+        assert _chi2_var_ok(np.diag(a), 1.0)
+        assert _chi2_var_ok(a[np.triu_indices(D, 1)], off)
     assert n_unique((D, D), True) == D * (D + 1) // 2
+    # the zero-sum parts still cancel in the weighted average
+    e = sum(noise_array(res.sites[s]["_last_noise"]["f"][0], (D, D), True, how) for s in range(S)) / S
+    assert np.abs(e).max() < 1e-8  # up to the fixed-point rounding of secure aggregation
+
+
+def test_symmetric_tensor_release_divides_each_entry_by_the_root_of_its_copies():
+    """3-way tensor, tau = 1: entries (i, i, i) variance 1, (i, i, j) 1/3, (i, j, k) distinct 1/6."""
+    D, S = 12, 3
+    res = run_cape(Zeros(shape=(D, D, D), symmetric=True), [5] * S, "cape")
+    i, j, k = np.meshgrid(*[np.arange(D)] * 3, indexing="ij")
+    distinct = 1 + (i != j).astype(int) + (j != k).astype(int)  # distinct indices where i <= j <= k
+    for msg in _releases(res).values():
+        t = msg.arrays["f"]
+        assert np.array_equal(t, t.transpose(1, 0, 2)) and np.array_equal(t, t.transpose(0, 2, 1))
+        for n_distinct, var in ((1, 1.0), (2, 1 / 3), (3, 1 / 6)):
+            sel = (distinct == n_distinct) & (i <= j) & (j <= k)
+            assert _chi2_var_ok(t[sel], var), n_distinct
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (5, 5, 5)])
+def test_weighted_packing_has_the_frobenius_norm_and_inverts(shape):
+    """||w(A)|| = ||A||_F exactly, so a Frobenius sensitivity is the L2 sensitivity of w; the noise
+    array of w(A) is A again (noise_array divides by sqrt(multiplicity) and mirrors)."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal(shape)
+    A = np.mean([A.transpose(p) for p in permutations(range(len(shape)))], axis=0)
+    n, order = shape[0], len(shape)
+    assert multiplicity(n, order).sum() == n**order
+    assert np.linalg.norm(pack_weighted(A)) == pytest.approx(np.linalg.norm(A), rel=1e-12)
+    assert np.linalg.norm(pack(A, True)) < np.linalg.norm(A)  # the papers' vector: a looser bound
+    assert np.allclose(noise_array(pack_weighted(A), shape, True), A, atol=1e-13)
+    assert np.allclose(noise_array(pack(A, True), shape, True, "mirrored"), A, atol=1e-13)
+    with pytest.raises(ValueError, match="symmetric_noise must be one of"):
+        ReleaseSpec(shape, 1.0, 1.0, symmetric=True, symmetric_noise="upper")
 
 
 def test_noise_is_fresh_every_round_and_ledger_counts_rounds():

@@ -9,6 +9,7 @@ from scipy import stats
 from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
 from dpneuro.algorithms.pca import pca_sensitivity, top_eigh
 from dpneuro.cape import run_cape
+from dpneuro.cape.packing import pack, pack_weighted
 from dpneuro.exchange import InProcessExchange
 from dpneuro.metrics import captured_energy
 from dpneuro.privacy import gaussian_sigma
@@ -39,7 +40,8 @@ def exact(X, k):
 
 
 def unique_entries(M):
-    return M[np.triu_indices(M.shape[0])]
+    """The vector the covariance noise is iid on: w(M), unique entries times sqrt(copies)."""
+    return pack_weighted(M)
 
 
 def chi2_var_ok(x, var, alpha=1e-3):
@@ -390,20 +392,17 @@ def test_subject_bound_distinguishing_attack_sees_the_calibrated_separation():
     release projected on the difference of the two clean releases; its mean shift over its
     std must equal Delta_true / tau = 1 / z when clipping is applied (and 1 / (c z) if it were not).
     """
-    from dpneuro.algorithms.pca import local_pca
-    from dpneuro.cape.packing import pack
-
     c, eps, n_draws = 0.5, 2.0, 1000
     rest = [np.ones((3, 2)) / math.sqrt(3)] * 2
     worlds = [[np.tile(np.eye(3)[:, [j]], (1, 3))] + rest for j in (0, 1)]
-    clean = [pack(cape_pca([w], 2, None, DELTA, plan="none", scale="unit", subject_bound=c).info["A_hat"], True)
+    clean = [pack_weighted(cape_pca([w], 2, None, DELTA, plan="none", scale="unit", subject_bound=c).info["A_hat"])
              for w in worlds]
     u = (clean[1] - clean[0]) / np.linalg.norm(clean[1] - clean[0])
     stats_ = [[], []]
     for i in range(n_draws):
         for j, w in enumerate(worlds):
             res = local_pca(w, 2, eps, DELTA, scale="unit", subject_bound=c, random_state=2 * i + j)
-            stats_[j].append(float(pack(res.info["A_hat"], True) @ u))
+            stats_[j].append(float(pack_weighted(res.info["A_hat"]) @ u))
     tau = res.ledgers[0].releases[0].sigma
     z = tau / res.ledgers[0].releases[0].sensitivity
     a, b = np.array(stats_[0]), np.array(stats_[1])
@@ -472,32 +471,54 @@ def test_subspace_contribution_sensitivity_noise_and_refusals():
         cape_pca([X, X, X], 2, 1.0, DELTA, scale="unit", contribution="subspace")
 
 
-def test_subspace_contribution_distinguishing_attack_sees_the_calibrated_separation():
-    """Neighbours differ in subject 0: its columns span (e1, e2) or (e3, e4), orthogonal top-2 subspaces,
-    the extremal pair. The likelihood-ratio statistic (the release projected on the difference of the clean
-    releases) is shifted by exactly Delta / tau = 1 / z: the noise is calibrated to the true worst case."""
-    from dpneuro.cape.packing import pack
-
-    D, k, eps, n_draws = 4, 2, 2.0, 1000
-    rest = [np.ones((D, 2)) / 2.0] * 2
-    worlds = [[np.column_stack([np.eye(D)[:, a], np.eye(D)[:, b]] * 2)] + rest for a, b in ((0, 1), (2, 3))]
-    clean = [pack(cape_pca([w], k, None, DELTA, plan="none", scale="unit", contribution="subspace").info["A_hat"],
-                  True) for w in worlds]
-    diff = np.linalg.norm(clean[1] - clean[0])
-    u = (clean[1] - clean[0]) / diff
+def _attack_separation(worlds, k, how, eps=2.0, n_draws=1000, **kw):
+    """The likelihood-ratio attack between two one-site worlds: the release in the coordinates its noise is
+    iid in (w for "symmetrized", the unique entries for "mirrored"), projected on the difference of the clean
+    releases. Returns (mean shift / noise std, ||clean difference||_F / sensitivity, 1 / z, standard error)."""
+    vec = pack_weighted if how == "symmetrized" else (lambda A: pack(A, True))
+    clean = [cape_pca([w], k, None, DELTA, plan="none", scale="unit", **kw).info["A_hat"] for w in worlds]
+    u = vec(clean[1]) - vec(clean[0])
+    u /= np.linalg.norm(u)
     stats_ = [[], []]
     for i in range(n_draws):
         for j, w in enumerate(worlds):
-            res = local_pca(w, k, eps, DELTA, scale="unit", contribution="subspace", random_state=2 * i + j)
-            stats_[j].append(float(pack(res.info["A_hat"], True) @ u))
+            res = local_pca(w, k, eps, DELTA, scale="unit", symmetric_noise=how, random_state=2 * i + j, **kw)
+            stats_[j].append(float(vec(res.info["A_hat"]) @ u))
     rel = res.ledgers[0].releases[0]
-    tau, z = rel.sigma, rel.sigma / rel.sensitivity
-    # the unique entries carry the diagonal once and each off-diagonal pair once: ||u(A - A')|| <= ||A - A'||_F
-    assert diff <= rel.sensitivity * (1 + 1e-12) and diff > 0.7 * rel.sensitivity
     a, b = np.array(stats_[0]), np.array(stats_[1])
-    assert np.std(a) == pytest.approx(tau, rel=0.1) and np.std(b) == pytest.approx(tau, rel=0.1)
-    se = math.sqrt(2 / n_draws)
-    assert abs((b.mean() - a.mean()) / tau - diff / tau) < 4 * se
+    assert np.std(a) == pytest.approx(rel.sigma, rel=0.1) and np.std(b) == pytest.approx(rel.sigma, rel=0.1)
+    return ((b.mean() - a.mean()) / rel.sigma, np.linalg.norm(clean[1] - clean[0]) / rel.sensitivity,
+            rel.sensitivity / rel.sigma, math.sqrt(2 / n_draws))
+
+
+def test_subspace_contribution_distinguishing_attack_sees_the_calibrated_separation():
+    """Neighbours differ in subject 0: its columns span (e1, e2) or (e3, e4), orthogonal top-2 subspaces,
+    the extremal pair (||P - P'||_F is the sensitivity). The likelihood-ratio statistic is shifted by exactly
+    Delta / tau = 1 / z: the noise is calibrated to the true worst case."""
+    D, k = 4, 2
+    rest = [np.ones((D, 2)) / 2.0] * 2
+    worlds = [[np.column_stack([np.eye(D)[:, a], np.eye(D)[:, b]] * 2)] + rest for a, b in ((0, 1), (2, 3))]
+    sep, frob, inv_z, se = _attack_separation(worlds, k, "symmetrized", contribution="subspace")
+    assert frob == pytest.approx(1.0, rel=1e-9)
+    assert abs(sep - inv_z) < 4 * se
+
+
+def test_symmetrized_noise_distinguishing_attack_on_an_off_diagonal_difference():
+    """Subject 0 along (e1 + e2)/sqrt(2) or (e1 - e2)/sqrt(2): the clean releases differ off the diagonal
+    only, by the full sensitivity. Symmetrized noise (std tau / sqrt(2) there) lets the best attack separate
+    the worlds by exactly 1 / z, what the ledger accounts, never more; the papers' mirrored noise leaves
+    them 1 / (sqrt(2) z) apart, a guarantee it pays for and does not use."""
+    D, k = 4, 1
+    rest = [np.ones((D, 2)) / 2.0] * 2
+    v = [np.array([1.0, s, 0, 0]) / math.sqrt(2) for s in (1.0, -1.0)]
+    worlds = [[np.tile(x[:, None], (1, 3))] + rest for x in v]
+    sep, frob, inv_z, se = _attack_separation(worlds, k, "symmetrized", eps=5.0, contribution="subspace")
+    assert frob == pytest.approx(1.0, rel=1e-9)
+    assert abs(sep - inv_z) < 4 * se
+    sep_m, _, inv_z_m, _ = _attack_separation(worlds, k, "mirrored", eps=5.0, contribution="subspace")
+    assert inv_z_m == pytest.approx(inv_z, rel=1e-12)  # the same calibration
+    assert abs(sep_m - inv_z / math.sqrt(2)) < 4 * se
+    assert inv_z * (1 - 1 / math.sqrt(2)) > 6 * se
 
 
 # -- bad input: clear errors before any release ---------------------------------------------------

@@ -187,22 +187,41 @@ def test_cape_asymmetric_numeric_matches_symmetric():
     assert d == pytest.approx(np.full(S, cape_delta(0.3, tau, N, S)), rel=1e-9)
 
 
-def test_symmetric_noise_has_right_variance():
+@pytest.mark.parametrize("how, off_diagonal_var", [("symmetrized", 2.0), ("mirrored", 4.0)])
+def test_symmetric_noise_has_right_variance(how, off_diagonal_var):
+    """std 2: the diagonal has variance 4 either way; off the diagonal 4 / 2 when symmetrized, 4 when mirrored."""
     rng = np.random.default_rng(0)
     led = PrivacyLedger()
-    draws = np.stack([gaussian(rng, (6, 6), 2.0, led, symmetric=True) for _ in range(4000)])
+    draws = np.stack([gaussian(rng, (6, 6), 2.0, led, symmetric=True, symmetric_noise=how) for _ in range(4000)])
     assert led.draws == 4000
     assert np.allclose(draws, np.swapaxes(draws, 1, 2))
     iu = np.triu_indices(6)
-    vals = draws[:, iu[0], iu[1]]  # 21 unique entries per draw, each N(0, 4)
-    # chi-square: sum of squares / 4 over n draws ~ chi2(n); two-sided 0.1% bounds per entry
+    vals = draws[:, iu[0], iu[1]]  # 21 unique entries per draw
+    var = np.where(iu[0] == iu[1], 4.0, off_diagonal_var)
+    # chi-square: sum of squares / var over n draws ~ chi2(n); two-sided 0.1% bounds per entry
     n = vals.shape[0]
-    ss = (vals**2).sum(axis=0) / 4.0
+    ss = (vals**2).sum(axis=0) / var
     lo, hi = stats.chi2.ppf([0.0005, 0.9995], n)
     assert np.all((ss > lo) & (ss < hi))
     # unique entries are uncorrelated
     c = np.corrcoef(vals.T)
     assert np.abs(c[np.triu_indices(21, 1)]).max() < 5 / math.sqrt(n)
+    with pytest.raises(ValueError, match="symmetric_noise must be one of"):
+        gaussian(rng, (6, 6), 2.0, led, symmetric=True, symmetric_noise="upper")
+
+
+def test_symmetrized_noise_is_the_full_array_mechanism_symmetrized():
+    """Gaussian noise on every entry of the D x D array, averaged with its transpose (post-processing of a
+    mechanism whose sensitivity is the Frobenius norm), has the symmetrized noise's covariance: the same
+    variance entry by entry (both are Gaussian, so the same distribution)."""
+    rng = np.random.default_rng(1)
+    led = PrivacyLedger()
+    D, n, std = 5, 20000, 1.5
+    full = rng.standard_normal((n, D, D)) * std
+    post = (full + np.swapaxes(full, 1, 2)) / 2
+    ours = gaussian(rng, (n, D, D), std, led, symmetric=True)
+    ratio = ours.var(axis=0) / post.var(axis=0)
+    assert np.all(np.abs(ratio - 1) < 6 * math.sqrt(4 / n))  # two independent sample variances, 6 sd
 
 
 def test_random_state_is_one_spelling_for_every_seeded_function():

@@ -18,7 +18,9 @@ Models ([CAPE-TF] App. B). Samples are columns.
 Protocol (two CAPE runs, each one release per site):
 
 1. stage ``agn-m2``: each site releases its second moment (D x D, symmetric
-   noise on the D(D+1)/2 unique entries) with budget (eps_1, delta_1). The
+   noise on the D(D+1)/2 unique entries, shaped as :mod:`dpneuro.cape.packing`
+   says: "symmetrized" by default, the papers' "mirrored" on request) with
+   budget (eps_1, delta_1). The
    aggregator averages, estimates sigma^2 if not given (post-processing),
    forms M2 and broadcasts W = U_k D_k^{-1/2} and sigma^2.
 2. stage ``agn-m3``: each site computes its D x D x D M3_s, CAPE adds a
@@ -74,6 +76,7 @@ import numpy as np
 
 from .. import privacy
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from ..cape.packing import check_symmetric_noise, noise_array
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger, noise_multiplier
@@ -387,9 +390,10 @@ class _Stage:
     max_rounds = 1
 
     def __init__(self, model: str, noise_multiplier: float, unit: str, groups: list[int],
-                 seed: int | None, stage_id: int, scale: float | None):
+                 seed: int | None, stage_id: int, scale: float | None, symmetric_noise: str = "symmetrized"):
         self.model, self.z, self.unit, self.groups = model, noise_multiplier, unit, groups
         self.seed, self.stage_id, self.scale = seed, stage_id, scale
+        self.symmetric_noise = check_symmetric_noise(symmetric_noise)
 
     #: brain states clip about half of the time points on purpose (a tight public bound): no warning then
     quiet_clipping = False
@@ -429,7 +433,7 @@ class _M2Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         d2, _ = sensitivities(self.model, state["D"], state["n"], 0.0, state["group"])
         return {"m2": ReleaseSpec((state["D"], state["D"]), d2, self.z, symmetric=True,
-                                  unit=self.unit, stage="agn-m2")}
+                                  unit=self.unit, stage="agn-m2", symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m2": _second_moment(state["_data"])}
@@ -454,7 +458,8 @@ class _M3Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         D = state["D"]
         _, d3 = sensitivities(self.model, D, state["n"], self.sigma2, state["group"])
-        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit, stage="agn-m3")}
+        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit, stage="agn-m3",
+                                  symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m3": _third_moment(state["_data"], self.sigma2)}
@@ -551,7 +556,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
              plan: str | NoisePlan = "cape", split: Sequence[float] = (0.5, 0.5), sigma2: float | None = None,
              scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
              simplex: str = "euclidean", unit: str = "sample", samples_per_unit: int | Sequence[int] = 1,
-             secagg_config=None) -> AGNResult:
+             secagg_config=None, symmetric_noise: str = "symmetrized") -> AGNResult:
     """Decentralized DP orthogonal tensor decomposition (capeAGN, [CAPE-TF] Alg. 3).
 
     Parameters
@@ -583,6 +588,11 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
         STM post-processing of the components onto probability vectors.
     unit, samples_per_unit :
         Privacy unit; "subject" with the samples each subject owns (per site).
+    symmetric_noise : {"symmetrized", "mirrored"}
+        How the noise on the moments' unique entries is shaped
+        (:mod:`dpneuro.cape.packing`): "symmetrized" (default) divides an entry
+        standing for m entries of the full array by sqrt(m), at the same
+        guarantee; "mirrored" is the papers'.
 
     Returns
     -------
@@ -607,7 +617,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     z1, z2 = noise_multiplier(e1, d1), noise_multiplier(e2, d2)
 
     t0 = time.perf_counter()
-    common = dict(unit=unit, groups=groups, seed=seed, scale=scale)
+    common = dict(unit=unit, groups=groups, seed=seed, scale=scale, symmetric_noise=symmetric_noise)
     st1 = _M2Stage(model, z1, stage_id=1, k=k, sigma2=s2_scaled, **common)
     r1 = run_cape(st1, sites, nplan, secagg_config=secagg_config)
     W, s2 = r1.aggregator["W"], r1.aggregator["sigma2"]
@@ -648,12 +658,13 @@ def _stage_budget(epsilon: float, delta: float, split: tuple[float, ...]):
 
 def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: float | None, delta: float | None,
              split, sigma2, scale, seed, n_restarts, n_iter, simplex, unit, samples_per_unit,
-             owner: str) -> AGNResult:
+             owner: str, symmetric_noise: str = "symmetrized") -> AGNResult:
     """AGN / AVN / non-private OTD on one party's data (pooled or one site)."""
     k = n_components  # the papers' k
     _check_model(model)
     _check_sigma2(sigma2, model)
     _check_tpm(n_restarts, n_iter, simplex)
+    check_symmetric_noise(symmetric_noise)
     private = mechanism != "none"
     if private:
         _check_privacy(epsilon, delta)
@@ -678,7 +689,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
         d2 = delta * parts[1]
         d2_sens, _ = sensitivities(model, D, n, 0.0, group)
         tau1 = d2_sens * noise_multiplier(e1, d1)
-        S = S + privacy.gaussian(rng, (D, D), tau1, ledger, symmetric=True)
+        S = S + privacy.gaussian(rng, (D, D), tau1, ledger, symmetric=True, symmetric_noise=symmetric_noise)
         ledger.record("m2", d2_sens, tau1, unit=unit, stage="agn-m2")
         info.update(epsilon=(e1, e2), delta=(d1, d2 if mechanism == "agn" else 0.0), tau_m2=tau1)
     W, s2 = _whiten(S, k, model, s2_in)
@@ -700,7 +711,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
                         f"{beta:.6g}, sensitivity {d3_sens:.6g}); not in the Gaussian composition: "
                         "add it to the ledger's eps (basic composition)")
             info["beta"] = beta
-        E = tz.sym_from_unique(b, D)
+        E = noise_array(b, (D, D, D), True, symmetric_noise)
         t_noise = time.perf_counter()
         T = T + tz.multilinear(E, W)
         info["time"]["noise_tensor"] = t_noise - t2
@@ -719,7 +730,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
 def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
-        samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
+        samples_per_unit: int = 1, owner: str = "pooled", symmetric_noise: str = "symmetrized") -> AGNResult:
     """Centralized AGN ([DP-OTD] Alg. 1) on one party's data (pooled data: the ideal capeAGN matches).
 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
@@ -727,14 +738,15 @@ def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     k = n_components  # the papers' k
     return _central(samples, k, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
-                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
+                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
+                    symmetric_noise=symmetric_noise)
 
 
 @accepts_random_state
 def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
         sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
-        samples_per_unit: int = 1, owner: str = "pooled") -> AGNResult:
+        samples_per_unit: int = 1, owner: str = "pooled", symmetric_noise: str = "symmetrized") -> AGNResult:
     """Centralized AVN ([DP-OTD] Alg. 1): stage 2 noise with density proportional to exp(-beta ||b||).
 
     beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
@@ -743,7 +755,8 @@ def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     k = n_components  # the papers' k
     return _central(samples, k, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
-                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner)
+                    simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
+                    symmetric_noise=symmetric_noise)
 
 
 @accepts_random_state

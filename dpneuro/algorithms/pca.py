@@ -55,10 +55,13 @@ stays N_s, the papers' convention: bounds sqrt(2) times smaller) exists only to
 reproduce the papers' tables; with public counts it is really "zero out one
 unit", which under-states what a swap of one person for another changes.
 
-* Sample level (no subject boundaries): adding x (||x|| <= 1) changes the
-  released unique entries u(A_s) (upper triangle with diagonal, the entries
-  the symmetric noise is drawn on) by ||u(x x^T)||_2 <= ||x x^T||_F = ||x||^2 <= 1,
-  so Delta = 1 / N_s.
+* Sample level (no subject boundaries): adding x (||x|| <= 1) changes
+  N_s A_s by ||x x^T||_F = ||x||^2 <= 1. Every bound here is on the Frobenius
+  norm, which is exactly the L2 norm of the vector the noise is drawn on,
+  w(A) = the upper triangle with the off-diagonal entries times sqrt(2)
+  (``symmetric_noise="symmetrized"``; :mod:`dpneuro.cape.packing`), and bounds
+  the unique entries u(A) the papers' "mirrored" noise is drawn on. So
+  Delta = 1 / N_s.
 * Subject level (``subjects`` given, or the site's data come as per-subject
   blocks): a subject with n_m columns adds P = X_m X_m^T, PSD with
   ||P||_F <= tr P <= n_m, so Delta = max_m n_m / N_s, i.e. 1/M_s for equal
@@ -127,6 +130,7 @@ import scipy.linalg
 from .. import privacy
 from ..io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from ..cape.packing import check_symmetric_noise
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
@@ -620,6 +624,11 @@ class CapePCA:
         second moment ``||X_m X_m^T / n_m||_F``; a subject above it is scaled
         down to it, and the sensitivity shrinks by the factor c (module
         docstring). None or 1: no clipping (unit-norm columns give 1).
+    symmetric_noise : {"symmetrized", "mirrored"}
+        Covariance mode: how the noise on the D x D release's unique entries
+        is shaped (:mod:`dpneuro.cape.packing`). "symmetrized" (default)
+        gives the off-diagonal entries std / sqrt(2) at the same guarantee;
+        "mirrored" is the papers' (every unique entry the full std).
     contribution : {"moment", "subspace"}
         Subject level only: what a subject adds, its X_m X_m^T ("moment", the
         papers') or (n_m / k) times the projector on its own top-k principal
@@ -637,8 +646,9 @@ class CapePCA:
                  unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
                  keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None,
-                 contribution: str = "moment"):
+                 contribution: str = "moment", symmetric_noise: str = "symmetrized"):
         self.k = _check_k(k)
+        self.symmetric_noise = check_symmetric_noise(symmetric_noise)
         self.subject_bound = check_subject_bound(subject_bound)
         self.bound = contribution_bound(self.subject_bound, contribution, self.k)  # what the sensitivity uses
         self.contribution = contribution
@@ -729,7 +739,8 @@ class CapePCA:
         D = int(state["dim"])
         if self.mode == "covariance":
             return {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
-                                     stage=self.name, neighbour=self.neighbour)}
+                                     stage=self.name, neighbour=self.neighbour,
+                                     symmetric_noise=self.symmetric_noise)}
         return {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
                                   stage=f"{self.name}-power", neighbour=self.neighbour)}
 
@@ -846,7 +857,8 @@ class DPdisPCA:
     def _site(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
         spec = self.base.site_releases(state)["A"]
         A = self.base.site_compute(state, rnd, None)["A"]
-        noise = privacy.gaussian(state["rng"], A.shape, spec.tau, state["ledger"], symmetric=True)
+        noise = privacy.gaussian(state["rng"], A.shape, spec.tau, state["ledger"], symmetric=True,
+                                 symmetric_noise=spec.symmetric_noise)
         state["ledger"].record("A", spec.sensitivity, spec.tau, unit=spec.unit, stage=self.name,
                                neighbour=spec.neighbour)
         lam, U = top_eigh(A + noise, self.R)
@@ -934,7 +946,8 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
              rng: np.random.Generator | None = None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None, subject_bound: float | None = None,
-             tol: float | None = None, contribution: str = "moment") -> PCAResult:
+             tol: float | None = None, contribution: str = "moment",
+             symmetric_noise: str = "symmetrized") -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -951,7 +964,8 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     subjects : list, optional
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
-    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol, contribution
+    unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol, contribution,
+    symmetric_noise
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -973,7 +987,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
                   seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
                   keep_matrix=True, subject_bound=subject_bound, tol=tol,
-                  contribution=contribution)
+                  contribution=contribution, symmetric_noise=symmetric_noise)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)
@@ -1016,7 +1030,7 @@ def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *
              subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "replace", exchange=None, random_state=None, seed: int | None = None,
              rng: np.random.Generator | None = None, options: RunOptions | None = None,
-             calibration: str = "analytic") -> PCAResult:
+             calibration: str = "analytic", symmetric_noise: str = "symmetrized") -> PCAResult:
     """DPdisPCA ([DPdisPCA] Alg. 1) with intermediate dimension ``R`` (default 2k).
 
     Each site's ledger records one release of A_s with conventional noise
@@ -1028,7 +1042,7 @@ def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
                      seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), dim=srcs[0].dim,
-                     calibration=calibration)
+                     calibration=calibration, symmetric_noise=symmetric_noise)
     if proto.R > srcs[0].dim:
         raise ValueError(f"R = {proto.R} exceeds D = {srcs[0].dim}")
     res = simulate(proto, srcs, exchange=exchange, options=options)

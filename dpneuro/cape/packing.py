@@ -1,8 +1,20 @@
-"""Unique-entry packing for symmetric arrays.
+"""Unique-entry packing for symmetric arrays, and the noise a symmetric release gets.
 
 Noise for a symmetric matrix or 3-way tensor is drawn on its unique entries
-(i <= j, or i <= j <= k) and mirrored, so the noisy release is symmetric as
-the quantity it protects and each unique entry has the planned variance.
+(i <= j, or i <= j <= k), so the noisy release is symmetric as the quantity it
+protects. How the draws become the array's noise is :data:`SYMMETRIC_NOISE`:
+
+- "symmetrized" (default): a unique entry that stands for m entries of the
+  full array (m = 2 off the diagonal of a matrix; 3 or 6 in a 3-way tensor)
+  gets the draw divided by sqrt(m). This is the Gaussian mechanism on
+  w(A) = sqrt(m) * u(A), whose L2 norm is exactly ||A||_F (the sensitivities
+  are Frobenius bounds), unscaled afterwards; equivalently, iid noise on every
+  entry of the full array, then averaged over the index orders
+  (post-processing). The same guarantee as "mirrored" with half the noise
+  variance off the diagonal of a matrix: the covariance noise's spectral
+  norm falls by sqrt(2).
+- "mirrored": every unique entry gets the full std and is copied to its
+  mirror images (the papers' mechanism; kept to reproduce their figures).
 """
 
 from __future__ import annotations
@@ -25,6 +37,42 @@ def unique_indices(n: int, order: int) -> tuple[np.ndarray, ...]:
         keep = (i <= j) & (j <= k)
         return i[keep], j[keep], k[keep]
     raise ValueError(f"symmetric packing supports order 1-3, got {order}")
+
+
+SYMMETRIC_NOISE = ("symmetrized", "mirrored")
+
+
+def check_symmetric_noise(how: str) -> str:
+    if how not in SYMMETRIC_NOISE:
+        raise ValueError(f"symmetric_noise must be one of {SYMMETRIC_NOISE}, got {how!r}")
+    return how
+
+
+@lru_cache(maxsize=32)
+def multiplicity(n: int, order: int) -> np.ndarray:
+    """How many entries of the full n^order array each unique entry stands for (packing order)."""
+    idx = unique_indices(n, order)
+    if order == 1:
+        return np.ones(n)
+    # the indices are sorted, so their distinct values are 1 + the steps between neighbours
+    distinct = 1 + sum((idx[a] != idx[a + 1]).astype(int) for a in range(order - 1))
+    return np.asarray({2: (1.0, 2.0), 3: (1.0, 3.0, 6.0)}[order])[distinct - 1]
+
+
+def pack_weighted(arr: np.ndarray) -> np.ndarray:
+    """w(A): the unique entries of a symmetric array times sqrt(multiplicity); ||w(A)||_2 = ||A||_F.
+
+    The vector the "symmetrized" noise is calibrated on (:func:`noise_array` inverts the weighting).
+    """
+    arr = np.asarray(arr)
+    return pack(arr, True) * np.sqrt(multiplicity(arr.shape[0], arr.ndim))
+
+
+def noise_array(vec: np.ndarray, shape: tuple[int, ...], symmetric: bool, how: str = "symmetrized") -> np.ndarray:
+    """The noise array of ``shape`` from iid draws on its packed entries (module docstring)."""
+    if symmetric and check_symmetric_noise(how) == "symmetrized":
+        vec = vec / np.sqrt(multiplicity(shape[0], len(shape)))
+    return unpack(vec, shape, symmetric)
 
 
 def n_unique(shape: tuple[int, ...], symmetric: bool) -> int:

@@ -31,7 +31,7 @@ from .. import privacy
 from ..exchange.base import Payload
 from ..privacy import PrivacyLedger, max_colluding
 from ..driver import Phase, RunOptions, SimulationResult, State, simulate
-from .packing import n_unique, unpack
+from .packing import check_symmetric_noise, n_unique, noise_array
 from .plans import NoisePlan, Variances, plan_variances
 
 CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
@@ -44,7 +44,9 @@ class ReleaseSpec:
     ``sensitivity`` is its L2 sensitivity at this site for the privacy unit
     ``unit``; ``noise_multiplier`` is the std per unit of sensitivity that the
     site's (eps, delta) target calls for (``noise_multiplier(eps, delta)``), so the
-    release std is tau_s = noise_multiplier * sensitivity.
+    release std is tau_s = noise_multiplier * sensitivity. A ``symmetric``
+    release gets noise on its unique entries, shaped by ``symmetric_noise``
+    (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`).
     """
 
     shape: tuple[int, ...]
@@ -54,6 +56,10 @@ class ReleaseSpec:
     unit: str = "subject"
     stage: str = ""
     neighbour: str = "replace"
+    symmetric_noise: str = "symmetrized"
+
+    def __post_init__(self):
+        check_symmetric_noise(self.symmetric_noise)
 
     @property
     def tau(self) -> float:
@@ -173,7 +179,8 @@ class _CapeProtocol:
     # -- set-up ----------------------------------------------------------------------
     def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
         specs = self.alg.site_releases(state)
-        state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric} for k, v in specs.items()},
+        state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric,
+                                       "symmetric_noise": v.symmetric_noise} for k, v in specs.items()},
                          "f_round": -1}
         arrays = {"weight": np.array([float(self.alg.site_weight(state))])}
         for name, spec in specs.items():
@@ -274,7 +281,7 @@ class _CapeProtocol:
             noise = e + g
             kept[name] = (e, g)
             offset += size
-            arrays[name] = cs["f"][name] + unpack(noise, shape, sym)
+            arrays[name] = cs["f"][name] + noise_array(noise, shape, sym, spec["symmetric_noise"])
             if post is not None:
                 # linear map applied identically at every site (see CapeAlgorithm): the
                 # zero-sum parts still cancel, sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0

@@ -60,26 +60,35 @@ def accepts_random_state(fn):
 
 def gaussian(
     rng: np.random.Generator, shape, std: float, ledger: PrivacyLedger, *,
-    symmetric: bool = False, dtype=np.float64,
+    symmetric: bool = False, symmetric_noise: str = "symmetrized", dtype=np.float64,
 ) -> np.ndarray:
     """Draw N(0, std^2) noise of ``shape`` and count the draw in ``ledger``.
 
     ``symmetric=True`` draws only the unique entries of a symmetric matrix
-    (upper triangle incl. diagonal, each with variance std^2) and mirrors them,
-    so the noise matrix is symmetric as the quantity it protects.
+    (upper triangle incl. diagonal), so the noise matrix is symmetric as the
+    quantity it protects. ``symmetric_noise`` says how
+    (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`): "symmetrized" gives the
+    off-diagonal entries std / sqrt(2) (the Gaussian mechanism on the whole
+    matrix, then symmetrized), "mirrored" gives every unique entry std.
     """
     if not (std >= 0) or not np.isfinite(std):
         raise ValueError(f"noise std must be finite and >= 0, got {std}")
     shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
-    ledger.draws += 1
     if not symmetric:
+        ledger.draws += 1
         return (rng.standard_normal(shape) * std).astype(dtype, copy=False)
+    from ..cape.packing import check_symmetric_noise, multiplicity
+
+    check_symmetric_noise(symmetric_noise)
     if len(shape) < 2 or shape[-1] != shape[-2]:
         raise ValueError(f"symmetric noise needs a square trailing shape, got {shape}")
+    ledger.draws += 1
     n = shape[-1]
     iu = np.triu_indices(n)
     batch = shape[:-2]
     vals = rng.standard_normal(batch + (len(iu[0]),)) * std
+    if symmetric_noise == "symmetrized":
+        vals /= np.sqrt(multiplicity(n, 2))
     out = np.zeros(shape, dtype=np.float64)
     out[..., iu[0], iu[1]] = vals
     out[..., iu[1], iu[0]] = vals
