@@ -298,7 +298,7 @@ class BudgetPlan:
         for name, s in self.privacy["sites"].items():
             stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)
             out.append(f"  {name}: eps = {s['epsilon']:.3f} (exact GDP), {s['epsilon_rdp']:.3f} (RDP); "
-                       f"by stage: {stages}; one site's releases alone {s['epsilon_single_release']:.3f}")
+                       f"by stage: {stages}; one site's releases alone at most {s['epsilon_single_release']:.3f}")
         noise = self.noise()
         if noise:
             out.append("expected noise after averaging: " + ", ".join(f"{k} sd {v:.3g}" if "norm" not in k

@@ -70,7 +70,7 @@ def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
         print(line)
     for name, s in priv["sites"].items():
         print(f"  {name}: eps = {s['epsilon']:.2f} (exact GDP), {s['epsilon_rdp']:.2f} (RDP); "
-              f"one site's releases alone: {s['epsilon_single_release']:.2f} (secondary)")
+              f"one site's releases alone: at most {s['epsilon_single_release']:.2f} (secondary)")
     for w in privacy_warnings(priv) if warnings is None else warnings:
         print(w, file=sys.stderr)
 

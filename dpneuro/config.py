@@ -82,8 +82,8 @@ class RunConfig:
     # total eps per site in the headline sense (against the aggregator and its colluders): when set, the
     # budget planner chooses pca_epsilon and ica_epsilon_i from the sites' subject counts before the run
     epsilon: float | None = None
-    # the one PCA release at (pca_epsilon, delta/2): 6 gives eps 8.4 against the aggregator colluding with one of
-    # four sites; on the demo's consortium mean |r| 0.72 with the truth (0.74 without noise)
+    # the one PCA release at (pca_epsilon, delta/2): 6 gives eps 6.9 against the aggregator colluding with one of
+    # four sites; on the demo's consortium mean |r| 0.73 with the truth (0.74 without noise)
     pca_epsilon: float = 6.0
     # public bound c on each subject's normalised second moment ||X_m X_m^T / n_m||_F in the PCA: a subject
     # above it is scaled down to it, and the PCA's sensitivity (so its noise) shrinks by c; 1 = no clipping.

@@ -60,7 +60,7 @@ def privacy_section(privacy: dict) -> str:
            f"{html.escape(who)}. Privacy unit: <b>{html.escape(privacy['unit'])}</b>; "
            f"{html.escape(privacy.get('neighbour_text', ''))}.</p>",
            _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "μ (GDP)",
-                   "ε of one site's releases alone (secondary)", "releases"], rows)]
+                   "ε of one site's releases alone, at most (secondary)", "releases"], rows)]
     from .privacy import gdp_epsilon
 
     per_stage = []

@@ -19,7 +19,7 @@ from dpneuro.algorithms.agn import (
     prepare_site,
     sensitivities,
 )
-from dpneuro.cape import ReleaseSpec, ledgers, n_unique, run_cape
+from dpneuro.cape import NoisePlan, ReleaseSpec, ledgers, n_unique, run_cape
 from dpneuro.cape.packing import noise_array, pack_weighted
 from dpneuro.exchange import Payload
 from dpneuro.metrics import q_comp
@@ -210,7 +210,8 @@ class _ZeroTensor:
 @pytest.mark.parametrize("plan", ["conv", "cape"])
 def test_cape_wrapper_draws_symmetric_3way_noise_on_unique_entries(plan):
     D, S = 10, 3
-    res = run_cape(_ZeroTensor(D), [100] * S, plan)
+    # the papers' zero-sum variance: every release alone at exactly its std
+    res = run_cape(_ZeroTensor(D), [100] * S, NoisePlan(plan, zero_sum_variance=1.0))
     rel = res.exchange.gather(0, "release", [0, 1, 2], timeout=1)
     for s, msg in rel.items():
         t = msg.arrays["t"]

@@ -17,6 +17,7 @@ from dpneuro.cape import (
     symmetric_plan,
 )
 from dpneuro.cape.packing import multiplicity, noise_array, pack, pack_weighted
+from dpneuro.cape.plans import ZERO_SUM_VARIANCE, plan_variances
 from dpneuro.exchange import InProcessExchange, Payload
 from dpneuro.driver import Phase, RunOptions, SimulatedDropout
 
@@ -110,30 +111,91 @@ def test_plan_refuses_outside_assumptions():
 
 # -- the protocol -------------------------------------------------------------------------
 
+PAPERS = NoisePlan("cape", zero_sum_variance=1.0)
+
+
 @pytest.mark.parametrize("S", [3, 4])
-def test_cape_release_variances_and_zero_sum(S):
+@pytest.mark.parametrize("c", [1.0, ZERO_SUM_VARIANCE])
+def test_cape_release_variances_and_zero_sum(S, c):
+    """var(e_hat) = c tau^2: one release alone carries (c (1 - 1/S) + 1/S) tau^2 >= tau^2, the average tau^2 / S^2
+    whatever c, and the aggregator's view of a site shrinks to the pooled average's as c grows."""
     n = 20_000
-    res = run_cape(Zeros(shape=(n,)), [100] * S, "cape")
+    res = run_cape(Zeros(shape=(n,)), [100] * S, NoisePlan("cape", zero_sum_variance=c))
     tau2 = 1.0  # noise multiplier 2 * sensitivity 0.5
     rel = _releases(res)
     for s, msg in rel.items():
-        assert _chi2_var_ok(msg.arrays["f"], tau2), f"site {s} release variance"
+        assert _chi2_var_ok(msg.arrays["f"], (c * (1 - 1 / S) + 1 / S) * tau2), f"site {s} release variance"
     # zero-sum part cancels to float precision (fixed-point quantisation of the secure sum)
     e = np.stack([res.sites[s]["_last_noise"]["f"][0] for s in range(S)])
     assert np.abs(e.mean(axis=0)).max() < 1e-8
-    assert _chi2_var_ok(e[0], (1 - 1 / S) * tau2)
+    assert _chi2_var_ok(e[0], c * (1 - 1 / S) * tau2)
     # the aggregator's average carries the pooled variance tau^2 / S^2, not conv's tau^2 / S
     comb = res.aggregator["combined"][0]
     assert _chi2_var_ok(comb, tau2 / S**2)
     assert not _chi2_var_ok(comb, tau2 / S)
-    # every site's ledger holds one release at std tau_s, and what it is worth to the aggregator
-    # colluding with ceil(S/3) - 1 sites: mu^2 = 2 mu_z = S (S + S_H) / ((S + 1) S_H) (Delta/tau)^2
+    # every site's ledger holds one release at its calibrated std tau_s (a lower bound on the release's when
+    # c > 1), and what it is worth to the aggregator colluding with ceil(S/3) - 1 sites:
+    # mu^2 = 2 mu_z = S (S_H + c S) / (S_H (c S + 1)) (Delta/tau)^2, S (S + S_H) / ((S + 1) S_H) at c = 1
     S_H = S - (-(-S // 3) - 1)
     for led in ledgers(res):
         (r,) = led.releases
         assert (r.sensitivity, r.sigma, r.count) == (0.5, pytest.approx(1.0), 1)
-        assert r.mu_collusion**2 == pytest.approx(S * (S + S_H) / ((S + 1) * S_H) * 0.25, rel=1e-6)
+        assert r.mu_collusion**2 == pytest.approx(S * (S_H + c * S) / (S_H * (c * S + 1)) * 0.25, rel=1e-6)
         assert led.epsilon(1e-5, collusion=True) > led.epsilon(1e-5)
+        if c > 1:  # within 1 % of the limit S / S_H (Delta/tau)^2
+            assert r.mu_collusion**2 == pytest.approx(S / S_H * 0.25, rel=1e-2)
+
+
+class Shifted(Zeros):
+    """Zeros, except that site 0 releases ``shift`` on every coordinate (its neighbouring dataset)."""
+
+    def __init__(self, shift, **kw):
+        super().__init__(**kw)
+        self.shift = shift
+
+    def site_compute(self, state, round, broadcast):
+        return {"f": np.full(self.shape, self.shift if state["site"] == 0 else 0.0)}
+
+
+@pytest.mark.parametrize("c", [1.0, ZERO_SUM_VARIANCE])
+def test_the_aggregator_and_a_colluder_separate_neighbours_by_the_recorded_mu(c):
+    """The adversary of the headline: the aggregator (every release and the zero-sum total) with site 3 handing
+    over its draws. Site 0 releases 0 or Delta (its sensitivity) on each of n coordinates, n independent trials.
+    The likelihood-ratio statistic built from the protocol's own messages is N(0, 1) in one world and shifted by
+    the ledger's mu_collusion in the other: the recorded guarantee is what the best attack achieves."""
+    S, n, delta_f, colluder = 4, 20_000, 0.5, 3
+    honest = [0, 1, 2]
+    stats_, mus = [], []
+    for world, shift in enumerate((0.0, delta_f)):
+        res = run_cape(Shifted(shift, shape=(n,), seed=10 + world), [100] * S, NoisePlan("cape", zero_sum_variance=c))
+        ex = res.exchange
+        esum = ex.receive(0, 0, "zs-unmask").arrays["cape/esum"]
+        rel = _releases(res)
+        plan = res.sites[0]["cape"]["plan"]
+        w, e_var, g_var = plan["cape/weights"], plan["cape/e_var/f"], plan["cape/g_var/f"]
+        e_c = res.sites[colluder]["_last_noise"]["f"][0]
+        e_hat_c = e_c + esum / (w[colluder] * S)
+        # y_s = f_s + e_hat_s + g_s for the honest sites, and their part of the zero-sum total
+        obs = np.stack([rel[s].arrays["f"] + esum / (w[s] * S) for s in honest] + [esum - w[colluder] * e_hat_c])
+        cov = np.diag(np.r_[e_var[honest] + g_var[honest], np.sum(w[honest] ** 2 * e_var[honest])])
+        cov[-1, :-1] = cov[:-1, -1] = w[honest] * e_var[honest]
+        v = np.zeros(len(honest) + 1)
+        v[0] = delta_f
+        u = np.linalg.solve(cov, v)
+        stats_.append(u @ obs / np.sqrt(v @ u))
+        mus.append(ledgers(res)[0].releases[0].mu_collusion)
+    assert mus[0] == pytest.approx(mus[1], rel=1e-12)
+    se = np.sqrt(2 / n)
+    assert abs(np.std(stats_[0]) - 1) < 4 * se / np.sqrt(2) and abs(np.std(stats_[1]) - 1) < 4 * se / np.sqrt(2)
+    assert abs(stats_[1].mean() - stats_[0].mean() - mus[0]) < 4 * se
+    if c > 1:  # against the papers' plan: 1.366 Delta / tau at c = 1, 1.158 here
+        assert mus[0] < 0.86 * np.sqrt(S * (S + 3) / ((S + 1) * 3)) * 0.5
+
+
+def test_zero_sum_variance_below_one_or_not_a_number_is_refused():
+    for bad in (0.5, float("nan"), float("inf"), True, "100"):
+        with pytest.raises(ValueError, match="zero_sum_variance"):
+            NoisePlan("cape", zero_sum_variance=bad)
 
 
 def test_conv_and_none_plans_use_the_same_path():
@@ -150,10 +212,12 @@ def test_asymmetric_cape_through_protocol():
     weights = [100, 300, 200, 400]
     taus = [100 / n for n in weights]
     res = run_cape(Zeros(shape=(20_000,), taus=taus), weights, "cape")
+    w = np.array(weights) / sum(weights)
+    release_var = plan_variances("cape", taus, w, ZERO_SUM_VARIANCE).release_variance()
+    assert np.all(release_var > 10 * np.square(taus))  # each release alone: far more than its std tau_s
     rel = _releases(res)
     for s, msg in rel.items():
-        assert _chi2_var_ok(msg.arrays["f"], taus[s] ** 2), f"site {s}"
-    w = np.array(weights) / sum(weights)
+        assert _chi2_var_ok(msg.arrays["f"], release_var[s]), f"site {s}"
     e = np.stack([res.sites[s]["_last_noise"]["f"][0] for s in range(4)])
     assert np.abs(w @ e).max() < 1e-8
     # the combined noise is the weighted local part only
@@ -165,7 +229,7 @@ def test_asymmetric_cape_through_protocol():
 def test_symmetric_matrix_release_is_symmetric_with_planned_variance(how):
     """tau = 1: diagonal entries have variance 1; off-diagonal 1/2 when symmetrized (1 when mirrored)."""
     D, S = 60, 3
-    res = run_cape(Zeros(shape=(D, D), symmetric=True, symmetric_noise=how), [5] * S, "cape")
+    res = run_cape(Zeros(shape=(D, D), symmetric=True, symmetric_noise=how), [5] * S, PAPERS)
     off = 0.5 if how == "symmetrized" else 1.0
     for msg in _releases(res).values():
         a = msg.arrays["f"]
@@ -181,7 +245,7 @@ def test_symmetric_matrix_release_is_symmetric_with_planned_variance(how):
 def test_symmetric_tensor_release_divides_each_entry_by_the_root_of_its_copies():
     """3-way tensor, tau = 1: entries (i, i, i) variance 1, (i, i, j) 1/3, (i, j, k) distinct 1/6."""
     D, S = 12, 3
-    res = run_cape(Zeros(shape=(D, D, D), symmetric=True), [5] * S, "cape")
+    res = run_cape(Zeros(shape=(D, D, D), symmetric=True), [5] * S, PAPERS)
     i, j, k = np.meshgrid(*[np.arange(D)] * 3, indexing="ij")
     distinct = 1 + (i != j).astype(int) + (j != k).astype(int)  # distinct indices where i <= j <= k
     for msg in _releases(res).values():

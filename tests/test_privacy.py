@@ -21,7 +21,7 @@ from dpneuro.privacy import (
     mu_z_numeric,
     rdp_closed_form_epsilon,
 )
-from dpneuro.privacy.cape_delta import cape_mu_z_paper
+from dpneuro.privacy.cape_delta import cape_mu_z_paper, cape_release_mu
 
 DELTA = 1e-5
 
@@ -136,13 +136,31 @@ def test_moments_accountant_corrected_quadratic_equals_rdp_closed_form(J, sigma)
 
 
 @pytest.mark.parametrize("S", [3, 4, 5, 6, 7, 10, 13, 16, 25])
-def test_cape_closed_form_equals_numeric(S):
+@pytest.mark.parametrize("c", [1.0, 3.0, 100.0])
+def test_cape_closed_form_equals_numeric(S, c):
+    """The symmetric plan with var(e_hat) = c tau^2: closed form, the general inversion, and the release's mu."""
     SC = max_colluding(S)
     tau, sens = 0.37, 1 / 250
-    closed = cape_mu_z(tau, sens, S, SC)
+    closed = cape_mu_z(tau, sens, S, SC, c)
     colluders = list(range(S - SC, S))
-    numeric = mu_z_numeric(sens, np.full(S, tau**2), np.full(S, tau**2 / S), np.full(S, 1 / S), 0, colluders)
+    e_var, g_var, w = np.full(S, c * tau**2), np.full(S, tau**2 / S), np.full(S, 1 / S)
+    numeric = mu_z_numeric(sens, e_var, g_var, w, 0, colluders)
     assert closed == pytest.approx(numeric, rel=1e-10)
+    assert cape_release_mu(sens, e_var, g_var, w, 0, SC) == pytest.approx(math.sqrt(2 * numeric), rel=1e-10)
+
+
+def test_a_larger_zero_sum_variance_tends_to_the_pooled_guarantee():
+    """mu_z falls with c towards S Delta^2 / (2 S_H tau^2): Delta^2 / (2 tau^2) with no colluders, what the pooled
+    average (noise tau / S, sensitivity Delta / S) reveals; at the default c = 100 within 1 % of the limit."""
+    from dpneuro.cape.plans import ZERO_SUM_VARIANCE
+
+    tau, sens = 0.5, 0.02
+    for S in (3, 4, 10):
+        for SC in range(max_colluding(S) + 1):
+            mus = [cape_mu_z(tau, sens, S, SC, c) for c in (1, 2, 10, ZERO_SUM_VARIANCE, 1e8)]
+            assert all(a > b for a, b in zip(mus, mus[1:]))
+            limit = S * sens**2 / (2 * (S - SC) * tau**2)
+            assert mus[-1] == pytest.approx(limit, rel=1e-6) and mus[3] == pytest.approx(limit, rel=1e-2)
 
 
 def test_cape_mu_z_grows_with_colluders_unlike_paper_formula():

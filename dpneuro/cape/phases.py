@@ -102,14 +102,14 @@ class CapeAlgorithm(TypingProtocol):
     def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload: ...
 
 
-def _plan_payload(kind: str, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
+def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
                   active: list[int]) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
     """Variances for the active sites; arrays to broadcast them."""
     w = weights[active] / weights[active].sum()
     arrays = {"cape/sites": np.asarray(active, np.int64), "cape/weights": w}
     plans = {}
     for name in specs:
-        v = plan_variances(kind, taus[name][active], w)
+        v = plan_variances(plan.kind, taus[name][active], w, plan.zero_sum_variance)
         plans[name] = v
         arrays[f"cape/e_var/{name}"] = v.e_hat
         arrays[f"cape/g_var/{name}"] = v.g
@@ -206,7 +206,7 @@ class _CapeProtocol:
             for name in first:
                 taus[name][s] = float(m.arrays[f"tau/{name}"][0])
         state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
-        plan_arrays, _ = _plan_payload(self.plan.kind, first, taus, weights, sites)
+        plan_arrays, _ = _plan_payload(self.plan, first, taus, weights, sites)
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
 
@@ -253,7 +253,7 @@ class _CapeProtocol:
         """Send the survivors back to the zero-sum step with a plan for them."""
         cs = state["cape"]
         self.plan.check(len(active))
-        plan_arrays, _ = _plan_payload(self.plan.kind, cs["specs"], cs["taus"], cs["weights"], active)
+        plan_arrays, _ = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
         cs["plan_sites"] = active
         cs["redos"] = cs.get("redos", 0) + 1
         return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
@@ -304,7 +304,7 @@ class _CapeProtocol:
         alg = self.alg.aggregator_update(state, rnd, combined)
         if self.plan.kind != "cape" and active != planned:
             cs["plan_sites"] = active
-            plan_arrays, _ = _plan_payload(self.plan.kind, cs["specs"], cs["taus"], cs["weights"], active)
+            plan_arrays, _ = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
 
@@ -321,7 +321,9 @@ def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: Rele
     if plan.kind == "none":
         ledger.mark_not_private("plan 'none': releases carry no noise and are not private")
         return
-    var = _release_variance(plan_arrays, name, me)
+    # the site's calibrated std: exactly what one release carries under the papers' plan, a lower bound on it
+    # when the zero-sum part is scaled up (the single-release figure is then an upper bound on its eps)
+    var = min(_release_variance(plan_arrays, name, me), spec.tau**2)
     mu_c = 0.0
     if plan.kind == "cape":
         cache = {} if cache is None else cache
@@ -353,7 +355,7 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     names = list(specs[0])
     weights = np.array([float(algorithm.site_weight(st)) for st in states])
     taus = {n: np.array([sp[n].tau for sp in specs]) for n in names}
-    plan_arrays, _ = _plan_payload(plan.kind, {n: None for n in names}, taus, weights, list(range(len(states))))
+    plan_arrays, _ = _plan_payload(plan, {n: None for n in names}, taus, weights, list(range(len(states))))
     count = int(algorithm.max_rounds if rounds is None else rounds)
     out = []
     for me, (st, sp) in enumerate(zip(states, specs)):

@@ -19,6 +19,14 @@ local std tau,
 
 which grows with S_C as it should and equals the numeric v^T Sigma^-1 v / 2.
 The paper's eq. (1) is kept as :func:`cape_mu_z_paper` for comparison.
+
+With the zero-sum draws' variance scaled by c (var(e_hat_s) = c tau^2,
+:data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`) the same inversion gives
+
+    mu_z = S (S_H + c S) Delta^2 / (2 S_H (c S + 1) tau^2),
+
+which tends to S Delta^2 / (2 S_H tau^2) as c grows: with no colluders,
+Delta^2 / (2 tau^2), what the pooled average alone reveals.
 """
 
 from __future__ import annotations
@@ -70,15 +78,18 @@ def delta_from_mu_z(epsilon: float, mu_z: float) -> float:
     return float(min(1.0, 2 * sigma_z / (epsilon - mu_z) * _std_normal_pdf(x)))
 
 
-def cape_mu_z(tau: float, sensitivity: float, n_sites: int, n_colluding: int) -> float:
-    """mu_z for the symmetric plan (every site local std ``tau``).
+def cape_mu_z(tau: float, sensitivity: float, n_sites: int, n_colluding: int,
+              zero_sum_variance: float = 1.0) -> float:
+    """mu_z for the symmetric plan (every site std ``tau``, zero-sum variance ``zero_sum_variance`` tau^2).
 
     Equivalent observations: b_s = e_hat_s + g_s for each honest s (the known
-    mean term removed) and E = sum_H e_hat_s; block inversion of their
-    covariance gives [Sigma^-1]_11 = S (S + S_H) / ((S + 1) S_H tau^2).
+    mean term removed) and E = sum_H e_hat_s. Given E the b_s have covariance
+    (a + b) I - (a / S_H) 1 1^T (a = c tau^2, b = tau^2 / S), whose inverse's
+    diagonal (Sherman-Morrison) is (S_H b + a) / (S_H b (a + b)):
+    S (S_H + c S) / (S_H (c S + 1) tau^2), S (S + S_H) / ((S + 1) S_H tau^2) at c = 1.
     """
-    S, S_H = n_sites, n_sites - n_colluding
-    return S * (S + S_H) * sensitivity**2 / (2 * (S + 1) * S_H * tau * tau)
+    S, S_H, c = n_sites, n_sites - n_colluding, zero_sum_variance
+    return S * (S_H + c * S) * sensitivity**2 / (2 * S_H * (c * S + 1) * tau * tau)
 
 
 def cape_mu_z_paper(tau: float, n_total: int, n_sites: int, n_colluding: int) -> float:
@@ -179,8 +190,9 @@ def cape_release_mu(
     """
     e_var, g_var, w = (np.asarray(x, float) for x in (e_var, g_var, weights))
     S = len(w)
-    if np.allclose(w, 1 / S) and np.allclose(e_var, e_var[0]) and np.allclose(g_var, e_var[0] / S):
-        return math.sqrt(2 * cape_mu_z(math.sqrt(e_var[0]), sensitivity, S, n_colluding))
+    if np.allclose(w, 1 / S) and np.allclose(e_var, e_var[0]) and np.allclose(g_var, g_var[0]) and g_var[0] > 0:
+        tau2 = S * g_var[0]  # the symmetric plan: var(g) = tau^2 / S, var(e_hat) = c tau^2
+        return math.sqrt(2 * cape_mu_z(math.sqrt(tau2), sensitivity, S, n_colluding, e_var[0] / tau2))
     others = [i for i in range(S) if i != site]
     if math.comb(len(others), n_colluding) > max_subsets:
         raise ValueError(f"too many colluding sets to check ({math.comb(len(others), n_colluding)})")

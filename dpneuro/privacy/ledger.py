@@ -164,8 +164,10 @@ class PrivacyLedger:
         ``epsilon`` is the headline: the guarantee against the aggregator
         colluding with the assumed number of sites (it sees every release and
         the zero-sum total), exact GDP composition; ``epsilon_rdp`` is the same
-        adversary by the RDP accountant. ``epsilon_single_release`` is the
-        weaker view of someone who sees this party's releases alone.
+        adversary by the RDP accountant. ``epsilon_single_release`` bounds the
+        weaker view of someone who sees this party's releases alone (from each
+        release's calibrated std; CAPE releases carry more, see
+        :data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`).
         """
         return {
             "owner": self.owner,
