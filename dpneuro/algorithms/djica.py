@@ -83,7 +83,7 @@ import numpy as np
 
 from .. import privacy
 from ..cape import ReleaseSpec, cape_protocol, ledgers
-from ..cape.plans import PLAN_KINDS
+from ..cape.plans import PLAN_KINDS, NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
 from ..driver import (
@@ -932,7 +932,7 @@ def cape_djica(
     clip_G: float | None = FROM_PRESET,
     clip_h: float | None = FROM_PRESET,
     rounds: int = FROM_PRESET,
-    plan: str = "cape",
+    plan: str | NoisePlan = "cape",
     lr: float | None = None,
     random_state=None,
     seed=None,
@@ -971,7 +971,7 @@ def cape_djica(
         only with plan "none": plain infomax.
     rounds : int
         Round limit J (= releases per site per quantity at most).
-    plan : {"cape", "conv", "none"}
+    plan : {"cape", "conv", "none"} or NoisePlan
         Correlated noise (needs >= 3 sites and secure aggregation),
         independent noise at full std per site, or no noise (not private).
     lr : float, optional
@@ -1014,23 +1014,24 @@ def cape_djica(
     DJICAResult
     """
     site_data, R = _prepare(Z_sites, subjects_per_site)
+    nplan = NoisePlan.coerce(plan)
     seed = privacy.resolve_random_state(random_state, seed=seed, rng=rng)
     st = preset_settings(preset, clip_G=clip_G, clip_h=clip_h, rounds=rounds, optimizer=optimizer,
                          calibration=calibration, clip_unit=clip_unit, bias=bias)
     opt = _coerce_optimizer(st.pop("optimizer"), lr)
-    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, optimizer=opt, plan=plan, seed=seed, truth=truth,
-                    chunk=chunk, **st)
+    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, optimizer=opt, plan=nplan.kind, seed=seed,
+                    truth=truth, chunk=chunk, **st)
     # validate every site before anything runs (and so before any release)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)
-    proto = cape_protocol(alg, plan, n_sites=len(site_data), secagg_config=secagg_config)
+    proto = cape_protocol(alg, nplan, n_sites=len(site_data), secagg_config=secagg_config)
     sim = simulate(proto, site_data, exchange=exchange, options=options, checkpoint_dir=checkpoint)
     st = sim.aggregator["ica"]
     W, b = reported_unmixing(st)
     return DJICAResult(
         W=np.array(W), b=np.array(b), W_last=np.array(st["W"]), b_last=np.array(st["b"]),
         history={k: np.asarray(v, float) for k, v in st["history"].items()},
-        ledgers=ledgers(sim), rounds=len(st["history"]["rho"]), status=st["status"], plan=plan,
+        ledgers=ledgers(sim), rounds=len(st["history"]["rho"]), status=st["status"], plan=nplan.kind,
         optimizer=opt, noise_multiplier=alg.z, rho=float(st["rho"]), restarts=int(st["restarts"]),
         simulation=sim,
     )
