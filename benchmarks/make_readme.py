@@ -726,6 +726,33 @@ def section_real_frontier(p: Page) -> dict:
     return {"real_frontier": rows, "real_agreement": ag}
 
 
+def section_noise_ablation(p: Page) -> dict:
+    rows = read_csv("noise_ablation.csv")
+    meta = read_json("noise_ablation.json")
+    if not rows:
+        return {}
+    p.add("### Real fMRI: what each noise lever buys")
+    p.add("")
+    p.add(f"The real-data pseudo-consortium above at {meta.get('n_sites')} sites x {meta.get('subjects_per_site')} "
+          "subjects (spatial ICA, subject subspaces), one noise lever at a time, at the same headline eps (against "
+          "the aggregator and one colluder, delta 1e-5) and the same noise seeds. `papers`: every unique covariance "
+          "entry at the release std and zero-sum draws of variance tau^2; `symmetrized`: off-diagonal std "
+          "tau / sqrt(2) at the same guarantee; `+ zero-sum 100`: the zero-sum draws at 100 tau^2, which lowers "
+          "the coalition's mu and so lets the same eps carry a smaller noise multiplier (the defaults). Cell: mean "
+          f"matched |r| with the same data's maps without noise, median of {meta.get('seeds')} seeds; z = the PCA's "
+          "noise multiplier.")
+    p.add("")
+    p.meta("python benchmarks/noise_ablation.py", ["noise_ablation.csv", "noise_ablation.json"], meta.get("runtime_s"))
+    eps = list(dict.fromkeys(r["epsilon"] for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    cell = {(r["variant"], r["epsilon"]): r for r in rows}
+    p.add(table(["variant", *(f"eps {fmt(e)}: mean abs r (z)" for e in eps)],
+                [[v, *(f"{fmt(cell[v, e]['r_median'])} ({fmt(cell[v, e]['noise_multiplier'])})" for e in eps)]
+                 for v in variants]))
+    p.add("")
+    return {"noise_ablation": rows}
+
+
 def section_frontier(p: Page) -> dict:
     rows = read_csv("frontier.csv")
     meta = read_json("frontier.json")
@@ -1056,8 +1083,8 @@ def build(env: dict) -> str:
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
                section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
-               section_coinstac, section_states, section_real_frontier, section_frontier, section_scale,
-               section_site_maps, section_demo):
+               section_coinstac, section_states, section_real_frontier, section_noise_ablation, section_frontier,
+               section_scale, section_site_maps, section_demo):
         facts.update(fn(body) or {})
     blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "
                      f"{b.get('num_threads')} threads, {b.get('architecture')})" for b in env.get("threadpoolctl", []))
