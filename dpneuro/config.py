@@ -116,8 +116,9 @@ class RunConfig:
     # power iterations of reduction = "pdsvd" (each one secure sum; no privacy noise)
     pdsvd_iterations: int = 30
     # brain states (capeAGN): K recurring states over the whitened time points, 0 = off; each of its two
-    # releases (second and third moments) is calibrated to (states_epsilon, delta/2) on its own; 16 is the
-    # least that recovered planted states at 4 x 128 subjects (benchmarks/states_utility.py)
+    # releases (second and third moments) is calibrated to (states_epsilon, delta/2) on its own. At 4 x 128
+    # subjects the planted states come back erratically at every budget: median r 0.62 at 8, 0.32 at 16, 0.72
+    # at 32 over 3 noise draws (benchmarks/states_utility.py)
     brain_states: int = 0
     states_epsilon: float = 16.0
     optimizer: str = "fast"
