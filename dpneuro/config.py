@@ -69,7 +69,7 @@ class RunConfig:
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
     # with parcels, each site also regresses its own subjects' voxels on their time courses (dual regression):
     # maps at the mask's resolution, computed and kept at the site, no privacy spent. 4 mm networks, 4 x 100, eps 8:
-    # mean |r| with the truth 0.71 against 0.44 for the painted parcels (benchmarks/site_maps.py)
+    # mean |r| with the truth 0.73 against 0.47 for the painted parcels (benchmarks/site_maps.py)
     site_voxel_maps: bool = True
     n_components: int = 20
     reduction: str = "capepca"
@@ -93,7 +93,7 @@ class RunConfig:
     # what each subject adds to the PCA's second moment: "subspace" its own top-n_components principal subspace
     # (as CanICA/MELODIC reduce each subject first; norm 1/sqrt(n_components) by construction, every subject
     # weighs the same), "moment" its X X^T / n (the papers'). Real fMRI, 4 sites x 100, 20 components, eps 8:
-    # private maps agree with the non-private ones at 0.65 against 0.46 (benchmarks/real_frontier.py).
+    # private maps agree with the non-private ones at 0.83 against 0.60 (benchmarks/real_frontier.py).
     # "auto": subspace under spatial ICA; temporal ICA and brain states whiten with the released eigenvalues,
     # which are variances only under "moment"
     pca_contribution: str = "auto"
