@@ -144,14 +144,13 @@ def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy:
     (variance tau_s^2 / S); under 'conv' every site's full noise stays.
     """
     from .cape import ReleaseSpec
-    from .cape.packing import multiplicity
 
     n = dict(n_samples)
     N, S = sum(n.values()), len(n)
     share = 1.0 / S if cfg.plan == "cape" else 1.0
     # the D x D release's off-diagonal entries (what sets its spectral norm) stand for 2 entries of the matrix:
     # symmetrized noise, the releases' default, divides their std by sqrt(2) (dpneuro.cape.packing)
-    copies = multiplicity(2, 2)[1] if ReleaseSpec.symmetric_noise == "symmetrized" else 1.0
+    copies = 2.0 if ReleaseSpec.symmetric_noise == "symmetrized" else 1.0
     out = {}
     for stage, name, key, c in (("capepca", "A", "covariance", copies), ("capepca-power", "AV", "covariance", 1.0),
                                 ("ica", "G", "gradient (per round)", 1.0)):
