@@ -85,7 +85,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
     "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
-    "maps": ("delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps"),
+    "maps": ("delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps", "site_maps_method"),
     "report": (),
 }
 

@@ -1,4 +1,4 @@
-"""Each site's own voxel maps: dual regression on its own data, at voxel resolution, with no release."""
+"""Each site's own voxel maps: guided ICA or dual regression on its own data, at voxel resolution, with no release."""
 
 import json
 from pathlib import Path
@@ -7,12 +7,14 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro.config import RunConfig
+from dpneuro.algorithms.spatial_ica import guided_ica
+from dpneuro.analysis import unit_columns
+from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import DataValidationError, decode_run
 from dpneuro.maps import zscore_columns
 from dpneuro.metrics import match_components
 from dpneuro.pipeline import prepare, run_stages
-from dpneuro.site_maps import site_voxel_maps, subject_map
+from dpneuro.site_maps import SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
 from dpneuro.synth import make_consortium
 
 R = 4
@@ -38,6 +40,80 @@ def test_a_component_constant_over_a_subject_gets_a_zero_map():
     assert np.all(np.isfinite(B)) and np.all(B[:, 2] == 0) and np.all(np.abs(B[:, [0, 1, 3]]).sum(0) > 0)
 
 
+def _projector(U):
+    return U @ U.T
+
+
+def test_site_subspace_is_the_top_of_the_summed_subject_projectors_through_merges():
+    """Subjects in a common 8-dim space: merging down to 8 directions loses nothing, so it is exact."""
+    rng = np.random.default_rng(4)
+    V, T, k = 120, 25, 3
+    common = np.linalg.qr(rng.standard_normal((V, 8)))[0]
+    acc = SiteSubspace(k, keep=8)  # merges whenever more than 8 + 12 columns pile up
+    P = np.zeros((V, V))
+    for m in range(11):
+        Y = common @ (rng.standard_normal((8, T)) * rng.uniform(0.5, 3.0, (8, 1)))
+        acc.add(Y)
+        B = unit_columns(Y)
+        U = np.linalg.svd(B, full_matrices=False)[0][:, :k]
+        P += _projector(U)
+    basis, w = acc.basis()
+    ev, E = np.linalg.eigh(P / 11)
+    assert acc.n_subjects == 11 and basis.shape == (V, k)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(k), atol=1e-10)
+    np.testing.assert_allclose(w, ev[::-1][:k], rtol=1e-7)
+    np.testing.assert_allclose(_projector(basis), _projector(E[:, ::-1][:, :k]), atol=1e-7)
+
+
+def test_site_subspace_refusals():
+    with pytest.raises(ValueError, match="k must be"):
+        SiteSubspace(0)
+    with pytest.raises(ValueError, match="keep"):
+        SiteSubspace(5, keep=3)
+    with pytest.raises(ValueError, match="no subject"):
+        SiteSubspace(2).basis()
+
+
+def _planted(rng, D=4000, R=4, K=7):
+    """R sparse independent maps and K - R Gaussian directions, mixed by a random rotation into a K-dim basis."""
+    S = rng.laplace(size=(D, R)) ** 3  # heavy tails: the networks
+    G = rng.standard_normal((D, K - R))
+    mixed = np.concatenate([S, G], axis=1) @ np.linalg.qr(rng.standard_normal((K, K)))[0]
+    basis = np.linalg.qr(mixed - mixed.mean(0))[0]
+    return S, basis
+
+
+def test_guided_ica_finds_the_planted_maps_in_the_references_order_and_sign():
+    for seed in range(3):
+        rng = np.random.default_rng(10 + seed)
+        S, basis = _planted(rng)
+        R = S.shape[1]
+        order, signs = rng.permutation(R), rng.choice([-1.0, 1.0], R)
+        # references: each planted map seen through heavy noise (|r| ~ 0.3-0.5), shuffled and sign-flipped
+        noisy = S / S.std(0) + 2.0 * rng.standard_normal(S.shape)
+        ref = noisy[:, order] * signs
+        res = guided_ica(basis, ref)
+        r_ref = np.abs(match_components(ref, S)[1])
+        got = np.array([np.corrcoef(res.maps[:, j], S[:, order[j]] * signs[j])[0, 1] for j in range(R)])
+        assert np.all(got > 0.99), (seed, got, r_ref)  # the right map, in the reference's place and sign
+        assert r_ref.max() < 0.6
+        np.testing.assert_allclose(res.maps.mean(0), 0, atol=1e-10)
+        np.testing.assert_allclose(res.maps.std(0), 1, atol=1e-10)
+        np.testing.assert_allclose(res.agreement, [abs(np.corrcoef(res.maps[:, j], ref[:, j])[0, 1])
+                                                   for j in range(R)], atol=1e-10)
+
+
+def test_guided_ica_refuses_what_it_cannot_pair():
+    rng = np.random.default_rng(5)
+    _, basis = _planted(rng, D=500, R=2, K=3)
+    with pytest.raises(ValueError, match="R <= K"):
+        guided_ica(basis, rng.standard_normal((500, 4)))
+    ref = rng.standard_normal((500, 2))
+    ref[:, 1] = 3.0
+    with pytest.raises(ValueError, match="not constant"):
+        guided_ica(basis, ref)
+
+
 def _write_runs(folder: Path, blocks: list[np.ndarray], mask: np.ndarray) -> list[str]:
     paths = []
     for k, blk in enumerate(blocks):
@@ -61,7 +137,7 @@ def test_site_maps_average_the_subjects_fits_over_all_their_runs(tmp_path):
     runs = [[files[0]], [files[1], files[2]], [files[3]]]
     boundaries = [(0, 30), (30, 75), (75, 110)]
     S = rng.standard_normal((R, 110))
-    got = site_voxel_maps(runs, boundaries, S, mask, workers=2)
+    got = site_voxel_maps(runs, boundaries, S, mask, method="dual_regression", workers=2)
 
     fits = []
     for rs, (a, b) in zip(runs, boundaries):
@@ -72,6 +148,33 @@ def test_site_maps_average_the_subjects_fits_over_all_their_runs(tmp_path):
     split = [fits[0], subject_map(decode_run(files[1], mask=mask, standardize=True, detrend=False), S[:, 30:55]),
              fits[2]]
     assert np.abs(got - zscore_columns(np.mean(split, axis=0))).max() > 0.05
+
+
+def test_guided_site_maps_are_the_guided_ica_of_the_site_subspace_started_from_dual_regression(tmp_path):
+    rng = np.random.default_rng(6)
+    mask = np.zeros((9, 8, 6), bool)
+    mask[1:8, 1:7, 1:5] = True
+    V = int(mask.sum())
+    A = rng.laplace(size=(V, R)) ** 3
+    runs, blocks, tcs = [], [], []
+    for m in range(5):
+        S_m = rng.standard_normal((R, 40))
+        blocks.append(A @ S_m + rng.standard_normal((V, 40)))
+        tcs.append(S_m + 0.5 * rng.standard_normal(S_m.shape))
+    files = _write_runs(tmp_path, blocks, mask)
+    S = np.concatenate(tcs, axis=1)
+    boundaries = [(40 * m, 40 * (m + 1)) for m in range(5)]
+    got = site_voxel_maps([[f] for f in files], boundaries, S, mask)
+
+    acc = SiteSubspace(SUBSPACE_FACTOR * R)
+    dr = 0
+    for f, (a, b) in zip(files, boundaries):
+        Y = decode_run(f, mask=mask, standardize=True, detrend=False)
+        acc.add(Y)
+        dr = dr + subject_map(Y, S[:, a:b])
+    np.testing.assert_allclose(got, guided_ica(acc.basis()[0], zscore_columns(dr / 5)).maps, atol=1e-8)
+    with pytest.raises(ValueError, match="method must be"):
+        site_voxel_maps([[f] for f in files], boundaries, S, mask, method="melodic")
 
 
 def test_a_file_that_changed_since_the_load_is_refused(tmp_path):
@@ -122,6 +225,22 @@ def test_site_maps_resolve_what_the_parcels_blur_and_cost_no_privacy(consortium)
         assert np.mean(np.abs(match_components(maps, truth)[1])) > m_on["mean |r| with truth"]
     html = (out / "report.html").read_text()
     assert "Voxel maps of each site" in html and "never sent" in html
+
+
+def test_guided_ica_beats_dual_regression_at_every_site(consortium):
+    """Same run, same time courses: the guided maps agree better with the truth than the regressions they start from."""
+    root, man = consortium
+    gi = _run(root, man, "on")["maps"]  # the default
+    dr = _run(root, man, "dr", site_maps_method="dual_regression")["maps"]
+    assert Path(gi["privacy"]).read_bytes() == Path(dr["privacy"]).read_bytes()
+    for site, r in dr["truth"]["site_r"].items():  # 0.874 against 0.896 on average when written
+        assert gi["truth"]["site_r"][site] > r + 0.01, (site, gi["truth"]["site_r"], dr["truth"]["site_r"])
+
+
+def test_an_unknown_method_is_refused(consortium):
+    root, man = consortium
+    with pytest.raises(ConfigError, match="site_maps_method.*one of"):
+        _run(root, man, "bad", site_maps_method="melodic")
 
 
 def test_no_site_maps_at_voxel_resolution(consortium):

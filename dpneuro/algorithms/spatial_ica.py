@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SpatialICAResult", "spatial_ica"]
+__all__ = ["GuidedICAResult", "SpatialICAResult", "guided_ica", "spatial_ica"]
 
 
 @dataclass
@@ -76,26 +76,13 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
         Seed of FastICA's initial rotation (public; see the module notes).
     """
     from sklearn.decomposition import FastICA
-    from sklearn.exceptions import ConvergenceWarning
 
     from .djica import _check_basis
 
     V, lam = _check_basis(basis, eigenvalues)
-    D, R = V.shape
-    if D <= R:
-        raise ValueError(f"spatial ICA needs more features than components (D = {D}, R = {R})")
-    # whiten here: the eigenmaps are orthonormal, so after centring an SVD makes them exactly white
-    # (FastICA's own whitening of such nearly isotropic input can return duplicated components)
-    Vc = V - V.mean(axis=0)
-    _, sv, Vt = np.linalg.svd(Vc, full_matrices=False)
-    if sv[-1] <= 1e-12 * sv[0]:
-        raise ValueError("the centred eigenmaps are rank deficient: choose fewer components")
-    white = Vt.T * (np.sqrt(D) / sv)  # Vc @ white has identity covariance over features
+    Z, white = _whiten(V)
     ica = FastICA(whiten=False, fun="logcosh", max_iter=max_iter, tol=tol, random_state=init_seed)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        ica.fit(Vc @ white)
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    converged = _fit(ica, Z)
     Q = white @ np.asarray(ica.components_, np.float64).T  # V Q: the sources, up to a constant per map
     M = V @ Q
     sd = M.std(axis=0)
@@ -108,3 +95,99 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
     order = np.argsort(-explained, kind="stable")
     return SpatialICAResult(W=Qinv[order] * np.sqrt(lam), maps=M[:, order],
                             status="converged" if converged else "not converged", n_iter=int(ica.n_iter_))
+
+
+def _whiten(V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Z, white): the centred columns of ``V`` (D x R) times ``white``, with identity covariance over features."""
+    D, R = V.shape
+    if D <= R:
+        raise ValueError(f"spatial ICA needs more features than components (D = {D}, R = {R})")
+    # whiten here: the eigenmaps are orthonormal, so after centring an SVD makes them exactly white
+    # (FastICA's own whitening of such nearly isotropic input can return duplicated components)
+    Vc = V - V.mean(axis=0)
+    _, sv, Vt = np.linalg.svd(Vc, full_matrices=False)
+    if sv[-1] <= 1e-12 * sv[0]:
+        raise ValueError("the centred eigenmaps are rank deficient: choose fewer components")
+    white = Vt.T * (np.sqrt(D) / sv)
+    return Vc @ white, white
+
+
+def _fit(ica, Z: np.ndarray) -> bool:
+    """Fit ``ica`` on ``Z``; whether it converged within its iteration limit."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        ica.fit(Z)
+    return not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+
+
+@dataclass
+class GuidedICAResult:
+    """Spatial ICA of a basis guided by reference maps.
+
+    Attributes
+    ----------
+    maps : ndarray, shape (D, R)
+        The independent maps, column k paired with reference k, signed to correlate positively with it, unit
+        variance over features.
+    agreement : ndarray, shape (R,)
+        Each map's correlation with its reference.
+    status : str
+        ``"converged"`` or ``"not converged"`` (FastICA within ``max_iter``).
+    n_iter : int
+        FastICA iterations.
+    """
+
+    maps: np.ndarray
+    agreement: np.ndarray
+    status: str
+    n_iter: int
+
+
+def guided_ica(basis, references, *, max_iter: int = 2000, tol: float = 1e-10) -> GuidedICAResult:
+    """FastICA (logcosh) of the maps spanned by ``basis``, started from ``references`` and paired with them.
+
+    Group-information-guided ICA: the references (the consortium's maps)
+    give FastICA its start, their coordinates in the whitened basis, and
+    R of the basis' K >= R independent maps are paired with the R references
+    (the assignment of largest summed |correlation|) and signed to agree
+    with them. The maps are the basis' own independent maps in the
+    references' order, so a site's maps line up with the consortium's. With
+    K > R the directions beyond the references start from their orthogonal
+    complement and give what is not the references' (noise, other networks)
+    components of its own instead of mixing it into theirs.
+
+    Parameters
+    ----------
+    basis : ndarray, shape (D, K)
+        Orthonormal columns spanning the maps (a site's principal subspace), D > K.
+    references : ndarray, shape (D, R)
+        One reference map per column, R <= K.
+    max_iter, tol : FastICA's iteration limit and tolerance.
+    """
+    from sklearn.decomposition import FastICA
+
+    from ..metrics import match_components
+
+    V = np.asarray(basis, np.float64)
+    ref = np.asarray(references, np.float64)
+    if V.ndim != 2 or ref.ndim != 2 or ref.shape[0] != V.shape[0] or ref.shape[1] > V.shape[1]:
+        raise ValueError(f"basis {V.shape} must be D x K and references {ref.shape} D x R with R <= K")
+    sd = ref.std(axis=0)
+    if not np.all(np.isfinite(ref)) or np.any(sd <= 0):
+        raise ValueError("every reference map must be finite and not constant")
+    Z, _ = _whiten(V)
+    R, K = ref.shape[1], V.shape[1]
+    start = (Z.T @ ((ref - ref.mean(axis=0)) / sd) / len(Z)).T  # R x K: row k holds reference k's coordinates
+    rest = np.linalg.svd(start)[2][R:]  # the orthogonal complement of their span
+    # the nearest orthogonal matrix: defined even where two references share a direction
+    u, _, vt = np.linalg.svd(np.concatenate([start, rest]) if K > R else start)
+    ica = FastICA(whiten=False, fun="logcosh", max_iter=max_iter, tol=tol, w_init=u @ vt)
+    converged = _fit(ica, Z)
+    S = Z @ np.asarray(ica.components_, np.float64).T
+    perm, corr = match_components(S, ref)
+    maps = S[:, perm] * np.where(corr < 0, -1.0, 1.0)
+    maps = (maps - maps.mean(axis=0)) / maps.std(axis=0)
+    return GuidedICAResult(maps=maps, agreement=np.abs(corr), status="converged" if converged else "not converged",
+                           n_iter=int(ica.n_iter_))

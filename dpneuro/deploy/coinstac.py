@@ -114,7 +114,7 @@ OWNER_INPUTS: dict[str, type] = {
     "max_memory_gb": float, "ica_epsilon_i": float, "ica_delta_i": float,
     "ica_rounds": int, "clip_G": float, "clip_h": float,
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
-    "site_voxel_maps": bool,
+    "site_voxel_maps": bool, "site_maps_method": str,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
     "states_epsilon": float,
 }

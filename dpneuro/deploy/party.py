@@ -359,7 +359,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     from ..maps import render_components, site_timecourse_figure
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
-    from ..site_maps import SITE_NOTE
+    from ..site_maps import site_note
 
     cfg, out = ctx.cfg, ctx.out
     figs = out / "figures"
@@ -372,7 +372,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     own = None
     if site_maps is not None:
         entries = render_components(site_maps, info["space"]["mask"], figs / "site_maps")[0]
-        own = {"note": SITE_NOTE, "entries": entries}
+        own = {"note": site_note(cfg.site_maps_method), "entries": entries}
     headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
                                "subjects of this site.", priv, warnings or None)
     return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
