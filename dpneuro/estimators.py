@@ -396,9 +396,9 @@ class DecentralizedICA(_Decentralized):
         time courses (in a deployment a site sees only its own).
     site_maps_imgs_ : dict
         site -> 4-D Nifti1Image: with parcels, each site's own maps at the
-        mask's voxel resolution (its subjects' voxels regressed on their time
-        courses; no privacy spent; a site sees only its own). Empty without
-        parcels or with ``site_voxel_maps=False``.
+        mask's voxel resolution (``site_maps_method``: guided spatial ICA of
+        its own voxels, or dual regression; no privacy spent; a site sees
+        only its own). Empty without parcels or with ``site_voxel_maps=False``.
     privacy_ : PrivacySummary
     report_ : Report
     budget_ : BudgetPlan or None

@@ -21,7 +21,7 @@ from dpneuro.deploy.party import ManifestMismatch
 from dpneuro.exchange import DirectoryCheckpoint
 from dpneuro.exchange import Suspend
 from dpneuro.maps import read_timecourses
-from dpneuro.site_maps import SITE_NOTE
+from dpneuro.site_maps import site_note
 from dpneuro.driver import run_aggregator, run_site
 
 COINSTAC = dc.TEMPLATES / "coinstac"
@@ -133,7 +133,8 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
 
     accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
-                "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS}
+                "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS,
+                "site_maps_method": config.SITE_MAPS_METHODS}
     selects = {k: v["values"] for k, v in _load("compspec.json")["computation"]["input"].items()
                if v["type"] == "select" and k != "seed_policy"}  # seed_policy is the entry point's, not a field
     assert set(selects) == set(accepted)
@@ -460,7 +461,7 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
     for cid in again.clients:  # every member's own report: maps, its privacy, its time courses, its voxel maps
         page = (again.output_dir(cid) / "report.html").read_text()
         group, own = page.split("Voxel maps of each site")
-        assert 'alt="time courses"' in page and "privacybox" in page and html.escape(SITE_NOTE) in own
+        assert 'alt="time courses"' in page and "privacybox" in page and html.escape(site_note("guided_ica")) in own
         assert group.count('<img alt="IC') == 4 and own.count('<img alt="IC') == 4
         assert nib.load(again.output_dir(cid) / "site_maps.nii.gz").shape[-1] == 4
 

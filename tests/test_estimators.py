@@ -11,7 +11,7 @@ import pytest
 import dpneuro
 from dpneuro.cli import main
 from dpneuro.config import ConfigError
-from dpneuro.site_maps import SITE_NOTE
+from dpneuro.site_maps import site_note
 from dpneuro.synth import make_consortium
 
 R = 4
@@ -165,7 +165,7 @@ def _site_party(name: str, data: dict, common: dict, out: str) -> None:
     est = dpneuro.DecentralizedICA(role="site", site=name, output_dir=out, **common).fit(data)
     occ = (getattr(est, "state_occupancy_", None) or {}).get(name, {})
     own = {"site_maps": np.asarray(est.site_maps_imgs_[name].dataobj),
-           "site_maps_shown": html.escape(SITE_NOTE) in est.report_.html} if est.site_maps_imgs_ else {}
+           "site_maps_shown": html.escape(site_note("guided_ica")) in est.report_.html} if est.site_maps_imgs_ else {}
     np.savez(Path(out) / "check.npz", eps=est.privacy_.epsilon[name],
              **{f"tc_{sid}": tc for sid, tc in est.timecourses_[name].items()},
              **{f"occ_{sid}": o for sid, o in occ.items()}, **own)
@@ -257,7 +257,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
             assert bool(got["site_maps_shown"])
         # the aggregator's report says where they are, and shows none
         assert ("Voxel maps of each site" in agg.report_.html) == ("site_maps" in got)
-    assert html.escape(SITE_NOTE) not in agg.report_.html
+    assert html.escape(site_note("guided_ica")) not in agg.report_.html
     if sim.states_img_ is not None:
         np.testing.assert_allclose(np.asarray(nib.load(tmp_path / "agg" / "states.nii.gz").dataobj),
                                    np.asarray(sim.states_img_.dataobj), rtol=0, atol=1e-6)
