@@ -177,6 +177,15 @@ def test_guided_site_maps_are_the_guided_ica_of_the_site_subspace_started_from_d
         site_voxel_maps([[f] for f in files], boundaries, S, mask, method="melodic")
 
 
+def test_a_site_with_fewer_directions_than_components_keeps_its_regression_maps(tmp_path):
+    rng = np.random.default_rng(8)
+    mask = np.ones((5, 4, 3), bool)
+    files = _write_runs(tmp_path, [rng.standard_normal((60, 3)) * 2 + 5], mask)  # 3 volumes: rank 3 < R
+    S = rng.standard_normal((R, 3))
+    got = site_voxel_maps([files], [(0, 3)], S, mask)
+    np.testing.assert_array_equal(got, site_voxel_maps([files], [(0, 3)], S, mask, method="dual_regression"))
+
+
 def test_a_file_that_changed_since_the_load_is_refused(tmp_path):
     rng = np.random.default_rng(3)
     mask = np.ones((4, 4, 3), bool)
