@@ -18,7 +18,7 @@ and paired with them one to one (group-information-guided ICA, as GIFT's
 GIG-ICA back-reconstruction): the consortium fixes which network each map
 is, the site's many voxels and subjects resolve its shape. Low-rank
 subspaces average out the voxel noise that the subjects' regressions keep
-(realistic networks at 4 mm, 4 x 100, eps 8: mean |r| with the truth 0.84
+(realistic networks at 4 mm, 4 x 100, eps 8: mean |r| with the truth 0.87
 against 0.73 for dual regression; benchmarks/site_maps.py).
 ``"dual_regression"`` keeps the averaged regression maps.
 
@@ -179,8 +179,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         functools.partial(decode_run, mask=np.asarray(mask, bool), standardize=standardize, detrend=detrend),
         files, workers=resolve_workers(workers))
     total = np.zeros((int(np.count_nonzero(mask)), R))
-    # twice the components: the site's other structure gets components of its own (4 x 100 at 4 mm: |r| 0.82-0.84
-    # with R directions, 0.87 with 2R, 0.88 with 3R)
+    # twice the components: the site's other structure gets components of its own (4 x 100 at 4 mm, eps 8, 4 sites:
+    # |r| 0.82-0.84 with R directions, 0.86-0.87 with 1.5 R, 0.87-0.88 with 2 R; one site: 0.88 with 3 R)
     subspace = SiteSubspace(SUBSPACE_FACTOR * R) if method == "guided_ica" else None
     pending: list[np.ndarray] = []
     try:

@@ -156,7 +156,7 @@ def test_guided_site_maps_are_the_guided_ica_of_the_site_subspace_started_from_d
     mask[1:8, 1:7, 1:5] = True
     V = int(mask.sum())
     A = rng.laplace(size=(V, R)) ** 3
-    runs, blocks, tcs = [], [], []
+    blocks, tcs = [], []
     for m in range(5):
         S_m = rng.standard_normal((R, 40))
         blocks.append(A @ S_m + rng.standard_normal((V, 40)))
