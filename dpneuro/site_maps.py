@@ -43,10 +43,9 @@ __all__ = ["CONSORTIUM_NOTE", "METHODS", "SITE_NOTE", "SiteSubspace", "consortiu
 #: what the consortium's report says about them (it shows none: they are each site's own)
 CONSORTIUM_NOTE = (
     "The maps above are the consortium's, at parcel resolution (parcel values painted back to voxels). Each site "
-    "also refines them on its own subjects' voxels (spatial ICA of its own principal subspace, guided by the "
-    "dual-regression maps of these components): maps at the mask's voxel resolution, computed at the site from its "
-    "own data, never sent, no privacy spent. Each site finds them in its own outputs (site_maps.nii.gz; "
-    "site_maps/<site>.nii.gz in a simulation).")
+    "also refines them on its own subjects' voxels ({how}): maps at the mask's voxel resolution, computed at the "
+    "site from its own data, never sent, no privacy spent. Each site finds them in its own outputs "
+    "(site_maps.nii.gz; site_maps/<site>.nii.gz in a simulation).")
 #: what a site's own report says above them
 SITE_NOTE = (
     "This site's own maps at the mask's voxel resolution: the consortium's components refined on this site's "
@@ -219,7 +218,7 @@ def made(cfg, space: dict) -> bool:
 
 def consortium_section(cfg, space: dict) -> dict | None:
     """The consortium report's note on the sites' own voxel maps (it shows none), or None when none are made."""
-    return {"note": CONSORTIUM_NOTE} if made(cfg, space) else None
+    return {"note": CONSORTIUM_NOTE.format(how=_HOW[cfg.site_maps_method])} if made(cfg, space) else None
 
 
 def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False):

@@ -1,5 +1,6 @@
 """Each site's own voxel maps: guided ICA or dual regression on its own data, at voxel resolution, with no release."""
 
+import html
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from dpneuro.io import DataValidationError, decode_run
 from dpneuro.maps import zscore_columns
 from dpneuro.metrics import match_components
 from dpneuro.pipeline import prepare, run_stages
-from dpneuro.site_maps import SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
+from dpneuro.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
 from dpneuro.synth import make_consortium
 
 R = 4
@@ -242,6 +243,10 @@ def test_guided_ica_beats_dual_regression_at_every_site(consortium):
     gi = _run(root, man, "on")["maps"]  # the default
     dr = _run(root, man, "dr", site_maps_method="dual_regression")["maps"]
     assert Path(gi["privacy"]).read_bytes() == Path(dr["privacy"]).read_bytes()
+    reports = {m: (root / name / "report.html").read_text() for m, name in (("guided_ica", "on"),
+                                                                              ("dual_regression", "dr"))}
+    for m, page in reports.items():  # the consortium's report says how the sites made theirs
+        assert html.escape(_HOW[m]) in page and all(html.escape(_HOW[o]) not in page for o in reports if o != m)
     for site, r in dr["truth"]["site_r"].items():  # 0.874 against 0.896 on average when written
         assert gi["truth"]["site_r"][site] > r + 0.01, (site, gi["truth"]["site_r"], dr["truth"]["site_r"])
 
