@@ -163,13 +163,14 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None):
     mode = pca_mode(cfg, features(cfg, dim))
     power, eps = {}, cfg.pca_epsilon
     if mode == "power" and cfg.reduction == "none":
-        # no noise: the data may decide when to stop
-        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components, "tol": STREAMED_PCA_TOL}
+        # no noise: the data may decide when to stop (not when a planned variance round follows)
+        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components,
+                 "tol": None if cfg.pca_variances else STREAMED_PCA_TOL}
         eps = None
     # every time point scaled to unit norm at its site (SCALING_NOTE)
     return CapePCA(cfg.n_components, eps, cfg.pca_delta, mode=mode, scale="unit",
                    seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound,
-                   contribution=cfg.contribution, **power)
+                   contribution=cfg.contribution, variances=cfg.pca_variances, **power)
 
 
 def pdsvd_protocol(cfg: RunConfig, n_sites: int):

@@ -28,6 +28,7 @@ def consortia(tmp_path_factory):
 
 CASES = {
     "default": ("sym", {}),
+    "temporal ICA, second moments": ("sym", {"pca_contribution": "moment"}),
     "bias, sample clipping": ("sym", {"ica_bias": True, "ica_clip_unit": "sample", "clip_G": 20.0, "clip_h": 5.0}),
     "power mode": ("sym", {"reduction": "capepca-power", "pca_epsilon": 5000.0}),
     "conv": ("sym", {"plan": "conv"}),
@@ -235,25 +236,33 @@ def test_subspace_reference_spectra_are_what_consistent_subspaces_give():
     assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == 40
 
 
-def test_subject_contribution_follows_the_ica_model_and_refuses_what_cannot_whiten(tmp_path):
+def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances(tmp_path):
     from dpneuro.config import ConfigError, RunConfig
 
     def cfg(**kw):
         return RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
                                     "out": str(tmp_path / "o"), **kw})
 
-    assert cfg().contribution == "subspace"  # spatial ICA: the measured best
-    assert cfg(ica="temporal").contribution == "moment"
-    assert cfg(brain_states=2).contribution == "moment"
+    # (contribution, variance release) per model: the measured best; whitening needs variances
+    assert (cfg().contribution, cfg().pca_variances) == ("subspace", False)
+    assert (cfg(ica="temporal").contribution, cfg(ica="temporal").pca_variances) == ("subspace", True)
+    assert (cfg(brain_states=2).contribution, cfg(brain_states=2).pca_variances) == ("moment", False)
     assert cfg(reduction="pdsvd").contribution == "moment"
-    assert cfg(pca_contribution="moment").contribution == "moment"
-    for kw in ({"ica": "temporal"}, {"brain_states": 2}, {"reduction": "pdsvd"}):
-        with pytest.raises(ConfigError, match="pca_contribution"):
-            cfg(pca_contribution="subspace", **kw).validate(data_sites=[])
+    assert (cfg(ica="temporal", pca_contribution="moment").pca_variances, cfg(pca_contribution="moment").contribution) \
+        == (False, "moment")
+    both = cfg(pca_contribution="subspace", brain_states=2)
+    both.validate(data_sites=[])
+    assert both.pca_variances
+    with pytest.raises(ConfigError, match="pca_contribution"):
+        cfg(pca_contribution="subspace", reduction="pdsvd").validate(data_sites=[])
     with pytest.raises(ConfigError, match="pca_contribution"):
         cfg(pca_contribution="projector").validate(data_sites=[])
     # the run uses what the field resolves to
     from dpneuro.analysis import pca_algorithm
 
-    assert pca_algorithm(cfg(parcels=100), dim=100).contribution == "subspace"
-    assert pca_algorithm(cfg(ica="temporal", parcels=100), dim=100).contribution == "moment"
+    spatial, temporal = pca_algorithm(cfg(parcels=100), dim=100), pca_algorithm(cfg(ica="temporal", parcels=100), dim=100)
+    assert (spatial.contribution, spatial.variances, spatial.max_rounds) == ("subspace", False, 1)
+    assert (temporal.contribution, temporal.variances, temporal.max_rounds) == ("subspace", True, 2)
+    # the streamed PCA without noise cannot stop on convergence before a planned variance round
+    streamed = pca_algorithm(cfg(ica="temporal", parcels=0, reduction="none", max_memory_gb=1e-6), dim=5000)
+    assert (streamed.mode, streamed.tol, streamed.variances) == ("power", None, True)

@@ -2,6 +2,7 @@
 
 import html
 import json
+import math
 from pathlib import Path
 
 import nibabel as nib
@@ -276,17 +277,22 @@ def test_spatial_ica_spends_only_the_pca_and_recovers_the_maps(consortium, fitte
     for led in fitted_spatial.privacy_.ledgers.values():
         stages = {r.stage for r in led.releases}
         assert stages and all(st.startswith("capepca") for st in stages), stages
-    # the temporal run's PCA release at the same calibration, and nothing else; each subject contributes its
-    # subspace instead of its second moment, under the same bound (min(subject bound, 1/sqrt(k)) at k = 4)
-    assert (fitted_spatial.config_.contribution, fitted.config_.contribution) == ("subspace", "moment")
+    # both runs' subjects contribute their subspaces (min(subject bound, 1/sqrt(k)) at k = 4); the temporal run
+    # splits the same PCA budget between that basis and the variances its whitening needs
+    from dpneuro.algorithms.pca import VARIANCE_SHARE
+
+    assert (fitted_spatial.config_.contribution, fitted.config_.contribution) == ("subspace", "subspace")
     for n in files:
         assert fitted_spatial.privacy_.epsilon[n] < fitted.privacy_.epsilon[n]
         spatial = fitted_spatial.privacy_.ledgers[n].releases
         temporal = [r for r in fitted.privacy_.ledgers[n].releases if r.stage.startswith("capepca")]
-        assert [(r.stage, r.count) for r in spatial] == [(r.stage, r.count) for r in temporal]
-        for s, t in zip(spatial, temporal):
-            assert s.noise_multiplier == pytest.approx(t.noise_multiplier, rel=1e-12)
-            assert s.sensitivity == pytest.approx(t.sensitivity, rel=1e-12)
+        assert [(r.stage, r.count) for r in spatial] == [("capepca", 1)]
+        assert [(r.stage, r.count) for r in temporal] == [("capepca", 1), ("capepca-variances", 1)]
+        assert temporal[0].sensitivity == pytest.approx(spatial[0].sensitivity, rel=1e-12)
+        assert temporal[0].noise_multiplier == pytest.approx(spatial[0].noise_multiplier
+                                                             / math.sqrt(1 - VARIANCE_SHARE), rel=1e-12)
+        assert temporal[1].noise_multiplier == pytest.approx(spatial[0].noise_multiplier
+                                                             / math.sqrt(VARIANCE_SHARE), rel=1e-12)
     assert not np.allclose(np.abs(fitted_spatial.basis_), np.abs(fitted.basis_), atol=1e-3)
     assert "qNGI" not in fitted_spatial.metrics_  # the truth's sources are temporal: no qNGI for spatial maps
     report = fitted_spatial.report_.path.read_text()

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
-from dpneuro.algorithms.pca import pca_sensitivity, top_eigh
+from dpneuro.algorithms.pca import VARIANCE_FLOOR, VARIANCE_SHARE, pca_sensitivity, top_eigh
 from dpneuro.cape import run_cape
 from dpneuro.cape.packing import pack, pack_weighted
 from dpneuro.exchange import InProcessExchange
@@ -519,6 +519,89 @@ def test_symmetrized_noise_distinguishing_attack_on_an_off_diagonal_difference()
     assert inv_z_m == pytest.approx(inv_z, rel=1e-12)  # the same calibration
     assert abs(sep_m - inv_z / math.sqrt(2)) < 4 * se
     assert inv_z * (1 - 1 / math.sqrt(2)) > 6 * se
+
+
+# -- variances in the released subspace (variances=True) ---------------------------------------------
+
+def _projected_moment(sites, V, bound=None):
+    """sum over subjects of clip(V^T B B^T V) / N over every site's unit-norm columns (by hand)."""
+    out, N = 0.0, sum(B.shape[1] for blocks in sites for B in blocks)
+    for blocks in sites:
+        for B in blocks:
+            Y = V.T @ (B / np.linalg.norm(B, axis=0))
+            P = Y @ Y.T
+            if bound is not None:
+                P *= min(1.0, bound * B.shape[1] / np.linalg.norm(P))
+            out = out + P
+    return out / N
+
+
+@pytest.mark.parametrize("mode", ["covariance", "power"])
+def test_variances_are_the_projected_second_moment_and_the_budget_splits_exactly(mode):
+    sites = low_rank_sites(D=40, r=3, S=3, subjects=4, T=30, seed=21)
+    kw = dict(scale="unit", contribution="subspace", mode=mode, seed=3)
+    if mode == "power":
+        kw.update(n_iter=60, oversample=4)
+    basis_only = cape_pca(sites, 3, None, DELTA, plan="none", **kw)
+    res = cape_pca(sites, 3, None, DELTA, plan="none", variances=True, **kw)
+    V = res.info["subspace"]
+    assert np.allclose(np.abs(V.T @ basis_only.basis), np.eye(3), atol=1e-8)  # the same basis release first
+    for bound in (None, 0.3):
+        r = cape_pca(sites, 3, None, DELTA, plan="none", variances=True, subject_bound=bound, **kw)
+        H = _projected_moment(sites, V, bound)
+        lam, U = np.linalg.eigh(H)
+        assert np.allclose(r.eigenvalues, lam[::-1], rtol=1e-10)
+        assert np.allclose(np.abs(r.basis.T @ (V @ U[:, ::-1])), np.eye(3), atol=1e-8)
+    assert res.rounds == (2 if mode == "covariance" else 61)
+    # with noise: one more release, and the two compose exactly to the run's (eps, delta)
+    noisy = cape_pca(sites, 3, 2.0, DELTA, plan="conv", variances=True, subject_bound=0.3, **kw)
+    led = noisy.ledgers[0]
+    names = [(r.name, r.count) for r in led.releases]
+    assert names == ([("A", 1), ("H", 1)] if mode == "covariance" else [("AV", 60), ("H", 1)])
+    assert led.epsilon(DELTA) == pytest.approx(2.0, rel=1e-6)
+    basis, var = led.releases
+    assert var.count * (var.sensitivity / var.sigma) ** 2 == pytest.approx(VARIANCE_SHARE * led.mu ** 2, rel=1e-9)
+    assert var.sensitivity == pytest.approx(0.3 * basis.sensitivity / min(0.3, 1 / math.sqrt(3)), rel=1e-12)
+    assert np.all(noisy.eigenvalues >= VARIANCE_FLOOR * np.mean(np.linalg.eigvalsh(noisy.info["H_hat"])) - 1e-15)
+
+
+def test_variance_release_noise_is_calibrated_and_the_attack_sees_no_more():
+    """One site; subject 0 lies along e1 or along e2, ten others span (e1, e2) in both worlds. Given
+    the public basis V of each draw, the likelihood-ratio statistic of the noisy k x k release (in the
+    coordinates its noise is iid in) has unit std, and its mean shift between the worlds is
+    ||V^T (P - P') V||_w / sigma_H, never more than Delta_H / sigma_H = 1 / z_H."""
+    D, k, T = 4, 2, 3
+    rest = [np.column_stack([np.eye(D)[:, 0] + s * np.eye(D)[:, 1]] * T) for s in (1.0, -1.0)] * 5
+    worlds = [[[np.column_stack([np.eye(D)[:, a]] * T)] + rest] for a in (0, 1)]
+    n_draws, stats_, predicted = 600, [[], []], []
+    for i in range(n_draws):
+        for j, w in enumerate(worlds):
+            r = cape_pca(w, k, 30.0, DELTA, plan="conv", scale="unit", contribution="subspace", variances=True,
+                         random_state=2 * i + j)
+            V, rel = r.info["subspace"], r.ledgers[0].releases[1]
+            clean = [pack_weighted(_projected_moment(x, V)) for x in worlds]
+            u = clean[1] - clean[0]
+            predicted.append(np.linalg.norm(u) / rel.sigma) if j == 1 else None
+            assert np.linalg.norm(u) <= rel.sensitivity * (1 + 1e-12)
+            stats_[j].append(float((pack_weighted(r.info["H_hat"]) - clean[0]) @ u / np.linalg.norm(u) / rel.sigma))
+    a, b = np.array(stats_[0]), np.array(stats_[1])
+    se = math.sqrt(2 / n_draws)
+    assert np.std(a) == pytest.approx(1.0, rel=0.1) and np.std(b) == pytest.approx(1.0, rel=0.1)
+    inv_z = rel.sensitivity / rel.sigma
+    assert max(predicted) <= inv_z * (1 + 1e-9)
+    assert np.mean(predicted) > 0.9 * inv_z  # V spans (e1, e2): the extremal pair, the bound is attained
+    assert abs((b.mean() - a.mean()) - np.mean(predicted)) < 4 * se
+
+
+def test_variances_refusals():
+    with pytest.raises(ValueError, match="eigenvalues already are variances"):
+        CapePCA(2, 1.0, DELTA, variances=True)
+    with pytest.raises(ValueError, match="variance_share"):
+        CapePCA(2, 1.0, DELTA, contribution="subspace", variances=True, variance_share=1.0)
+    with pytest.raises(ValueError, match="calibration='analytic'"):
+        CapePCA(2, 0.5, DELTA, contribution="subspace", variances=True, calibration="classic")
+    with pytest.raises(ValueError, match="planned last round"):
+        CapePCA(2, None, DELTA, contribution="subspace", variances=True, mode="power", tol=1e-4)
 
 
 # -- bad input: clear errors before any release ---------------------------------------------------

@@ -85,6 +85,24 @@ unit", which under-states what a swap of one person for another changes.
   c = min(subject bound, 1 / sqrt(k)) (no clipping needed at c = 1/sqrt(k)).
   The released eigenvalues then measure how consistently subjects share a
   direction (1/k each when all share it), not variance.
+* Variances in the subspace (``variances=True``, subspace contributions only):
+  whitening needs each component's variance, which subspace contributions do
+  not carry. One more release, in the round after the basis V (D x k) is
+  public, gives them: each site releases the k x k second moment of its
+  projected data, sum_m f_m V^T X_m X_m^T V / N_s, each subject's term
+  clipped to Frobenius norm <= c n_m (c the subject bound, 1 without one:
+  ||V^T x|| <= ||x|| <= 1). It is a second moment of unit-bounded columns, so
+  the replacement argument above gives Delta = sqrt(2) c max_m n_m / N_s, and
+  its noise lives in k(k+1)/2 entries instead of D(D+1)/2: at D = 900 and
+  k = 20 the noise's spectral norm is ~7x smaller for the same sigma. The
+  aggregator eigendecomposes the noisy k x k average, H = U diag(theta) U^T,
+  and returns the basis V U with the variances theta (post-processing), each
+  raised to at least :data:`VARIANCE_FLOOR` times their mean (an eigenvalue
+  pushed below that by the noise would whiten its component by a factor the
+  data do not support). The run's (eps, delta) is split exactly in GDP:
+  the variance release gets ``variance_share`` of mu^2 (noise multiplier
+  z / sqrt(share)), the basis the rest (z / sqrt(1 - share), times
+  sqrt(n_iter) per power round), so the two compose to the run's (eps, delta).
 * Power mode releases A_s V with V (D x b) orthonormal and public:
   ||x x^T V||_F = ||x|| ||V^T x|| <= 1 and ||(P - P') V||_F <= ||P - P'||_F,
   so the sensitivities are exactly those of the covariance mode.
@@ -153,6 +171,10 @@ MODES = ("covariance", "power")
 #: what one subject adds to the second moment: its X_m X_m^T, or (n_m / k) times the projector on its top-k
 #: principal subspace (module docstring)
 CONTRIBUTIONS = ("moment", "subspace")
+#: share of the PCA's mu^2 (GDP) the variance release gets when ``variances=True`` (benchmarks/djica_utility.py)
+VARIANCE_SHARE = 0.5
+#: released variances are raised to at least this fraction of their mean (module docstring)
+VARIANCE_FLOOR = 0.2
 NEIGHBOURS = ("replace", "add-remove")
 _NORM_TOL = 1e-6  # relative slack when checking ||x|| <= 1 on already-scaled data
 
@@ -478,6 +500,29 @@ def second_moment_times(src: SiteSource, scale, V: np.ndarray, subject_bound: fl
     return Y
 
 
+def projected_second_moment(src: SiteSource, scale, V: np.ndarray, subject_bound: float | None = None) -> np.ndarray:
+    """sum over subjects of f_m V^T B_m B_m^T V / N_s (k x k), each term clipped to ``subject_bound`` * n_m.
+
+    The variance release of ``variances=True`` (module docstring): the second moment of the scaled data
+    projected on the public basis V (D x k, orthonormal), streamed one subject at a time.
+    """
+    k = V.shape[1]
+    H = np.zeros((k, k))
+    for blk in src.blocks():
+        B = np.asarray(blk)
+        if B.dtype not in (np.float32, np.float64):
+            B = B.astype(np.float64)
+        Y = (V.T.astype(B.dtype, copy=False) @ B).astype(np.float64)
+        Y *= scale_factors(column_norms(B), scale)
+        P = Y @ Y.T
+        if subject_bound is not None:
+            P *= subject_clip_factor(float(np.linalg.norm(P)), B.shape[1], subject_bound)
+        H += P
+        del blk, B, Y  # before the next block is read
+    H /= src.n_samples
+    return (H + H.T) / 2
+
+
 def check_subject_bound(bound) -> float | None:
     """A public bound in (0, 1) on one subject's normalised second moment ||P_m / n_m||_F, or None (no clipping).
 
@@ -584,6 +629,25 @@ def _check_privacy(epsilon, delta, plan_kind: str) -> None:
 
 # -- capePCA as a CAPE algorithm ----------------------------------------------------------------
 
+def _check_variances(variances, share, contribution: str, calibration: str, tol) -> bool:
+    if not isinstance(variances, (bool, np.bool_)):
+        raise ValueError(f"variances must be True or False, got {variances!r}")
+    if not variances:
+        return False
+    if contribution != "subspace":
+        raise ValueError("variances=True releases the variances that subspace contributions lack; with "
+                         "contribution='moment' the eigenvalues already are variances")
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.floating)) or not 0 < share < 1:
+        raise ValueError(f"variance_share must be a number in (0, 1), got {share!r}")
+    if calibration != "analytic":
+        raise ValueError("variances=True splits the run's (eps, delta) between two releases exactly in GDP, "
+                         "which needs calibration='analytic'")
+    if tol is not None:
+        raise ValueError("variances=True releases the variances in a planned last round; tol would stop the "
+                         "power iterations at a round the data decide")
+    return True
+
+
 class CapePCA:
     """capePCA (covariance mode) and the noisy subspace iteration (power mode) for :mod:`dpneuro.cape`.
 
@@ -638,6 +702,12 @@ class CapePCA:
         Power mode without noise only: stop once every top-k Ritz pair has a
         relative residual below ``tol`` (module docstring); ``n_iter`` caps
         the rounds. None: always ``n_iter`` rounds.
+    variances : bool
+        Subspace contributions only: one more release, the k x k second
+        moment of the data projected on the released basis, so the returned
+        eigenvalues are variances (whitening needs them; module docstring).
+    variance_share : float in (0, 1)
+        The variance release's share of the run's mu^2 (:data:`VARIANCE_SHARE`).
     """
 
     name = "capepca"
@@ -646,7 +716,8 @@ class CapePCA:
                  unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
                  keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None,
-                 contribution: str = "moment", symmetric_noise: str = "symmetrized"):
+                 contribution: str = "moment", symmetric_noise: str = "symmetrized", variances: bool = False,
+                 variance_share: float = VARIANCE_SHARE):
         self.k = _check_k(k)
         self.symmetric_noise = check_symmetric_noise(symmetric_noise)
         self.subject_bound = check_subject_bound(subject_bound)
@@ -668,13 +739,20 @@ class CapePCA:
             if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 2:
                 raise ValueError(f"power mode needs n_iter >= 2 (the last release is the Rayleigh-Ritz step), "
                                  f"got {n_iter!r}")
-            self.max_rounds = int(n_iter)
+            self.n_iter = int(n_iter)
         else:
-            self.max_rounds = 1
-        self.n_iter = self.max_rounds
+            self.n_iter = 1
+        self.variances = _check_variances(variances, variance_share, contribution, calibration, tol)
+        self.variance_share = float(variance_share)
+        # the basis' releases, then (variances) one k x k release in the last round
+        self.max_rounds = self.n_iter + int(self.variances)
         self.epsilon, self.delta = epsilon, delta
         self.calibration, self.keep_matrix = calibration, bool(keep_matrix)
-        self.z = _noise_multiplier(epsilon, delta, self.max_rounds, calibration)
+        self.z = _noise_multiplier(epsilon, delta, self.n_iter, calibration)
+        self.z_variances = 0.0
+        if self.variances:  # exact GDP split of the run's mu^2 between the basis and the variances
+            self.z_variances = self.z / math.sqrt(self.n_iter * self.variance_share)
+            self.z /= math.sqrt(1.0 - self.variance_share)
         self.tol = _check_tol(tol, mode, self.z)
 
     @property
@@ -733,32 +811,54 @@ class CapePCA:
         elif self.mode == "power":
             ledger.note(f"{self.name} power mode: {self.n_iter} releases of A_s V_t, per-release noise multiplier "
                         f"sqrt({self.n_iter}) * z(eps, delta) so that their composition is the run's (eps, delta)")
-        return {"site": site, "dim": dim, "n": n_samples, "unit": unit, "sensitivity": sens, "ledger": ledger}
+        state = {"site": site, "dim": dim, "n": n_samples, "unit": unit, "sensitivity": sens, "ledger": ledger}
+        if self.variances:
+            state["sensitivity_variances"] = pca_sensitivity(n_samples, max_len, self.neighbour, self.subject_bound)
+            ledger.note(f"{self.name}: then the {self.k} x {self.k} second moment of the data projected on the released "
+                        f"basis (each subject's term clipped to {self.subject_bound or 1:g} * n_m; sensitivity "
+                        f"{state['sensitivity_variances']:.6g}), so the eigenvalues are variances; it gets "
+                        f"{self.variance_share:g} of the run's mu^2, the basis the rest")
+        return state
 
     def site_releases(self, state: State) -> dict[str, ReleaseSpec]:
         D = int(state["dim"])
+        basis_rounds = tuple(range(self.n_iter)) if self.variances else None
         if self.mode == "covariance":
-            return {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
-                                     stage=self.name, neighbour=self.neighbour,
-                                     symmetric_noise=self.symmetric_noise)}
-        return {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
-                                  stage=f"{self.name}-power", neighbour=self.neighbour)}
+            out = {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
+                                    stage=self.name, neighbour=self.neighbour,
+                                    symmetric_noise=self.symmetric_noise, rounds=basis_rounds)}
+        else:
+            out = {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
+                                     stage=f"{self.name}-power", neighbour=self.neighbour, rounds=basis_rounds)}
+        if self.variances:
+            out["H"] = ReleaseSpec((self.k, self.k), state["sensitivity_variances"], self.z_variances, symmetric=True,
+                                   unit=state["unit"], stage=f"{self.name}-variances", neighbour=self.neighbour,
+                                   symmetric_noise=self.symmetric_noise, rounds=(self.n_iter,))
+        return out
 
     def site_weight(self, state: State) -> float:
         return float(state["n"])
 
     def site_compute(self, state: State, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
         src = state["_src"]
+        if self.variances and round == self.n_iter:
+            V = self._broadcast_basis(state, broadcast, self.k)
+            return {"H": projected_second_moment(src, self.scale, V, self.subject_bound)}
         if self.mode == "covariance":
             return {"A": second_moment(src, self.scale, self.subject_bound, self.contribution, self.k)}
-        if broadcast is None or "V" not in broadcast.arrays:
-            raise RuntimeError(f"site {state['site']}: no subspace V received for round {round}")
-        V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
-        if V.shape != (src.dim, self.block):
-            raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected "
-                             f"{(src.dim, self.block)}")
+        V = self._broadcast_basis(state, broadcast, self.block)
         return {"AV": second_moment_times(src, self.scale, V, self.subject_bound,
                                           state.setdefault("_clip_factors", []), self.contribution, self.k)}
+
+    @staticmethod
+    def _broadcast_basis(state: State, broadcast: Payload | None, width: int) -> np.ndarray:
+        src = state["_src"]
+        if broadcast is None or "V" not in broadcast.arrays:
+            raise RuntimeError(f"site {state['site']}: no subspace V received")
+        V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
+        if V.shape != (src.dim, width):
+            raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected {(src.dim, width)}")
+        return V
 
     # -- aggregator ----------------------------------------------------------------------
     def aggregator_init(self) -> State:
@@ -786,15 +886,23 @@ class CapePCA:
         return Payload({"V": V0})
 
     def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload:
+        if self.variances and round == self.n_iter:
+            H = combined["H"]
+            theta, U = np.linalg.eigh((H + H.T) / 2)
+            order = np.argsort(theta)[::-1]
+            lam = np.maximum(theta[order], VARIANCE_FLOOR * max(float(theta.mean()), 0.0))
+            V = _fix_signs(state["basis"] @ U[:, order])
+            state.update(subspace=state["basis"], basis=V, eigenvalues=lam, H_hat=(H + H.T) / 2)
+            return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
         if self.mode == "covariance":
             A = combined["A"]
             lam, V = top_eigh(A, self.k)
             state.update(basis=V, eigenvalues=lam)
             if self.keep_matrix:
                 state["A_hat"] = (A + A.T) / 2
-            return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
+            return self._basis_done(V, lam)
         Y, Vp = combined["AV"], state["V"]
-        stop = round >= self.max_rounds - 1
+        stop = round >= self.n_iter - 1
         if stop or self.tol is not None:
             # Rayleigh-Ritz: Ritz pairs of span(V_t) from Y = A V_t
             H = Vp.T @ Y
@@ -811,7 +919,13 @@ class CapePCA:
             return Payload({"V": V})
         V = _fix_signs(Vp @ Uk)
         state.update(basis=V, eigenvalues=th)
-        return Payload({"V": V, "eigenvalues": th}, {"stop": True})  # the driver records the rounds
+        return self._basis_done(V, th)
+
+    def _basis_done(self, V: np.ndarray, lam: np.ndarray) -> Payload:
+        """The basis is known: the final broadcast, or (variances) V for the variance release."""
+        if self.variances:
+            return Payload({"V": V})
+        return Payload({"V": V, "eigenvalues": lam}, {"stop": True})  # the driver records the rounds
 
 
 # -- DPdisPCA: its own one-phase protocol, reusing capePCA's site computation -----------------
@@ -947,7 +1061,8 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None, subject_bound: float | None = None,
              tol: float | None = None, contribution: str = "moment",
-             symmetric_noise: str = "symmetrized") -> PCAResult:
+             symmetric_noise: str = "symmetrized", variances: bool = False,
+             variance_share: float = VARIANCE_SHARE) -> PCAResult:
     """capePCA (plan "cape"), its conventional baseline ("conv") or the pooled non-private answer ("none").
 
     Parameters
@@ -965,7 +1080,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
         Per site: int M_s, list of lengths, or list of (start, stop) column
         ranges. Switches the privacy unit to one subject.
     unit, scale, neighbour, mode, n_iter, oversample, calibration, subject_bound, tol, contribution,
-    symmetric_noise
+    symmetric_noise, variances, variance_share
         See :class:`CapePCA` and the module docstring.
     exchange : Exchange, optional
         Defaults to an in-process exchange.
@@ -987,14 +1102,16 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
                   seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
                   keep_matrix=True, subject_bound=subject_bound, tol=tol,
-                  contribution=contribution, symmetric_noise=symmetric_noise)
+                  contribution=contribution, symmetric_noise=symmetric_noise, variances=variances,
+                  variance_share=variance_share)
     res = run_cape(alg, srcs, plan, exchange=exchange, options=options, secagg_config=secagg_config)
     agg = res.aggregator
     leds = cape_ledgers(res)
     units = sorted({s["unit"] for s in res.sites if s is not None})
     info = {"noise_multiplier": alg.z, "sensitivity": [s["sensitivity"] if s else None for s in res.sites]}
-    if "A_hat" in agg:
-        info["A_hat"] = agg["A_hat"]
+    for key in ("A_hat", "H_hat", "subspace"):  # diagnostics: the noisy averages, the basis H is taken in
+        if key in agg:
+            info[key] = agg[key]
     return PCAResult(agg["basis"], agg["eigenvalues"], leds, method or f"capepca[{plan.kind}]", plan.kind, mode,
                      "/".join(units), int(agg.get("rounds", alg.max_rounds)), info)
 

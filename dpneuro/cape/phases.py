@@ -46,7 +46,9 @@ class ReleaseSpec:
     site's (eps, delta) target calls for (``noise_multiplier(eps, delta)``), so the
     release std is tau_s = noise_multiplier * sensitivity. A ``symmetric``
     release gets noise on its unique entries, shaped by ``symmetric_noise``
-    (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`).
+    (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`). ``rounds`` lists the
+    rounds it is released in (None: every round); the protocol and the planner
+    both read it, so they count the same releases.
     """
 
     shape: tuple[int, ...]
@@ -57,9 +59,14 @@ class ReleaseSpec:
     stage: str = ""
     neighbour: str = "replace"
     symmetric_noise: str = "symmetrized"
+    rounds: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_symmetric_noise(self.symmetric_noise)
+
+    def count(self, n_rounds: int) -> int:
+        """How many times it is released in rounds 0 .. n_rounds - 1."""
+        return n_rounds if self.rounds is None else sum(1 for r in set(self.rounds) if 0 <= r < n_rounds)
 
     @property
     def tau(self) -> float:
@@ -180,7 +187,9 @@ class _CapeProtocol:
     def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
         specs = self.alg.site_releases(state)
         state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric,
-                                       "symmetric_noise": v.symmetric_noise} for k, v in specs.items()},
+                                       "symmetric_noise": v.symmetric_noise,
+                                       "rounds": None if v.rounds is None else [int(r) for r in v.rounds]}
+                                   for k, v in specs.items()},
                          "f_round": -1}
         arrays = {"weight": np.array([float(self.alg.site_weight(state))])}
         for name, spec in specs.items():
@@ -210,13 +219,18 @@ class _CapeProtocol:
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
 
+    @staticmethod
+    def _now(specs: dict[str, dict], rnd: int) -> dict[str, dict]:
+        """The declared releases made in round ``rnd``, in declaration order (sites and aggregator agree)."""
+        return {k: v for k, v in specs.items() if v.get("rounds") is None or rnd in v["rounds"]}
+
     # -- zero-sum noise ----------------------------------------------------------------
     def _compute(self, state: State, rnd: int) -> None:
         """f(x_s) once per round (kept across a redo after a dropout)."""
         cs = state["cape"]
         if cs["f_round"] != rnd:
             f = self.alg.site_compute(state, rnd, cs.get("alg_in"))
-            for name, spec in cs["specs"].items():
+            for name, spec in self._now(cs["specs"], rnd).items():
                 if name not in f or tuple(np.shape(f[name])) != tuple(spec["shape"]):
                     raise ValueError(f"site {state['site']}: {name!r} must have shape {tuple(spec['shape'])}")
             cs["f"] = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
@@ -233,7 +247,7 @@ class _CapeProtocol:
         cs = state["cape"]
         me, _, w = self._my_plan(state)
         parts, e_hat = [], {}
-        for name, spec in cs["specs"].items():
+        for name, spec in self._now(cs["specs"], rnd).items():
             std = float(np.sqrt(cs["plan"][f"cape/e_var/{name}"][me]))
             size = n_unique(tuple(spec["shape"]), spec["symmetric"])
             e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
@@ -269,7 +283,7 @@ class _CapeProtocol:
         arrays, carries, kept = {}, {}, {}
         post = getattr(self.alg, "site_postprocess", None)
         offset = 0
-        for name, spec in cs["specs"].items():
+        for name, spec in self._now(cs["specs"], rnd).items():
             shape, sym = tuple(spec["shape"]), spec["symmetric"]
             size = n_unique(shape, sym)
             g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
@@ -300,7 +314,8 @@ class _CapeProtocol:
         if self.plan.kind == "cape" and active != planned:
             return self._redo(state, rnd, active)
         w = cs["weights"][active] / cs["weights"][active].sum()
-        combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active)) for name in cs["specs"]}
+        combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active))
+                    for name in self._now(cs["specs"], rnd)}
         alg = self.alg.aggregator_update(state, rnd, combined)
         if self.plan.kind != "cape" and active != planned:
             cs["plan_sites"] = active
@@ -346,8 +361,8 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     ``states`` are the algorithm's ``public_state`` of every site (counts and
     lengths, no data). The variance plan, the release std and the guarantee
     against the aggregator come from the same functions the protocol uses;
-    every release is counted ``rounds`` times (default: the algorithm's
-    ``max_rounds``, an upper bound when a run stops early).
+    every release is counted once per round it is made in among the first ``rounds``
+    (default: the algorithm's ``max_rounds``, an upper bound when a run stops early).
     """
     plan = NoisePlan.coerce(plan)
     plan.check(len(states))
@@ -361,7 +376,8 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     for me, (st, sp) in enumerate(zip(states, specs)):
         led = st.get("ledger") or PrivacyLedger(owner=f"site-{me}")
         for n in names:
-            record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=count)
+            if sp[n].count(count):
+                record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=sp[n].count(count))
         out.append(led)
     return out
 
