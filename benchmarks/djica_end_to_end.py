@@ -24,6 +24,12 @@ Totals per site at delta 1e-5 composed exactly (GDP) from the merged ledgers:
 "exact" against the other parties, "headline" against the aggregator colluding
 with one of the four sites.
 
+Rounds at a fixed budget (the lever "fewer releases"): the unmixing alone on
+the pooled whitening (as djica_utility.py), "tuned" at 40, 100, 200 and 400
+rounds, each round's noise multiplier scaled by sqrt(rounds / 200) so that
+every run's total (exact GDP) equals that of 200 rounds at eps_i 0.25 or 0.5
+(analytic calibration per round).
+
 Writes benchmarks/results/djica_end_to_end.{csv,json}. ``--quick`` runs a
 seconds-long smoke version (M = 32, R = 8, 30 rounds).
 """
@@ -37,6 +43,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # parallelism comes from wor
 import argparse
 import csv
 import json
+import math
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -47,6 +54,7 @@ from djica_utility import CONFIGS, DELTA_I, DELTA_TOTAL, data_for
 from dpneuro.algorithms.djica import cape_djica, whiten
 from dpneuro.algorithms.pca import cape_pca
 from dpneuro.metrics import qngi
+from dpneuro.privacy.gaussian import epsilon_for_multiplier
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_PCA = 1e-6
@@ -95,6 +103,37 @@ def run_task(task: dict) -> list[dict]:
     return rows
 
 
+ROUNDS = (40, 100, 200, 400)
+ROUNDS_REFERENCE = (0.25, 0.5)  # eps_i of the 200-round runs whose total every round count spends
+
+
+def run_rounds(task: dict) -> dict:
+    """The unmixing alone (pooled whitening) at ``rounds``, spending what 200 rounds at ``eps_ref`` spend."""
+    d = data_for(task["M"], task["R"], task["T"])
+    z = math.sqrt(2 * math.log(1.25 / DELTA_I)) / task["eps_ref"] * math.sqrt(task["rounds"] / 200)
+    eps_i = epsilon_for_multiplier(z, DELTA_I, 1, "analytic")
+    cfg = dict(CONFIGS["tuned"], rounds=task["rounds"])
+    res = cape_djica(d["Z"], d["subjects"], plan="cape", epsilon_i=eps_i, delta_i=DELTA_I, calibration="analytic",
+                     random_state=1000 + task["seed"], **cfg)
+    return {k: task[k] for k in ("M", "eps_ref", "rounds", "seed")} | {
+        "eps_i": eps_i, "qngi": qngi(res.W @ d["Aw"]), "eps_total_exact": res.epsilon(DELTA_TOTAL),
+        "eps_total_headline": res.epsilon(DELTA_TOTAL, collusion=True)}
+
+
+def summarise_rounds(runs: list[dict]) -> list[dict]:
+    out = []
+    for ref in sorted({r["eps_ref"] for r in runs}):
+        for n in sorted({r["rounds"] for r in runs}):
+            rs = [r for r in runs if (r["eps_ref"], r["rounds"]) == (ref, n)]
+            q = np.array([r["qngi"] for r in rs])
+            out.append({"eps_ref": ref, "rounds": n, "eps_i": rs[0]["eps_i"], "qngi_median": float(np.median(q)),
+                        "qngi_min": float(q.min()), "qngi_max": float(q.max()),
+                        "eps_total_exact": float(np.median([r["eps_total_exact"] for r in rs])),
+                        "eps_total_headline": float(np.median([r["eps_total_headline"] for r in rs])),
+                        "repeats": len(rs)})
+    return out
+
+
 def summarise(runs: list[dict]) -> list[dict]:
     groups: dict = {}
     for r in runs:
@@ -126,22 +165,33 @@ def main(argv=None):
     tasks = [dict(M=M, R=R, T=T, whitening=w, eps_pca=e, eps_i=eps_is, seed=s, quick=args.quick)
              for w in WHITENINGS for e in eps_pcas for s in range(repeats)]
     print(f"{len(tasks)} whitenings x {len(eps_is)} unmixings on {args.workers} worker processes", flush=True)
-    runs = []
+    rounds_tasks = [dict(M=M, R=R, T=T, eps_ref=e, rounds=min(n, 30) if args.quick else n, seed=s)
+                    for e in ROUNDS_REFERENCE[:1 if args.quick else None] for n in ROUNDS[:2 if args.quick else None]
+                    for s in range(repeats)]
+    runs, rounds_runs = [], []
     if args.workers > 1 and not args.quick:
         with mp.get_context("fork").Pool(args.workers) as pool:
             for i, rs in enumerate(pool.imap_unordered(run_task, tasks, chunksize=1)):
                 runs += rs
                 print(f"  {i + 1}/{len(tasks)}, {time.perf_counter() - t_start:.0f} s", flush=True)
+            rounds_runs = list(pool.imap_unordered(run_rounds, rounds_tasks, chunksize=1))
     else:
         for t in tasks:
             runs += run_task(t)
+        rounds_runs = [run_rounds(t) for t in rounds_tasks]
     rows = summarise(runs)
+    rounds_rows = summarise_rounds(rounds_runs)
     print(f"\n{'whitening':26} {'eps_pca':>7} {'eps_i':>6} {'qNGI med':>8} {'[min,max]':>15} {'eps exact':>9} "
           f"{'headline':>9}")
     for r in rows:
         print(f"{r['whitening']:26} {r['eps_pca']:7g} {r['eps_i'] if r['eps_i'] != '' else '-':>6} "
               f"{r['qngi_median']:8.3f} [{r['qngi_min']:.3f},{r['qngi_max']:.3f}] {r['eps_total_exact']:9.2f} "
               f"{r['eps_total_headline']:9.2f}")
+    print("\nunmixing alone (pooled whitening) at a fixed total:")
+    for r in rounds_rows:
+        print(f"  total of 200 rounds at eps_i {r['eps_ref']:g} ({r['eps_total_exact']:.2f}, headline "
+              f"{r['eps_total_headline']:.2f}), {r['rounds']:4d} rounds: qNGI {r['qngi_median']:.3f} "
+              f"[{r['qngi_min']:.3f},{r['qngi_max']:.3f}]")
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f} s")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -154,7 +204,7 @@ def main(argv=None):
         {"settings": {"M": M, "R": R, "T": T, "S": 4, "D": 900, "delta_pca": DELTA_PCA, "delta_i": DELTA_I,
                       "delta_total": DELTA_TOTAL, "unmixing": CONFIGS["tuned"], "whitenings": WHITENINGS,
                       "repeats": repeats, "wall_seconds": wall},
-         "summary": rows, "runs": runs}, indent=1, default=str))
+         "summary": rows, "rounds": rounds_rows, "runs": runs, "rounds_runs": rounds_runs}, indent=1, default=str))
 
 
 if __name__ == "__main__":

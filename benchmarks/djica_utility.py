@@ -8,10 +8,9 @@ courses per subject (alpha ~ U(0.1, 0.2), beta ~ U(0.7, 0.8), as
 M subjects split equally over S = 4 sites. Whitening to R = 20 uses the
 pooled non-private PCA, as [capeDJICA] did ("we are reporting the privacy spent during
 the course of the gradient descent"), so the main table's epsilon is the ICA's
-alone; the end-to-end section below shows what happens with capePCA instead.
+alone; benchmarks/djica_end_to_end.py whitens privately instead.
 The main table runs the papers' CAPE plan (zero-sum variance tau^2, so its
-eps against the aggregator is theirs); the end-to-end section runs dpneuro's
-defaults (symmetrized covariance noise, zero-sum variance 100 tau^2).
+eps against the aggregator is theirs).
 
 Per-round privacy as in [capeDJICA] Sec. V: each of the two releases (G and h) gets
 the Gaussian mechanism for (eps_i, delta_i = 1e-2) -- the classic formula for
@@ -55,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.algorithms.djica import PRESETS, cape_djica, local_dp_ica, whiten
+from dpneuro.algorithms.djica import PRESETS, cape_djica, local_dp_ica
 from dpneuro.cape import NoisePlan
 from dpneuro.metrics import qngi
 from dpneuro.synth import paper_ica_data
@@ -115,32 +114,6 @@ def run_task(task: dict) -> dict:
                               else math.nan),
                seconds=time.perf_counter() - t0)
     return out
-
-
-def end_to_end(M: int, R: int, T: int, eps_pca_list, eps_i: float, seed: int = 0) -> list[dict]:
-    """Tuned capeDJICA after capePCA whitening (subject level, plan cape) instead of the pooled PCA."""
-    from dpneuro.algorithms.pca import cape_pca
-
-    d = data_for(M, R, T)
-    S = len(d["X"])
-    norms = np.linalg.norm(np.concatenate(d["X"], axis=1), axis=0)
-    c = float(np.percentile(norms, 99))  # a consortium-agreed constant; here taken from the data (not private)
-    scaled = [x / c for x in d["X"]]
-    scaled = [x / np.maximum(1.0, np.linalg.norm(x, axis=0)) for x in scaled]
-    rows = []
-    for eps_pca in eps_pca_list:
-        pca = cape_pca(d["X"], R, eps_pca, 1e-6, plan="cape", subjects=d["subjects"], scale=c, seed=seed)
-        lam = np.maximum(pca.eigenvalues, 1e-12)
-        Z = [whiten(x, pca.basis, lam).astype(np.float32) for x in scaled]
-        Aw = whiten(d["A"], pca.basis, lam)
-        res = cape_djica(Z, d["subjects"], plan="cape", epsilon_i=eps_i, delta_i=DELTA_I,
-                         calibration="classic" if eps_i < 1 else "analytic", seed=seed, **CONFIGS["tuned"])
-        led = [ica.merge(p) for ica, p in zip(res.ledgers, pca.ledgers)]
-        rows.append({"M": M, "eps_pca": eps_pca, "delta_pca": 1e-6, "eps_i": eps_i, "qngi": qngi(res.W @ Aw),
-                     "eps_ica": res.epsilon(DELTA_TOTAL), "eps_total_exact": max(l.epsilon(DELTA_TOTAL) for l in led),
-                     "eps_total_rdp": max(l.epsilon(DELTA_TOTAL, "rdp") for l in led),
-                     "whitened_cov_eig_min": float(np.linalg.eigvalsh(np.cov(np.concatenate(Z, 1)[:, ::7]))[0])})
-    return rows
 
 
 # -- summary ---------------------------------------------------------------------------------
@@ -265,7 +238,6 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="noise seeds per grid point (full run)")
     ap.add_argument("--paper-repeats", type=int, default=2, help="noise seeds for the 'paper' configuration")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--no-end-to-end", action="store_true", help="skip the capePCA end-to-end section")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     tasks = build_tasks(args)
@@ -281,9 +253,6 @@ def main(argv=None):
         results = [run_task(t) for t in tasks]
     rows = summarise(results)
     stars = eps_star(rows)
-    e2e = []
-    if not args.quick and not args.no_end_to_end:
-        e2e = end_to_end(1024, 20, 250, [4.0, 16.0], eps_i=0.9)
 
     # -- print
     hdr = f"{'M':>5} {'config':6} {'method':10} {'eps_i':>6} {'cal':8} {'rounds':>6} {'qNGI med':>8} " \
@@ -299,12 +268,6 @@ def main(argv=None):
         g = "not reached" if math.isnan(s["eps_star_grid"]) else f"{s['eps_star_grid']:.1f}"
         i = "" if math.isnan(s["eps_star_interp"]) else f" (interpolated {s['eps_star_interp']:.1f})"
         print(f"  M = {s['M']:5d} {s['config']:6} {s['method']:6}: {g}{i}; best median qNGI {s['best_median_qngi']:.3f}")
-    if e2e:
-        print("\nend to end (M = 1024): capePCA (plan cape, subject level, delta 1e-6) whitening, then tuned capeDJICA:")
-        for r in e2e:
-            print(f"  eps_pca {r['eps_pca']:5.1f}  eps_i {r['eps_i']}: qNGI {r['qngi']:.3f}, eps ICA {r['eps_ica']:.1f}, "
-                  f"total {r['eps_total_exact']:.1f} (RDP {r['eps_total_rdp']:.1f}); smallest eigenvalue of the "
-                  f"whitened covariance {r['whitened_cov_eig_min']:.3g}")
     wall = time.perf_counter() - t_start
     print(f"\nwall time {wall:.0f} s")
 
@@ -320,7 +283,7 @@ def main(argv=None):
                       "delta_total": DELTA_TOTAL, "configs": CONFIGS, "repeats": args.repeats,
                       "paper_repeats": args.paper_repeats, "whitening": "pooled non-private PCA (ICA-only epsilon)",
                       "wall_seconds": wall},
-         "summary": rows, "eps_star": stars, "end_to_end_capepca": e2e, "runs": results}, indent=1, default=str))
+         "summary": rows, "eps_star": stars, "runs": results}, indent=1, default=str))
     plot(rows, RESULTS / f"djica_utility{tag}.png")
 
 

@@ -496,19 +496,81 @@ def section_djica_utility(p: Page) -> dict:
                     [[s["M"], s["config"], s["method"], s["eps_star_grid"], s["eps_star_interp"],
                       s["best_median_qngi"]] for s in stars]))
         p.add("")
-    e2e = meta.get("end_to_end_capepca", [])
-    if e2e:
-        p.add("End to end with capePCA whitening (plan cape, subject level) instead of the pooled PCA:")
-        p.add("")
-        p.add(table(["M", "eps PCA", "eps_i", "qNGI", "eps ICA", "eps total"],
-                    [[r["M"], par(r["eps_pca"]), par(r["eps_i"]), r["qngi"], r["eps_ica"], r["eps_total_exact"]]
-                     for r in e2e]))
-        p.add("")
     p.fig("djica_utility.png", "capeDJICA qNGI vs epsilon")
     f = {}
     for s in stars:
         f[(s["M"], s["config"], s["method"])] = s
-    return {"dju_stars": f, "dju_e2e": e2e}
+    return {"dju_stars": f}
+
+
+def section_djica_end_to_end(p: Page) -> dict:
+    rows = read_csv("djica_end_to_end.csv")
+    meta = read_json("djica_end_to_end.json")
+    if not rows:
+        return {}
+    st = meta.get("settings", {})
+    p.add("### capeDJICA end to end: private whitening from D = 900, then private unmixing")
+    p.add("")
+    p.add(f"The data of djica_utility.py at M = {st.get('M')} (S = {st.get('S')} sites), whitened by capePCA "
+          f"(plan cape, subject level, delta {st.get('delta_pca')}) four ways: each subject's second moment "
+          "without and with the subject bound 0.25, or its own top-R subspace followed by one R x R release of "
+          "the variances in the released basis (dpneuro's default for temporal ICA; bound 0.25, and 0.14 fitted "
+          "to these data), then the 'tuned' capeDJICA (200 rounds) at eps_i, or without noise (what the "
+          f"whitening alone allows). Median qNGI over {st.get('repeats')} noise seeds; totals per site at delta "
+          f"{st.get('delta_total')}, exact and headline (against the aggregator colluding with one site).")
+    p.add("")
+    p.meta("python benchmarks/djica_end_to_end.py", ["djica_end_to_end.csv", "djica_end_to_end.json"],
+           st.get("wall_seconds"))
+    eps_is = sorted({r["eps_i"] for r in rows}, key=lambda e: -1 if e == "" else float(e))
+    body = []
+    for wh in dict.fromkeys(r["whitening"] for r in rows):
+        for ep in sorted({r["eps_pca"] for r in rows if r["whitening"] == wh}):
+            line = [wh, par(ep)]
+            for ei in eps_is:
+                r = one(rows, whitening=wh, eps_pca=ep, eps_i=ei)
+                line.append("" if r is None else f"{fmt(r['qngi_median'])} ({fmt(r['eps_total_headline'])})")
+            body.append(line)
+    p.add(table(["whitening", "eps PCA"] + ["no ICA noise" if e == "" else f"eps_i = {par(e)}" for e in eps_is],
+                body))
+    p.add("")
+    p.add("Cells: median qNGI (total headline epsilon per site).")
+    p.add("")
+    rr = meta.get("rounds", [])
+    if rr:
+        p.add("Fewer releases: the unmixing alone (pooled whitening), each row spending what 200 rounds at the "
+              "reference eps_i spend (exact GDP; per-round noise scaled by sqrt(rounds / 200)):")
+        p.add("")
+        p.add(table(["total (exact)", "total (headline)", "rounds", "eps_i", "median qNGI", "[min, max]"],
+                    [[r["eps_total_exact"], r["eps_total_headline"], r["rounds"], r["eps_i"], r["qngi_median"],
+                      f"[{fmt(r['qngi_min'])}, {fmt(r['qngi_max'])}]"] for r in rr]))
+        p.add("")
+    return {"dj_e2e": rows, "dj_rounds": rr}
+
+
+def section_subsampling(p: Page) -> dict:
+    meta = read_json("subsampling_accounting.json")
+    rows = meta.get("rows", [])
+    if not rows:
+        return {}
+    st = meta.get("settings", {})
+    p.add("### capeDJICA: would subsampling subjects per round buy privacy?")
+    p.add("")
+    p.add(f"The unmixing's {st.get('rounds')} rounds at M = {st.get('M')} with each round's mean gradient over a "
+          "random fraction q of the subjects instead of all, at the same noise std on the mean gradient (the "
+          "sampling's own variance, which would come on top, ignored). Total epsilon per site at delta "
+          f"{st.get('delta')} from dp-accounting: full batch by exact GDP (dpneuro's ledger) and PLD, replace-one; "
+          "a fixed batch drawn without replacement, replace-one (RDP; its q = 1 row is the full batch in that "
+          "accountant); Poisson sampling against the full batch under add/remove (PLD). One site, no CAPE.")
+    p.add("")
+    p.meta("python benchmarks/subsampling_accounting.py", ["subsampling_accounting.csv",
+                                                           "subsampling_accounting.json"], st.get("wall_seconds"))
+    p.add(table(["eps_i", "q", "full batch (GDP)", "full batch (PLD)", "without replacement (RDP)",
+                 "full batch, add/remove", "Poisson, add/remove"],
+                [[par(r["eps_i"]), par(r["q"]), r["full_exact_gdp"], r["full_pld_replace"],
+                  r["without_replacement_rdp_replace"], r["full_pld_add_remove"], r["poisson_pld_add_remove"]]
+                 for r in rows]))
+    p.add("")
+    return {"subsampling": rows}
 
 
 def section_djica_m(p: Page) -> dict:
@@ -957,14 +1019,32 @@ def summary(f: dict) -> list[str]:
                         "beats the configuration of [capeDJICA]: usable maps (qNGI <= 0.1), at a total epsilon that falls "
                         "with M" if len(tuned) < 2 or tuned[max(tuned)]["eps_star_grid"] < tuned[min(tuned)]
                         ["eps_star_grid"] else "beats the configuration of [capeDJICA]: usable maps (qNGI <= 0.1)"])
-    if f.get("dju_e2e"):
-        e2e = f["dju_e2e"]
-        row.append(["[capeDJICA] end to end: capePCA whitening (Alg. 3, private) then capeDJICA, M = "
-                    f"{e2e[0]['M']}",
-                    "; ".join(f"eps_pca {par(r['eps_pca'])}, eps_i {par(r['eps_i'])}: qNGI {fmt(r['qngi'])} at "
-                              f"total epsilon {fmt(r['eps_total_exact'])}" for r in e2e),
-                    "doesn't reach qNGI 0.1: the private whitening, not the ICA, limits utility"
-                    if all(r["qngi"] > 0.1 for r in e2e) else "reaches qNGI 0.1"])
+    if f.get("dj_e2e"):
+        e2e = [r for r in f["dj_e2e"] if r["eps_i"] != ""]
+        pca_only = {(r["whitening"], r["eps_pca"]): r for r in f["dj_e2e"] if r["eps_i"] == ""}
+        best = {}
+        for r in e2e:
+            if r["qngi_median"] <= 0.1 and (r["whitening"] not in best or r["eps_total_headline"]
+                                            < best[r["whitening"]]["eps_total_headline"]):
+                best[r["whitening"]] = r
+        low = min(e2e, key=lambda r: r["qngi_median"])
+        verdict = "not met"
+        if best:
+            top = min(best.values(), key=lambda r: r["eps_total_headline"])
+            pca = pca_only.get((top["whitening"], top["eps_pca"]))
+            if top["eps_total_headline"] <= 4:
+                verdict = "met"
+            elif pca:
+                verdict = (f"not met: {fmt(top['eps_total_headline'] / 4)}x the goal's budget; the whitening alone "
+                           f"reaches qNGI {fmt(pca['qngi_median'])} at {fmt(pca['eps_total_headline'])}, the "
+                           f"unmixing's 200 releases cost the rest")
+        row.append([f"[capeDJICA] end to end: private whitening then capeDJICA, M = {e2e[0]['M']} (goal: qNGI <= 0.1 "
+                    "at total eps <= 4)",
+                    ("smallest total headline epsilon with median qNGI <= 0.1: " + "; ".join(
+                        f"{w} {fmt(r['eps_total_headline'])} (qNGI {fmt(r['qngi_median'])})" for w, r in best.items())
+                     if best else f"best median qNGI {fmt(low['qngi_median'])} ({low['whitening']})")
+                    + ("; second moments never" if not any(w.startswith("moment") for w in best) else ""),
+                    verdict])
     if "djm" in f:
         g = f["djm"]
         if all(g.values()):
@@ -1086,7 +1166,8 @@ def build(env: dict) -> str:
     facts: dict = {}
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
-               section_secagg, section_djica_speed, section_djica_utility, section_djica_m, section_central,
+               section_secagg, section_djica_speed, section_djica_utility, section_djica_end_to_end,
+               section_subsampling, section_djica_m, section_central,
                section_coinstac, section_states, section_real_frontier, section_noise_ablation, section_frontier,
                section_scale, section_site_maps, section_demo):
         facts.update(fn(body) or {})

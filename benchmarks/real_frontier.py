@@ -57,7 +57,7 @@ EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
 #: (ICA model, the PCA's subject contribution, subject bound) measured at every size and budget
 RUNS = (("spatial", "moment", 1.0), ("spatial", "moment", DEFAULT_BOUND), ("spatial", "subspace", DEFAULT_BOUND),
-        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND))
+        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND), ("temporal", "subspace", DEFAULT_BOUND))
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
 

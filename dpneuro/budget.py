@@ -352,7 +352,7 @@ def _states_noise_multiplier(cfg: RunConfig) -> float:
 
 #: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names)
 _STAGE_SETTINGS = {
-    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power")),
+    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power", "capepca-variances")),
     "unmix": ("ica_epsilon_i", "ica_delta_i", _ica_noise_multiplier, ("ica",)),
     "states": ("states_epsilon", "pca_delta", _states_noise_multiplier, ("agn-m2", "agn-m3")),
 }

@@ -101,9 +101,10 @@ class RunConfig:
     # private maps agree with the non-private ones at 0.83 against 0.60 (benchmarks/real_frontier.py).
     # Temporal ICA whitens with variances, which subspace contributions lack: it then also releases the k x k
     # second moment of the data projected on the released basis (one more, small release; the PCA's eps is split
-    # between the two). [capeDJICA]'s synthetic set-up end to end, 4 x 256 subjects, eps 2 for the PCA: qNGI 0.07
-    # after private unmixing against 0.34 with "moment" (benchmarks/djica_utility.py).
-    # "auto": subspace for spatial and temporal ICA; "moment" with brain states (whitening measured there) and PD-SVD
+    # between the two). [capeDJICA]'s synthetic set-up end to end (4 x 256 subjects, D = 900), PCA eps 2: qNGI
+    # 0.016 from the whitening alone, 0.29-0.36 with "moment" (benchmarks/djica_end_to_end.py).
+    # "auto": subspace for spatial and temporal ICA; "moment" with brain states (not measured with subspaces) and
+    # PD-SVD (it sums second moments)
     pca_contribution: str = "auto"
     # memory (GB) one site may use for the reduction: capePCA's covariance mode forms D x D matrices (about
     # 9 D^2 doubles, so D <= ~7,700 at 4 GB: parcels and the 6 mm grid's voxels fit, finer voxels do not) and is

@@ -198,3 +198,28 @@ def test_capepca_subspace_contribution_worst_case_is_sqrt2_over_sqrt_k(mode):
     assert worst <= recorded * (1 + 1e-9)
     if mode == "covariance":  # the orthogonal pair attains it (power mode sees only span(V))
         assert worst == pytest.approx(recorded, rel=1e-9)
+
+
+@pytest.mark.parametrize("bound", [None, 0.5])
+def test_capepca_variance_release_worst_case_is_the_second_moments(bound):
+    # the k x k release of variances=True is the second moment projected on the public basis V: rank-one
+    # subjects along two axes inside span(V) are the worst pair, sqrt(2) c n / N (c = 1 without a bound),
+    # measured in the Frobenius norm the noise is calibrated to
+    from dpneuro.cape.packing import pack_weighted
+
+    D, k, lengths = 3, 2, [3, 2, 2]
+    base = _pca_site(lengths, D)
+    alg = CapePCA(k, 1.0, 1e-5, scale="unit", seed=0, contribution="subspace", variances=True,
+                  subject_bound=bound)
+    st0 = alg.site_init(0, as_source(base))
+    recorded = alg.site_releases(st0)["H"].sensitivity
+    V = np.eye(D)[:, :k]
+
+    def release(blocks):
+        st = alg.site_init(0, as_source(blocks))
+        return pack_weighted(alg.site_compute(st, 1, Payload({"V": V}))["H"])
+
+    worst = _max_change(release, base, 0, _candidates(D, lengths[0]))
+    assert recorded == pytest.approx(math.sqrt(2) * (bound or 1.0) * 3 / 7, rel=1e-12)
+    assert worst == pytest.approx(recorded, rel=1e-6)  # clipping keeps a 1e-9 slack below the bound
+    assert worst <= recorded
