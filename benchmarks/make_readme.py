@@ -547,30 +547,39 @@ def section_djica_end_to_end(p: Page) -> dict:
     return {"dj_e2e": rows, "dj_rounds": rr}
 
 
-def section_subsampling(p: Page) -> dict:
-    meta = read_json("subsampling_accounting.json")
-    rows = meta.get("rows", [])
+def section_temporal_levers(p: Page) -> dict:
+    meta = read_json("temporal_levers.json")
+    rows, fac = meta.get("subsampling", []), meta.get("factorisations", [])
     if not rows:
         return {}
     st = meta.get("settings", {})
-    p.add("### capeDJICA: would subsampling subjects per round buy privacy?")
+    p.add("### capeDJICA: subsampling subjects, and noise correlated across rounds")
     p.add("")
-    p.add(f"The unmixing's {st.get('rounds')} rounds at M = {st.get('M')} with each round's mean gradient over a "
-          "random fraction q of the subjects instead of all, at the same noise std on the mean gradient (the "
-          "sampling's own variance, which would come on top, ignored). Total epsilon per site at delta "
-          f"{st.get('delta')} from dp-accounting: full batch by exact GDP (dpneuro's ledger) and PLD, replace-one; "
-          "a fixed batch drawn without replacement, replace-one (RDP; its q = 1 row is the full batch in that "
-          "accountant); Poisson sampling against the full batch under add/remove (PLD). One site, no CAPE.")
+    p.meta("python benchmarks/temporal_levers.py", ["temporal_levers.json"], st.get("wall_seconds"))
+    p.add(f"Subsampling: the unmixing's {st.get('rounds')} rounds at M = {st.get('M')} with each round's mean "
+          "gradient over a random fraction q of the subjects instead of all, at the same noise std on the mean "
+          "gradient (the sampling's own variance, which would come on top, ignored). Total epsilon per site at "
+          f"delta {st.get('delta')} from dp-accounting {st.get('dp_accounting')}: full batch by exact GDP "
+          "(dpneuro's ledger) and PLD, replace-one; a fixed batch drawn without replacement, replace-one (RDP; its "
+          "q = 1 row is the full batch in that accountant); Poisson sampling against the full batch under "
+          "add/remove (PLD). One site, no CAPE.")
     p.add("")
-    p.meta("python benchmarks/subsampling_accounting.py", ["subsampling_accounting.csv",
-                                                           "subsampling_accounting.json"], st.get("wall_seconds"))
     p.add(table(["eps_i", "q", "full batch (GDP)", "full batch (PLD)", "without replacement (RDP)",
                  "full batch, add/remove", "Poisson, add/remove"],
                 [[par(r["eps_i"]), par(r["q"]), r["full_exact_gdp"], r["full_pld_replace"],
                   r["without_replacement_rdp_replace"], r["full_pld_add_remove"], r["poisson_pld_add_remove"]]
                  for r in rows]))
     p.add("")
-    return {"subsampling": rows}
+    if fac:
+        p.add("Noise correlated across rounds (matrix factorisations of the prefix sums A = B C, as tree aggregation "
+              "and DP-FTRL): squared error relative to independent noise at the same guarantee, when every subject "
+              "contributes to every round (capeDJICA) and when each contributes to one round only (streaming):")
+        p.add("")
+        p.add(table(["factorisation", "rounds", "every subject every round", "one round per subject"],
+                    [[r["factorisation"], r["rounds"], r["every_round_vs_independent"],
+                      r["one_round_vs_independent"]] for r in fac]))
+        p.add("")
+    return {"temporal_levers": meta}
 
 
 def section_djica_m(p: Page) -> dict:
@@ -1167,7 +1176,7 @@ def build(env: dict) -> str:
     body = Page(env)
     for fn in (section_pca, section_pca_n, section_pca_power, section_agn, section_agn_n, section_cape_delta,
                section_secagg, section_djica_speed, section_djica_utility, section_djica_end_to_end,
-               section_subsampling, section_djica_m, section_central,
+               section_temporal_levers, section_djica_m, section_central,
                section_coinstac, section_states, section_real_frontier, section_noise_ablation, section_frontier,
                section_scale, section_site_maps, section_demo):
         facts.update(fn(body) or {})

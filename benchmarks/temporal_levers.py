@@ -1,11 +1,11 @@
-"""Would subsampling subjects per round buy capeDJICA privacy? The accounting, at equal gradient noise.
+"""Two levers for capeDJICA's per-round releases, measured by their accounting: subsampling, correlated noise.
 
-capeDJICA releases every site's mean gradient every round, over all of its
-subjects. Amplification by subsampling would release the mean over a random
-fraction q of them instead. At the *same noise std on the mean gradient* (what
-sets the unmixing's accuracy; the sampling's own variance comes on top and is
-ignored here, which favours subsampling), the batch sum carries q times the
-full batch's noise multiplier. This script asks dp-accounting (0.6.0) what the
+1. Subsampling. capeDJICA releases every site's mean gradient every round,
+over all of its subjects. Amplification by subsampling would release the mean
+over a random fraction q of them instead. At the *same noise std on the mean
+gradient* (what sets the unmixing's accuracy; the sampling's own variance comes
+on top and is ignored here, which favours subsampling), the batch sum carries q
+times the full batch's noise multiplier. dp-accounting (0.6.0) says what the
 unmixing's 200 rounds then cost, at delta 1e-5, for the per-round noise of the
 "tuned" runs of djica_utility.py (eps_i in {0.25, 0.5, 0.9}, classic
 calibration at delta_i 1e-2, M = 1024 subjects):
@@ -19,22 +19,35 @@ calibration at delta_i 1e-2, M = 1024 subjects):
                      literature's relation; sensitivity B): dp-accounting's PLD, next to the full
                      batch under the same relation
 
+2. Noise correlated across rounds (tree aggregation, matrix factorisation as
+in DP-FTRL). The optimizer's trajectory is a linear function of the prefix sums
+of the noisy gradients (workload A, T x T lower-triangular ones). A
+factorisation A = B C releases C g + noise and post-processes with B; its
+squared error is ||B||_F^2 sens(C)^2 times the noise multiplier squared. When a
+subject contributes to one round only (streaming, DP-FTRL's setting),
+sens(C)^2 = max_t ||C e_t||^2; in capeDJICA every subject contributes to every
+round with any gradient direction, so sens(C)^2 = sup ||sum_t C_t u_t||^2 over
+||u_t|| <= 1, which is 1^T C^T C 1 when C^T C >= 0 entrywise (checked). The
+table gives each factorisation's error relative to independent noise (C = I)
+at T = 200, in both settings.
+
 No CAPE here: one site's releases as a conventional mechanism (CAPE's
 guarantee against the aggregator would need its own derivation under
-sampling). Writes benchmarks/results/subsampling_accounting.{csv,json}.
-``--quick`` computes one row.
+sampling). Writes benchmarks/results/temporal_levers.json. ``--quick`` computes
+one subsampling row.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import dp_accounting as dpa
+import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -78,6 +91,39 @@ def row(eps_i: float, q: float) -> dict:
     return out
 
 
+def factorizations(T: int = ROUNDS) -> list[dict]:
+    """Squared error of prefix sums under each factorisation, relative to independent noise (C = I)."""
+    A = np.tril(np.ones((T, T)))
+    coef = np.array([math.comb(2 * k, k) / 4 ** k for k in range(T)])  # A^(1/2): lower-triangular Toeplitz
+    root = np.zeros((T, T))
+    for i in range(T):
+        root[i, :i + 1] = coef[:i + 1][::-1]
+    tree, width = [], 1
+    while width <= T:  # binary tree aggregation: one node per dyadic interval
+        for a in range(0, T, width):
+            r = np.zeros(T)
+            r[a:a + width] = 1
+            tree.append(r)
+        width *= 2
+    tree = np.array(tree)
+
+    def error(B, C):
+        G = C.T @ C
+        if not (G >= -1e-12).all():
+            raise AssertionError("C^T C has a negative entry: 1^T C^T C 1 is then not the supremum")
+        ones = np.ones(T)
+        return np.sum(B ** 2) * float(ones @ G @ ones), np.sum(B ** 2) * float(np.max(np.diag(G)))
+
+    base = error(A, np.eye(T))
+    out = []
+    for name, B, C in (("independent (C = I)", A, np.eye(T)), ("square root (C = A^1/2)", root, root),
+                       ("binary tree", A @ np.linalg.pinv(tree), tree)):
+        full, single = error(B, C)
+        out.append({"factorisation": name, "rounds": T, "every_round_vs_independent": full / base[0],
+                    "one_round_vs_independent": single / base[1]})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one row")
@@ -92,16 +138,17 @@ def main(argv=None):
         print(f"{e:5g} {q:5g} {r['full_exact_gdp']:8.2f} {r['full_pld_replace']:8.2f} "
               f"{r['without_replacement_rdp_replace']:8.2f} {r['full_pld_add_remove']:8.2f} "
               f"{r['poisson_pld_add_remove']:8.2f}", flush=True)
+    fac = factorizations(30 if args.quick else ROUNDS)
+    print(f"\n{'factorisation':26} {'every round':>12} {'one round':>10}  (squared error / independent noise's)")
+    for r in fac:
+        print(f"{r['factorisation']:26} {r['every_round_vs_independent']:12.3f} {r['one_round_vs_independent']:10.3f}")
     wall = time.perf_counter() - t0
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = "_quick" if args.quick else ""
-    with open(RESULTS / f"subsampling_accounting{tag}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (RESULTS / f"subsampling_accounting{tag}.json").write_text(json.dumps(
-        {"settings": {"delta": DELTA, "delta_i": DELTA_I, "rounds": ROUNDS, "M": M, "dp_accounting": dpa.__name__,
-                      "wall_seconds": wall}, "rows": rows}, indent=1))
+    (RESULTS / f"temporal_levers{tag}.json").write_text(json.dumps(
+        {"settings": {"delta": DELTA, "delta_i": DELTA_I, "rounds": ROUNDS, "M": M,
+                      "dp_accounting": version("dp-accounting"), "wall_seconds": wall},
+         "subsampling": rows, "factorisations": fac}, indent=1))
     print(f"wall time {wall:.0f} s")
 
 
