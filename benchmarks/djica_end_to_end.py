@@ -18,7 +18,11 @@ Whitening: capePCA (plan "cape", subject level, delta 1e-6) at eps_pca, four way
 
 Unmixing: djica_utility.py's "tuned" capeDJICA (fast optimizer, subject-level
 clipping, 200 rounds) at eps_i in {0.5, 0.9} (classic calibration, delta_i
-1e-2, plan "cape"), and without noise (what the whitening alone allows). qNGI
+1e-2, plan "cape"), without noise (what the whitening alone allows), and the
+one-shot cumulant release (``dpneuro.algorithms.cumulant_ica``: one CAPE
+release of the subjects' fourth-order cumulants at (eps_c, 1e-6), eps_c in
+{2, 4}, each subject's clipped to the public bound 1.5 R^2 / sqrt(T), 1.5
+times the Frobenius norm of a white Gaussian subject's). qNGI
 of W A_w, A_w the truth in the released whitening; median over noise seeds.
 Totals per site at delta 1e-5 composed exactly (GDP) from the merged ledgers:
 "exact" against the other parties, "headline" against the aggregator colluding
@@ -51,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from djica_utility import CONFIGS, DELTA_I, DELTA_TOTAL, data_for
+from dpneuro.algorithms.cumulant_ica import cape_cumulant_ica
 from dpneuro.algorithms.djica import cape_djica, whiten
 from dpneuro.algorithms.pca import cape_pca
 from dpneuro.metrics import qngi
@@ -89,18 +94,29 @@ def run_task(task: dict) -> list[dict]:
                                                            calibration="classic" if eps_i < 1 else "analytic")
         t0 = time.perf_counter()
         res = cape_djica(Z, d["subjects"], random_state=task["seed"] + 7, **kw, **cfg)
-        row = {k: task[k] for k in ("M", "whitening", "eps_pca", "seed")}
-        row.update(eps_i=eps_i, qngi=qngi(res.W @ Aw), eps_pca_exact=max(l.epsilon(DELTA_TOTAL) for l in pca.ledgers),
-                   seconds_pca=t_pca, seconds_ica=time.perf_counter() - t0)
-        if eps_i is None:
-            row.update(eps_total_exact=row["eps_pca_exact"],
-                       eps_total_headline=max(l.epsilon(DELTA_TOTAL, collusion=True) for l in pca.ledgers))
-        else:
-            led = [p.merge(i) for p, i in zip(pca.ledgers, res.ledgers)]
-            row.update(eps_total_exact=max(l.epsilon(DELTA_TOTAL) for l in led),
-                       eps_total_headline=max(l.epsilon(DELTA_TOTAL, collusion=True) for l in led))
-        rows.append(row)
+        rows.append(_row(task, "capeDJICA", eps_i, res, pca, Aw, t_pca, t0))
+    clip = 1.5 * task["R"] ** 2 / math.sqrt(task["T"])
+    for eps_c in task["eps_c"]:
+        t0 = time.perf_counter()
+        res = cape_cumulant_ica(Z, d["subjects"], eps_c, DELTA_PCA, clip=clip, plan="cape",
+                                random_state=task["seed"] + 11)
+        rows.append(_row(task, "cumulant", eps_c, res, pca, Aw, t_pca, t0))
     return rows
+
+
+def _row(task: dict, unmixing: str, eps_u, res, pca, Aw, t_pca: float, t0: float) -> dict:
+    row = {k: task[k] for k in ("M", "whitening", "eps_pca", "seed")}
+    row.update(unmixing=unmixing if eps_u is not None else "no noise", eps_i=eps_u, qngi=qngi(res.W @ Aw),
+               eps_pca_exact=max(l.epsilon(DELTA_TOTAL) for l in pca.ledgers), seconds_pca=t_pca,
+               seconds_ica=time.perf_counter() - t0)
+    if eps_u is None:
+        row.update(eps_total_exact=row["eps_pca_exact"],
+                   eps_total_headline=max(l.epsilon(DELTA_TOTAL, collusion=True) for l in pca.ledgers))
+    else:
+        led = [p.merge(i) for p, i in zip(pca.ledgers, res.ledgers)]
+        row.update(eps_total_exact=max(l.epsilon(DELTA_TOTAL) for l in led),
+                   eps_total_headline=max(l.epsilon(DELTA_TOTAL, collusion=True) for l in led))
+    return row
 
 
 ROUNDS = (40, 100, 200, 400)
@@ -137,13 +153,13 @@ def summarise_rounds(runs: list[dict]) -> list[dict]:
 def summarise(runs: list[dict]) -> list[dict]:
     groups: dict = {}
     for r in runs:
-        groups.setdefault((r["whitening"], r["eps_pca"], r["eps_i"]), []).append(r)
-    order = list(WHITENINGS)
+        groups.setdefault((r["whitening"], r["eps_pca"], r["unmixing"], r["eps_i"]), []).append(r)
+    order, unmixings = list(WHITENINGS), ["no noise", "capeDJICA", "cumulant"]
     out = []
-    for (wh, ep, ei), rs in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1],
-                                                                    -1 if kv[0][2] is None else kv[0][2])):
+    for (wh, ep, um, ei), rs in sorted(groups.items(), key=lambda kv: (
+            order.index(kv[0][0]), kv[0][1], unmixings.index(kv[0][2]), -1 if kv[0][3] is None else kv[0][3])):
         q = np.array([r["qngi"] for r in rs])
-        out.append({"M": rs[0]["M"], "whitening": wh, "eps_pca": ep, "eps_i": "" if ei is None else ei,
+        out.append({"M": rs[0]["M"], "whitening": wh, "eps_pca": ep, "unmixing": um, "eps_i": "" if ei is None else ei,
                     "qngi_median": float(np.median(q)), "qngi_min": float(q.min()), "qngi_max": float(q.max()),
                     "eps_total_exact": float(np.median([r["eps_total_exact"] for r in rs])),
                     "eps_total_headline": float(np.median([r["eps_total_headline"] for r in rs])),
@@ -159,10 +175,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     if args.quick:
-        M, R, T, eps_pcas, eps_is, repeats = 32, 8, 100, [2.0], [None, 0.5], 1
+        M, R, T, eps_pcas, eps_is, eps_cs, repeats = 32, 8, 100, [2.0], [None, 0.5], [4.0], 1
     else:
-        M, R, T, eps_pcas, eps_is, repeats = 1024, 20, 250, [1.0, 2.0, 4.0], [None, 0.5, 0.9], args.repeats
-    tasks = [dict(M=M, R=R, T=T, whitening=w, eps_pca=e, eps_i=eps_is, seed=s, quick=args.quick)
+        M, R, T, eps_pcas, eps_is, eps_cs, repeats = (1024, 20, 250, [1.0, 2.0, 4.0], [None, 0.5, 0.9], [2.0, 4.0],
+                                                      args.repeats)
+    tasks = [dict(M=M, R=R, T=T, whitening=w, eps_pca=e, eps_i=eps_is, eps_c=eps_cs, seed=s, quick=args.quick)
              for w in WHITENINGS for e in eps_pcas for s in range(repeats)]
     print(f"{len(tasks)} whitenings x {len(eps_is)} unmixings on {args.workers} worker processes", flush=True)
     rounds_tasks = [dict(M=M, R=R, T=T, eps_ref=e, rounds=min(n, 30) if args.quick else n, seed=s)
@@ -181,10 +198,10 @@ def main(argv=None):
         rounds_runs = [run_rounds(t) for t in rounds_tasks]
     rows = summarise(runs)
     rounds_rows = summarise_rounds(rounds_runs)
-    print(f"\n{'whitening':26} {'eps_pca':>7} {'eps_i':>6} {'qNGI med':>8} {'[min,max]':>15} {'eps exact':>9} "
-          f"{'headline':>9}")
+    print(f"\n{'whitening':26} {'eps_pca':>7} {'unmixing':10} {'eps':>5} {'qNGI med':>8} {'[min,max]':>15} "
+          f"{'eps exact':>9} {'headline':>9}")
     for r in rows:
-        print(f"{r['whitening']:26} {r['eps_pca']:7g} {r['eps_i'] if r['eps_i'] != '' else '-':>6} "
+        print(f"{r['whitening']:26} {r['eps_pca']:7g} {r['unmixing']:10} {r['eps_i'] if r['eps_i'] != '' else '-':>5} "
               f"{r['qngi_median']:8.3f} [{r['qngi_min']:.3f},{r['qngi_max']:.3f}] {r['eps_total_exact']:9.2f} "
               f"{r['eps_total_headline']:9.2f}")
     print("\nunmixing alone (pooled whitening) at a fixed total:")

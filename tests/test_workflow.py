@@ -51,7 +51,8 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert set(priv["sites"]) == {"site-01", "site-02", "site-03"}
     for s in priv["sites"].values():
         stages = {r["stage"] for r in s["ledger"]["releases"]}
-        assert len(stages) == 2  # capePCA and capeDJICA releases composed
+        # capePCA's basis and variances (temporal ICA whitens with them) and capeDJICA's releases composed
+        assert stages == {"capepca", "capepca-variances", "ica"}
         assert s["epsilon_single_release"] > 0 and s["epsilon"] > s["epsilon_single_release"]
         assert s["neighbours"] == ["replace"]
     assert priv["neighbour"] == "replace" and priv["epsilon"] == {n: s["epsilon"] for n, s in priv["sites"].items()}
