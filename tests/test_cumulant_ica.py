@@ -100,3 +100,35 @@ def test_refusals():
         cape_cumulant_ica(sites, subjects, None, DELTA, clip=1.0)
     with pytest.raises(ValueError, match="4 x N"):
         cape_cumulant_ica([sites[0]] + [s[:3] for s in sites[1:]], subjects, 1.0, DELTA, clip=1.0, plan="conv")
+
+
+def test_distinguishing_attack_sees_the_calibrated_separation():
+    """One site; subject 0 is one of two subjects whose clipped cumulants differ most. The likelihood-ratio
+    statistic of the noisy release (in the coordinates its noise is iid in) has unit std in units of the
+    recorded sigma, and the worlds sit ||Delta||_w / sigma apart, never more than Delta / sigma = 1 / z."""
+    from dpneuro.cape import run_cape
+
+    R, T, B = 2, 4, 0.8
+    rng = np.random.default_rng(11)
+    rest = [rng.standard_normal((R, T)) for _ in range(2)]
+    subject = [np.tile(np.array([[3.0], [0.0]]), (1, T)), np.tile(np.array([[0.0], [0.1]]), (1, T))]
+    worlds = [(np.hstack([s] + rest), [T] * 3) for s in subject]
+    clean = []
+    for w in worlds:
+        alg = CapeCumulantICA(R, None, DELTA, clip=B)
+        clean.append(pack_weighted(alg.site_compute(alg.site_init(0, w), 0, None)["K4"]))
+    u = clean[1] - clean[0]
+    n_draws, stats_ = 400, [[], []]
+    for i in range(n_draws):
+        for j, w in enumerate(worlds):
+            res = run_cape(CapeCumulantICA(R, 2.0, DELTA, clip=B, seed=2 * i + j), [w], "conv")
+            rel = res.sites[0]["ledger"].releases[0]
+            stats_[j].append(float((pack_weighted(res.aggregator["K4"]) - clean[0]) @ u / np.linalg.norm(u)
+                                   / rel.sigma))
+    a, b = np.array(stats_[0]), np.array(stats_[1])
+    se = math.sqrt(2 / n_draws)
+    assert np.std(a) == pytest.approx(1.0, rel=0.1) and np.std(b) == pytest.approx(1.0, rel=0.1)
+    predicted = np.linalg.norm(u) / rel.sigma
+    assert predicted <= rel.sensitivity / rel.sigma * (1 + 1e-9)
+    assert predicted > 0.8 * rel.sensitivity / rel.sigma
+    assert abs((b.mean() - a.mean()) - predicted) < 4 * se
