@@ -28,6 +28,12 @@ w <- T(., w, w, w) / ||.||, orthogonal to the directions already found, from
 ``n_restarts`` random starts (public randomness), keeps the start whose
 |T(w, w, w, w)| is largest; then deflates T -= T(w,w,w,w) w^(x)4. The rows of
 W are the directions: sources = W z.
+
+It assumes white input (unit covariance, orthogonal mixing): the Gaussian part
+subtracted is that of the identity. After dpneuro's private whitening the
+data are only roughly white, and then it does not separate
+(benchmarks/djica_end_to_end.py: qNGI ~0.3 where capeDJICA, which learns a
+general unmixing, reaches 0.07). Not yet selectable in a run.
 """
 
 from __future__ import annotations
