@@ -164,7 +164,8 @@ class RunConfig:
 
     @property
     def pca_variances(self) -> bool:
-        """Whether the PCA also releases variances in its subspace: subspace contributions under temporal ICA."""
+        """Whether the PCA also releases variances in its subspace: subspace contributions whose eigenvalues a
+        later stage whitens with (temporal ICA, brain states)."""
         return self.contribution == "subspace" and (self.ica == "temporal" or bool(self.brain_states))
 
     @property

@@ -93,13 +93,18 @@ def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
 
 
 def test_default_split_gives_a_temporal_pca_its_tuned_share(consortia, tmp_path):
-    """Without pca_share a temporal run's PCA gets TEMPORAL_PCA_SHARE of mu^2, whatever the settings' ratio."""
+    """Without pca_share a temporal run's PCA (its basis and its variance release) gets TEMPORAL_PCA_SHARE of
+    mu^2, whatever the settings' ratio."""
+    from dpneuro.algorithms.pca import VARIANCE_SHARE
+
     cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
     shapes = site_shapes(cfg)
 
     def ratio(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
-        return s["capepca"] / s["ica"]
+        reduce = math.hypot(s["capepca"], s["capepca-variances"])
+        assert (s["capepca-variances"] / reduce) ** 2 == pytest.approx(VARIANCE_SHARE, rel=1e-9)
+        return reduce / s["ica"]
 
     for pca_epsilon in (2.0, 20.0):  # two settings' ratios, one planned split
         plan = plan_for_target(replace(cfg, pca_epsilon=pca_epsilon), shapes, 60, 5.0)
