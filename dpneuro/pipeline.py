@@ -434,9 +434,11 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
             metrics = {"mean |r| with truth": float(np.mean(np.abs(corr))),
                        "min |r| with truth": float(np.min(np.abs(corr)))}
             if A_true.shape[1] == W.shape[0] and cfg.ica == "temporal":  # the truth's sources are temporal
-                P = W @ ((V / np.sqrt(lam)).T @ A_true_red)
-                metrics["qNGI"] = qngi(P)
-                metrics["MD index"] = md_index(W, (V / np.sqrt(lam)).T @ A_true_red)
+                from .algorithms.djica import usable_eigenvalues
+
+                A_white = (V / np.sqrt(usable_eigenvalues(lam))).T @ A_true_red  # as the sites whitened
+                metrics["qNGI"] = qngi(W @ A_white)
+                metrics["MD index"] = md_index(W, A_white)
             site_r = {site: float(np.mean(np.abs(match_components(m, A_true)[1])))
                       for site, (_, m) in site_maps.items()}
             if site_r:  # each site's own voxel maps, averaged over the sites

@@ -593,6 +593,18 @@ def test_variance_release_noise_is_calibrated_and_the_attack_sees_no_more():
     assert abs((b.mean() - a.mean()) - np.mean(predicted)) < 4 * se
 
 
+def test_variances_stay_positive_when_the_noise_swamps_them():
+    # tiny data at a tiny eps: the noisy variances' mean can be <= 0; whitening still gets positive ones
+    sites = low_rank_sites(D=12, r=2, S=3, subjects=2, T=5, seed=4)
+    for seed in range(5):
+        r = cape_pca(sites, 4, 0.01, DELTA, plan="cape", scale="unit", contribution="subspace", variances=True,
+                     random_state=seed)
+        assert np.all(r.eigenvalues > 0) and np.all(np.isfinite(r.eigenvalues))
+        theta = np.linalg.eigvalsh(r.info["H_hat"])
+        level = theta.mean() if theta.mean() > 0 else 1 / 4
+        assert r.eigenvalues.min() == pytest.approx(max(theta.min(), VARIANCE_FLOOR * level), rel=1e-9)
+
+
 def test_variances_refusals():
     with pytest.raises(ValueError, match="eigenvalues already are variances"):
         CapePCA(2, 1.0, DELTA, variances=True)

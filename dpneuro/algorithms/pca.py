@@ -97,9 +97,9 @@ unit", which under-states what a swap of one person for another changes.
   k = 20 the noise's spectral norm is ~7x smaller for the same sigma. The
   aggregator eigendecomposes the noisy k x k average, H = U diag(theta) U^T,
   and returns the basis V U with the variances theta (post-processing), each
-  raised to at least :data:`VARIANCE_FLOOR` times their mean (an eigenvalue
-  pushed below that by the noise would whiten its component by a factor the
-  data do not support). The run's (eps, delta) is split exactly in GDP:
+  raised to at least :data:`VARIANCE_FLOOR` times their mean (times 1/k when
+  the noise leaves that mean <= 0; an eigenvalue pushed below the floor would
+  whiten its component by a factor the data do not support). The run's (eps, delta) is split exactly in GDP:
   the variance release gets ``variance_share`` of mu^2 (noise multiplier
   z / sqrt(share)), the basis the rest (z / sqrt(1 - share), times
   sqrt(n_iter) per power round), so the two compose to the run's (eps, delta).
@@ -890,7 +890,9 @@ class CapePCA:
             H = combined["H"]
             theta, U = np.linalg.eigh((H + H.T) / 2)
             order = np.argsort(theta)[::-1]
-            lam = np.maximum(theta[order], VARIANCE_FLOOR * max(float(theta.mean()), 0.0))
+            # the variances' mean is the projected data's (positive) trace / k; noise above it all leaves 1/k
+            level = float(theta.mean()) if theta.mean() > 0 else 1.0 / self.k
+            lam = np.maximum(theta[order], VARIANCE_FLOOR * level)
             V = _fix_signs(state["basis"] @ U[:, order])
             state.update(subspace=state["basis"], basis=V, eigenvalues=lam, H_hat=(H + H.T) / 2)
             return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
