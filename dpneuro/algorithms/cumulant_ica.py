@@ -38,6 +38,7 @@ general unmixing, reaches 0.07). Not yet selectable in a run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from .. import privacy
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
+from ..io import subject_ranges
 from ..privacy import PrivacyLedger
 
 __all__ = ["CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "gaussian_part", "subject_cumulant"]
@@ -56,12 +58,17 @@ __all__ = ["CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "gaussia
 _PERMS = tuple(itertools.permutations(range(4)))
 
 
+@functools.lru_cache(maxsize=8)
 def gaussian_part(R: int) -> np.ndarray:
-    """G_ijkl = d_ij d_kl + d_ik d_jl + d_il d_jk as an R^2 x R^2 matrix: the fourth moment of white noise."""
+    """G_ijkl = d_ij d_kl + d_ik d_jl + d_il d_jk as an R^2 x R^2 matrix: the fourth moment of white noise.
+
+    Built once per R (every subject subtracts it) and returned read-only.
+    """
     eye = np.eye(R)
     G = (np.einsum("ij,kl->ijkl", eye, eye) + np.einsum("ik,jl->ijkl", eye, eye)
-         + np.einsum("il,jk->ijkl", eye, eye))
-    return G.reshape(R * R, R * R)
+         + np.einsum("il,jk->ijkl", eye, eye)).reshape(R * R, R * R)
+    G.flags.writeable = False
+    return G
 
 
 def subject_cumulant(Y: np.ndarray, clip: float | None = None) -> np.ndarray:
@@ -203,15 +210,14 @@ class CumulantICAResult:
 
 def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float, plan="cape", random_state=None,
                       exchange=None, options=None) -> CumulantICAResult:
-    """Run the one-shot cumulant ICA over the sites' whitened data (``subjects``: per site, the lengths)."""
+    """Run the one-shot cumulant ICA over the sites' whitened data (``subjects``: per site, a count, the
+    lengths or the column ranges, as :func:`dpneuro.io.subject_ranges` reads them)."""
     plan = NoisePlan.coerce(plan)
     if plan.kind != "none" and (epsilon is None or math.isinf(epsilon)):
         raise ValueError("a private plan needs a finite epsilon")
     alg = CapeCumulantICA(Z_sites[0].shape[0], None if plan.kind == "none" else epsilon, delta, clip=clip,
                           seed=privacy.resolve_random_state(random_state))
-    data = []
-    for Z, sub in zip(Z_sites, subjects, strict=True):
-        lengths = [Z.shape[1] // sub] * sub if isinstance(sub, (int, np.integer)) else list(sub)
-        data.append((Z, lengths))
+    data = [(Z, [b - a for a, b in subject_ranges(sub, Z.shape[1])])
+            for Z, sub in zip(Z_sites, subjects, strict=True)]
     res = run_cape(alg, data, plan, exchange=exchange, options=options)
     return CumulantICAResult(np.asarray(res.aggregator["W"]), cape_ledgers(res))

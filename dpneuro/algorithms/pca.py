@@ -887,14 +887,14 @@ class CapePCA:
 
     def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload:
         if self.variances and round == self.n_iter:
-            H = combined["H"]
-            theta, U = np.linalg.eigh((H + H.T) / 2)
+            H = (combined["H"] + combined["H"].T) / 2
+            theta, U = np.linalg.eigh(H)
             order = np.argsort(theta)[::-1]
             # the variances' mean is the projected data's (positive) trace / k; noise above it all leaves 1/k
             level = float(theta.mean()) if theta.mean() > 0 else 1.0 / self.k
             lam = np.maximum(theta[order], VARIANCE_FLOOR * level)
             V = _fix_signs(state["basis"] @ U[:, order])
-            state.update(subspace=state["basis"], basis=V, eigenvalues=lam, H_hat=(H + H.T) / 2)
+            state.update(subspace=state["basis"], basis=V, eigenvalues=lam, H_hat=H)
             return Payload({"V": V, "eigenvalues": lam}, {"stop": True})
         if self.mode == "covariance":
             A = combined["A"]

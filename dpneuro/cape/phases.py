@@ -376,8 +376,9 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     for me, (st, sp) in enumerate(zip(states, specs)):
         led = st.get("ledger") or PrivacyLedger(owner=f"site-{me}")
         for n in names:
-            if sp[n].count(count):
-                record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=sp[n].count(count))
+            made = sp[n].count(count)
+            if made:
+                record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=made)
         out.append(led)
     return out
 
