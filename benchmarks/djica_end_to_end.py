@@ -59,7 +59,7 @@ from dpneuro.algorithms.cumulant_ica import cape_cumulant_ica
 from dpneuro.algorithms.djica import cape_djica, whiten
 from dpneuro.algorithms.pca import cape_pca
 from dpneuro.metrics import qngi
-from dpneuro.privacy.gaussian import epsilon_for_multiplier
+from dpneuro.privacy.gaussian import epsilon_for_multiplier, noise_multiplier
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_PCA = 1e-6
@@ -126,7 +126,7 @@ ROUNDS_REFERENCE = (0.25, 0.5)  # eps_i of the 200-round runs whose total every 
 def run_rounds(task: dict) -> dict:
     """The unmixing alone (pooled whitening) at ``rounds``, spending what 200 rounds at ``eps_ref`` spend."""
     d = data_for(task["M"], task["R"], task["T"])
-    z = math.sqrt(2 * math.log(1.25 / DELTA_I)) / task["eps_ref"] * math.sqrt(task["rounds"] / 200)
+    z = noise_multiplier(task["eps_ref"], DELTA_I, method="classic") * math.sqrt(task["rounds"] / 200)
     eps_i = epsilon_for_multiplier(z, DELTA_I, 1, "analytic")
     cfg = dict(CONFIGS["tuned"], rounds=task["rounds"])
     res = cape_djica(d["Z"], d["subjects"], plan="cape", epsilon_i=eps_i, delta_i=DELTA_I, calibration="analytic",

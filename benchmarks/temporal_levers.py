@@ -51,15 +51,12 @@ import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpneuro.privacy import gdp_epsilon
+from dpneuro.privacy import gdp_epsilon, noise_multiplier
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA, DELTA_I, ROUNDS, M = 1e-5, 1e-2, 200, 1024
 
 
-def classic_multiplier(eps_i: float) -> float:
-    """The per-round noise multiplier of the classic Gaussian mechanism at (eps_i, delta_i)."""
-    return math.sqrt(2 * math.log(1.25 / DELTA_I)) / eps_i
 
 
 def pld(event, relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE) -> float:
@@ -75,7 +72,8 @@ def rdp(event, relation) -> float:
 
 
 def row(eps_i: float, q: float) -> dict:
-    z = classic_multiplier(eps_i)  # noise std on the mean / (2B / M): the replace-one multiplier
+    # the classic per-round calibration; noise std on the mean / (2B / M): the replace-one multiplier
+    z = noise_multiplier(eps_i, DELTA_I, method="classic")
     out = {"eps_i": eps_i, "q": q, "rounds": ROUNDS, "M": M, "z_full_replace": z,
            "full_exact_gdp": gdp_epsilon(DELTA, math.sqrt(ROUNDS) / z),
            # dp-accounting's PLD takes a Gaussian's multiplier on the add/remove sensitivity B under either relation
