@@ -32,6 +32,7 @@ import numpy as np
 
 from .config import REDUCTIONS, ConfigError, RunConfig
 from .exchange.base import Exchange, Payload
+from .exchange.inprocess import DEFAULT_MAX_BYTES
 from .privacy import PrivacyLedger
 from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
 
@@ -122,34 +123,43 @@ STREAMED_PCA_ITERATIONS = 30
 STREAMED_PCA_TOL = 1e-4
 
 
-def pca_mode(cfg: RunConfig, dim: int) -> str:
+def pca_mode(cfg: RunConfig, dim: int, message_limit: int = DEFAULT_MAX_BYTES) -> str:
     """"covariance" (one D x D release) or "power" (D x k per round) for a run on ``dim`` features.
 
-    ``capepca-power`` always streams. The covariance mode must fit ``max_memory_gb``: the PCA without
-    noise then streams instead (no privacy changes), and capePCA is refused before anything runs.
+    ``capepca-power`` always streams. The covariance mode must fit ``max_memory_gb``, and its D x D release
+    one message of the exchange (``message_limit`` bytes of arrays): the PCA without noise then streams
+    instead (no privacy changes), and capePCA is refused before anything runs.
     """
-    from .algorithms.pca import covariance_bytes
+    from .algorithms.pca import covariance_bytes, covariance_release_bytes
 
     if cfg.reduction == "capepca-power":
         return "power"
     need, limit = covariance_bytes(dim), cfg.max_memory_gb * 2**30
-    if need <= limit:
+    message = covariance_release_bytes(dim)
+    if need <= limit and message <= message_limit:
         return "covariance"
     if cfg.reduction == "none":
         return "power"
+    if need > limit:
+        why = (f"D = {dim} features need about {need / 2**30:.1f} GB per site, more than max_memory_gb = "
+               f"{cfg.max_memory_gb:g}")
+        more = ", or raise max_memory_gb if every site has the memory"
+    else:
+        why = (f"its D x D release (D = {dim} features) is a message of {message / 2**20:.0f} MB, more than the "
+               f"exchange carries ({message_limit / 2**20:.0f} MB)")
+        more = ""
     raise ConfigError(
-        f"config field 'reduction': capePCA's covariance mode forms D x D matrices, and D = {dim} features need "
-        f"about {need / 2**30:.1f} GB per site, more than max_memory_gb = {cfg.max_memory_gb:g}. Use reduction = "
-        f"'capepca-power' (releases D x k per round, O(D k) memory), fewer features (parcels), or raise "
-        f"max_memory_gb if every site has the memory. Nothing was released")
+        f"config field 'reduction': capePCA's covariance mode forms D x D matrices, and {why}. Use reduction = "
+        f"'capepca-power' (releases D x k per round, O(D k) memory) or fewer features (parcels){more}. "
+        "Nothing was released")
 
 
-def check_reduction_fits(cfg: RunConfig, dim: int | None = None) -> None:
+def check_reduction_fits(cfg: RunConfig, dim: int | None = None, message_limit: int = DEFAULT_MAX_BYTES) -> None:
     """Refuse, before any data are read, a reduction that cannot fit (:func:`pca_mode`; PD-SVD holds D x k)."""
     if cfg.reduction != "pdsvd":
         from .budget import features
 
-        pca_mode(cfg, features(cfg, dim))
+        pca_mode(cfg, features(cfg, dim), message_limit)
 
 
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):

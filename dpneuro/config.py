@@ -107,9 +107,9 @@ class RunConfig:
     # PD-SVD (it sums second moments)
     pca_contribution: str = "auto"
     # memory (GB) one site may use for the reduction: capePCA's covariance mode forms D x D matrices (about
-    # 9 D^2 doubles, so D <= ~7,700 at 4 GB: parcels and the 6 mm grid's voxels fit, finer voxels do not) and is
-    # refused before anything runs when they do not fit; "capepca-power" and the PCA without noise ("none",
-    # streamed when D x D does not fit) hold O(D k)
+    # 9 D^2 doubles, so D <= ~7,700 at 4 GB) and releases one, which must fit a message (256 MB: D <= 5,792;
+    # parcels fit, the 6 mm grid's 8,735 voxels do not) and is refused before anything runs when they do not;
+    # "capepca-power" and the PCA without noise ("none", then streamed) hold O(D k)
     max_memory_gb: float = 4.0
     # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in [capeDJICA] Sec. V;
     # totals over all rounds are composed exactly from the ledgers at ``delta``

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dpneuro import pipeline
-from dpneuro.analysis import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, pca_mode, reduce_inprocess, site_whiten
+from dpneuro.analysis import (STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode,
+                              reduce_inprocess, site_whiten)
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
 from dpneuro.synth import make_consortium
@@ -157,6 +158,47 @@ def test_covariance_mode_refused_before_any_data_are_read(consortium, monkeypatc
     assert pca_mode(replace(cfg, max_memory_gb=0.06), 900) == "covariance"
     with pytest.raises(ConfigError, match="max_memory_gb"):
         RunConfig.from_dict({**cfg.to_json(), "max_memory_gb": 0}).validate()
+
+
+def test_covariance_release_larger_than_a_message_is_refused_before_any_data_are_read(consortium, monkeypatch):
+    """Memory alone is not enough: the D x D release must also fit one message of the exchange."""
+    from dpneuro.algorithms.pca import covariance_release_bytes
+
+    root, man = consortium
+    cfg = _config(root, man, "msg")  # 900 voxels: fits max_memory_gb, the release is 8 * 900^2 B
+    limit = covariance_release_bytes(900) - 1
+    read = []
+    monkeypatch.setattr("dpneuro.io._read_subject", lambda *a, **k: read.append(a) or None)
+    with pytest.raises(ConfigError, match="message of 6 MB, more than the exchange carries.*Nothing was released"):
+        check_reduction_fits(cfg, message_limit=limit)
+    assert read == []
+    assert pca_mode(cfg, 900, limit + 1) == "covariance"
+    assert pca_mode(replace(cfg, reduction="none"), 900, limit) == "power"  # no noise: streams instead
+
+
+def test_covariance_release_bytes_is_what_a_site_sends():
+    """The size the refusal models is the array bytes of the release a site actually makes."""
+    from dpneuro.algorithms.pca import covariance_release_bytes
+    from dpneuro.exchange.base import Payload
+    from dpneuro.exchange.inprocess import InProcessExchange
+
+    rng = np.random.default_rng(0)
+    D, sizes = 40, []
+    X = [rng.standard_normal((D, 30)) for _ in range(3)]
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": "."} for i in range(3)], "out": ".",
+                               "parcels": 0, "n_components": 4, "seed": 0, "pca_epsilon": 4.0})
+    orig = InProcessExchange.send
+
+    def send(self, sender, round, topic, payload: Payload):
+        if sender >= 0 and topic == "release":
+            sizes.append(payload.nbytes())
+        return orig(self, sender, round, topic, payload)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(InProcessExchange, "send", send)
+        reduce_inprocess(cfg, X, [[10, 10, 10]] * 3)
+    assert sizes and max(sizes) <= covariance_release_bytes(D) + 64
+    assert max(sizes) >= covariance_release_bytes(D)
 
 
 def test_streamed_pca_without_noise_equals_the_covariance_mode(consortium):

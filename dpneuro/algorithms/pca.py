@@ -578,6 +578,11 @@ def covariance_bytes(dim: int) -> int:
     return COVARIANCE_MATRICES * 8 * int(dim) ** 2
 
 
+def covariance_release_bytes(dim: int) -> int:
+    """Array bytes of the covariance mode's release: one D x D float64 matrix."""
+    return 8 * int(dim) ** 2
+
+
 # -- parameter checks -----------------------------------------------------------------------
 
 def _check_k(k) -> int:

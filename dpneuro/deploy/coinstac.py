@@ -227,13 +227,10 @@ def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[st
 
 def _message_bytes(cfg: RunConfig, dim: int) -> int:
     """Array bytes of the largest message of the run (capePCA's release dominates)."""
-    from ..cape.packing import n_unique
+    from ..algorithms.pca import covariance_release_bytes
 
     k, R = cfg.n_components, cfg.n_components
-    if cfg.reduction == "capepca-power":
-        pca = 8 * dim * k
-    else:
-        pca = max(8 * dim * dim, 8 * n_unique((dim, dim), True))
+    pca = 8 * dim * k if cfg.reduction == "capepca-power" else covariance_release_bytes(dim)
     return max(pca, 8 * R * R)
 
 
@@ -301,7 +298,8 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     for m in inputs["dpneuro"].get("missing") or []:
         if me in m.get("sites", []):  # COINSTAC lost a message of ours: the same bytes again, no new release
             exchange(m["stage"]).resend(index, int(m["round"]), m["topic"])
-    ctx = SiteContext(cfg=cfg, site=me, work=sd / "work", out=Path(state["outputDirectory"]), exchange=exchange)
+    ctx = SiteContext(cfg=cfg, site=me, work=sd / "work", out=Path(state["outputDirectory"]), exchange=exchange,
+                      message_limit=MAX_MESSAGE_BYTES)
     try:
         res = run_site_analysis(ctx)
     except Suspend as s:

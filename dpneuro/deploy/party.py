@@ -39,6 +39,7 @@ import numpy as np
 from ..config import ConfigError, RunConfig
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
+from ..exchange.inprocess import DEFAULT_MAX_BYTES
 from ..io import write_json
 from ..privacy import PrivacyLedger
 from ..driver import RunOptions
@@ -215,6 +216,9 @@ class SiteContext:
         ``"unmix"`` or ``"summary"``.
     timeout : float or None
         Seconds a blocking exchange waits for any one message.
+    message_limit : int
+        Largest message (bytes of arrays) the exchange carries: a reduction whose release exceeds it is
+        refused before any data are read.
     """
 
     cfg: RunConfig
@@ -223,6 +227,7 @@ class SiteContext:
     out: Path
     exchange: Callable[[str], Exchange]
     timeout: float | None = None
+    message_limit: int = DEFAULT_MAX_BYTES
 
     @property
     def index(self) -> int:
@@ -245,7 +250,7 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
 
     ctx.work.mkdir(parents=True, exist_ok=True)
     space_json, space = _space(ctx.cfg, ctx.work)
-    analysis.check_reduction_fits(ctx.cfg, _dim(space))
+    analysis.check_reduction_fits(ctx.cfg, _dim(space), ctx.message_limit)
     info = json.loads(Path(stage_load(_pipeline_config(ctx.cfg, ctx.work), ctx.site, space_json)).read_text())
     info["space"] = space
     return info
