@@ -776,9 +776,10 @@ def section_real_frontier(p: Page) -> dict:
     p.add("")
     p.add(f"Region time series of {meta.get('people')} people ({(meta.get('data') or {}).get('dataset')}; task runs, "
           "not rest; pip package `connattractor`, read by `benchmarks/_real_data.py`), every region z-scored "
-          "within its run. Without noise, split over 4 sites, 20 components: dpneuro's maps, painted "
-          "into the atlas on the 6 mm grid, against nilearn's CanICA on the same series painted into the same atlas "
-          "(mean matched |r|): "
+          "within its run. Without noise, split over 4 sites, 20 components, against nilearn's CanICA on the "
+          "series painted into the atlas on the 6 mm grid as 4-D images (mean matched |r| over the atlas voxels). "
+          "dpneuro on the same images (every voxel a feature) and on the 122 regions as features (maps painted); "
+          "over voxels each region weighs as much as it has voxels, which is why the two differ: "
           + ", ".join(f"{k.replace(' vs CanICA', '')} {fmt(v)}" for k, v in ag.items() if k.endswith("vs CanICA"))
           + ".")
     p.add("")
@@ -1135,8 +1136,9 @@ def summary(f: dict) -> list[str]:
                     "aggregator and its colluders)", "measured"])
     if f.get("real_agreement"):
         ag = f["real_agreement"]
-        default = ag.get("spatial (subspace) vs CanICA", 0)
-        row.append(["Real fMRI (33 people, 122 regions): do dpneuro's maps look like CanICA's? (non-private)",
+        default = ag.get("spatial (subspace) on the same images vs CanICA", 0)
+        row.append(["Real fMRI (33 people, 122 regions): do dpneuro's maps look like CanICA's on the same data? "
+                    "(non-private)",
                     "mean matched |r| with CanICA: " + ", ".join(
                         f"{k.replace(' vs CanICA', '')} {fmt(v)}" for k, v in ag.items() if k.endswith("vs CanICA")),
                     "spatial ICA with subspace contributions (the default) gives the maps users know"
