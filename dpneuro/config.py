@@ -78,7 +78,7 @@ class RunConfig:
     site_maps_method: str = "guided_ica"
     n_components: int = 20
     reduction: str = "capepca"
-    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.59-0.61 with CanICA on real fMRI, temporal 0.36), and
+    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.73 with CanICA on the same real fMRI, temporal 0.37), and
     # the PCA is its only release (benchmarks/real_frontier.py)
     ica: str = "spatial"
     plan: str = "cape"
