@@ -1,4 +1,4 @@
-"""One-shot cumulant ICA: the cumulant, the separation, its one release and its worst case."""
+"""Cumulant ICA: the statistics, the refinement, the separation, its two releases and their worst cases."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.algorithms.cumulant_ica import (CapeCumulantICA, cape_cumulant_ica, gaussian_part, power_directions,
-                                             subject_cumulant)
+from dpneuro.algorithms.cumulant_ica import (REFINE_SHARE, CapeCumulantICA, cape_cumulant_ica, default_clips,
+                                             gaussian_part_of, power_directions, subject_cumulant,
+                                             subject_second_moment)
 from dpneuro.cape.packing import pack_weighted
 from dpneuro.metrics import qngi
+from dpneuro.privacy import noise_multiplier
 
 DELTA = 1e-5
 
@@ -24,40 +26,82 @@ def _mixed(R=4, S=3, subjects=6, T=400, seed=0):
     return A, sites, [subjects] * S
 
 
-def test_subject_cumulant_is_the_fourth_moment_minus_the_gaussian_part_and_clips():
+def test_subject_cumulant_is_the_fourth_moment_minus_its_own_gaussian_part_and_clips():
     rng = np.random.default_rng(1)
-    Y = rng.standard_normal((3, 50))
+    Y = rng.standard_normal((3, 50)) * np.array([[0.5], [1.0], [2.0]])
     C = subject_cumulant(Y)
+    S = Y @ Y.T / 50
     for i, j, k, l in itertools.product(range(3), repeat=4):
         m4 = np.mean(Y[i] * Y[j] * Y[k] * Y[l])
-        g = (i == j) * (k == l) + (i == k) * (j == l) + (i == l) * (j == k)
+        g = S[i, j] * S[k, l] + S[i, k] * S[j, l] + S[i, l] * S[j, k]
         assert C[3 * i + j, 3 * k + l] == pytest.approx(m4 - g, abs=1e-12)
     assert np.linalg.norm(subject_cumulant(Y, clip=0.5)) == pytest.approx(0.5, rel=1e-12)
-    # the Gaussian part is what white Gaussian noise gives: its cumulant vanishes as n grows
+    np.testing.assert_allclose(subject_second_moment(Y), S, atol=1e-15)
+    assert np.linalg.norm(subject_second_moment(Y, clip=0.5)) == pytest.approx(0.5, rel=1e-12)
+    # white Gaussian data have no cumulant (it vanishes as n grows), and with its own covariance subtracted the
+    # cumulant follows any linear map exactly, so Gaussian data of any covariance have none either
     big = rng.standard_normal((3, 400_000))
     assert np.abs(subject_cumulant(big)).max() < 0.05
-    assert gaussian_part(2)[0, 0] == 3 and gaussian_part(2)[1, 1] == 1 and gaussian_part(2)[0, 3] == 1
+    L = rng.standard_normal((3, 3))
+    np.testing.assert_allclose(subject_cumulant(L @ Y), np.kron(L, L) @ subject_cumulant(Y) @ np.kron(L, L).T,
+                               atol=1e-10)
+    G = gaussian_part_of(np.eye(2))
+    assert G[0, 0] == 3 and G[1, 1] == 1 and G[0, 3] == 1
+
+
+def test_default_clips_are_the_rms_norms_of_a_white_gaussian_subject():
+    R, n = 4, 60
+    rng = np.random.default_rng(2)
+    Ys = [rng.standard_normal((R, n)) for _ in range(3000)]
+    c, B = default_clips(R, n)
+    rms_S = math.sqrt(np.mean([np.linalg.norm(subject_second_moment(Y)) ** 2 for Y in Ys]))
+    YY = [(Y[:, None, :] * Y[None, :, :]).reshape(R * R, n) for Y in Ys]
+    rms_M4 = math.sqrt(np.mean([np.linalg.norm(a @ a.T / n - gaussian_part_of(np.eye(R))) ** 2 for a in YY]))
+    assert rms_S == pytest.approx(c, rel=0.02)  # 3000 draws: the mean square's relative error is ~1 %
+    assert rms_M4 == pytest.approx(B, rel=0.05)  # the fourth moment's heavier tail: ~3 %
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_without_noise_the_directions_are_the_mixing(seed):
     A, sites, subjects = _mixed(seed=seed)
-    res = cape_cumulant_ica(sites, subjects, None, DELTA, clip=1e6, plan="none", random_state=seed)
+    res = cape_cumulant_ica(sites, subjects, None, DELTA, clip=1e6, refine_clip=1e6, plan="none", random_state=seed)
     assert qngi(res.W @ A) < 0.05
-    assert np.allclose(res.W @ res.W.T, np.eye(4), atol=1e-10)
+    Z = np.hstack(sites)
+    np.testing.assert_allclose(res.W @ (Z @ Z.T / Z.shape[1]) @ res.W.T, np.eye(4), atol=1e-10)  # white sources
 
 
-def test_one_release_at_the_runs_budget_and_noise_degrades_gracefully():
+def test_two_releases_compose_to_the_stages_budget_and_noise_degrades_gracefully():
     A, sites, subjects = _mixed(subjects=20, T=300, seed=3)
-    res = cape_cumulant_ica(sites, subjects, 4.0, DELTA, clip=5.0, plan="cape", random_state=0)
+    res = cape_cumulant_ica(sites, subjects, 4.0, DELTA, clip=5.0, refine_clip=3.0, plan="cape", random_state=0)
+    z = noise_multiplier(4.0, DELTA)
     for led in res.ledgers:
-        (rel,) = led.releases
-        assert (rel.name, rel.count, rel.stage) == ("K4", 1, "cumulant-ica")
-        assert rel.sensitivity == pytest.approx(2 * 5.0 / 20, rel=1e-12)  # 2 B n_max / N_s
-        assert led.epsilon(DELTA, collusion=False) <= 4.0 * (1 + 1e-9)
+        rels = {r.name: r for r in led.releases}
+        assert sorted(rels) == ["K4", "S2"] and all(r.count == 1 and r.stage == "cumulant-ica" for r in rels.values())
+        assert rels["K4"].sensitivity == pytest.approx(2 * 5.0 / 20, rel=1e-12)  # 2 B n_max / N_s
+        assert rels["S2"].sensitivity == pytest.approx(math.sqrt(2) * 3.0 / 20, rel=1e-12)  # sqrt(2) c n_max / N_s
+        assert rels["S2"].noise_multiplier == pytest.approx(z / math.sqrt(REFINE_SHARE), rel=1e-12)
+        assert rels["K4"].noise_multiplier == pytest.approx(z / math.sqrt(1 - REFINE_SHARE), rel=1e-12)
+        assert led.epsilon(DELTA, collusion=False) == pytest.approx(4.0, rel=1e-6)  # exactly the stage's eps
     assert qngi(res.W @ A) < 0.2
     weak = cape_cumulant_ica(sites, subjects, 0.05, DELTA, clip=5.0, plan="cape", random_state=0)
     assert qngi(weak.W @ A) > qngi(res.W @ A)
+    one = cape_cumulant_ica(sites, subjects, 4.0, DELTA, clip=5.0, refine_share=0, plan="cape", random_state=0)
+    assert [r.name for r in one.ledgers[0].releases] == ["K4"]
+    assert one.ledgers[0].releases[0].noise_multiplier == pytest.approx(z, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_refinement_whitens_what_the_pca_left_unwhite(seed):
+    """Data whitened with wrong variances (covariance eigenvalues 0.3-2.5, as after a private PCA): without
+    noise the refined run separates them, the run without refinement does not, and W unmixes the given data."""
+    A, sites, subjects = _mixed(subjects=10, T=400, seed=seed)
+    D = np.diag([0.55, 0.8, 1.2, 1.6])
+    off = [D @ Z for Z in sites]
+    refined = cape_cumulant_ica(off, subjects, None, DELTA, clip=1e6, refine_clip=1e6, plan="none",
+                                random_state=seed)
+    plain = cape_cumulant_ica(off, subjects, None, DELTA, clip=1e6, refine_share=0, plan="none", random_state=seed)
+    assert qngi(refined.W @ D @ A) < 0.05
+    assert qngi(plain.W @ D @ A) > 2 * qngi(refined.W @ D @ A)
 
 
 def test_replace_worst_case_is_the_recorded_sensitivity():
@@ -66,10 +110,12 @@ def test_replace_worst_case_is_the_recorded_sensitivity():
     R, T, B = 2, 4, 0.8
     rng = np.random.default_rng(5)
     base = [rng.standard_normal((R, T)) for _ in range(3)]
-    alg = CapeCumulantICA(R, 1.0, DELTA, clip=B, seed=0)
+    alg = CapeCumulantICA(R, 1.0, DELTA, clip=B, refine_share=0, seed=0)
     lengths = [T] * 3
     recorded = alg.site_releases(alg.site_init(0, (np.hstack(base), lengths)))["K4"].sensitivity
     cands = [np.tile(np.array([[a], [b]]) * s, (1, T)) for a, b in ((1, 0), (0, 1), (1, 1), (1, -1)) for s in (0.1, 3)]
+    # a constant subject has a negative cumulant, one spike a positive one: opposite extremes along (0000)
+    cands += [np.hstack([np.array([[a], [b]]) * s, np.zeros((R, T - 1))]) for a, b in ((1, 0), (0, 1)) for s in (0.1, 3)]
     cands += [rng.standard_normal((R, T)) for _ in range(20)]
     vals = []
     for c in cands:
@@ -80,6 +126,25 @@ def test_replace_worst_case_is_the_recorded_sensitivity():
     assert recorded == pytest.approx(2 * B * T / (3 * T), rel=1e-12)
     assert worst <= recorded * (1 + 1e-9)
     assert worst > 0.9 * recorded
+
+
+def test_refinement_replace_worst_case_is_the_recorded_sensitivity():
+    """Subject 0 replaced by each candidate: the second-moment release moves by at most sqrt(2) c n / N (PSD
+    terms), attained by clipped terms on orthogonal directions."""
+    R, T, c = 2, 4, 0.7
+    rng = np.random.default_rng(6)
+    base = [rng.standard_normal((R, T)) for _ in range(3)]
+    alg = CapeCumulantICA(R, 1.0, DELTA, refine_clip=c, seed=0)
+    lengths = [T] * 3
+    recorded = alg.site_releases(alg.site_init(0, (np.hstack(base), lengths)))["S2"].sensitivity
+    cands = [np.tile(np.array([[a], [b]]) * s, (1, T)) for a, b in ((1, 0), (0, 1), (1, 1), (1, -1)) for s in (0.1, 3)]
+    cands += [rng.standard_normal((R, T)) for _ in range(20)]
+    vals = [pack_weighted(alg.site_compute(alg.site_init(0, (np.hstack([x] + base[1:]), lengths)), 0, None)["S2"])
+            for x in cands]
+    worst = max(np.linalg.norm(a - b) for a, b in itertools.combinations(vals, 2))
+    assert recorded == pytest.approx(math.sqrt(2) * c / 3, rel=1e-12)
+    assert worst <= recorded * (1 + 1e-9)
+    assert worst > 0.99 * recorded
 
 
 def test_power_directions_finds_planted_orthogonal_directions():
@@ -95,6 +160,11 @@ def test_power_directions_finds_planted_orthogonal_directions():
 def test_refusals():
     with pytest.raises(ValueError, match="clip"):
         CapeCumulantICA(3, 1.0, DELTA, clip=0)
+    with pytest.raises(ValueError, match="refine_clip"):
+        CapeCumulantICA(3, 1.0, DELTA, refine_clip=math.inf)
+    for share in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="refine_share"):
+            CapeCumulantICA(3, 1.0, DELTA, refine_share=share)
     A, sites, subjects = _mixed()
     with pytest.raises(ValueError, match="finite epsilon"):
         cape_cumulant_ica(sites, subjects, None, DELTA, clip=1.0)
@@ -111,17 +181,18 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
     R, T, B = 2, 4, 0.8
     rng = np.random.default_rng(11)
     rest = [rng.standard_normal((R, T)) for _ in range(2)]
-    subject = [np.tile(np.array([[3.0], [0.0]]), (1, T)), np.tile(np.array([[0.0], [0.1]]), (1, T))]
+    spike = np.hstack([np.array([[3.0], [0.0]]), np.zeros((R, T - 1))])  # cumulant along (0000) > 0
+    subject = [np.tile(np.array([[3.0], [0.0]]), (1, T)), spike]  # constant: < 0; both clipped to B
     worlds = [(np.hstack([s] + rest), [T] * 3) for s in subject]
     clean = []
     for w in worlds:
-        alg = CapeCumulantICA(R, None, DELTA, clip=B)
+        alg = CapeCumulantICA(R, None, DELTA, clip=B, refine_share=0)
         clean.append(pack_weighted(alg.site_compute(alg.site_init(0, w), 0, None)["K4"]))
     u = clean[1] - clean[0]
     n_draws, stats_ = 400, [[], []]
     for i in range(n_draws):
         for j, w in enumerate(worlds):
-            res = run_cape(CapeCumulantICA(R, 2.0, DELTA, clip=B, seed=2 * i + j), [w], "conv")
+            res = run_cape(CapeCumulantICA(R, 2.0, DELTA, clip=B, refine_share=0, seed=2 * i + j), [w], "conv")
             rel = res.sites[0]["ledger"].releases[0]
             stats_[j].append(float((pack_weighted(res.aggregator["K4"]) - clean[0]) @ u / np.linalg.norm(u)
                                    / rel.sigma))

@@ -1,44 +1,53 @@
-"""One-shot temporal ICA: one CAPE release of the sites' fourth-order cumulants, separated by the aggregator.
+"""Temporal ICA in two releases: a refined whitening, then the sites' fourth-order cumulants.
 
 capeDJICA releases a gradient every round; under privacy its rounds cost most
 of a temporal run's budget. Independent sources can also be read off the
-fourth-order cumulant tensor of the whitened data: for z = A s with A
-orthogonal and independent unit-variance s_r,
-kappa_4(z) = E[z (x) z (x) z (x) z] - G = sum_r k_r a_r (x) a_r (x) a_r (x) a_r,
-G_ijkl = d_ij d_kl + d_ik d_jl + d_il d_jk the Gaussian part and k_r the
-sources' excess kurtoses (the tensor JADE diagonalises). So each site
-releases its subjects' cumulant tensor once; the aggregator symmetrises the
-noisy average and finds the a_r by the tensor power method with deflation
-(post-processing).
+fourth-order cumulant tensor of white data: for y = A s with A orthogonal and
+independent unit-variance s_r,
+kappa_4(y) = E[y (x) y (x) y (x) y] - G(Sigma) = sum_r k_r a_r (x) a_r (x) a_r (x) a_r,
+G(Sigma)_ijkl = S_ij S_kl + S_ik S_jl + S_il S_jk the Gaussian part of covariance
+Sigma and k_r the sources' excess kurtoses (the tensor JADE diagonalises).
 
-Site step. Subject m with n_m whitened time points Y_m (R x n_m):
-C_m = (1/n_m) sum_t y_t (x) y_t (x) y_t (x) y_t - G, scaled to Frobenius norm
-<= B (the public ``clip``); the site releases sum_m n_m C_m / N_s as an
-R^2 x R^2 symmetric matrix (pairs (ij), (kl)).
+The tensor is only as good as the whitening: after the private PCA the data
+are roughly white (covariance eigenvalues ~0.15-2 on [capeDJICA]'s set-up), a
+direction of variance l carries its kurtosis times l^2 against noise of the
+same size in every direction, and undoing it afterwards amplifies the noise as
+much. So the sites first refine the whitening, in coordinates where every
+direction already weighs about the same:
 
-Sensitivity (replace one subject): its term changes by at most 2 B n_max / N_s
-(triangle inequality; C_m is not PSD, so the sqrt(2) of the second moments
-does not apply), in the Frobenius norm the symmetric release's noise is
-calibrated to (:mod:`dpneuro.cape.packing`). One release: the run's (eps,
-delta) calibrates it. Averaging the noisy tensor over the 24 index orders at
-the aggregator is post-processing.
+Round 0 (refinement). Subject m with n_m whitened time points Y_m (R x n_m):
+S_m = Y_m Y_m^T / n_m, scaled to Frobenius norm <= c (``refine_clip``); the
+site releases sum_m n_m S_m / N_s (R x R, symmetric). Sensitivity (replace one
+subject): sqrt(2) c n_max / N_s (the terms are PSD, as the PCA's second
+moments). The aggregator raises the noisy average's eigenvalues to at least
+:data:`REFINE_FLOOR` times their mean and broadcasts P = S_hat^{-1/2}.
 
-Aggregator step. For r = 1..R: the tensor power iteration
+Round 1 (cumulants). Each subject's time points become P Y_m, and its
+cumulant uses its own covariance S'_m = P Y_m Y_m^T P / n_m:
+C_m = (1/n_m) sum_t y_t^(x)4 - G(S'_m), scaled to Frobenius norm <= B (``clip``);
+the site releases sum_m n_m C_m / N_s as an R^2 x R^2 symmetric matrix.
+Sensitivity: 2 B n_max / N_s (triangle inequality; C_m is not PSD). Its own
+covariance makes C_m the subject's sample cumulant whatever the residual
+scale of P Y_m, so no Gaussian part is left over from an imperfect whitening.
+
+The two releases split the stage's GDP mu^2: ``refine_share`` to the
+refinement (noise multiplier z / sqrt(share)), the rest to the cumulants
+(z / sqrt(1 - share)), so they compose to the stage's (eps, delta) exactly.
+
+Aggregator, after round 1 (post-processing). It symmetrizes the noisy tensor
+over its 24 index orders and, for r = 1..R, runs the tensor power iteration
 w <- T(., w, w, w) / ||.||, orthogonal to the directions already found, from
 ``n_restarts`` random starts (public randomness), keeps the start whose
-|T(w, w, w, w)| is largest; then deflates T -= T(w,w,w,w) w^(x)4. The rows of
-W are the directions: sources = W z.
+|T(w, w, w, w)| is largest and deflates T -= T(w,w,w,w) w^(x)4. With U the
+directions (rows), the unmixing of the sites' whitened data is W = U P:
+sources = W z, capeDJICA's parametrisation.
 
-It assumes white input (unit covariance, orthogonal mixing): the Gaussian part
-subtracted is that of the identity. After dpneuro's private whitening the
-data are only roughly white, and then it does not separate
-(benchmarks/djica_end_to_end.py: qNGI ~0.3 where capeDJICA, which learns a
-general unmixing, reaches 0.07). Not yet selectable in a run.
+``refine_share = 0`` skips the refinement (one release, P = I): for data that
+are white already.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -53,35 +62,42 @@ from ..exchange import Payload
 from ..io import subject_ranges
 from ..privacy import PrivacyLedger
 
-__all__ = ["CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "gaussian_part", "subject_cumulant"]
+__all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "default_clips",
+           "gaussian_part_of", "subject_cumulant", "subject_second_moment"]
 
 _PERMS = tuple(itertools.permutations(range(4)))
 
 
-@functools.lru_cache(maxsize=8)
-def gaussian_part(R: int) -> np.ndarray:
-    """G_ijkl = d_ij d_kl + d_ik d_jl + d_il d_jk as an R^2 x R^2 matrix: the fourth moment of white noise.
+def gaussian_part_of(S: np.ndarray) -> np.ndarray:
+    """G(S)_ijkl = S_ij S_kl + S_ik S_jl + S_il S_jk as an R^2 x R^2 matrix: the fourth moment of N(0, S)."""
+    R = S.shape[0]
+    return (np.einsum("ij,kl->ijkl", S, S) + np.einsum("ik,jl->ijkl", S, S)
+            + np.einsum("il,jk->ijkl", S, S)).reshape(R * R, R * R)
 
-    Built once per R (every subject subtracts it) and returned read-only.
-    """
-    eye = np.eye(R)
-    G = (np.einsum("ij,kl->ijkl", eye, eye) + np.einsum("ik,jl->ijkl", eye, eye)
-         + np.einsum("il,jk->ijkl", eye, eye)).reshape(R * R, R * R)
-    G.flags.writeable = False
-    return G
+
+def _clipped(A: np.ndarray, clip: float | None) -> np.ndarray:
+    if clip is not None:
+        norm = float(np.linalg.norm(A))
+        if norm > clip:
+            A = A * (clip / norm)
+    return A
+
+
+def subject_second_moment(Y: np.ndarray, clip: float | None = None) -> np.ndarray:
+    """A subject's second moment Y Y^T / n of its whitened time points Y (R x n), clipped to ``clip``."""
+    Y = np.asarray(Y, np.float64)
+    return _clipped(Y @ Y.T / Y.shape[1], clip)
 
 
 def subject_cumulant(Y: np.ndarray, clip: float | None = None) -> np.ndarray:
-    """A subject's fourth-order cumulant of its whitened time points Y (R x n), R^2 x R^2, clipped to ``clip``."""
+    """A subject's fourth-order sample cumulant of its time points Y (R x n), R^2 x R^2, clipped to ``clip``.
+
+    The fourth moment minus the Gaussian part of the subject's own second moment.
+    """
     R, n = Y.shape
     Y = np.asarray(Y, np.float64)
     YY = (Y[:, None, :] * Y[None, :, :]).reshape(R * R, n)
-    C = YY @ YY.T / n - gaussian_part(R)
-    if clip is not None:
-        norm = float(np.linalg.norm(C))
-        if norm > clip:
-            C *= clip / norm
-    return C
+    return _clipped(YY @ YY.T / n - gaussian_part_of(Y @ Y.T / n), clip)
 
 
 def symmetrize4(K: np.ndarray, R: int) -> np.ndarray:
@@ -120,32 +136,68 @@ def power_directions(K: np.ndarray, R: int, rng: np.random.Generator, *, n_resta
     return np.array(found)
 
 
+#: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest): on [capeDJICA]'s set-up
+#: (4 x 256 subjects) 0.1 refines the covariance from eigenvalues 0.13-2.2 to 0.7-1.6 (benchmarks/djica_end_to_end.py)
+REFINE_SHARE = 0.1
+#: the refined covariance's eigenvalues are raised to at least this times their mean (post-processing)
+REFINE_FLOOR = 0.05
+
+
+def default_clips(R: int, n: int) -> tuple[float, float]:
+    """Public bounds (refine_clip, clip) for subjects of ``n`` time points in R dimensions.
+
+    The root-mean-square Frobenius norms a white Gaussian subject's second
+    moment and sample cumulant would have: sqrt(R + R(R+1)/n) and
+    sqrt(R(R+2)(R+4)(R+6) / n) (the sum of the fourth moment's entry variances).
+    Real subjects' terms are about these sizes: the bounds scale the noise
+    with the data, whatever R and n.
+    """
+    return math.sqrt(R + R * (R + 1) / n), math.sqrt(R * (R + 2) * (R + 4) * (R + 6) / n)
+
+
 class CapeCumulantICA:
-    """The one-shot cumulant release as a :mod:`dpneuro.cape` algorithm (one round; module docstring).
+    """The refinement and the cumulant release as a :mod:`dpneuro.cape` algorithm (module docstring).
 
     Parameters
     ----------
     n_components : int
         R, the whitened data's dimension.
     epsilon, delta : float
-        The release's (eps, delta); ``epsilon=None`` only without noise.
-    clip : float
-        Public bound B on a subject's cumulant (Frobenius norm).
+        The stage's (eps, delta), split between its two releases; ``epsilon=None`` only without noise.
+    clip, refine_clip : float or None
+        Public bounds on a subject's cumulant and second moment (Frobenius norm); None: :func:`default_clips`
+        at the site's median subject length.
+    refine_share : float in [0, 1)
+        The refinement's share of the stage's mu^2; 0: no refinement round.
     seed : int or None
         Seeds the sites' noise and the aggregator's starts; None: OS entropy.
     """
 
     name = "cumulant-ica"
-    max_rounds = 1
 
-    def __init__(self, n_components: int, epsilon, delta, *, clip: float, seed: int | None = None,
+    def __init__(self, n_components: int, epsilon, delta, *, clip: float | None = None,
+                 refine_clip: float | None = None, refine_share: float = REFINE_SHARE, seed: int | None = None,
                  n_restarts: int = 8, n_iter: int = 60):
-        if not (isinstance(clip, (int, float)) and not isinstance(clip, bool) and 0 < clip < math.inf):
-            raise ValueError(f"clip must be a positive number (the public bound on a subject's cumulant), got {clip!r}")
-        self.R, self.clip, self.seed = int(n_components), float(clip), seed
+        for name, v in (("clip", clip), ("refine_clip", refine_clip)):
+            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf):
+                raise ValueError(f"{name} must be a positive number (a public bound on a subject's term) or None, "
+                                 f"got {v!r}")
+        if isinstance(refine_share, bool) or not isinstance(refine_share, (int, float)) or not 0 <= refine_share < 1:
+            raise ValueError(f"refine_share must be a number in [0, 1), got {refine_share!r}")
+        self.R, self.seed = int(n_components), seed
+        self.clip, self.refine_clip = clip, refine_clip
+        self.refine_share = float(refine_share)
         self.n_restarts, self.n_iter = int(n_restarts), int(n_iter)
         self.epsilon, self.delta = epsilon, delta
-        self.z = privacy.noise_multiplier(epsilon, delta)
+        z = privacy.noise_multiplier(epsilon, delta)
+        self.z_refine = z / math.sqrt(self.refine_share) if self.refine_share > 0 else math.inf
+        self.z_cumulant = z / math.sqrt(1.0 - self.refine_share)
+        self.refines = self.refine_share > 0
+        self.max_rounds = 2 if self.refines else 1
+
+    def _clips(self, lengths: Sequence[int]) -> tuple[float, float]:
+        c, b = default_clips(self.R, int(np.median(lengths)))
+        return (self.refine_clip or c), (self.clip or b)
 
     def site_init(self, site: int, data) -> dict:
         Z, lengths = data
@@ -162,26 +214,47 @@ class CapeCumulantICA:
         return state
 
     def public_state(self, site: int, lengths: Sequence[int]) -> dict:
-        N = int(sum(lengths))
-        sens = 2.0 * self.clip * max(lengths) / N
+        N, n_max = int(sum(lengths)), max(lengths)
+        c, B = self._clips(lengths)
+        sens = 2.0 * B * n_max / N
+        sens_refine = math.sqrt(2.0) * c * n_max / N
         ledger = PrivacyLedger(owner=f"site-{site}")
-        ledger.note(f"{self.name}: one release of the subjects' fourth-order cumulants of the whitened data, each "
-                    f"clipped to Frobenius norm {self.clip:g}; privacy unit one subject, neighbours by replace, "
-                    f"sensitivity {sens:.6g} = 2 * {self.clip:g} * {max(lengths)}/{N}")
-        return {"site": site, "lengths": list(lengths), "n": N, "sensitivity": sens, "ledger": ledger}
+        if self.refines:
+            ledger.note(f"{self.name}: first the subjects' second moments of the whitened data, each clipped to "
+                        f"Frobenius norm {c:.6g}; sensitivity {sens_refine:.6g} = sqrt(2) * {c:.6g} * {n_max}/{N}; "
+                        f"{self.refine_share:g} of the stage's mu^2")
+        ledger.note(f"{self.name}: one release of the subjects' fourth-order cumulants of the "
+                    f"{'refined ' if self.refines else ''}whitened data, each clipped to Frobenius norm {B:.6g}; "
+                    f"privacy unit one subject, neighbours by replace, sensitivity {sens:.6g} = 2 * {B:.6g} * "
+                    f"{n_max}/{N}")
+        return {"site": site, "lengths": list(lengths), "n": N, "sensitivity": sens, "sensitivity_refine": sens_refine,
+                "clips": (c, B), "ledger": ledger}
 
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
-        return {"K4": ReleaseSpec((self.R * self.R, self.R * self.R), state["sensitivity"], self.z, symmetric=True,
-                                  unit="subject", stage=self.name)}
+        R, last = self.R, self.max_rounds - 1
+        out = {"K4": ReleaseSpec((R * R, R * R), state["sensitivity"], self.z_cumulant, symmetric=True,
+                                 unit="subject", stage=self.name, rounds=(last,))}
+        if self.refines:
+            out["S2"] = ReleaseSpec((R, R), state["sensitivity_refine"], self.z_refine, symmetric=True,
+                                    unit="subject", stage=self.name, rounds=(0,))
+        return out
 
     def site_weight(self, state) -> float:
         return float(state["n"])
 
-    def site_compute(self, state, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
-        Z, K, start = state["_Z"], 0.0, 0
+    def _subjects(self, state):
+        Z, start = state["_Z"], 0
         for n in state["lengths"]:
-            K = K + n * subject_cumulant(Z[:, start:start + n], self.clip)
+            yield n, Z[:, start:start + n]
             start += n
+
+    def site_compute(self, state, round: int, broadcast: Payload | None) -> dict[str, np.ndarray]:
+        c, B = state["clips"]
+        if self.refines and round == 0:
+            S = sum(n * subject_second_moment(Y, c) for n, Y in self._subjects(state))
+            return {"S2": S / state["n"]}
+        P = np.asarray(broadcast.arrays["P"], np.float64) if self.refines else None
+        K = sum(n * subject_cumulant(Y if P is None else P @ Y, B) for n, Y in self._subjects(state))
         return {"K4": K / state["n"]}
 
     def aggregator_init(self) -> dict:
@@ -191,10 +264,20 @@ class CapeCumulantICA:
         return Payload()
 
     def aggregator_update(self, state, round: int, combined: dict[str, np.ndarray]) -> Payload:
+        if self.refines and round == 0:
+            S = (combined["S2"] + combined["S2"].T) / 2
+            theta, U = np.linalg.eigh(S)
+            # the refined covariance's mean eigenvalue is about 1; noise above it all leaves 1
+            level = float(theta.mean()) if theta.mean() > 0 else 1.0
+            theta = np.maximum(theta, REFINE_FLOOR * level)
+            P = (U / np.sqrt(theta)) @ U.T
+            state.update(P=P, S_hat=S)
+            return Payload({"P": P})
+        P = state.get("P", np.eye(self.R))
         rng = np.random.default_rng(None if self.seed is None else [int(self.seed), 2**31 - 1])
-        W = power_directions(combined["K4"], self.R, rng, n_restarts=self.n_restarts, n_iter=self.n_iter)
-        state.update(W=W, K4=combined["K4"])
-        return Payload({"W": W}, {"stop": True})
+        U = power_directions(combined["K4"], self.R, rng, n_restarts=self.n_restarts, n_iter=self.n_iter)
+        state.update(U=U, W=U @ P, K4=combined["K4"])
+        return Payload({"W": U @ P}, {"stop": True})
 
 
 @dataclass
@@ -208,14 +291,16 @@ class CumulantICAResult:
         return max(led.epsilon(delta, method, collusion=collusion) for led in self.ledgers if led is not None)
 
 
-def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float, plan="cape", random_state=None,
-                      exchange=None, options=None) -> CumulantICAResult:
-    """Run the one-shot cumulant ICA over the sites' whitened data (``subjects``: per site, a count, the
-    lengths or the column ranges, as :func:`dpneuro.io.subject_ranges` reads them)."""
+def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float | None = None,
+                      refine_clip: float | None = None, refine_share: float = REFINE_SHARE, plan="cape",
+                      random_state=None, exchange=None, options=None) -> CumulantICAResult:
+    """Run the cumulant ICA over the sites' whitened data (``subjects``: per site, a count, the lengths or the
+    column ranges, as :func:`dpneuro.io.subject_ranges` reads them). W's rows unmix the given data."""
     plan = NoisePlan.coerce(plan)
     if plan.kind != "none" and (epsilon is None or math.isinf(epsilon)):
         raise ValueError("a private plan needs a finite epsilon")
     alg = CapeCumulantICA(Z_sites[0].shape[0], None if plan.kind == "none" else epsilon, delta, clip=clip,
+                          refine_clip=refine_clip, refine_share=refine_share,
                           seed=privacy.resolve_random_state(random_state))
     data = [(Z, [b - a for a, b in subject_ranges(sub, Z.shape[1])])
             for Z, sub in zip(Z_sites, subjects, strict=True)]
