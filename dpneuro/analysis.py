@@ -283,9 +283,14 @@ def site_whiten(X, basis, eigenvalues) -> np.ndarray:
 
 
 def ica_algorithm(cfg: RunConfig):
-    """The capeDJICA algorithm of a run (R = n_components)."""
+    """The temporal unmixing of a run (R = n_components): capeDJICA, or the cumulant ICA (``ica_unmixing``)."""
     from .algorithms.djica import OPTIMIZERS, CapeDJICA
 
+    if cfg.ica_unmixing == "cumulant":
+        from .algorithms.cumulant_ica import CapeCumulantICA
+
+        return CapeCumulantICA(cfg.n_components, None if cfg.plan == "none" else cfg.cumulant_epsilon,
+                               cfg.pca_delta, seed=stage_seed(cfg, 2))
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
     return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
@@ -316,6 +321,9 @@ class UnmixResult:
 def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
     from .algorithms.djica import reported_unmixing
 
+    if "ica" not in agg:  # the cumulant ICA: its two releases, then W
+        W = np.asarray(agg["W"])
+        return UnmixResult(W, np.zeros(W.shape[0]), {}, 2 if "P" in agg else 1, "separated", ledgers)
     st = agg["ica"]
     W, b = reported_unmixing(st)  # the Polyak average when the optimizer keeps one, else the last iterate
     hist = {k: [float(x) for x in v] for k, v in st["history"].items()}
@@ -333,6 +341,8 @@ def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
     """How the maps were unmixed, for a report's headline."""
     if cfg.ica == "spatial":
         return f"spatial ICA of the released basis, no further release (FastICA {status})"
+    if cfg.ica_unmixing == "cumulant":
+        return "temporal ICA, the whitening refined and the subjects' fourth-order cumulants released (2 releases)"
     return f"temporal ICA, {rounds} capeDJICA rounds ({status})"
 
 

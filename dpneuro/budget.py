@@ -277,7 +277,10 @@ class BudgetPlan:
             out.append(f"proposal for eps = {self.target_epsilon:g} per site at delta = {cfg.delta:g} "
                        f"(against the aggregator and its colluders):")
         temporal = releases_in(cfg, "unmix")
-        ica = (f"temporal ICA: rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
+        cumulant = temporal and cfg.ica_unmixing == "cumulant"
+        ica = ("temporal ICA: cumulant unmixing (the whitening refined, then the subjects' fourth-order cumulants: "
+               "2 releases)" if cumulant
+               else f"temporal ICA: rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
                f"bias {'on' if cfg.ica_bias else 'off'}" if temporal
                else "spatial ICA (post-processing of the released basis: no further release)")
         out.append(f"sites S = {len(self.shapes)}, subjects per site {M} (privacy unit: one subject, replace "
@@ -289,7 +292,9 @@ class BudgetPlan:
                     f"{cfg.pca_subject_bound:g}, subject contribution '{cfg.contribution}'"
                     if releases_in(cfg, "reduce")
                     else "settings:")
-                   + (f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
+                   + (f", cumulant_epsilon = {cfg.cumulant_epsilon:.6g} (at delta/2) for its two releases together"
+                      if cumulant else
+                      f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
                       f"calibration '{cfg.calibration}'" if temporal else "")
                    + (f", brain states K = {cfg.brain_states}: states_epsilon = {cfg.states_epsilon:.6g} (at "
                       "delta/2) for each of its two releases" if releases_in(cfg, "states") else ""))
@@ -320,6 +325,7 @@ class BudgetPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"epsilon": self.epsilon, "delta": self.config.delta, "target_epsilon": self.target_epsilon,
                 "pca_epsilon": self.config.pca_epsilon, "ica_epsilon_i": self.config.ica_epsilon_i,
+                "cumulant_epsilon": self.config.cumulant_epsilon, "ica_unmixing": self.config.ica_unmixing,
                 "ica_delta_i": self.config.ica_delta_i, "states_epsilon": self.config.states_epsilon,
                 "brain_states": self.config.brain_states, "sites": {s.name: list(s.lengths) for s in self.shapes},
                 "dim": self.dim, "noise": self.noise(), "privacy": self.privacy, "warnings": self.warnings(),
@@ -344,27 +350,41 @@ def _ica_noise_multiplier(cfg: RunConfig) -> float:
     return noise_multiplier(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
 
 
+def _cumulant_noise_multiplier(cfg: RunConfig) -> float:
+    return noise_multiplier(cfg.cumulant_epsilon, cfg.pca_delta)
+
+
 def _states_noise_multiplier(cfg: RunConfig) -> float:
     from .analysis import states_noise_multiplier  # the run's own calibration of the states releases
 
     return states_noise_multiplier(cfg)
 
 
-#: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names)
+#: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names,
+#: its calibration)
 _STAGE_SETTINGS = {
-    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power", "capepca-variances")),
-    "unmix": ("ica_epsilon_i", "ica_delta_i", _ica_noise_multiplier, ("ica",)),
-    "states": ("states_epsilon", "pca_delta", _states_noise_multiplier, ("agn-m2", "agn-m3")),
+    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power", "capepca-variances"),
+               "analytic"),
+    "unmix": ("ica_epsilon_i", "ica_delta_i", _ica_noise_multiplier, ("ica",), None),
+    "states": ("states_epsilon", "pca_delta", _states_noise_multiplier, ("agn-m2", "agn-m3"), "analytic"),
 }
+_CUMULANT_SETTINGS = ("cumulant_epsilon", "pca_delta", _cumulant_noise_multiplier, ("cumulant-ica",), "analytic")
+
+
+def _stage_settings(cfg: RunConfig, stage: str) -> tuple:
+    """:data:`_STAGE_SETTINGS` of ``stage`` for a run of ``cfg`` (the unmixing's depend on ``ica_unmixing``)."""
+    if stage == "unmix" and cfg.ica_unmixing == "cumulant":
+        return _CUMULANT_SETTINGS
+    return _STAGE_SETTINGS[stage]
 
 
 def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
     """``cfg`` with the per-stage settings that give these noise multipliers (stage -> z)."""
     changes = {}
     for stage, zs in z.items():
-        name, delta_field, _, _ = _STAGE_SETTINGS[stage]
+        name, delta_field, _, _, calibration = _stage_settings(cfg, stage)
         delta = getattr(cfg, delta_field)
-        v = epsilon_for_multiplier(zs, delta, method=cfg.calibration if stage == "unmix" else "analytic")
+        v = epsilon_for_multiplier(zs, delta, method=calibration or cfg.calibration)
         if not v > 0:
             raise ConfigError(f"the target needs a noise multiplier the setting {name!r} cannot express at delta "
                               f"{delta:g} (eps would be 0); raise the target, lower "
@@ -377,6 +397,9 @@ def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
 #: settings (40 rounds at eps_i 0.7) gives; on the demo's consortium at eps 30 it gave mean |r| 0.57 with the
 #: truth, a 25 % share 0.40
 TEMPORAL_PCA_SHARE = 0.55
+#: the same with the cumulant unmixing: on [capeDJICA]'s set-up (4 x 256 subjects) PCA eps 1.5 and cumulant eps
+#: 3.2-3.4 (a share of ~0.2) gave qNGI ~0.1 at a total of 4; 1.25 and 3.5 gave 0.14 (benchmarks/djica_end_to_end.py)
+CUMULANT_PCA_SHARE = 0.2
 
 
 def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
@@ -390,7 +413,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     split), otherwise every stage keeps its share under ``cfg``'s own settings.
     """
     if pca_share is None and "unmix" in stages and releases_in(cfg, "unmix") and releases_in(cfg, "reduce"):
-        pca_share = TEMPORAL_PCA_SHARE
+        pca_share = CUMULANT_PCA_SHARE if cfg.ica_unmixing == "cumulant" else TEMPORAL_PCA_SHARE
     if pca_share is not None and not 0 < pca_share < 1:
         raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
@@ -403,7 +426,8 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     base = spend(cfg, shapes, dim, stages)
     active = [st for st in RELEASING_STAGES if st in stages and releases_in(cfg, st)]
     stage_mu = [s["by_stage_mu"] for s in base.privacy["sites"].values()]
-    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in _STAGE_SETTINGS[st][3])) for by in stage_mu)
+    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in _stage_settings(cfg, st)[3]))
+              for by in stage_mu)
           for st in active}
     total = sum(v**2 for v in mu.values())
     share = {st: mu[st] ** 2 / total for st in active}
@@ -414,7 +438,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     elif not later:
         share = {"reduce": 1.0}  # the PCA alone: the other settings stay as they are (unused)
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
-    z0 = {st: _STAGE_SETTINGS[st][2](cfg) * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
+    z0 = {st: _stage_settings(cfg, st)[2](cfg) * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
 
     def scaled(f: float) -> RunConfig:
         return _with_multipliers(cfg, {st: z * f for st, z in z0.items()})

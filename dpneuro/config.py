@@ -22,6 +22,9 @@ REDUCTIONS = ("capepca", "capepca-power", "none", "pdsvd")
 #: the group ICA model: independent maps (spatial: CanICA/MELODIC/GIFT, post-processing of the released basis)
 #: or independent time courses (temporal: capeDJICA, private rounds of its own)
 ICA_MODELS = ("spatial", "temporal")
+#: how temporal ICA unmixes: capeDJICA's private gradient rounds, or two releases (a refined whitening, then the
+#: subjects' fourth-order cumulants: dpneuro.algorithms.cumulant_ica)
+UNMIXINGS = ("capedjica", "cumulant")
 #: what a subject adds to the PCA's second moment ("auto": subspace under spatial ICA, moment otherwise)
 PCA_CONTRIBUTIONS = ("auto", "subspace", "moment")
 #: how a site makes its own voxel maps (``dpneuro.site_maps``)
@@ -44,7 +47,7 @@ SYNTHETIC_CONSORTIUM: dict[str, Any] = {
 #: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
 TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i",
                 "ica_rounds", "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit",
-                "ica_bias")
+                "ica_bias", "ica_unmixing", "cumulant_epsilon")
 
 
 class ConfigError(ValueError):
@@ -116,6 +119,14 @@ class RunConfig:
     ica_epsilon_i: float = 0.7
     ica_delta_i: float = 1e-2
     ica_rounds: int = 40
+    # how temporal ICA unmixes: "capedjica" (ica_rounds private gradient rounds at ica_epsilon_i each) or
+    # "cumulant" (two releases at cumulant_epsilon together: the whitening refined by the subjects' R x R second
+    # moments, then their fourth-order cumulants, separated by the aggregator). [capeDJICA]'s set-up end to end
+    # (4 x 256 subjects, D = 900): qNGI 0.1 at a total eps of 4 with "cumulant", 14.5 with capeDJICA
+    # (benchmarks/djica_end_to_end.py)
+    ica_unmixing: str = "capedjica"
+    # the cumulant unmixing's (eps, delta / 2), split between its two releases (0.1 of mu^2 to the refinement)
+    cumulant_epsilon: float = 6.0
     # clipping bound of the ICA gradients; with ica_clip_unit = "subject" it bounds each subject's
     # mean gradient ([capeDJICA] as published: "sample", B = 30, bias on)
     clip_G: float = 0.7
@@ -346,6 +357,12 @@ class RunConfig:
                 bad("calibration", str(exc))
         if self.ica_rounds < 1:
             bad("ica_rounds", "must be >= 1")
+        if self.ica_unmixing not in UNMIXINGS:
+            bad("ica_unmixing", f"one of {UNMIXINGS}, got {self.ica_unmixing!r}")
+        elif self.ica_unmixing == "cumulant" and self.plan != "none" and not (
+                isinstance(self.cumulant_epsilon, (int, float)) and not isinstance(self.cumulant_epsilon, bool)
+                and 0 < self.cumulant_epsilon < math.inf):
+            bad("cumulant_epsilon", f"must be a positive number, got {self.cumulant_epsilon!r}")
         if self.ica_clip_unit not in UNITS:
             bad("ica_clip_unit", "'sample' (as published in [capeDJICA]) or 'subject'")
         if not isinstance(self.ica_bias, bool):

@@ -83,7 +83,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
                "pca_contribution", "ica", "brain_states", "delta", "seed", "pdsvd_iterations", "max_memory_gb"),
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
-              "ica_clip_unit", "ica_bias", "optimizer", "calibration", "seed"),
+              "ica_clip_unit", "ica_bias", "optimizer", "calibration", "ica_unmixing", "cumulant_epsilon", "seed"),
     "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
     "maps": ("delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps", "site_maps_method"),
     "report": (),

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 import deploy_common as dc
-from dpneuro.budget import TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
+from dpneuro.budget import CUMULANT_PCA_SHARE, TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
 from dpneuro.cli import main
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.synth import make_consortium
@@ -43,6 +43,8 @@ CASES = {
     "brain states": ("asym", {"brain_states": 2, "states_epsilon": 3.0}),
     "brain states, conv": ("sym", {"brain_states": 3, "plan": "conv"}),
     "PD-SVD reduction (not private)": ("asym", {"reduction": "pdsvd", "pdsvd_iterations": 5}),
+    "temporal ICA, cumulant unmixing": ("sym", {"ica_unmixing": "cumulant", "cumulant_epsilon": 3.0}),
+    "cumulant unmixing, asymmetric sites, conv": ("asym", {"ica_unmixing": "cumulant", "plan": "conv"}),
 }
 
 
@@ -51,8 +53,8 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
     which, kw = CASES[case]
     cfg = dc.run_config(consortia[which], tmp_path / "run", ica_rounds=6, **kw)
     ref = dc.reference(cfg)
-    # a run that stops early spends less than planned; spatial ICA runs no rounds
-    assert ref["rounds"] == (cfg.ica_rounds if cfg.ica == "temporal" else 0)
+    # a run that stops early spends less than planned; spatial ICA runs no rounds, the cumulant unmixing two
+    assert ref["rounds"] == (0 if cfg.ica == "spatial" else 2 if cfg.ica_unmixing == "cumulant" else cfg.ica_rounds)
     plan = spend(cfg, site_shapes(cfg), int(ref["basis"].shape[0]))
     stages = {r["stage"] for s in plan.privacy["sites"].values() for r in s["ledger"]["releases"]}
     assert ({"agn-m2", "agn-m3"} <= stages) == bool(cfg.brain_states)
@@ -112,6 +114,30 @@ def test_default_split_gives_a_temporal_pca_its_tuned_share(consortia, tmp_path)
         assert max(plan.epsilon.values()) == pytest.approx(5.0, rel=1e-6)
     shared = plan_for_target(cfg, shapes, 60, 5.0, pca_share=0.3)
     assert ratio(shared) == pytest.approx((0.3 / 0.7) ** 0.5, rel=1e-6)
+
+
+def test_default_split_gives_the_cumulant_unmixing_its_share_and_is_spent(consortia, tmp_path):
+    """With the cumulant unmixing the PCA gets CUMULANT_PCA_SHARE of mu^2, the unmixing's two releases the rest
+    (at cumulant_epsilon, in the ratio REFINE_SHARE), and the run spends the target."""
+    from dpneuro.algorithms.cumulant_ica import REFINE_SHARE
+
+    cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_unmixing="cumulant")
+    shapes = site_shapes(cfg)
+    for cumulant_epsilon in (1.0, 9.0):
+        plan = plan_for_target(replace(cfg, cumulant_epsilon=cumulant_epsilon), shapes, 60, 6.0)
+        top = max(plan.privacy["sites"].values(), key=lambda x: x["mu"])
+        s = top["by_stage_mu"]
+        reduce = math.hypot(s["capepca"], s["capepca-variances"])
+        assert (reduce / s["cumulant-ica"]) ** 2 == pytest.approx(CUMULANT_PCA_SHARE / (1 - CUMULANT_PCA_SHARE),
+                                                                  rel=1e-6)
+        rel = {r["name"]: r for r in top["ledger"]["releases"] if r["stage"] == "cumulant-ica"}
+        assert (rel["K4"]["sigma"] / rel["K4"]["sensitivity"]) ** -2 / (
+            (rel["K4"]["sigma"] / rel["K4"]["sensitivity"]) ** -2 + (rel["S2"]["sigma"] / rel["S2"]["sensitivity"]) ** -2
+        ) == pytest.approx(1 - REFINE_SHARE, rel=1e-9)
+        assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
+    ref = dc.reference(plan.config)
+    spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
+    assert spent == pytest.approx(6.0, rel=1e-6)
 
 
 def test_default_split_without_ica_rounds_keeps_the_configurations_ratio(consortia, tmp_path):

@@ -134,7 +134,7 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
     accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
                 "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS,
-                "site_maps_method": config.SITE_MAPS_METHODS}
+                "site_maps_method": config.SITE_MAPS_METHODS, "ica_unmixing": config.UNMIXINGS}
     selects = {k: v["values"] for k, v in _load("compspec.json")["computation"]["input"].items()
                if v["type"] == "select" and k != "seed_policy"}  # seed_policy is the entry point's, not a field
     assert set(selects) == set(accepted)

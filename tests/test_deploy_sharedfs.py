@@ -131,6 +131,29 @@ def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
+def test_cumulant_unmixing_in_processes_equals_inprocess(consortium, tmp_path):
+    """The cumulant unmixing's two releases cross the shared folder like capeDJICA's rounds: same W, same ledgers,
+    every array a site sends noised, masked or public."""
+    man, _ = consortium
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", ica_unmixing="cumulant", cumulant_epsilon=4.0))
+    cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
+                       ica_unmixing="cumulant", cumulant_epsilon=4.0)
+    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
+    procs = []
+    try:
+        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        for s, log in zip(man["sites"], logs[1:]):
+            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
+        _wait_all(procs, logs)
+    finally:
+        _kill_all(procs)
+    _check_outputs(tmp_path / "out", man, ref)
+    egress = _egress_ok(tmp_path / "shared", 4)
+    releases = [r for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"]
+    assert [(r["round"], sorted(r["arrays"])) for r in releases] == [(0, ["S2"]), (1, ["K4"])]
+
+
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
 def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")

@@ -112,7 +112,7 @@ OWNER_INPUTS: dict[str, type] = {
     "n_components": int, "reduction": str, "ica": str, "plan": str, "n_colluding": int, "delta": float,
     "pca_epsilon": float, "pca_subject_bound": float, "pca_contribution": str,
     "max_memory_gb": float, "ica_epsilon_i": float, "ica_delta_i": float,
-    "ica_rounds": int, "clip_G": float, "clip_h": float,
+    "ica_rounds": int, "ica_unmixing": str, "cumulant_epsilon": float, "clip_G": float, "clip_h": float,
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
     "site_voxel_maps": bool, "site_maps_method": str,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,

@@ -64,7 +64,7 @@ MANIFEST_VERSION = 1
 #: preparation and everything else that changes what is computed or released
 CONSORTIUM_FIELDS = (
     "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb",
-    "ica_epsilon_i", "ica_delta_i", "ica_rounds",
+    "ica_epsilon_i", "ica_delta_i", "ica_rounds", "ica_unmixing", "cumulant_epsilon",
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
     "seed", "simulation",
@@ -139,7 +139,7 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
         if _norm(mine["config"][name]) != _norm(theirs.get(name)):
             what = {"n_colluding": "the collusion assumption", "plan": "the noise plan"}.get(
                 name, "the privacy budget" if name in ("delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i",
-                                                       "ica_rounds", "clip_G", "clip_h", "ica_clip_unit",
+                                                       "ica_rounds", "cumulant_epsilon", "clip_G", "clip_h", "ica_clip_unit",
                                                        "ica_bias", "calibration")
                 else "what is computed")
             refuse(name, mine["config"][name], theirs.get(name), what)
