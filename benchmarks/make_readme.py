@@ -509,15 +509,16 @@ def section_djica_end_to_end(p: Page) -> dict:
     if not rows:
         return {}
     st = meta.get("settings", {})
-    p.add("### capeDJICA end to end: private whitening from D = 900, then private unmixing")
+    p.add("### Temporal ICA end to end: private whitening from D = 900, then private unmixing")
     p.add("")
     p.add(f"The data of djica_utility.py at M = {st.get('M')} (S = {st.get('S')} sites), whitened by capePCA "
           f"(plan cape, subject level, delta {st.get('delta_pca')}) four ways: each subject's second moment "
           "without and with the subject bound 0.25, or its own top-R subspace followed by one R x R release of "
           "the variances in the released basis (dpneuro's default for temporal ICA; bound 0.25, and 0.14 fitted "
-          "to these data), then the 'tuned' capeDJICA (200 rounds) at eps_i, the one-shot release of the "
-          "subjects' fourth-order cumulants (dpneuro.algorithms.cumulant_ica, library only for now) at eps "
-          "(delta 1e-6), or without noise (what the whitening alone allows). Median qNGI over "
+          "to these data), then the 'tuned' capeDJICA (200 rounds) at eps_i, the cumulant unmixing "
+          "(`ica_unmixing = \"cumulant\"`: the whitening refined by one release of the subjects' R x R second "
+          "moments, then one of their fourth-order cumulants, together at eps, delta 1e-6), or without noise "
+          "(what the whitening alone allows). Median qNGI over "
           f"{st.get('repeats')} noise seeds; totals per site at delta {st.get('delta_total')}, exact and headline "
           "(against the aggregator colluding with one site).")
     p.add("")
@@ -548,7 +549,24 @@ def section_djica_end_to_end(p: Page) -> dict:
                     [[r["eps_total_exact"], r["eps_total_headline"], r["rounds"], r["eps_i"], r["qngi_median"],
                       f"[{fmt(r['qngi_min'])}, {fmt(r['qngi_max'])}]"] for r in rr]))
         p.add("")
-    return {"dj_e2e": rows, "dj_rounds": rr}
+    goal = meta.get("goal", [])
+    if goal:
+        p.add("The goal (median qNGI <= 0.1 at a total headline eps <= 4): the cumulant unmixing after the default "
+              f"whitening (subspaces + variances, bound 0.25), {goal[0]['repeats']} noise seeds per cell. Cells: "
+              "median qNGI [min, max] (total headline eps per site):")
+        p.add("")
+        cs = sorted({float(r["eps_i"]) for r in goal})
+        body = []
+        for ep in sorted({float(r["eps_pca"]) for r in goal}):
+            line = [par(ep)]
+            for c in cs:
+                r = next((x for x in goal if float(x["eps_pca"]) == ep and float(x["eps_i"]) == c), None)
+                line.append("" if r is None else f"{fmt(r['qngi_median'])} [{fmt(r['qngi_min'])}, "
+                                                 f"{fmt(r['qngi_max'])}] ({fmt(r['eps_total_headline'])})")
+            body.append(line)
+        p.add(table(["eps PCA"] + [f"cumulant eps {par(c)}" for c in cs], body))
+        p.add("")
+    return {"dj_e2e": rows, "dj_rounds": rr, "dj_goal": goal}
 
 
 def section_temporal_levers(p: Page) -> dict:

@@ -130,10 +130,9 @@ def test_default_split_gives_the_cumulant_unmixing_its_share_and_is_spent(consor
         reduce = math.hypot(s["capepca"], s["capepca-variances"])
         assert (reduce / s["cumulant-ica"]) ** 2 == pytest.approx(CUMULANT_PCA_SHARE / (1 - CUMULANT_PCA_SHARE),
                                                                   rel=1e-6)
-        rel = {r["name"]: r for r in top["ledger"]["releases"] if r["stage"] == "cumulant-ica"}
-        assert (rel["K4"]["sigma"] / rel["K4"]["sensitivity"]) ** -2 / (
-            (rel["K4"]["sigma"] / rel["K4"]["sensitivity"]) ** -2 + (rel["S2"]["sigma"] / rel["S2"]["sensitivity"]) ** -2
-        ) == pytest.approx(1 - REFINE_SHARE, rel=1e-9)
+        mu2 = {r["name"]: (r["sensitivity"] / r["sigma"]) ** 2 for r in top["ledger"]["releases"]
+               if r["stage"] == "cumulant-ica"}
+        assert mu2["K4"] / (mu2["K4"] + mu2["S2"]) == pytest.approx(1 - REFINE_SHARE, rel=1e-9)
         assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
     ref = dc.reference(plan.config)
     spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())

@@ -115,7 +115,8 @@ def test_replace_worst_case_is_the_recorded_sensitivity():
     recorded = alg.site_releases(alg.site_init(0, (np.hstack(base), lengths)))["K4"].sensitivity
     cands = [np.tile(np.array([[a], [b]]) * s, (1, T)) for a, b in ((1, 0), (0, 1), (1, 1), (1, -1)) for s in (0.1, 3)]
     # a constant subject has a negative cumulant, one spike a positive one: opposite extremes along (0000)
-    cands += [np.hstack([np.array([[a], [b]]) * s, np.zeros((R, T - 1))]) for a, b in ((1, 0), (0, 1)) for s in (0.1, 3)]
+    cands += [np.hstack([np.array([[a], [b]]) * s, np.zeros((R, T - 1))])
+              for a, b in ((1, 0), (0, 1)) for s in (0.1, 3)]
     cands += [rng.standard_normal((R, T)) for _ in range(20)]
     vals = []
     for c in cands:

@@ -139,8 +139,8 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
         if _norm(mine["config"][name]) != _norm(theirs.get(name)):
             what = {"n_colluding": "the collusion assumption", "plan": "the noise plan"}.get(
                 name, "the privacy budget" if name in ("delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i",
-                                                       "ica_rounds", "cumulant_epsilon", "clip_G", "clip_h", "ica_clip_unit",
-                                                       "ica_bias", "calibration")
+                                                       "ica_rounds", "cumulant_epsilon", "clip_G", "clip_h",
+                                                       "ica_clip_unit", "ica_bias", "calibration")
                 else "what is computed")
             refuse(name, mine["config"][name], theirs.get(name), what)
     grid = manifest.get("grid", {})
