@@ -20,7 +20,8 @@ within the run); capePCA then scales every time point to unit norm.
    method (plan none) are the reference; for each total eps (headline: against
    the aggregator and its colluders, every stage, delta 1e-5; the budget
    planner splits it) and way a subject enters the PCA (its second moment,
-   with or without a subject bound, or its own principal subspace), 3 noise
+   with or without a subject bound, or its own principal subspace; temporal
+   ICA also with the cumulant unmixing instead of capeDJICA's rounds), 3 noise
    seeds: mean matched |r| of the private maps with the reference, median and
    worst.
 
@@ -57,9 +58,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
-#: (ICA model, the PCA's subject contribution, subject bound) measured at every size and budget
+#: (ICA model, the PCA's subject contribution, subject bound[, temporal unmixing]) measured at every size and budget
 RUNS = (("spatial", "moment", 1.0), ("spatial", "moment", DEFAULT_BOUND), ("spatial", "subspace", DEFAULT_BOUND),
-        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND), ("temporal", "subspace", DEFAULT_BOUND))
+        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND), ("temporal", "subspace", DEFAULT_BOUND),
+        ("temporal", "subspace", DEFAULT_BOUND, "cumulant"))
+
+
+def _model(run) -> tuple[str, str, str]:
+    """(ICA model, contribution, temporal unmixing) of a RUNS entry."""
+    return run[0], run[1], run[3] if len(run) > 3 else "capedjica"
+
+
+def _label(ica: str, unmixing: str) -> str:
+    return ica if unmixing == "capedjica" else f"{ica}, {unmixing}"
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
 
@@ -155,19 +166,20 @@ def main(argv=None) -> int:
         # 1. the real people, no noise, against CanICA
         X_real, len_real = split_real(runs, N_SITES)
         labels, affine = atlas_on_grid(d["atlas"])
-        models = sorted({(ica, con) for ica, con, _ in runs_grid})
-        ref_maps = {(ica, con): run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
-                                                     parcels=0, seed=0), X_real, len_real)
-                    for ica, con in models}
+        models = sorted({_model(r) for r in runs_grid})
+        ref_maps = {(ica, con, um): run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
+                                                         ica_unmixing=um, parcels=0, seed=0), X_real, len_real)
+                    for ica, con, um in models}
         if not args.quick:
             tc = time.perf_counter()
             can, inside, idx = canica_maps(runs, labels, affine, N_COMPONENTS)
             agreement["canica_seconds"] = time.perf_counter() - tc
-            for (ica, con), M in ref_maps.items():
+            for (ica, con, um), M in ref_maps.items():
                 same = run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
-                                            reduction="none", parcels=0, seed=0), [X[idx] for X in X_real], len_real)
-                agreement[f"{ica} ({con}) on the same images vs CanICA"] = mean_r(same, can)
-                agreement[f"{ica} ({con}) on the regions vs CanICA"] = mean_r(M[idx], can)
+                                            ica_unmixing=um, reduction="none", parcels=0, seed=0),
+                                [X[idx] for X in X_real], len_real)
+                agreement[f"{_label(ica, um)} ({con}) on the same images vs CanICA"] = mean_r(same, can)
+                agreement[f"{_label(ica, um)} ({con}) on the regions vs CanICA"] = mean_r(M[idx], can)
             print(agreement, flush=True)
         # 2. pseudo-consortia
         X_all, len_all = pseudo_consortium(runs, max(subjects_grid), N_SITES, WINDOW, seed=1)
@@ -175,15 +187,16 @@ def main(argv=None) -> int:
             X_sites = [X[:, :subjects * WINDOW] for X in X_all]
             lengths = [ln[:subjects] for ln in len_all]
             seen = set()
-            for ica, con, bound in runs_grid:
+            for run in runs_grid:
+                (ica, con, um), bound = _model(run), run[2]
                 if ica == "temporal" and subjects > TEMPORAL_MAX_SUBJECTS:
                     continue  # 40 private rounds over every time point: the largest sizes take too long
-                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0)
+                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0, ica_unmixing=um)
                 ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
-                row0 = {"subjects": subjects, "ica": ica, "contribution": con, "bound": bound}
-                if (ica, con) not in seen:
-                    seen.add((ica, con))
-                    rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica, con]),
+                row0 = {"subjects": subjects, "ica": _label(ica, um), "contribution": con, "bound": bound}
+                if (ica, con, um) not in seen:
+                    seen.add((ica, con, um))
+                    rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica, con, um]),
                                  "r_min": "", "pca_epsilon": "", "seeds": 1, "reference": "real 33"})
                     print(rows[-1], flush=True)
                 cfg0 = base_config(tmp, N_SITES, **kw)
