@@ -155,11 +155,22 @@ def pca_mode(cfg: RunConfig, dim: int, message_limit: int = DEFAULT_MAX_BYTES) -
 
 
 def check_reduction_fits(cfg: RunConfig, dim: int | None = None, message_limit: int = DEFAULT_MAX_BYTES) -> None:
-    """Refuse, before any data are read, a reduction that cannot fit (:func:`pca_mode`; PD-SVD holds D x k)."""
+    """Refuse, before any data are read, a reduction that cannot fit (:func:`pca_mode`; PD-SVD holds D x k), and a
+    cumulant unmixing whose R^2 x R^2 release is larger than one message."""
     if cfg.reduction != "pdsvd":
         from .budget import features
 
         pca_mode(cfg, features(cfg, dim), message_limit)
+    if cfg.ica == "temporal" and cfg.ica_unmixing == "cumulant":
+        from .algorithms.cumulant_ica import release_bytes
+
+        size = release_bytes(cfg.n_components)
+        if size > message_limit:
+            raise ConfigError(
+                f"config field 'n_components': the cumulant unmixing releases an R^2 x R^2 matrix, and R = "
+                f"{cfg.n_components} makes a message of {size / 2**20:.0f} MB, more than the exchange carries "
+                f"({message_limit / 2**20:.0f} MB). Use fewer components or ica_unmixing = 'capedjica'. "
+                "Nothing was released")
 
 
 def pca_algorithm(cfg: RunConfig, dim: int | None = None):

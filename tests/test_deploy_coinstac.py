@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import nibabel as nib
@@ -13,6 +14,7 @@ import pytest
 
 import cape_workers as cw
 import deploy_common as dc
+from dpneuro.analysis import check_reduction_fits
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
@@ -120,8 +122,13 @@ def test_compspec_satisfies_coinstac_rules():
     settings = dcc.settings_from_inputs({k: v["default"] for k, v in inputs.items() if v["source"] == "owner"})
     assert settings["seed"] is None  # production default: noise from OS entropy
     cfg = dcc._config(settings, ["a", "b", "c"], Path("out")).validate(data_sites=[])
-    assert dcc._message_bytes(cfg, settings["parcels"]) < dcc.MAX_MESSAGE_BYTES
-    assert dcc._message_bytes(cfg, 1200) > dcc.MAX_MESSAGE_BYTES  # why parcels are needed
+    check_reduction_fits(cfg, settings["parcels"], dcc.MAX_MESSAGE_BYTES)
+    with pytest.raises(ConfigError, match="more than the exchange carries"):  # why parcels are needed
+        check_reduction_fits(cfg, 1200, dcc.MAX_MESSAGE_BYTES)
+    cumulant = replace(cfg, ica="temporal", ica_unmixing="cumulant")
+    check_reduction_fits(cumulant, settings["parcels"], dcc.MAX_MESSAGE_BYTES)  # 20 components: 1.2 MB
+    with pytest.raises(ConfigError, match="'n_components'.*R\\^2 x R\\^2"):  # 40 components: 20 MB
+        check_reduction_fits(replace(cumulant, n_components=40), settings["parcels"], dcc.MAX_MESSAGE_BYTES)
     assert set(spec["computation"]["output"]) >= {"components", "privacy", "report", "epsilon"}
 
 

@@ -62,7 +62,7 @@ from ..exchange import Payload
 from ..io import subject_ranges
 from ..privacy import PrivacyLedger
 
-__all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "default_clips",
+__all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "default_clips", "release_bytes",
            "gaussian_part_of", "subject_cumulant", "subject_second_moment"]
 
 _PERMS = tuple(itertools.permutations(range(4)))
@@ -141,6 +141,11 @@ def power_directions(K: np.ndarray, R: int, rng: np.random.Generator, *, n_resta
 REFINE_SHARE = 0.1
 #: the refined covariance's eigenvalues are raised to at least this times their mean (post-processing)
 REFINE_FLOOR = 0.05
+
+
+def release_bytes(R: int) -> int:
+    """Array bytes of the largest release, the R^2 x R^2 cumulant matrix (float64)."""
+    return 8 * int(R) ** 4
 
 
 def default_clips(R: int, n: int) -> tuple[float, float]:

@@ -70,6 +70,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import analysis
 from ..config import ConfigError, RunConfig, SiteEntry
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
@@ -225,15 +226,6 @@ def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[st
     return RunConfig(sites=entries, out=str(out), **settings)
 
 
-def _message_bytes(cfg: RunConfig, dim: int) -> int:
-    """Array bytes of the largest message of the run (capePCA's release dominates)."""
-    from ..algorithms.pca import covariance_release_bytes
-
-    k, R = cfg.n_components, cfg.n_components
-    pca = 8 * dim * k if cfg.reduction == "capepca-power" else covariance_release_bytes(dim)
-    return max(pca, 8 * R * R)
-
-
 # -- the two functions COINSTAC calls -----------------------------------------------------------
 
 def _strict_json(obj: Any) -> Any:
@@ -327,12 +319,7 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     manifest = run_manifest(cfg, RUN_ID)
     grid = manifest["grid"]
     dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
-    size = _message_bytes(cfg, dim)
-    if size > MAX_MESSAGE_BYTES:
-        raise ConfigError(f"config field 'parcels': with D = {dim} features capePCA's release is "
-                          f"{size / 2**20:.1f} MB, but COINSTAC messages must stay below "
-                          f"{MAX_MESSAGE_BYTES / 2**20:.0f} MB; use parcels <= 1100 or "
-                          "reduction = 'capepca-power'")
+    analysis.check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
     write_json(sd / "settings.json", first)
     write_json(sd / "limits.json", {"max_stalled_iterations": min(int(outs[c].get("max_stalled_iterations")
                                                                       or MAX_STALLED_ITERATIONS) for c in sites)})
