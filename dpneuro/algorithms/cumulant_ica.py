@@ -137,7 +137,8 @@ def power_directions(K: np.ndarray, R: int, rng: np.random.Generator, *, n_resta
 
 
 #: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest): on [capeDJICA]'s set-up
-#: (4 x 256 subjects) 0.1 refines the covariance from eigenvalues 0.13-2.2 to 0.7-1.6 (benchmarks/djica_end_to_end.py)
+#: (4 x 256 subjects, PCA eps 1.5) 0.1 refines the covariance's eigenvalues from 0.13-2.2 to 0.7-1.6; 0.05 and 0.2
+#: separated no better at the same total (median qNGI 0.11 and 0.10 against 0.10, 5 seeds)
 REFINE_SHARE = 0.1
 #: the refined covariance's eigenvalues are raised to at least this times their mean (post-processing)
 REFINE_FLOOR = 0.05
