@@ -77,6 +77,19 @@ def _kill_all(procs):
             p.wait(timeout=10)
 
 
+def _run_all(cfg: Path, man: dict, tmp_path: Path) -> None:
+    """The aggregator and every site as processes on ``cfg``, to the end (logs in ``tmp_path``)."""
+    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
+    procs = []
+    try:
+        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        for s, log in zip(man["sites"], logs[1:]):
+            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
+        _wait_all(procs, logs)
+    finally:
+        _kill_all(procs)
+
+
 def _egress_ok(shared: Path, n_sites: int) -> dict[int, list]:
     """Every array any site sent carries noise, a mask, an encryption or is public; returns the logs."""
     logs = {}
@@ -114,15 +127,7 @@ def _check_outputs(out: Path, man: dict, ref: dict):
 def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
-    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
-    procs = []
-    try:
-        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
-        for s, log in zip(man["sites"], logs[1:]):
-            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
-        _wait_all(procs, logs)
-    finally:
-        _kill_all(procs)
+    _run_all(cfg, man, tmp_path)
     _check_outputs(tmp_path / "out", man, ref)
     egress = _egress_ok(tmp_path / "shared", 4)
     assert [r["round"] for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"] == list(range(12))
@@ -138,15 +143,7 @@ def test_cumulant_unmixing_in_processes_equals_inprocess(consortium, tmp_path):
     ref = dc.reference(dc.run_config(man, tmp_path / "ref", ica_unmixing="cumulant", cumulant_epsilon=4.0))
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
                        ica_unmixing="cumulant", cumulant_epsilon=4.0)
-    logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
-    procs = []
-    try:
-        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
-        for s, log in zip(man["sites"], logs[1:]):
-            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
-        _wait_all(procs, logs)
-    finally:
-        _kill_all(procs)
+    _run_all(cfg, man, tmp_path)
     _check_outputs(tmp_path / "out", man, ref)
     egress = _egress_ok(tmp_path / "shared", 4)
     releases = [r for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"]
