@@ -155,7 +155,7 @@ BUDGET_OVERRIDES = {
     "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
     "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding", "ica": "ica", "brain_states": "brain_states",
     "states_epsilon": "states_epsilon", "subject_bound": "pca_subject_bound",
-    "contribution": "pca_contribution",
+    "contribution": "pca_contribution", "unmixing": "ica_unmixing", "cumulant_epsilon": "cumulant_epsilon",
 }
 
 
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .config import ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS
+    from .config import ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS, UNMIXINGS
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
     from .synth import MODELS as SYNTH_MODELS
@@ -366,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--ica-bias", choices=["on", "off"], default=None, help="release the bias gradient h too")
     over.add_argument("--calibration", default=None, choices=CALIBRATIONS, help="field calibration")
     over.add_argument("--ica", default=None, choices=ICA_MODELS, help="field ica (spatial or temporal)")
+    over.add_argument("--unmixing", default=None, choices=UNMIXINGS,
+                      help="field ica_unmixing (temporal ICA: capeDJICA's rounds or the cumulant ICA)")
+    over.add_argument("--cumulant-epsilon", type=float, default=None,
+                      help="field cumulant_epsilon (the cumulant unmixing's two releases together)")
     over.add_argument("--brain-states", type=int, default=None, help="field brain_states (K states, 0: off)")
     over.add_argument("--states-epsilon", type=float, default=None,
                       help="field states_epsilon (each of the brain-states stage's two releases)")

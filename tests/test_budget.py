@@ -167,6 +167,12 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     eps = max(out["epsilon"].values())
     assert main(["budget", str(toml), "--target-epsilon", "6"]) == 0
     assert "site-01 6.00" in capsys.readouterr().out
+    # the cumulant unmixing: its own setting, planned with its own share
+    assert main(["budget", str(toml), "--unmixing", "cumulant", "--target-epsilon", "4", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["ica_unmixing"] == "cumulant" and max(planned["epsilon"].values()) == pytest.approx(4.0, rel=1e-6)
+    assert main(["budget", str(toml), "--unmixing", "cumulant", "--cumulant-epsilon", "3"]) == 0
+    assert "cumulant_epsilon = 3 (at delta/2) for its two releases together" in capsys.readouterr().out
     # refuses what the run refuses, with the field named
     assert main(["budget", "--sites", "2", "--subjects", "40"]) == 2
     assert "CAPE needs at least 3 sites" in capsys.readouterr().err
