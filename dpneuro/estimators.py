@@ -487,7 +487,7 @@ class DecentralizedICA(_Decentralized):
         Niimg-like (paths or images, one per subject) or a folder.
         """
         from .algorithms.djica import time_courses
-        from .analysis import site_whiten
+        from .analysis import unmixing_input
         from .io import load_site
         from .parcellation import space_parcels
 
@@ -498,7 +498,8 @@ class DecentralizedICA(_Decentralized):
             src = _site_inputs({"new": imgs}, Path(tmp))[0]
             sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
                            min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space))
-            S = time_courses(self.unmixing_, site_whiten(sd.X, self.basis_, self.eigenvalues_), self.bias_)
+            S = time_courses(self.unmixing_, unmixing_input(self.config_, sd.X, self.basis_, self.eigenvalues_),
+                             self.bias_)
         return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]
 
     @property

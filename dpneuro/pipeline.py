@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .config import RunConfig
-from .analysis import site_whiten
+from .analysis import linear_unmixing_input, site_whiten, unmixing_input
 from .io import write_json
 
 def _digest(*parts: Any) -> str:
@@ -395,7 +395,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     tcs, occ, site_maps = {}, {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
         Z = site_whiten(s["X"], V, lam)
-        S = time_courses(W, Z, b)
+        S = time_courses(W, unmixing_input(cfg, s["X"], V, lam) if linear_unmixing_input(cfg) else Z, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
         vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())

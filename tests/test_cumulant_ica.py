@@ -204,3 +204,24 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
     assert predicted <= rel.sensitivity / rel.sigma * (1 + 1e-9)
     assert predicted > 0.8 * rel.sensitivity / rel.sigma
     assert abs((b.mean() - a.mean()) - predicted) < 4 * se
+
+
+def test_the_cumulant_unmixing_reads_linearly_scaled_time_points():
+    """Unit-norm time points flatten the amplitude fluctuations a cumulant reads: with ica_unmixing = "cumulant"
+    the unmixing (and the time courses) get x / sqrt(D) whitened, every other run unit-norm time points."""
+    from dpneuro.analysis import site_whiten, unmixing_input
+    from dpneuro.config import RunConfig
+
+    rng = np.random.default_rng(4)
+    D, R = 9, 3
+    X = rng.standard_normal((D, 50)) * rng.uniform(0.2, 3.0, 50)  # time points of very different norms
+    V = np.linalg.qr(rng.standard_normal((D, R)))[0]
+    lam = np.array([0.5, 0.3, 0.2])
+    white = (V / np.sqrt(lam)).T
+    linear, unit = white @ (X / math.sqrt(D)), white @ (X / np.linalg.norm(X, axis=0))
+    np.testing.assert_allclose(site_whiten(X, V, lam, linear=True), linear, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(site_whiten(X, V, lam), unit, rtol=1e-5, atol=1e-6)
+    base = RunConfig.from_dict({"sites": [{"name": "a", "path": "."}], "out": ".", "ica": "temporal"})
+    np.testing.assert_array_equal(unmixing_input(RunConfig.from_dict({**base.to_json(), "ica_unmixing": "cumulant"}),
+                                                 X, V, lam), site_whiten(X, V, lam, linear=True))
+    np.testing.assert_array_equal(unmixing_input(base, X, V, lam), site_whiten(X, V, lam))

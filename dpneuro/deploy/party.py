@@ -279,13 +279,15 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
         return {"basis": r.basis, "eigenvalues": r.eigenvalues, "ledger": r.ledgers[0]}
 
     red = _cached(work / "reduce.result.npz", reduce)
-    z_path = work / "Z.npy"
+    z_path, zu_path = work / "Z.npy", _unmixing_input_path(ctx)
     if not z_path.exists():
         _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
-    Z = np.load(z_path, mmap_mode="r")
+    if not zu_path.exists():
+        _save_npy(zu_path, analysis.unmixing_input(cfg, X, red["basis"], red["eigenvalues"]))
+    Z, Zu = np.load(z_path, mmap_mode="r"), np.load(zu_path, mmap_mode="r")
 
     def unmix() -> dict[str, Any]:
-        led = analysis.unmix_site(cfg, i, Z, lengths, ctx.exchange("unmix"), n_sites=n,
+        led = analysis.unmix_site(cfg, i, Zu, lengths, ctx.exchange("unmix"), n_sites=n,
                                checkpoint=ctx.checkpoint("unmix"), timeout=ctx.timeout)
         return {"ledger": led}
 
@@ -315,6 +317,11 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     return result
 
 
+def _unmixing_input_path(ctx: SiteContext) -> Path:
+    """Where the site keeps its unmixing's whitened data: Z.npy itself unless it is linearly scaled."""
+    return ctx.work / ("Z_linear.npy" if analysis.linear_unmixing_input(ctx.cfg) else "Z.npy")
+
+
 def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger) -> dict:
     from ..algorithms.djica import time_courses
     from ..maps import write_timecourses
@@ -325,7 +332,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     out.mkdir(parents=True, exist_ok=True)
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
     Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
-    S = time_courses(W, Z, b)
+    S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
     tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
     vm = write_site_maps(ctx.cfg, info, info["space"], S, out / "site_maps.nii.gz")
     site_maps = None if vm is None else vm[0]
