@@ -161,7 +161,7 @@ def check_reduction_fits(cfg: RunConfig, dim: int | None = None, message_limit: 
         from .budget import features
 
         pca_mode(cfg, features(cfg, dim), message_limit)
-    if cfg.ica == "temporal" and cfg.ica_unmixing == "cumulant":
+    if cfg.cumulant_unmixing:
         from .algorithms.cumulant_ica import release_bytes
 
         size = release_bytes(cfg.n_components)
@@ -298,24 +298,19 @@ def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
     return Z
 
 
-def linear_unmixing_input(cfg: RunConfig) -> bool:
-    """Whether the run's unmixing reads linearly scaled time points (:func:`unmixing_input`)."""
-    return cfg.ica == "temporal" and cfg.ica_unmixing == "cumulant"
-
-
 def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
     """The whitened data a run's unmixing and time courses use: unit-norm time points, or with the cumulant
     unmixing the linear scaling (on [capeDJICA]'s set-up, PCA eps 1.5 and cumulant eps 3.4: median qNGI 0.084
     against 0.239 with unit-norm time points, 3 seeds). Its releases clip each subject's whole term, so no
     time point needs a norm bound."""
-    return site_whiten(X, basis, eigenvalues, linear=linear_unmixing_input(cfg))
+    return site_whiten(X, basis, eigenvalues, linear=cfg.cumulant_unmixing)
 
 
 def ica_algorithm(cfg: RunConfig):
     """The temporal unmixing of a run (R = n_components): capeDJICA, or the cumulant ICA (``ica_unmixing``)."""
     from .algorithms.djica import OPTIMIZERS, CapeDJICA
 
-    if cfg.ica_unmixing == "cumulant":
+    if cfg.cumulant_unmixing:
         from .algorithms.cumulant_ica import CapeCumulantICA
 
         return CapeCumulantICA(cfg.n_components, None if cfg.plan == "none" else cfg.cumulant_epsilon,
@@ -370,7 +365,7 @@ def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
     """How the maps were unmixed, for a report's headline."""
     if cfg.ica == "spatial":
         return f"spatial ICA of the released basis, no further release (FastICA {status})"
-    if cfg.ica_unmixing == "cumulant":
+    if cfg.cumulant_unmixing:
         return "temporal ICA, the whitening refined and the subjects' fourth-order cumulants released (2 releases)"
     return f"temporal ICA, {rounds} capeDJICA rounds ({status})"
 

@@ -277,7 +277,7 @@ class BudgetPlan:
             out.append(f"proposal for eps = {self.target_epsilon:g} per site at delta = {cfg.delta:g} "
                        f"(against the aggregator and its colluders):")
         temporal = releases_in(cfg, "unmix")
-        cumulant = temporal and cfg.ica_unmixing == "cumulant"
+        cumulant = cfg.cumulant_unmixing
         ica = ("temporal ICA: cumulant unmixing (the whitening refined, then the subjects' fourth-order cumulants: "
                "2 releases)" if cumulant
                else f"temporal ICA: rounds J = {cfg.ica_rounds}, clip {cfg.clip_G:g} ({cfg.ica_clip_unit}), "
@@ -373,7 +373,7 @@ _CUMULANT_SETTINGS = ("cumulant_epsilon", "pca_delta", _cumulant_noise_multiplie
 
 def _stage_settings(cfg: RunConfig, stage: str) -> tuple:
     """:data:`_STAGE_SETTINGS` of ``stage`` for a run of ``cfg`` (the unmixing's depend on ``ica_unmixing``)."""
-    if stage == "unmix" and cfg.ica_unmixing == "cumulant":
+    if stage == "unmix" and cfg.cumulant_unmixing:
         return _CUMULANT_SETTINGS
     return _STAGE_SETTINGS[stage]
 
@@ -414,7 +414,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     split), otherwise every stage keeps its share under ``cfg``'s own settings.
     """
     if pca_share is None and "unmix" in stages and releases_in(cfg, "unmix") and releases_in(cfg, "reduce"):
-        pca_share = CUMULANT_PCA_SHARE if cfg.ica_unmixing == "cumulant" else TEMPORAL_PCA_SHARE
+        pca_share = CUMULANT_PCA_SHARE if cfg.cumulant_unmixing else TEMPORAL_PCA_SHARE
     if pca_share is not None and not 0 < pca_share < 1:
         raise ConfigError(f"pca_share must be in (0, 1), got {pca_share}")
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):

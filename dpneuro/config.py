@@ -180,6 +180,11 @@ class RunConfig:
         return self.contribution == "subspace" and (self.ica == "temporal" or bool(self.brain_states))
 
     @property
+    def cumulant_unmixing(self) -> bool:
+        """Whether temporal ICA unmixes by the cumulant ICA (``ica_unmixing``; spatial ICA has no unmixing stage)."""
+        return self.ica == "temporal" and self.ica_unmixing == "cumulant"
+
+    @property
     def pca_delta(self) -> float:
         """delta used to calibrate the one PCA release (totals are composed at ``delta``)."""
         return self.delta / 2

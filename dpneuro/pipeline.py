@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .config import RunConfig
-from .analysis import linear_unmixing_input, site_whiten, unmixing_input
+from .analysis import site_whiten, unmixing_input
 from .io import write_json
 
 def _digest(*parts: Any) -> str:
@@ -394,14 +394,15 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     C = np.load(sts["centroids"]) if sts["n_states"] else None
     tcs, occ, site_maps = {}, {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
-        Z = site_whiten(s["X"], V, lam)
-        S = time_courses(W, unmixing_input(cfg, s["X"], V, lam) if linear_unmixing_input(cfg) else Z, b)
+        Zu = unmixing_input(cfg, s["X"], V, lam)
+        S = time_courses(W, Zu, b)
         tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
                                                subjects=(s["subject_ids"], s["boundaries"])))
         vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
         if vm is not None:
             site_maps[s["site"]] = vm
         if C is not None:
+            Z = site_whiten(s["X"], V, lam) if cfg.cumulant_unmixing else Zu  # the states' unit-norm time points
             occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
                                                  d / f"states_{s['site']}.tsv"))
 

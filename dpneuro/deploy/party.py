@@ -280,11 +280,12 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 
     red = _cached(work / "reduce.result.npz", reduce)
     z_path, zu_path = work / "Z.npy", _unmixing_input_path(ctx)
-    if not z_path.exists():
-        _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
     if not zu_path.exists():
         _save_npy(zu_path, analysis.unmixing_input(cfg, X, red["basis"], red["eigenvalues"]))
-    Z, Zu = np.load(z_path, mmap_mode="r"), np.load(zu_path, mmap_mode="r")
+    if cfg.brain_states and not z_path.exists():  # the states read unit-norm time points (Z.npy unless linear)
+        _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
+    Zu = np.load(zu_path, mmap_mode="r")
+    Z = np.load(z_path, mmap_mode="r") if cfg.brain_states else None
 
     def unmix() -> dict[str, Any]:
         led = analysis.unmix_site(cfg, i, Zu, lengths, ctx.exchange("unmix"), n_sites=n,
@@ -319,7 +320,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 
 def _unmixing_input_path(ctx: SiteContext) -> Path:
     """Where the site keeps its unmixing's whitened data: Z.npy itself unless it is linearly scaled."""
-    return ctx.work / ("Z_linear.npy" if analysis.linear_unmixing_input(ctx.cfg) else "Z.npy")
+    return ctx.work / ("Z_linear.npy" if ctx.cfg.cumulant_unmixing else "Z.npy")
 
 
 def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger) -> dict:
@@ -331,7 +332,6 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     out = ctx.out
     out.mkdir(parents=True, exist_ok=True)
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
-    Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
     S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
     tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
     vm = write_site_maps(ctx.cfg, info, info["space"], S, out / "site_maps.nii.gz")
@@ -343,6 +343,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
         from ..maps import write_occupancy
         from ..outputs import write_states
 
+        Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
         write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]], summ["centroids"]),
                         info["subject_ids"], out / "states.tsv")
         states = write_states(info["space"], red["basis"], red["eigenvalues"], W, b, summ["centroids"],
