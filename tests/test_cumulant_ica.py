@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.algorithms.cumulant_ica import (REFINE_SHARE, CapeCumulantICA, cape_cumulant_ica, default_clips,
-                                             gaussian_part_of, power_directions, subject_cumulant,
-                                             subject_second_moment)
+from dpneuro.algorithms.cumulant_ica import (REFINE_SHARE, CapeCumulantICA, cape_cumulant_ica, contrast,
+                                             default_clips, gaussian_part_of, polish_directions,
+                                             power_directions, separate, subject_cumulant, subject_second_moment,
+                                             symmetrize4)
 from dpneuro.cape.packing import pack_weighted
 from dpneuro.metrics import qngi
 from dpneuro.privacy import noise_multiplier
@@ -148,14 +149,43 @@ def test_refinement_replace_worst_case_is_the_recorded_sensitivity():
     assert worst > 0.99 * recorded
 
 
-def test_power_directions_finds_planted_orthogonal_directions():
+def _planted(R, k, seed):
+    """sum_r k_r a_r^(x)4 for a random orthogonal A (columns a_r), as an R^2 x R^2 matrix."""
+    A = np.linalg.qr(np.random.default_rng(seed).standard_normal((R, R)))[0]
+    return A, sum(kr * np.einsum("i,j,k,l->ijkl", a, a, a, a) for kr, a in zip(k, A.T)).reshape(R * R, R * R)
+
+
+def test_every_separator_finds_planted_orthogonal_directions_of_either_sign():
     R = 5
-    rng = np.random.default_rng(7)
-    A = np.linalg.qr(rng.standard_normal((R, R)))[0]
-    k = np.array([3.0, -2.0, 1.5, 1.0, -0.8])
-    T = sum(kr * np.einsum("i,j,k,l->ijkl", a, a, a, a) for kr, a in zip(k, A.T)).reshape(R * R, R * R)
-    W = power_directions(T, R, np.random.default_rng(0))
-    assert qngi(W @ A) < 1e-6
+    A, T = _planted(R, [3.0, -2.0, 1.5, 1.0, -0.8], 7)
+    assert qngi(power_directions(T, R, np.random.default_rng(0)) @ A) < 1e-6
+    assert qngi(separate(T, R, np.random.default_rng(0)) @ A) < 1e-6
+    # the refit from a start 0.2 away: the planted frame exactly (the parabola refines the angle grid),
+    # where the contrast is its maximum sum_r k_r^2
+    start = (A @ np.linalg.qr(np.eye(R) + 0.2 * np.random.default_rng(1).standard_normal((R, R)))[0]).T
+    assert qngi(start @ A) > 0.1
+    U = polish_directions(T, start)
+    assert qngi(U @ A) < 1e-6
+    assert contrast(T, U) == pytest.approx(3.0**2 + 2.0**2 + 1.5**2 + 1.0**2 + 0.8**2, rel=1e-9)
+    np.testing.assert_allclose(U @ U.T, np.eye(R), atol=1e-12)
+
+
+def test_the_joint_refit_beats_the_power_method_alone_under_noise():
+    """20 planted tensors plus symmetrised Gaussian noise (R = 8, unit kurtoses, noise 0.2 per entry before
+    symmetrising): the refit never lowers the contrast, and its directions are nearer the planted ones than the
+    power method's on average (measured 0.064 against 0.098) and in most draws (measured 20 of 20)."""
+    R, power_err, refit_err, wins = 8, [], [], 0
+    for d in range(20):
+        A, T = _planted(R, np.ones(R), 100 + d)
+        K = T + 0.2 * symmetrize4(np.random.default_rng(200 + d).standard_normal((R * R, R * R)), R)
+        U0 = power_directions(K, R, np.random.default_rng(d))
+        U = separate(K, R, np.random.default_rng(d))
+        assert contrast(K, polish_directions(K, U0)) >= contrast(K, U0)
+        power_err.append(qngi(U0 @ A))
+        refit_err.append(qngi(U @ A))
+        wins += refit_err[-1] < power_err[-1]
+    assert np.mean(refit_err) < 0.85 * np.mean(power_err)
+    assert wins >= 15
 
 
 def test_refusals():

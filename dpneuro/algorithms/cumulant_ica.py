@@ -35,12 +35,18 @@ refinement (noise multiplier z / sqrt(share)), the rest to the cumulants
 (z / sqrt(1 - share)), so they compose to the stage's (eps, delta) exactly.
 
 Aggregator, after round 1 (post-processing). It symmetrizes the noisy tensor
-over its 24 index orders and, for r = 1..R, runs the tensor power iteration
+T over its 24 index orders and, for r = 1..R, runs the tensor power iteration
 w <- T(., w, w, w) / ||.||, orthogonal to the directions already found, from
 ``n_restarts`` random starts (public randomness), keeps the start whose
-|T(w, w, w, w)| is largest and deflates T -= T(w,w,w,w) w^(x)4. With U the
-directions (rows), the unmixing of the sites' whitened data is W = U P:
-sources = W z, capeDJICA's parametrisation.
+|T(w, w, w, w)| is largest and deflates T -= T(w,w,w,w) w^(x)4. Found one at
+a time, the directions then are refitted jointly: symmetrised Gaussian noise
+has the same law in every orthonormal frame, so the least-squares fit of
+sum_r k_r u_r^(x)4 to T is the orthogonal U maximising
+sum_r T(u_r, u_r, u_r, u_r)^2 (Comon's kurtosis contrast), climbed from the
+power method's U by pairwise Jacobi rotations. On [capeDJICA]'s set-up the
+refit lowers median qNGI from 0.096 to 0.069 at the same release (5 noise
+seeds). With U the directions (rows), the unmixing of the sites' whitened
+data is W = U P: sources = W z, capeDJICA's parametrisation.
 
 ``refine_share = 0`` skips the refinement (one release, P = I): for data that
 are white already.
@@ -62,8 +68,9 @@ from ..exchange import Payload
 from ..io import subject_ranges
 from ..privacy import PrivacyLedger
 
-__all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "default_clips", "release_bytes",
-           "gaussian_part_of", "subject_cumulant", "subject_second_moment"]
+__all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "contrast",
+           "default_clips", "gaussian_part_of", "polish_directions", "power_directions",
+           "release_bytes", "separate", "subject_cumulant", "subject_second_moment"]
 
 _PERMS = tuple(itertools.permutations(range(4)))
 
@@ -134,6 +141,68 @@ def power_directions(K: np.ndarray, R: int, rng: np.random.Generator, *, n_resta
         ww = np.kron(w, w)
         T = T - val * np.outer(ww, ww)
     return np.array(found)
+
+
+def contrast(K: np.ndarray, U: np.ndarray) -> float:
+    """sum_r T(u_r, u_r, u_r, u_r)^2 of the symmetric tensor T of K over the rows u_r of U."""
+    R = U.shape[1]
+    UU = np.einsum("ri,rj->rij", U, U).reshape(len(U), R * R)
+    return float(np.sum(np.einsum("ri,ij,rj->r", UU, symmetrize4(K, R), UU) ** 2))
+
+
+#: the angles the pairwise rotations of :func:`polish_directions` try first, in [0, pi/2) (0.25 degree apart)
+_ANGLES = np.linspace(0.0, math.pi / 2, 360, endpoint=False)
+
+
+def _rotated_pair(t: np.ndarray, angle) -> tuple:
+    """(T(u_p'^4), T(u_q'^4)) after rotating u_p, u_q by ``angle``, from t_j = T(u_p^(4-j) u_q^j), j = 0..4."""
+    c, s = np.cos(angle), np.sin(angle)
+    to_p = sum(math.comb(4, j) * c ** (4 - j) * s ** j * t[j] for j in range(5))
+    to_q = sum(math.comb(4, j) * (-s) ** (4 - j) * c ** j * t[j] for j in range(5))
+    return to_p, to_q
+
+
+def polish_directions(K: np.ndarray, U: np.ndarray, *, sweeps: int = 50) -> np.ndarray:
+    """Rotate the orthonormal rows of U, pair by pair, to maximise :func:`contrast` (Comon's kurtosis contrast).
+
+    With noise of the same law in every orthonormal frame (symmetrised Gaussian noise is), maximising
+    sum_r T(u_r^4)^2 over orthogonal U is least squares: the nearest sum_r k_r u_r^(x)4 to the noisy tensor.
+    The power method finds the directions one at a time; this refits them jointly. A pair's rotation by an
+    angle a sends T(u_p^4) to sum_j C(4,j) cos(a)^(4-j) sin(a)^j T(u_p^(4-j) u_q^j) (likewise u_q): the best
+    angle on a 0.25-degree grid, refined by a parabola through its neighbours, is taken while it raises the
+    contrast.
+    """
+    U = np.array(U, np.float64)
+    R = U.shape[1]
+    T = np.einsum("ai,bj,ck,dl,ijkl->abcd", U, U, U, U, symmetrize4(K, R).reshape(R, R, R, R), optimize=True)
+    step = _ANGLES[1]
+    for _ in range(sweeps):
+        moved = False
+        for p, q in itertools.combinations(range(R), 2):
+            t = [T[(p,) * (4 - j) + (q,) * j] for j in range(5)]
+            f = np.square(_rotated_pair(t, _ANGLES)).sum(axis=0)
+            k = int(np.argmax(f))
+            lo, hi = f[k - 1], f[(k + 1) % len(f)]  # f has period pi/2
+            curv = lo - 2 * f[k] + hi
+            angle = _ANGLES[k] + (0.5 * step * (lo - hi) / curv if curv < 0 else 0.0)
+            gain = float(np.square(_rotated_pair(t, angle)).sum()) - f[0]
+            if abs(math.sin(angle)) < 1e-7 or gain <= 1e-10 * f[0]:
+                continue
+            moved = True
+            J = np.array([[math.cos(angle), math.sin(angle)], [-math.sin(angle), math.cos(angle)]])
+            U[[p, q]] = J @ U[[p, q]]
+            for mode in range(4):
+                view = np.moveaxis(T, mode, 0)
+                view[[p, q]] = np.tensordot(J, view[[p, q]], axes=1)
+        if not moved:
+            break
+    return U
+
+
+def separate(K: np.ndarray, R: int, rng: np.random.Generator, *, n_restarts: int = 8, n_iter: int = 60) -> np.ndarray:
+    """The aggregator's directions (rows) from the noisy cumulant matrix K (post-processing): the power method's,
+    refitted jointly by :func:`polish_directions`."""
+    return polish_directions(K, power_directions(K, R, rng, n_restarts=n_restarts, n_iter=n_iter))
 
 
 #: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest): on [capeDJICA]'s set-up
@@ -281,7 +350,7 @@ class CapeCumulantICA:
             return Payload({"P": P})
         P = state.get("P", np.eye(self.R))
         rng = np.random.default_rng(None if self.seed is None else [int(self.seed), 2**31 - 1])
-        U = power_directions(combined["K4"], self.R, rng, n_restarts=self.n_restarts, n_iter=self.n_iter)
+        U = separate(combined["K4"], self.R, rng, n_restarts=self.n_restarts, n_iter=self.n_iter)
         state.update(U=U, W=U @ P, K4=combined["K4"])
         return Payload({"W": U @ P}, {"stop": True})
 
