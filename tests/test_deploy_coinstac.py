@@ -1,9 +1,11 @@
 """The COINSTAC computation: compspec, inputspec, image, the suspending exchange, a full run through real services."""
 
+import asyncio
 import html
 import json
 import re
 import shutil
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -314,6 +316,24 @@ def test_everything_derived_from_a_message_survives_nodes_json(tmp_path):
     assert canonical_json(node(odd)) == canonical_json(odd)
     assert canonical_json({"a": 1}) != canonical_json({"a": 1.5})
     dcc.check_manifest(cfg, after, party="test")  # comparisons of settings agree too
+
+
+def test_a_one_request_service_stops_listening_once_its_request_arrives(tmp_path):
+    # COINSTAC's container manager scans ports from 8101 upwards by connecting to them; a port whose service
+    # still listens while its process exits resets that probe and the run fails ("connect ECONNRESET")
+    pytest.importorskip("coinstac")
+    entry = tmp_path / "entry.py"
+    entry.write_text("import coinstac\ncoinstac.start(lambda d: {'local': d}, lambda d: {'remote': d})\n")
+    svc = sim.CoinstacService(entry, max_requests=1, log=tmp_path / "service.log").start()
+    try:
+        with socket.create_connection(("127.0.0.1", svc.port), timeout=5):  # a bare probe is not a request
+            pass
+        assert asyncio.run(sim._call(svc.url, "remote", {"x": 1}, 30)) == {"remote": {"x": 1}}
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", svc.port), timeout=5).close()
+        assert svc.proc.wait(timeout=30) == 0
+    finally:
+        svc.stop()
 
 
 def _state(root: Path, cid: str) -> dict:

@@ -83,15 +83,18 @@ class CoinstacService:
         Where the service's stdout/stderr go (default: discarded).
     start_timeout : float
         Seconds to wait for the port to accept connections.
+    max_requests : int, optional
+        Exit after answering that many requests (a container COINSTAC starts for one iteration).
     """
 
     def __init__(self, entry, *, port: int | None = None, log=None, env: Mapping[str, str] | None = None,
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, max_requests: int | None = None):
         self.entry = Path(entry)
         self.port = port or free_port()
         self.log = Path(log) if log else None
         self.env = dict(env or {})
         self.start_timeout = start_timeout
+        self.max_requests = max_requests
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -107,8 +110,9 @@ class CoinstacService:
         env = {**os.environ, **self.env, "COINSTAC_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
+            limit = ["--max-requests", str(self.max_requests)] if self.max_requests else []
             self.proc = subprocess.Popen([sys.executable, "-m", "dpneuro.deploy.coinstac_sim", "serve",
-                                          str(self.entry)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                          str(self.entry), *limit], env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
         finally:
             if out is not subprocess.DEVNULL:
@@ -389,12 +393,26 @@ def _serve(entry: str, host: str, max_requests: int | None = None) -> None:
             served = 0
 
             async def counted(ws, path):  # websockets passes path only to a two-argument handler
-                nonlocal served
-                await handler(ws, path)  # a bare test connection raises here: not a request
-                served += 1
-                if served >= max_requests:
-                    loop = asyncio.get_event_loop()
-                    loop.call_later(0.2, loop.stop)  # after the reply's close handshake
+                recv, last = ws.recv, False
+
+                async def request():  # a bare test connection closes before sending one
+                    nonlocal served, last
+                    msg = await recv()
+                    served += 1
+                    if served >= max_requests:
+                        # Stop listening at once: COINSTAC's port scan probes this port for the next container,
+                        # and a listener left open while the process exits resets the probe, failing the run.
+                        ws.ws_server.server.close()
+                        last = True
+                    return msg
+
+                ws.recv = request
+                try:
+                    await handler(ws, path)
+                finally:
+                    if last:
+                        await ws.close()  # the reply's close handshake
+                        asyncio.get_event_loop().stop()
 
             return real(counted, host, int(port), **kw)
         return real(handler, host, int(port), **kw)
