@@ -397,9 +397,9 @@ def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
 #: settings (40 rounds at eps_i 0.7) gives; on the demo's consortium at eps 30 it gave mean |r| 0.57 with the
 #: truth, a 25 % share 0.40
 TEMPORAL_PCA_SHARE = 0.55
-#: the same with the cumulant unmixing: on [capeDJICA]'s set-up (4 x 256 subjects, 5 seeds) PCA eps 1.5 and 2 with
-#: cumulant eps 3.4 (shares 0.18, 0.28) gave median qNGI 0.101 and 0.085 at totals of 4.0 and 4.3; 1.25 (0.14)
-#: 0.123 at 3.9 (benchmarks/djica_end_to_end.py)
+#: the same with the cumulant unmixing: on [capeDJICA]'s set-up (4 x 256 subjects, 10 seeds) PCA eps 1.5 with
+#: cumulant eps 3.2 and 3.35 (shares 0.20, 0.19) gave median qNGI 0.093 and 0.085 at totals of 3.8 and 4.0; 1.75
+#: with 3.2 (0.25) 0.091 at 4.0, 1.25 with 3.35 (0.14) 0.120 at 3.9 (benchmarks/djica_end_to_end.py)
 CUMULANT_PCA_SHARE = 0.2
 
 

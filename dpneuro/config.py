@@ -122,8 +122,8 @@ class RunConfig:
     # how temporal ICA unmixes: "capedjica" (ica_rounds private gradient rounds at ica_epsilon_i each) or
     # "cumulant" (two releases at cumulant_epsilon together: the whitening refined by the subjects' R x R second
     # moments, then their fourth-order cumulants, separated by the aggregator). [capeDJICA]'s set-up end to end
-    # (4 x 256 subjects, D = 900), median qNGI <= 0.1 from a total eps of 4.3 with "cumulant" (0.101 at 4.0),
-    # 14.5 with capeDJICA (benchmarks/djica_end_to_end.py)
+    # (4 x 256 subjects, D = 900), median qNGI <= 0.1 from a total eps of 3.8 with "cumulant" (0.093; 0.085 at
+    # 4.0), from 14.5 with capeDJICA (benchmarks/djica_end_to_end.py)
     ica_unmixing: str = "capedjica"
     # the cumulant unmixing's (eps, delta / 2), split between its two releases (0.1 of mu^2 to the refinement)
     cumulant_epsilon: float = 6.0
