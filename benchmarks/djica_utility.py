@@ -62,8 +62,9 @@ from dpneuro.synth import paper_ica_data
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_TOTAL = 1e-5
 DELTA_I = 1e-2
-#: the papers' CAPE plan (zero-sum variance tau^2): the main table reproduces [capeDJICA], its eps columns too
-PAPERS_PLAN = NoisePlan("cape", zero_sum_variance=1.0)
+#: the papers' CAPE plan (zero-sum variance tau^2, [capeDJICA]'s system for unequal sites): the main table
+#: reproduces [capeDJICA], its eps columns too
+PAPERS_PLAN = NoisePlan("cape", zero_sum_variance=1.0, unequal="papers")
 
 CONFIGS = {
     "paper": dict(preset="paper", rounds=PRESETS["paper"]["rounds"]),

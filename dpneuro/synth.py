@@ -912,16 +912,15 @@ def _check_dwell(value) -> float:
     return out
 
 
-def _subjects_list(subjects_per_site, n_sites: int) -> list[int]:
-    if isinstance(subjects_per_site, (list, tuple, np.ndarray)):
-        counts = list(subjects_per_site)
-        if len(counts) != n_sites:
-            raise ValueError(
-                f"subjects_per_site lists {len(counts)} sites but n_sites is {n_sites}"
-            )
+def _per_site(value, n_sites: int, name: str, minimum: int) -> list[int]:
+    """One integer per site: ``value`` for every site, or its list of one per site."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values = list(value)
+        if len(values) != n_sites:
+            raise ValueError(f"{name} lists {len(values)} sites but n_sites is {n_sites}")
     else:
-        counts = [subjects_per_site] * n_sites
-    return [_check_int(c, "subjects per site", 1) for c in counts]
+        values = [value] * n_sites
+    return [_check_int(v, name, minimum) for v in values]
 
 
 # ---------------------------------------------------------------------------
@@ -1049,6 +1048,7 @@ class _SubjectJob:
     subject: int
     bold: Path
     sources: Path
+    timepoints: int
     labels: Path | None = None
 
 
@@ -1066,7 +1066,6 @@ class _SubjectWriter:
     mask: np.ndarray
     affine: np.ndarray
     space: str
-    n_timepoints: int
     tr: float
     dtype: str
     compress: bool
@@ -1079,7 +1078,7 @@ class _SubjectWriter:
         self._outside = not self.mask.all()
 
     def __call__(self, job: _SubjectJob) -> None:
-        X, S, labels = _subject_data(self.model, job.site, job.subject, self.n_timepoints, self.tr)
+        X, S, labels = _subject_data(self.model, job.site, job.subject, job.timepoints, self.tr)
         header, data = self._encode(X)
         del X
         with open(job.bold, "wb") as f:
@@ -1143,7 +1142,8 @@ def _write_subjects(writer: _SubjectWriter, jobs: list[_SubjectJob], workers: in
 
     workers = min(workers, len(jobs))
     if isinstance(writer.model, NetworkModel):
-        writer.model._spectra(writer.n_timepoints, writer.tr)  # fill the filter cache before threads share it
+        for T in sorted({job.timepoints for job in jobs}):  # fill the filter cache before threads share it
+            writer.model._spectra(T, writer.tr)
     with tqdm(total=len(jobs), desc="synth", unit="subject", disable=not progress) as bar:
         if workers <= 1:
             for job in jobs:
@@ -1177,7 +1177,7 @@ def make_consortium(
     n_sites: int,
     subjects_per_site: int | Sequence[int],
     n_components: int = 20,
-    n_timepoints: int = 150,
+    n_timepoints: int | Sequence[int] = 150,
     space: str = "mni4mm",
     seed: int = 0,
     noise: float | None = None,
@@ -1207,8 +1207,8 @@ def make_consortium(
         Subjects at every site, or one count per site (unequal allowed).
     n_components : int, default 20
         Number R of spatial maps / sources.
-    n_timepoints : int, default 150
-        Volumes per subject.
+    n_timepoints : int or sequence of int, default 150
+        Volumes per subject, or one length per site (sites whose scans differ).
     space : {"mni3mm", "mni4mm", "mni6mm", "grid30"}, default "mni4mm"
         Voxel grid and mask, see :func:`load_space`.
     seed : int, default 0
@@ -1285,9 +1285,9 @@ def make_consortium(
     """
     # ---- validate everything before touching the disk
     n_sites = _check_int(n_sites, "n_sites", 1)
-    counts = _subjects_list(subjects_per_site, n_sites)
+    counts = _per_site(subjects_per_site, n_sites, "subjects_per_site", 1)
     n_components = _check_int(n_components, "n_components", 1)
-    n_timepoints = _check_int(n_timepoints, "n_timepoints", 3)
+    lengths = _per_site(n_timepoints, n_sites, "n_timepoints", 3)
     seed = _check_int(seed, "seed", 0)
     if space not in SPACES:
         raise ValueError(f"unknown space {space!r}; choose one of {', '.join(SPACES)}")
@@ -1380,14 +1380,14 @@ def make_consortium(
             subject_number += 1
             sub_id = f"sub-{subject_number:04d}"
             job = _SubjectJob(s_idx, m_idx, site_dir / f"{sub_id}_bold{suffix}",
-                              truth_dir / f"S_{site_name}_{sub_id}.npy")
+                              truth_dir / f"S_{site_name}_{sub_id}.npy", lengths[s_idx])
             if states:
                 job.labels = truth_dir / f"labels_{site_name}_{sub_id}.npy"
                 state_labels.setdefault(site_name, {})[sub_id] = str(job.labels)
             jobs.append(job)
             subjects.append({"id": sub_id, "path": str(job.bold), "sources": str(job.sources)})
         sites.append({"site": site_name, "path": str(site_dir), "subjects": subjects})
-    writer = _SubjectWriter(generator, mask, affine, space, n_timepoints, tr, dtype, compress)
+    writer = _SubjectWriter(generator, mask, affine, space, tr, dtype, compress)
     _write_subjects(writer, jobs, workers, progress)
     for site in sites:
         _warn_foreign_files(Path(site["path"]), {Path(sub["path"]).name for sub in site["subjects"]})
@@ -1403,7 +1403,7 @@ def make_consortium(
         "n_sites": n_sites,
         "n_subjects": subject_number,
         "n_components": n_components,
-        "n_timepoints": n_timepoints,
+        "n_timepoints": lengths[0] if len(set(lengths)) == 1 else lengths,
         "tr": float(tr),
         "seed": seed,
         "noise": float(noise),

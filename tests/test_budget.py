@@ -302,3 +302,31 @@ def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances
     # the streamed PCA without noise cannot stop on convergence before a planned variance round
     streamed = pca_algorithm(cfg(ica="temporal", parcels=0, reduction="none", max_memory_gb=1e-6), dim=5000)
     assert (streamed.mode, streamed.tol, streamed.variances) == ("power", None, True)
+
+
+def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_path):
+    """Sites of 15 / 30 / 60 subjects scanned for 100 / 120 / 150 volumes: the default CAPE plan runs (the papers'
+    plan cannot exist here), the planner predicts every site's eps by name, the site with the longest scans spends
+    exactly what an equal consortium spends at the same settings (or the target), and the others less."""
+    from dpneuro import DecentralizedICA
+    from dpneuro.budget import SiteShape
+
+    man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=[15, 30, 60], n_components=4,
+                          n_timepoints=[100, 120, 150], space="grid30", seed=2)
+    files = {s["site"]: [sub["path"] for sub in s["subjects"]] for s in man["sites"]}
+    for target in (None, 4.0):
+        ica = DecentralizedICA(n_components=4, epsilon=target, pca_epsilon=6.0, mask=man["mask"], parcels=60,
+                               random_state=0, output_dir=tmp_path / f"run-{target}").fit(files)
+        spent = ica.privacy_.epsilon
+        cfg = ica.config_
+        shapes = site_shapes(cfg)
+        assert [s.lengths for s in shapes] == [(100,) * 15, (120,) * 30, (150,) * 60]
+        planned = spend(cfg, shapes, 60)
+        equal = spend(cfg, [SiteShape(s.name, (150,) * 30) for s in shapes], 60)
+        for name in files:
+            assert spent[name] == pytest.approx(planned.epsilon[name], rel=1e-9)
+        assert spent["site-03"] == pytest.approx(target or equal.epsilon["site-03"], rel=1e-6)
+        assert spent["site-01"] < spent["site-02"] < 0.9 * spent["site-03"]
+        # the run says why the sites' eps differ, and which one binds
+        assert any(a.startswith("Sites differ in subjects or scan lengths") and "site-03, whose subjects" in a
+                   for a in ica.privacy_.report["assumptions"])

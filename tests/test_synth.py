@@ -253,7 +253,9 @@ def test_maps_unit_max_overlap_partly_but_differ(grid, mni6):
         (dict(n_sites=1.5, subjects_per_site=2), "n_sites"),
         (dict(n_sites=True, subjects_per_site=2), "n_sites"),
         (dict(n_sites=2, subjects_per_site=[1, 2, 3]), "lists 3 sites"),
-        (dict(n_sites=2, subjects_per_site=[1, 0]), "subjects per site"),
+        (dict(n_sites=2, subjects_per_site=[1, 0]), "subjects_per_site must be >= 1"),
+        (dict(n_sites=2, subjects_per_site=1, n_timepoints=[40]), "n_timepoints lists 1 sites"),
+        (dict(n_sites=2, subjects_per_site=1, n_timepoints=[40, 2]), "n_timepoints must be >= 3"),
         (dict(n_sites=1, subjects_per_site=1, space="mni1mm"), "unknown space"),
         (dict(n_sites=1, subjects_per_site=1, noise=-1.0), "noise"),
         (dict(n_sites=1, subjects_per_site=1, tr=0.0), "tr"),
@@ -398,7 +400,7 @@ def test_bold_encoding_is_what_nib_save_writes(tmp_path, space, dtype, offset):
 
     mask, affine = load_space(space)
     X = (np.random.default_rng(0).standard_normal((int(mask.sum()), 7)) + offset).astype(np.float32)
-    head, data = _SubjectWriter(None, mask, affine, space, 7, 2.5, dtype, False)._encode(X)
+    head, data = _SubjectWriter(None, mask, affine, space, 2.5, dtype, False)._encode(X)
     img = _nifti(_to_volume(X, mask), affine, space, 2.5)
     if dtype == "int16":
         img.set_data_dtype(np.int16)

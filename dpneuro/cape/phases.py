@@ -116,7 +116,7 @@ def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.nd
     arrays = {"cape/sites": np.asarray(active, np.int64), "cape/weights": w}
     plans = {}
     for name in specs:
-        v = plan_variances(plan.kind, taus[name][active], w, plan.zero_sum_variance)
+        v = plan_variances(plan, taus[name][active], w)
         plans[name] = v
         arrays[f"cape/e_var/{name}"] = v.e_hat
         arrays[f"cape/g_var/{name}"] = v.g

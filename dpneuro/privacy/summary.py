@@ -87,6 +87,12 @@ def privacy_report(
         else "Noise was drawn from generators seeded from OS entropy.")
     eps = {n: s["epsilon"] for n, s in sites.items()}
     worst = max(eps.values()) if eps else 0.0
+    if plan == "cape" and math.isfinite(worst) and min(eps.values()) < worst * (1 - 1e-6):
+        binding = ", ".join(n for n, e in eps.items() if e >= worst * (1 - 1e-6))
+        assumptions.append(
+            f"Sites differ in subjects or scan lengths. CAPE's plan gives every site at least the guarantee an "
+            f"equal consortium gets at the same settings: {binding}, whose subjects move the average most "
+            "(the longest scans), spends exactly that, the others less (docs/privacy.md, \"Unequal sites\").")
     return {"delta": delta, "unit": "/".join(units), "neighbour": "/".join(neighbours),
             "neighbour_text": "; ".join(NEIGHBOUR_TEXT[n] for n in neighbours),
             "plan": plan, "n_sites": n_sites, "n_colluding": S_C,
