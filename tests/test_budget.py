@@ -327,6 +327,8 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
             assert spent[name] == pytest.approx(planned.epsilon[name], rel=1e-9)
         assert spent["site-03"] == pytest.approx(target or equal.epsilon["site-03"], rel=1e-6)
         assert spent["site-01"] < spent["site-02"] < 0.9 * spent["site-03"]
+        # one site's releases alone are part of the coalition's view: never a larger figure than the headline
+        assert all(s["epsilon_single_release"] <= s["epsilon"] for s in ica.privacy_.report["sites"].values())
         # the run says why the sites' eps differ, and which one binds
         assert any(a.startswith("Sites differ in subjects or scan lengths") and "site-03, whose subjects" in a
                    for a in ica.privacy_.report["assumptions"])

@@ -167,16 +167,19 @@ class PrivacyLedger:
         adversary by the RDP accountant. ``epsilon_single_release`` bounds the
         weaker view of someone who sees this party's releases alone (from each
         release's calibrated std; CAPE releases carry more, see
-        :data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`).
+        :data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`); that view is part of the
+        coalition's, so it is never above the headline (a site of an unequal
+        consortium can be well below its calibrated std's figure).
         """
+        headline = self.epsilon(delta, "exact", collusion=True)
         return {
             "owner": self.owner,
             "delta": delta,
-            "epsilon": self.epsilon(delta, "exact", collusion=True),
+            "epsilon": headline,
             "epsilon_rdp": self.epsilon(delta, "rdp", collusion=True),
             "mu": self.mu_collusion,
-            "epsilon_single_release": self.epsilon(delta, "exact"),
-            "mu_single_release": self.mu,
+            "epsilon_single_release": min(self.epsilon(delta, "exact"), headline),
+            "mu_single_release": min(self.mu, self.mu_collusion),
             "releases": sum(r.count for r in self.releases),
             "units": sorted({r.unit for r in self.releases}),
             "neighbours": sorted({r.neighbour for r in self.releases}),
