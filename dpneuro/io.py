@@ -1510,3 +1510,50 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(type(o).__name__)
+
+
+# ---------------------------------------------------------------------------
+# what a site read, for its console, its record and the report
+# ---------------------------------------------------------------------------
+
+def site_data_summary(record: dict) -> dict:
+    """The data side of a site's record (``site.json`` of the load stage) in brief: counts, TRs, resampling,
+    subjects left out and the number of files not used (each listed in the record)."""
+    runs = record.get("run_records") or []
+    resampled = sorted({r["resampled_from"] for r in runs if r.get("resampled_from")})
+    return {"subjects": record["n_subjects"], "runs": sum(len(r) for r in record.get("runs", [])),
+            "tr": record.get("tr"), "time_points": record.get("n_samples"),
+            "resampled_runs": sum(1 for r in runs if r.get("resampled_from")), "resampled_from": resampled,
+            "scrubbed_volumes": sum(r["volumes"] - r["columns"] for r in runs),
+            "excluded": [list(x) for x in record.get("excluded") or []],
+            "files_not_used": len(record.get("skipped") or []), "filters": record.get("filters") or {}}
+
+
+def describe_site_inputs(record: dict, *, files: bool = False) -> list[str]:
+    """Lines for a site's console (and report): what was read, resampled and left out; with ``files`` every
+    file not used, grouped by reason."""
+    s = site_data_summary(record)
+    name = record.get("site", "site")
+    out = [f"{name}: {s['subjects']} subjects, {s['runs']} runs, {s['time_points']} time points"
+           + (f", TR {s['tr']:g} s" if s["tr"] else "")
+           + (f"; filters {s['filters']}" if s["filters"] else "")]
+    if record.get("cleaning"):
+        out.append(f"{name}: cleaning: {record['cleaning']['description']}")
+    if s["resampled_runs"]:
+        out.append(f"{name}: {s['resampled_runs']} run(s) resampled to the analysis grid (nilearn, continuous "
+                   f"interpolation) from {', '.join(s['resampled_from'])}")
+    if s["scrubbed_volumes"]:
+        out.append(f"{name}: {s['scrubbed_volumes']} volume(s) censored by scrubbing")
+    for sid, why in s["excluded"]:
+        out.append(f"{name}: subject {sid} {why}")
+    skipped = record.get("skipped") or []
+    if skipped:
+        out.append(f"{name}: {len(skipped)} file(s) not used" + (":" if files else " (listed in the site's record)"))
+    if files:
+        by_reason: dict[str, list[str]] = {}
+        for f, why in skipped:
+            by_reason.setdefault(why, []).append(f)
+        for why, fs in by_reason.items():
+            out.append(f"  {why}:")
+            out.extend(f"    {f}" for f in fs)
+    return out
