@@ -1076,6 +1076,10 @@ def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
 # per-subject reading
 # ---------------------------------------------------------------------------
 
+class _NonFinite(Exception):
+    pass
+
+
 def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool, *, target=None,
                   smoothing_fwhm: float | None = None, cleaning=None, tr: float | None = None, confounds=None,
                   sample_mask=None) -> np.ndarray:
@@ -1092,6 +1096,12 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
             from nilearn.image import resample_to_img, smooth_img
 
             img = nib.load(str(path))
+            data = np.asanyarray(img.dataobj)
+            if data.dtype.kind == "f":  # resampling would spread (or hide) a NaN: refuse it before, as the fast path
+                bad = ~np.isfinite(data).all(axis=-1)
+                if bad.any():
+                    raise _NonFinite(f"{path}: non-finite values (NaN/inf) in {int(bad.sum())} voxel(s) of the run")
+            img = nib.Nifti1Image(data, img.affine, img.header)
             if target is not None:
                 img = resample_to_img(img, target, interpolation="continuous", force_resample=True,
                                       copy_header=True)
@@ -1112,6 +1122,8 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
                 block = block * block.dtype.type(slope)
             if inter != 0.0:
                 block += block.dtype.type(inter)
+    except _NonFinite as exc:
+        raise DataValidationError(str(exc)) from None
     except Exception as exc:
         raise DataValidationError(
             f"{path}: unreadable or corrupted data ({type(exc).__name__}: {exc})"

@@ -95,6 +95,7 @@ def _confounds(rng, motion: np.ndarray, tr: float) -> tuple[dict[str, np.ndarray
     for name in ("csf", "white_matter", "global_signal"):
         expand(name, 100 + rng.standard_normal(n))
     fd = np.r_[np.nan, np.abs(np.diff(motion * 0.1, axis=0)).sum(1)]
+    fd[rng.choice(np.arange(10, n - 10), 2, replace=False)] = 0.8  # two motion spikes for scrubbing to censor
     cols["framewise_displacement"] = fd
     cols["std_dvars"] = np.r_[np.nan, 1 + 0.1 * rng.standard_normal(n - 1)]
     cols["dvars"] = np.r_[np.nan, 20 + rng.standard_normal(n - 1)]
