@@ -61,6 +61,8 @@ class SiteEntry:
     files: list[str] = field(default_factory=list)  # explicit file list instead of a folder
     # non-BIDS folders: TSV (columns file, subject) grouping files into subjects; default one file = one subject
     subjects_tsv: str = ""
+    # subjects of this site to leave out (e.g. ["sub-07"], a corrupt file); listed in the site's record and report
+    exclude: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -145,8 +147,28 @@ class RunConfig:
     calibration: str = "analytic"
     standardize: bool = True
     min_volumes: int = 10
-    # BIDS filters: keep only the runs whose entities match (keys task, space, session, run)
+    # BIDS filters: keep only the runs whose entities match (keys task, space, session, run, res, desc); in an
+    # fMRIPrep tree without a desc filter only desc-preproc runs are read (desc-smoothAROMAnonaggr for ica_aroma)
     bids: dict[str, str] = field(default_factory=dict)
+    # -- site-local cleaning, by nilearn, before anything is released (no privacy cost); consortium settings --
+    # confound removal: "" (off, the default: the same cleaning at every site whatever files it has, and the
+    # synthetic data have no confounds table), a nilearn strategy ("simple", "scrubbing", "compcor",
+    # "ica_aroma": load_confounds_strategy on each run's fMRIPrep confounds table; a run without one is refused),
+    # or a list of confound column names of that table
+    confounds: str | list[str] = ""
+    # extra keyword arguments of nilearn's load_confounds for the strategy, e.g. {fd_threshold = 0.3}
+    confounds_options: dict[str, Any] = field(default_factory=dict)
+    # per run, through nilearn.signal.clean with the run's own TR (header or sidecar RepetitionTime), together
+    # with confounds and standardize (then nilearn's zscore_sample); left at their defaults with no confounds,
+    # each voxel is only z-scored as before
+    detrend: bool = False
+    high_pass: float | None = None  # Hz, e.g. 0.01; left out: off
+    low_pass: float | None = None  # Hz, e.g. 0.1; left out: off
+    # spatial smoothing (mm FWHM) of each run on the analysis grid, nilearn.image.smooth_img; left out: off
+    smoothing_fwhm: float | None = None
+    # a subject whose files are bad (corrupt gzip, wrong shape, unreadable confounds): "stop" the site, or
+    # "skip": leave the subject out with the reason, listed in the site's record and the report
+    on_bad_subject: str = "stop"
     # a site's own cluster for its per-subject work (decoding, masking, standardising): Pydra's Dask or SLURM
     # worker, e.g. {worker = "dask", address = "tcp://host:8786"}; empty: threads on this machine. The result is
     # the same either way, so it is a site's own setting, not a consortium one
@@ -183,6 +205,12 @@ class RunConfig:
     def cumulant_unmixing(self) -> bool:
         """Whether temporal ICA unmixes by the cumulant ICA (``ica_unmixing``; spatial ICA has no unmixing stage)."""
         return self.ica == "temporal" and self.ica_unmixing == "cumulant"
+
+    def cleaning(self):
+        """The site-local cleaning every party applies (:class:`dpneuro.cleaning.Cleaning`)."""
+        from .cleaning import Cleaning
+
+        return Cleaning.from_config(self)
 
     @property
     def pca_delta(self) -> float:
@@ -293,6 +321,19 @@ class RunConfig:
         for k, v in self.bids.items():
             if isinstance(v, bool) or not isinstance(v, (str, int)):
                 bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
+        for i, s in enumerate(self.sites):
+            if not isinstance(s.exclude, list) or not all(isinstance(x, str) and x for x in s.exclude):
+                bad(f"sites[{i}].exclude ({s.name})", f"a list of subject ids (e.g. [\"sub-07\"]), got {s.exclude!r}")
+        from .cleaning import check as check_cleaning
+        from .io import ON_BAD_SUBJECT
+
+        for name, why in check_cleaning(self.cleaning()):
+            bad(name, why)
+        if self.on_bad_subject not in ON_BAD_SUBJECT:
+            bad("on_bad_subject", f"one of {ON_BAD_SUBJECT}, got {self.on_bad_subject!r}")
+        if self.cluster and (self.cleaning().temporal or self.smoothing_fwhm):
+            bad("cluster", "a site's cluster decodes runs without cleaning; confounds, detrend, filters and "
+                "smoothing run in the site's own process (leave cluster out)")
         self._check_cluster(bad, check_here=data_sites is None or bool(data_sites))
         if self.n_components < 2:
             bad("n_components", "must be >= 2")
@@ -443,12 +484,13 @@ class RunConfig:
         for i, s in enumerate(d.pop("sites")):
             if not isinstance(s, dict):
                 raise ConfigError(f"config field 'sites[{i}]': must be a table with name and path")
-            extra = set(s) - {"name", "path", "files", "subjects_tsv"}
+            extra = set(s) - {"name", "path", "files", "subjects_tsv", "exclude"}
             if extra:
                 raise ConfigError(f"config field 'sites[{i}]': unknown keys {sorted(extra)}")
             sites.append(SiteEntry(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
                                    files=[rel(str(f)) for f in s.get("files", [])],
-                                   subjects_tsv=rel(str(s.get("subjects_tsv", "")))))
+                                   subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
+                                   exclude=s.get("exclude", [])))
         for key in ("out", "mask", "exchange_dir", "truth"):
             if d.get(key):
                 d[key] = rel(str(d[key]))

@@ -497,7 +497,8 @@ class DecentralizedICA(_Decentralized):
         with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
             src = _site_inputs({"new": imgs}, Path(tmp))[0]
             sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
-                           min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space))
+                           min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space),
+                           cleaning=self.config_.cleaning())
             S = time_courses(self.unmixing_, unmixing_input(self.config_, sd.X, self.basis_, self.eigenvalues_),
                              self.bias_)
         return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]

@@ -23,6 +23,7 @@ import os
 import struct
 import threading
 import warnings
+import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = [
     "NpyColumns",
     "column_blocks",
 ]
+
+_log = logging.getLogger(__name__)
 
 _NIFTI_SUFFIXES = (".nii", ".nii.gz")
 _AFFINE_ATOL = 1e-3
@@ -78,7 +81,19 @@ class SiteData:
     runs : list of list of str
         Each subject's files (its runs and sessions), in column order.
     skipped : list of [path, why]
-        Files found but not used (outside ``func/``, not BOLD, filtered out).
+        Files found but not used (outside ``func/``, not BOLD, filtered out,
+        fMRIPrep companions the cleaning does not read, left-out subjects).
+    excluded : list of [subject, why]
+        Subjects left out: by the configuration (``exclude``) or, with
+        ``on_bad_subject = "skip"``, for bad data (the reason names the file).
+    cleaning : dict or None
+        The cleaning applied (:class:`dpneuro.cleaning.Cleaning` as JSON, with a
+        ``description`` sentence); None when only ``standardize``/``detrend`` applied.
+    run_records : list of dict
+        Per run read: path, subject, TR, volumes, columns kept, the grid it
+        was resampled from (or None), brain-mask coverage, companions used.
+    filters : dict
+        The BIDS filters applied, defaults included.
     tr : float or None
         Repetition time in seconds, common to all subjects (None if the
         headers leave it unset, i.e. 0).
@@ -101,12 +116,18 @@ class SiteData:
     memmap_path: str | None = None
     runs: list[list[str]] | None = None
     skipped: list[list[str]] | None = None
+    excluded: list[list[str]] | None = None
+    cleaning: dict | None = None
+    run_records: list[dict] | None = None
+    filters: dict | None = None
 
     def __post_init__(self):
         if self.runs is None:
             self.runs = [[p] for p in self.paths] if self.paths else [[] for _ in self.subject_ids]
         if self.skipped is None:
             self.skipped = []
+        if self.excluded is None:
+            self.excluded = []
 
     @classmethod
     def from_array(cls, X, subjects=None, subject_ids: list[str] | None = None) -> SiteData:
@@ -168,6 +189,10 @@ class SiteData:
             "paths": list(self.paths),
             "runs": [list(r) for r in self.runs],
             "skipped": [list(x) for x in self.skipped],
+            "excluded": [list(x) for x in self.excluded],
+            "cleaning": self.cleaning,
+            "run_records": self.run_records,
+            "filters": self.filters,
             "tr": self.tr,
             "mask_path": self.mask_path,
             "standardize": self.standardize,
@@ -574,9 +599,59 @@ def find_nifti(paths_or_dir) -> list[Path]:
     return [f for _, files in find_subjects(paths_or_dir).subjects for f in files]
 
 
-#: BIDS entities a site may filter its runs by (config ``[bids]``)
-BIDS_FILTERS = ("task", "space", "session", "run")
-_BIDS_KEYS = {"task": "task", "space": "space", "session": "ses", "run": "run"}
+#: BIDS entities a site may filter its runs by (config ``[bids]``); ``res`` and ``desc`` for fMRIPrep outputs
+BIDS_FILTERS = ("task", "space", "session", "run", "res", "desc")
+_BIDS_KEYS = {"task": "task", "space": "space", "session": "ses", "run": "run", "res": "res", "desc": "desc"}
+
+#: entities that name a version of a run (its space, resolution, processing), not which run it is: two kept
+#: files that differ only in these are the same run twice
+_VERSION_KEYS = ("space", "res", "den", "cohort", "desc")
+_SURFACE_SUFFIXES = (".func.gii", ".surf.gii", ".shape.gii", ".dtseries.nii", ".dscalar.nii", ".ptseries.nii")
+
+
+def _split_name(path) -> tuple[list[str], str, str]:
+    """A BIDS file name as (its key-value parts, its suffix, its extension): ``..._bold.nii.gz`` ->
+    ``([...], "bold", ".nii.gz")``."""
+    name = Path(path).name
+    stem, dot, ext = name.partition(".")
+    parts = stem.split("_")
+    return parts[:-1], parts[-1], dot + ext
+
+
+def is_mni_space(space: str) -> bool:
+    """Whether a BIDS ``space`` label names an MNI template (MNI152NLin2009cAsym, MNI152NLin6Asym, ...)."""
+    return space.upper().startswith("MNI")
+
+
+def confounds_name(bold, suffix: str = "timeseries") -> str:
+    """File name of an fMRIPrep run's confounds table: the run's entities without space/res/desc."""
+    parts, _, _ = _split_name(bold)
+    keep = [x for x in parts if x.partition("-")[0] not in _VERSION_KEYS]
+    return "_".join(keep + ["desc-confounds", suffix]) + ".tsv"
+
+
+def companion_names(bold) -> dict[str, str]:
+    """The files fMRIPrep writes beside a run, by role: its brain mask, boldref, JSON sidecar, confounds table."""
+    parts, _, ext = _split_name(bold)
+    nodesc = [x for x in parts if not x.startswith("desc-")]
+    stem = Path(bold).name[: -len(ext)]
+    return {"mask": "_".join(nodesc + ["desc-brain", "mask"]) + ext, "boldref": "_".join(nodesc + ["boldref"]) + ext,
+            "sidecar": stem + ".json", "confounds": confounds_name(bold),
+            "confounds_json": confounds_name(bold)[: -len(".tsv")] + ".json",
+            "confounds_old": confounds_name(bold, "regressors"),
+            "confounds_old_json": confounds_name(bold, "regressors")[: -len(".tsv")] + ".json"}
+
+
+def _run_identity(path) -> tuple[str, ...]:
+    parts, suffix, _ = _split_name(path)
+    return tuple(x for x in parts if x.partition("-")[0] not in _VERSION_KEYS) + (suffix,)
+
+
+def _outside_func_reason(f: Path, rel: Path) -> str:
+    where = next((d for d in ("anat", "figures", "fmap", "dwi", "log") if d in rel.parts[:-1]), None)
+    kind = {"anat": "anatomical output", "figures": "report figure", "fmap": "field map", "dwi": "diffusion data",
+            "log": "log"}.get(where)
+    return f"not a functional run (outside sub-*/[ses-*/]func/{': ' + where + '/, ' + kind if where else ''})"
 
 
 def bids_entities(path) -> dict[str, str]:
@@ -608,6 +683,12 @@ class SubjectDiscovery:
 
     subjects: list[tuple[str, list[Path]]]
     skipped: list[tuple[str, str]]  # (path, why)
+    #: files fMRIPrep wrote beside each kept run, by role (mask, boldref, sidecar, confounds, confounds_json)
+    companions: dict[str, dict[str, str]] = None
+    #: subjects left out on purpose (``exclude``): (subject, why)
+    excluded: list[tuple[str, str]] = None
+    #: the filters applied, defaults included (e.g. desc=preproc in an fMRIPrep tree)
+    filters: dict[str, str] = None
 
 
 def _is_bids_folder(p: Path) -> bool:
@@ -633,24 +714,37 @@ def _read_subject_map(path) -> dict[str, str]:
     return out
 
 
-def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> SubjectDiscovery:
+def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None, exclude=(),
+                  default_desc: str | None = "preproc") -> SubjectDiscovery:
     """The subjects (people) of a site and the files of each: the privacy unit is the person.
 
     ``source`` is a folder, a file or a list of files. In a BIDS folder (a BIDS
-    root or a site folder of ``sub-*/[ses-*/]func/*_bold.nii[.gz]``) every run
-    and session of one ``sub-`` label forms one subject; files outside
-    ``func/`` (``anat/``, ``fmap/``) and non-BOLD files are skipped and listed.
-    ``filters`` keeps only runs whose BIDS entities match (``task``, ``space``,
-    ``session``, ``run``). Elsewhere, files named ``sub-<label>_...`` belong to
-    subject ``sub-<label>``; other files are one subject each, unless
-    ``subjects_tsv`` (columns ``file``, ``subject``; paths relative to the
-    folder) maps files to subjects.
+    root, an fMRIPrep derivatives root, or a site folder of
+    ``sub-*/[ses-*/]func/*_bold.nii[.gz]``) every run and session of one
+    ``sub-`` label forms one subject. Every other file under ``sub-*/`` is
+    skipped and listed with the reason: ``anat/``, ``figures/``, surface and
+    CIFTI outputs, non-BOLD files, and the files fMRIPrep writes beside a run
+    (brain mask, boldref, JSON sidecar, confounds table), which are returned
+    in ``companions`` for the runs that are read and listed as skipped for the
+    others. ``filters`` keeps only runs whose BIDS entities match (``task``,
+    ``space``, ``session``, ``run``, ``res``, ``desc``); when it names no
+    ``desc`` and runs carry one (fMRIPrep), only ``desc-<default_desc>`` runs
+    are read. Runs in a native space (``space-T1w``, any space not MNI) are
+    left out and listed when the same run is kept in an MNI space, and refused
+    otherwise; the same run kept twice (two spaces, resolutions or descs) is
+    refused. ``exclude``: subject ids to leave out (listed in ``excluded``).
+    Elsewhere, files named ``sub-<label>_...`` belong to subject
+    ``sub-<label>``; other files are one subject each, unless ``subjects_tsv``
+    (columns ``file``, ``subject``; paths relative to the folder) maps files to
+    subjects.
     """
     filters = {k: v for k, v in (filters or {}).items() if v not in (None, "")}
     unknown = set(filters) - set(BIDS_FILTERS)
     if unknown:
         raise DataValidationError(f"unknown BIDS filter(s) {sorted(unknown)}; use {list(BIDS_FILTERS)}")
+    explicit = dict(filters)
     skipped: list[tuple[str, str]] = []
+    others: list[Path] = []  # files in func/ that are not runs: companions of a kept run, or skipped
     base: Path | None = None
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
@@ -662,14 +756,18 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> 
                     rel = f.relative_to(p)
                     if not f.is_file() or any(part.startswith(".") for part in rel.parts):
                         continue
-                    if not f.name.endswith(_NIFTI_SUFFIXES):
-                        continue
-                    if f.parent.name != "func" or not rel.parts[0].startswith("sub-"):
-                        skipped.append((str(f), "not a functional run (outside sub-*/[ses-*/]func/)"))
-                    elif not bids_entities(f) or not f.name.split(".")[0].endswith("_bold"):
-                        skipped.append((str(f), "not a BOLD run (*_bold.nii[.gz])"))
-                    else:
+                    if len(rel.parts) < 2 or not rel.parts[0].startswith("sub-"):
+                        continue  # dataset_description.json, sub-01.html, logs/: not a subject's data
+                    if f.name.endswith(_SURFACE_SUFFIXES):
+                        kind = "CIFTI" if f.name.endswith(".nii") else "surface (GIFTI)"
+                        skipped.append((str(f), f"{kind} output: not a volume on the analysis grid"))
+                    elif f.parent.name != "func":
+                        skipped.append((str(f), _outside_func_reason(f, rel)))
+                    elif (f.name.endswith(_NIFTI_SUFFIXES) and bids_entities(f)
+                          and f.name.split(".")[0].endswith("_bold")):
                         files.append(f)
+                    else:
+                        others.append(f)
             else:
                 files = sorted(f for f in p.iterdir() if _is_nifti(f))
             if not files:
@@ -690,16 +788,47 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> 
                 raise DataValidationError(f"{f}: listed twice")
             seen.add(f.absolute())
 
+    # fMRIPrep writes several versions of a run (desc-preproc, desc-smoothAROMAnonaggr): read one of them
+    why_default: dict[str, str] = {}
+    if "desc" not in filters and default_desc and base is not None and any("desc" in bids_entities(f) for f in files):
+        filters["desc"] = default_desc
+        why_default["desc"] = " (the default for fMRIPrep outputs)"
     kept = []
     for f in files:
         ent = bids_entities(f)
         miss = [k for k, v in filters.items() if not _same_label(ent.get(_BIDS_KEYS[k]), v)]
         if miss:
-            skipped.append((str(f), "BIDS filter " + ", ".join(f"{k}={filters[k]}" for k in miss)))
+            skipped.append((str(f), "BIDS filter " + ", ".join(f"{k}={filters[k]}{why_default.get(k, '')}"
+                                                               for k in miss)))
         else:
             kept.append(f)
     if not kept:
         raise DataValidationError(f"{source}: no file matches the BIDS filters {filters}")
+
+    # native space: the consortium grid is an MNI template; a T1w-space run cannot be resampled onto it
+    mni = {_run_identity(f) for f in kept if is_mni_space(bids_entities(f).get("space", ""))}
+    out = []
+    for f in kept:
+        space = bids_entities(f).get("space")
+        if space is None or is_mni_space(space):
+            out.append(f)
+        elif "space" not in explicit and _run_identity(f) in mni:
+            skipped.append((str(f), f"native space (space-{space}): not on the MNI analysis grid; the run's MNI "
+                                    "version is read"))
+        else:
+            raise DataValidationError(
+                f"{f}: native space (space-{space}) cannot be put on the consortium's MNI analysis grid; read the "
+                "run's MNI-space output (fMRIPrep --output-spaces MNI152NLin2009cAsym, config bids.space)")
+    kept = out
+    # the same run twice (two spaces, resolutions or descs) would count one person's data twice
+    by_run: dict[tuple, Path] = {}
+    for f in kept:
+        key = (str(f.parent), _run_identity(f))
+        if key in by_run:
+            raise DataValidationError(
+                f"{f}: the same run as {by_run[key].name} in another space, resolution or desc; choose one with "
+                "the config's bids filters (space, res, desc)")
+        by_run[key] = f
 
     mapping = _read_subject_map(subjects_tsv) if subjects_tsv else None
     groups: dict[str, list[Path]] = {}
@@ -713,7 +842,43 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None) -> 
         else:
             sid = subject_id_from_path(f)
         groups.setdefault(sid, []).append(f)
-    return SubjectDiscovery(list(groups.items()), skipped)
+
+    excluded = []
+    unknown_ex = [x for x in exclude if x not in groups]
+    if unknown_ex:
+        raise DataValidationError(f"{source}: exclude names {unknown_ex}, not subject(s) of this site "
+                                  f"(subjects: {sorted(groups)})")
+    for sid in exclude:
+        for f in groups.pop(sid):
+            skipped.append((str(f), f"subject {sid} left out by the configuration (exclude)"))
+        excluded.append((sid, "left out by the configuration (exclude)"))
+    if not groups:
+        raise DataValidationError(f"{source}: every subject is excluded")
+
+    # the files fMRIPrep wrote beside each run that is read; the rest of func/ is listed as not used
+    by_name = {(f.parent, f.name): f for f in others}
+    companions: dict[str, dict[str, str]] = {}
+    claimed: set[Path] = set()
+    for fs in groups.values():
+        for f in fs:
+            comp = {}
+            for role, name in companion_names(f).items():
+                c = by_name.get((f.parent, name))
+                if c is not None:
+                    comp[role.replace("_old", "")] = str(c)
+                    claimed.add(c)
+            companions[str(f)] = comp
+    for f in others:
+        if f in claimed:
+            continue
+        n = f.name
+        why = ("brain mask of a run not read" if n.endswith(("_mask.nii.gz", "_mask.nii"))
+               else "boldref of a run not read" if "_boldref." in n
+               else "confounds of a run not read" if "_desc-confounds_" in n
+               else "sidecar of a run not read" if n.endswith("_bold.json")
+               else "not a BOLD run (*_bold.nii[.gz])")
+        skipped.append((str(f), why))
+    return SubjectDiscovery(list(groups.items()), skipped, companions, excluded, filters)
 
 
 def subject_id_from_path(path) -> str:
@@ -794,8 +959,23 @@ def _tr_seconds(img) -> float:
     return tr * _TIME_UNIT_SECONDS.get(unit, 1.0)
 
 
-def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int, float]:
-    """Header-level checks of one subject file; returns (n_volumes, tr)."""
+def _declares_mni(path: Path, img) -> bool:
+    """Whether a run says it is in an MNI space: its ``space-`` entity, else its header's sform/qform code."""
+    space = bids_entities(path).get("space")
+    if space is not None:
+        return is_mni_space(space)
+    try:
+        return 4 in (int(img.header["sform_code"]), int(img.header["qform_code"]))  # NIFTI_XFORM_MNI_152
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int, float, str | None]:
+    """Header-level checks of one subject file; returns (n_volumes, tr, resample_from).
+
+    A run in an MNI space (its name or header says so) on another grid is resampled to the analysis grid:
+    ``resample_from`` describes its grid; None when it is on the analysis grid already.
+    """
     img = _load_image(path)
     shape = tuple(int(s) for s in img.shape)
     if len(shape) != 4:
@@ -807,60 +987,181 @@ def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int
         dtype, np.complexfloating
     ):
         raise DataValidationError(f"{path}: unsupported data type {dtype}")
-    if shape[:3] != tuple(mask_shape):
-        raise DataValidationError(
-            f"{path}: grid mismatch: image grid {shape[:3]} differs from the mask grid "
-            f"{tuple(mask_shape)}"
-        )
-    diff = np.abs(np.asarray(img.affine) - mask_affine).max()
-    if not diff <= _AFFINE_ATOL:
-        raise DataValidationError(
-            f"{path}: affine mismatch: the image affine differs from the mask's by up to "
-            f"{diff:.4g} (tolerance {_AFFINE_ATOL}); resample it to the mask grid first"
-        )
+    resample_from = None
+    same_grid = shape[:3] == tuple(mask_shape)
+    diff = np.abs(np.asarray(img.affine) - mask_affine).max() if same_grid else np.inf
+    if not (same_grid and diff <= _AFFINE_ATOL):
+        if _declares_mni(path, img):
+            zooms = ", ".join(f"{z:g}" for z in img.header.get_zooms()[:3])
+            resample_from = f"grid {shape[:3]} at ({zooms}) mm"
+        elif not same_grid:
+            raise DataValidationError(
+                f"{path}: grid mismatch: image grid {shape[:3]} differs from the mask grid "
+                f"{tuple(mask_shape)} (a run named space-MNI... or with an MNI header is resampled to it)"
+            )
+        else:
+            raise DataValidationError(
+                f"{path}: affine mismatch: the image affine differs from the mask's by up to "
+                f"{diff:.4g} (tolerance {_AFFINE_ATOL}); resample it to the mask grid first"
+            )
     if shape[3] < min_volumes:
         raise DataValidationError(
             f"{path}: only {shape[3]} volumes, fewer than min_volumes={min_volumes}"
         )
     _check_complete(path, img)
-    return shape[3], _tr_seconds(img)
+    return shape[3], _tr_seconds(img), resample_from
+
+
+def _sidecar_tr(path: Path, header_tr: float, sidecar: str | None) -> float:
+    """The run's TR: the JSON sidecar's ``RepetitionTime`` when there is one (it must agree with the header's)."""
+    if not sidecar:
+        return header_tr
+    try:
+        rt = json.loads(Path(sidecar).read_text()).get("RepetitionTime")
+    except (OSError, ValueError) as exc:
+        raise DataValidationError(f"{sidecar}: unreadable JSON sidecar of {path.name} ({exc})") from exc
+    if rt is None:
+        return header_tr
+    if isinstance(rt, bool) or not isinstance(rt, (int, float)) or not rt > 0:
+        raise DataValidationError(f"{sidecar}: RepetitionTime {rt!r} is not a positive number of seconds")
+    if header_tr > 0 and not np.isclose(header_tr, rt, rtol=_TR_RTOL, atol=1e-6):
+        raise DataValidationError(f"{path}: the header's TR {header_tr:g} s disagrees with RepetitionTime "
+                                  f"{rt:g} s of its sidecar {Path(sidecar).name}")
+    return float(rt)
+
+
+@dataclass
+class RunPlan:
+    """What the header pass learned of one run, and how it is decoded."""
+
+    path: Path
+    subject: str
+    n_volumes: int
+    tr: float
+    resample_from: str | None = None
+    confounds: np.ndarray | None = None
+    sample_mask: np.ndarray | None = None
+    companions: dict | None = None
+    coverage: float | None = None
+
+    @property
+    def n_columns(self) -> int:
+        """Columns the run adds to the site matrix (volumes kept after scrubbing)."""
+        return self.n_volumes if self.sample_mask is None else int(len(self.sample_mask))
+
+    def record(self, cleaning) -> dict:
+        """The run's entry in the site's record (public to the site's report; no data)."""
+        comp = self.companions or {}
+        used = {"sidecar": comp.get("sidecar"), "mask": comp.get("mask")}
+        if cleaning is not None and cleaning.confounds:
+            used["confounds"] = comp.get("confounds")
+            if cleaning.strategy:
+                used["confounds_json"] = comp.get("confounds_json")
+        return {"path": str(self.path), "subject": self.subject, "tr": self.tr, "volumes": self.n_volumes,
+                "columns": self.n_columns, "resampled_from": self.resample_from, "mask_coverage": self.coverage,
+                "companions_used": {k: v for k, v in used.items() if v}}
+
+
+def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
+    """Fraction of the analysis mask's voxels inside a run's own brain mask (fMRIPrep ``desc-brain_mask``)."""
+    img = _load_image(Path(run_mask), "brain mask")
+    if img.shape[:3] != mask.shape or np.abs(img.affine - target.affine).max() > _AFFINE_ATOL:
+        from nilearn.image import resample_to_img
+
+        img = resample_to_img(img, target, interpolation="nearest", force_resample=True, copy_header=True)
+    return float((np.asarray(img.dataobj).reshape(mask.shape)[mask] > 0).mean())
 
 
 # ---------------------------------------------------------------------------
 # per-subject reading
 # ---------------------------------------------------------------------------
 
-def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool) -> np.ndarray:
-    """Masked D x T float32 block of one subject, preprocessed."""
+class _NonFinite(Exception):
+    pass
+
+
+def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool, *, target=None,
+                  smoothing_fwhm: float | None = None, cleaning=None, tr: float | None = None, confounds=None,
+                  sample_mask=None) -> np.ndarray:
+    """Masked D x T float32 block of one subject, preprocessed.
+
+    ``target`` (the analysis grid as an image): resample the run to it first (nilearn, continuous
+    interpolation); ``smoothing_fwhm``: then smooth it (nilearn). ``cleaning`` with temporal steps: clean the
+    masked block with ``nilearn.signal.clean``; otherwise z-score / detrend it (:func:`preprocess`).
+    """
     try:
-        proxy = nib.load(str(path)).dataobj
-        # the stored values, masked first: scaling only the mask's voxels, in float32, avoids a float64 copy
-        # of the whole grid
-        block = np.asarray(proxy.get_unscaled())[mask]
+        if target is not None or smoothing_fwhm:
+            # nilearn on the 4-D image, before masking: resample once to the analysis grid, then smooth there
+            # (the order of nilearn's maskers)
+            from nilearn.image import resample_to_img, smooth_img
+
+            img = nib.load(str(path))
+            data = np.asanyarray(img.dataobj)
+            if data.dtype.kind == "f":  # resampling would spread (or hide) a NaN: refuse it before, as the fast path
+                bad = ~np.isfinite(data).all(axis=-1)
+                if bad.any():
+                    raise _NonFinite(f"{path}: non-finite values (NaN/inf) in {int(bad.sum())} voxel(s) of the run")
+            img = nib.Nifti1Image(data, img.affine, img.header)
+            if target is not None:
+                img = resample_to_img(img, target, interpolation="continuous", force_resample=True,
+                                      copy_header=True)
+            if smoothing_fwhm:
+                img = smooth_img(img, smoothing_fwhm)
+            block = np.asarray(img.dataobj)[mask]
+            block = block.astype(np.float32 if block.dtype == np.float32 else np.float64, copy=False)
+        else:
+            proxy = nib.load(str(path)).dataobj
+            # the stored values, masked first: scaling only the mask's voxels, in float32, avoids a float64
+            # copy of the whole grid
+            block = np.asarray(proxy.get_unscaled())[mask]
+            slope, inter = float(proxy.slope), float(proxy.inter)  # nibabel: 1 and 0 when the header has none
+            # float32 holds every 8- and 16-bit integer and float32 value exactly; wider types keep float64
+            block = block.astype(np.float32 if block.dtype.itemsize <= 2 or block.dtype == np.float32
+                                 else np.float64, copy=False)
+            if slope != 1.0:
+                block = block * block.dtype.type(slope)
+            if inter != 0.0:
+                block += block.dtype.type(inter)
+    except _NonFinite as exc:
+        raise DataValidationError(str(exc)) from None
     except Exception as exc:
         raise DataValidationError(
             f"{path}: unreadable or corrupted data ({type(exc).__name__}: {exc})"
         ) from exc
-    slope, inter = float(proxy.slope), float(proxy.inter)  # nibabel: 1 and 0 when the header has none
-    # float32 holds every 8- and 16-bit integer and float32 value exactly; wider types keep float64
-    block = block.astype(np.float32 if block.dtype.itemsize <= 2 or block.dtype == np.float32 else np.float64,
-                         copy=False)
-    if slope != 1.0:
-        block = block * block.dtype.type(slope)
-    if inter != 0.0:
-        block += block.dtype.type(inter)
     finite = np.isfinite(block)
     if not finite.all():
         n_bad = int((~finite.all(axis=1)).sum())
         raise DataValidationError(
             f"{path}: non-finite values (NaN/inf) in {n_bad} mask voxel(s)"
         )
+    if cleaning is not None and cleaning.temporal:
+        from .cleaning import CleaningError, clean_block
+
+        try:
+            return clean_block(block, tr=tr, cleaning=cleaning, confounds=confounds, sample_mask=sample_mask)
+        except CleaningError as exc:
+            raise DataValidationError(f"{path}: {exc}") from exc
     return preprocess(block, standardize=standardize, detrend=detrend)
 
 
-def decode_run(path, *, mask: np.ndarray, standardize: bool, detrend: bool, parcels=None) -> np.ndarray:
-    """One run's D x T float32 block as it enters the site matrix: masked, preprocessed, parcel-averaged."""
-    block = _read_subject(Path(path), mask, standardize, detrend)
+def decode_run(path, *, mask: np.ndarray, standardize: bool, detrend: bool, parcels=None, plan: RunPlan | None = None,
+               target=None, cleaning=None) -> np.ndarray:
+    """One run's D x T block as it enters the site matrix: (resampled, smoothed,) masked, cleaned, parcel-averaged.
+
+    ``plan`` (from the header pass) carries the run's TR, confounds and whether it is resampled to ``target``.
+    """
+    kw = {}
+    if plan is not None:
+        kw = dict(target=target if plan.resample_from else None, tr=plan.tr or None, confounds=plan.confounds,
+                  sample_mask=plan.sample_mask)
+    if cleaning is not None:
+        kw.update(cleaning=cleaning, smoothing_fwhm=cleaning.smoothing_fwhm)
+        standardize, detrend = cleaning.standardize, cleaning.detrend
+    try:
+        block = _read_subject(Path(path), mask, standardize, detrend, **kw)
+    except DataValidationError as exc:
+        exc.run_path = str(path)  # which subject to leave out under on_bad_subject = "skip"
+        raise
     return block if parcels is None else parcels.reduce(block)
 
 
@@ -902,6 +1203,9 @@ def load_site(
     subjects_tsv=None,
     workers: int | None = None,
     decoder=None,
+    cleaning=None,
+    exclude=(),
+    on_bad_subject: str = "stop",
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
@@ -935,7 +1239,9 @@ def load_site(
         is read, so `X` has one row per parcel; data-independent, so it costs
         no privacy.
     bids : dict, optional
-        BIDS filters (``task``, ``space``, ``session``, ``run``).
+        BIDS filters (``task``, ``space``, ``session``, ``run``, ``res``, ``desc``). In an
+        fMRIPrep tree without a ``desc`` filter only ``desc-preproc`` runs are read
+        (``desc-smoothAROMAnonaggr`` for ``confounds = "ica_aroma"``).
     subjects_tsv : str or Path, optional
         TSV mapping files to subjects (columns ``file``, ``subject``).
     workers : int, optional
@@ -949,6 +1255,18 @@ def load_site(
         returns an iterator of the runs' blocks in that order, each as
         :func:`decode_run` gives it. Default: threads in this process.
 
+    cleaning : dpneuro.cleaning.Cleaning, optional
+        The consortium's cleaning (confounds, detrending, standardisation,
+        filters, smoothing), carried out by nilearn per run with the run's
+        own TR; it replaces ``standardize`` / ``detrend``. Runs in an MNI
+        space on another grid are resampled to the mask's grid (nilearn,
+        continuous interpolation) either way.
+    exclude : sequence of str
+        Subjects to leave out (listed in ``SiteData.excluded``).
+    on_bad_subject : {"stop", "skip"}
+        "skip": a subject whose data fail validation or decoding is left out
+        and listed with the reason, instead of stopping the site.
+
     Returns
     -------
     SiteData
@@ -958,7 +1276,7 @@ def load_site(
     DataValidationError
         Naming the file and the problem: not found, unreadable/corrupted
         (incl. truncated gzip), not 4-D, grid or affine different from the
-        mask's (affine tolerance 1e-3), fewer than `min_volumes` volumes,
+        mask's (affine tolerance 1e-3) for a run that is not in an MNI space, fewer than `min_volumes` volumes,
         TR different from the first file's, a file listed twice, or
         non-finite values inside the mask (found while reading; a partly
         written `memmap_path` is then removed).
@@ -969,40 +1287,143 @@ def load_site(
         or min_volumes < 1
     ):
         raise ValueError(f"min_volumes must be a positive integer, got {min_volumes!r}")
+    if on_bad_subject not in ON_BAD_SUBJECT:
+        raise ValueError(f"on_bad_subject must be one of {ON_BAD_SUBJECT}, got {on_bad_subject!r}")
     mask_bool, mask_affine = load_mask(mask)
     if isinstance(mask, (str, os.PathLike)):
         mask_path = str(Path(mask).absolute())
     else:
         mask_path = mask.get_filename() if hasattr(mask, "get_filename") else None
-    found = find_subjects(paths_or_dir, filters=bids, subjects_tsv=subjects_tsv)
-    files = [f for _, fs in found.subjects for f in fs]
+    target = nib.Nifti1Image(mask_bool.astype(np.uint8), mask_affine)  # the analysis grid, for nilearn
+    found = find_subjects(paths_or_dir, filters=bids, subjects_tsv=subjects_tsv, exclude=tuple(exclude),
+                          default_desc=cleaning.desc if cleaning is not None else "preproc")
+    skipped = [list(x) for x in found.skipped]
+    excluded = [list(x) for x in found.excluded]
 
-    # ---- pass 1: headers only
-    ids, n_vols, trs = [], [], []
-    run_vols: list[int] = []
+    # ---- pass 1: headers (and confounds tables) only; a bad subject stops the site or is left out
+    subjects: list[tuple[str, list[RunPlan]]] = []
+    first: RunPlan | None = None
     for sid, runs in found.subjects:
-        total = 0
-        for path in runs:
-            n, tr = _inspect(path, mask_bool.shape, mask_affine, min_volumes)
-            if trs and not np.isclose(tr, trs[0], rtol=_TR_RTOL, atol=1e-6):
-                raise DataValidationError(
-                    f"{path}: TR {tr:g} s differs from {trs[0]:g} s of {files[0]}"
-                )
-            trs.append(tr)
-            run_vols.append(n)
-            total += n
-        ids.append(sid)
-        n_vols.append(total)
+        try:
+            plans = [_plan_run(path, sid, found.companions.get(str(path), {}), mask_bool, mask_affine, target,
+                               min_volumes, cleaning) for path in runs]
+            ref = first or plans[0]
+            for pl in plans:
+                if not np.isclose(pl.tr, ref.tr, rtol=_TR_RTOL, atol=1e-6):
+                    raise DataValidationError(
+                        f"{pl.path}: TR {pl.tr:g} s differs from {ref.tr:g} s of {ref.path}; a site's runs are "
+                        "concatenated in time and must share one TR (sites may differ)")
+        except DataValidationError as exc:
+            if on_bad_subject != "skip":
+                raise
+            _leave_out(sid, runs, exc, excluded, skipped)
+            continue
+        first = first or plans[0]
+        subjects.append((sid, plans))
+    if not subjects:
+        raise DataValidationError(f"{paths_or_dir}: no subject left to read; left out: {excluded}")
 
-    stops = np.cumsum(n_vols)
-    boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_vols)]
+    if decoder is not None and (cleaning is not None and (cleaning.temporal or cleaning.smoothing_fwhm)
+                                or any(pl.resample_from for _, ps in subjects for pl in ps)):
+        raise DataValidationError("a cluster decoder reads runs on the analysis grid without cleaning; "
+                                  "resampling, confounds, filters and smoothing run in this process only "
+                                  "(leave 'cluster' out)")
+    while True:
+        try:
+            site = _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder,
+                                cleaning, standardize, detrend)
+            break
+        except DataValidationError as exc:
+            sid = next((sid for sid, ps in subjects for pl in ps if str(pl.path) == getattr(exc, "run_path", None)),
+                       None)
+            if on_bad_subject != "skip" or sid is None:
+                raise
+            _leave_out(sid, [pl.path for pl in dict(subjects)[sid]], exc, excluded, skipped)
+            subjects = [(s, ps) for s, ps in subjects if s != sid]
+            if not subjects:
+                raise DataValidationError(f"{paths_or_dir}: no subject left to read; left out: {excluded}") from exc
+
+    X, ids, boundaries = site
+    plans = [pl for _, ps in subjects for pl in ps]
+    for pl in plans:  # what fMRIPrep wrote beside a run and the cleaning does not use
+        used = set(pl.record(cleaning)["companions_used"].values())
+        for role, f in (pl.companions or {}).items():
+            if f not in used:
+                why = {"boldref": "boldref: not used", "confounds": "confounds table not used (confounds = off)",
+                       "confounds_json": "confounds sidecar not used"}.get(role, f"{role}: not used")
+                skipped.append([f, why])
+    tr = first.tr
+    site = SiteData(
+        X=X,
+        subject_ids=ids,
+        boundaries=boundaries,
+        paths=[str(pl.path) for pl in plans],
+        runs=[[str(pl.path) for pl in ps] for _, ps in subjects],
+        skipped=skipped,
+        tr=tr if tr > 0 else None,
+        mask_path=mask_path,
+        standardize=cleaning.standardize if cleaning is not None else standardize,
+        detrend=cleaning.detrend if cleaning is not None else detrend,
+        memmap_path=str(memmap_path) if memmap_path is not None else None,
+        excluded=excluded,
+        cleaning=({**cleaning.to_json(), "description": cleaning.describe()} if cleaning is not None else None),
+        run_records=[pl.record(cleaning) for pl in plans],
+        filters=dict(found.filters),
+    )
+    for f, why in skipped:
+        _log.info("not used: %s (%s)", f, why)
+    if memmap_path is not None:
+        memmap_path = Path(memmap_path)
+        site.X = np.load(memmap_path, mmap_mode="r")
+        with open(memmap_path.with_suffix(".json"), "w") as f:
+            json.dump(site.metadata(), f, indent=1, default=_json_default)
+    return site
+
+
+#: what a site does with a subject whose files are bad: stop (default) or leave it out and go on
+ON_BAD_SUBJECT = ("stop", "skip")
+
+
+def _leave_out(sid: str, runs, exc: Exception, excluded: list, skipped: list) -> None:
+    reason = f"left out (on_bad_subject = 'skip'): {exc}"
+    _log.warning("subject %s %s", sid, reason)
+    excluded.append([sid, reason])
+    skipped.extend([str(f), f"subject {sid} left out: bad data"] for f in runs)
+
+
+def _plan_run(path: Path, sid: str, companions: dict, mask: np.ndarray, mask_affine, target, min_volumes: int,
+              cleaning) -> RunPlan:
+    """Header pass over one run: checks, its TR, whether it is resampled, its confounds and scrubbing mask."""
+    n, header_tr, resample_from = _inspect(path, mask.shape, mask_affine, min_volumes)
+    pl = RunPlan(path=path, subject=sid, n_volumes=n, tr=_sidecar_tr(path, header_tr, companions.get("sidecar")),
+                 resample_from=resample_from, companions=companions)
+    if cleaning is not None:
+        from .cleaning import CleaningError, run_confounds
+
+        try:
+            pl.confounds, pl.sample_mask = run_confounds(path, cleaning, n)
+        except CleaningError as exc:
+            raise DataValidationError(str(exc)) from exc
+        if (cleaning.high_pass or cleaning.low_pass) and not pl.tr > 0:
+            raise DataValidationError(f"{path}: no TR in its header or JSON sidecar; high_pass / low_pass need it")
+    if companions.get("mask"):
+        pl.coverage = _mask_coverage(companions["mask"], mask, target)
+    return pl
+
+
+def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder, cleaning,
+                 standardize, detrend):
+    """Pass 2: decode the runs in parallel and write them in column order (each run preprocessed on its own)."""
+    plans = [pl for _, ps in subjects for pl in ps]
+    ids = [sid for sid, _ in subjects]
+    n_cols = [sum(pl.n_columns for pl in ps) for _, ps in subjects]
+    stops = np.cumsum(n_cols)
+    boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_cols)]
     D, N = int(mask_bool.sum()), int(stops[-1])
     if parcels is not None:
         if len(parcels.labels) != D:
             raise DataValidationError(f"the parcellation has {len(parcels.labels)} voxels but the mask has {D}")
         D = parcels.n_parcels
-
-    # ---- pass 2: decode runs in parallel, write them in column order (each run preprocessed on its own)
     if memmap_path is not None:
         memmap_path = Path(memmap_path)
         memmap_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1013,18 +1434,21 @@ def load_site(
     from tqdm.auto import tqdm
 
     if decoder is not None:
-        blocks = decoder([list(fs) for _, fs in found.subjects])
+        blocks = decoder([[str(pl.path) for pl in ps] for _, ps in subjects])
     else:
-        blocks = ordered_map(functools.partial(decode_run, mask=mask_bool, standardize=standardize, detrend=detrend,
-                                               parcels=parcels), files, workers=resolve_workers(workers))
+        def decode(pl: RunPlan) -> np.ndarray:
+            return decode_run(pl.path, mask=mask_bool, standardize=standardize, detrend=detrend, parcels=parcels,
+                              plan=pl, target=target, cleaning=cleaning)
+
+        blocks = ordered_map(decode, plans, workers=resolve_workers(workers))
     try:
         with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out:
             a = 0
             # the blocks first: zip then runs a decoder to its end (which cleans up after itself)
-            for block, path, n in zip(tqdm(blocks, total=len(files), desc="load", unit="run", disable=not progress),
-                                      files, run_vols):
-                if block.shape != (D, n):
-                    raise RuntimeError(f"{path}: decoded to shape {block.shape}, expected {(D, n)}")
+            for block, pl in zip(tqdm(blocks, total=len(plans), desc="load", unit="run", disable=not progress),
+                                 plans):
+                if block.shape != (D, pl.n_columns):
+                    raise RuntimeError(f"{pl.path}: decoded to shape {block.shape}, expected {(D, pl.n_columns)}")
                 if out is None:
                     X[:, a:a + block.shape[1]] = block
                 else:
@@ -1035,25 +1459,7 @@ def load_site(
         if memmap_path is not None:
             memmap_path.unlink(missing_ok=True)
         raise
-
-    site = SiteData(
-        X=X,
-        subject_ids=ids,
-        boundaries=boundaries,
-        paths=[str(p) for p in files],
-        runs=[[str(p) for p in fs] for _, fs in found.subjects],
-        skipped=[list(x) for x in found.skipped],
-        tr=trs[0] if trs[0] > 0 else None,
-        mask_path=mask_path,
-        standardize=standardize,
-        detrend=detrend,
-        memmap_path=str(memmap_path) if memmap_path is not None else None,
-    )
-    if memmap_path is not None:
-        site.X = np.load(memmap_path, mmap_mode="r")
-        with open(memmap_path.with_suffix(".json"), "w") as f:
-            json.dump(site.metadata(), f, indent=1)
-    return site
+    return X, ids, boundaries
 
 
 def open_site_data(npy_path) -> SiteData:
@@ -1088,6 +1494,10 @@ def open_site_data(npy_path) -> SiteData:
         paths=meta["paths"],
         runs=meta.get("runs"),
         skipped=meta.get("skipped"),
+        excluded=meta.get("excluded"),
+        cleaning=meta.get("cleaning"),
+        run_records=meta.get("run_records"),
+        filters=meta.get("filters"),
         tr=meta["tr"],
         mask_path=meta["mask_path"],
         standardize=meta["standardize"],
@@ -1112,3 +1522,50 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(type(o).__name__)
+
+
+# ---------------------------------------------------------------------------
+# what a site read, for its console, its record and the report
+# ---------------------------------------------------------------------------
+
+def site_data_summary(record: dict) -> dict:
+    """The data side of a site's record (``site.json`` of the load stage) in brief: counts, TRs, resampling,
+    subjects left out and the number of files not used (each listed in the record)."""
+    runs = record.get("run_records") or []
+    resampled = sorted({r["resampled_from"] for r in runs if r.get("resampled_from")})
+    return {"subjects": record["n_subjects"], "runs": sum(len(r) for r in record.get("runs", [])),
+            "tr": record.get("tr"), "time_points": record.get("n_samples"),
+            "resampled_runs": sum(1 for r in runs if r.get("resampled_from")), "resampled_from": resampled,
+            "scrubbed_volumes": sum(r["volumes"] - r["columns"] for r in runs),
+            "excluded": [list(x) for x in record.get("excluded") or []],
+            "files_not_used": len(record.get("skipped") or []), "filters": record.get("filters") or {}}
+
+
+def describe_site_inputs(record: dict, *, files: bool = False) -> list[str]:
+    """Lines for a site's console (and report): what was read, resampled and left out; with ``files`` every
+    file not used, grouped by reason."""
+    s = site_data_summary(record)
+    name = record.get("site", "site")
+    out = [f"{name}: {s['subjects']} subjects, {s['runs']} runs, {s['time_points']} time points"
+           + (f", TR {s['tr']:g} s" if s["tr"] else "")
+           + (f"; filters {s['filters']}" if s["filters"] else "")]
+    if record.get("cleaning"):
+        out.append(f"{name}: cleaning: {record['cleaning']['description']}")
+    if s["resampled_runs"]:
+        out.append(f"{name}: {s['resampled_runs']} run(s) resampled to the analysis grid (nilearn, continuous "
+                   f"interpolation) from {', '.join(s['resampled_from'])}")
+    if s["scrubbed_volumes"]:
+        out.append(f"{name}: {s['scrubbed_volumes']} volume(s) censored by scrubbing")
+    for sid, why in s["excluded"]:
+        out.append(f"{name}: subject {sid} {why}")
+    skipped = record.get("skipped") or []
+    if skipped:
+        out.append(f"{name}: {len(skipped)} file(s) not used" + (":" if files else " (listed in the site's record)"))
+    if files:
+        by_reason: dict[str, list[str]] = {}
+        for f, why in skipped:
+            by_reason.setdefault(why, []).append(f)
+        for why, fs in by_reason.items():
+            out.append(f"  {why}:")
+            out.extend(f"    {f}" for f in fs)
+    return out

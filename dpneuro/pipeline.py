@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import RunConfig
 from .analysis import site_whiten, unmixing_input
-from .io import write_json
+from .io import site_data_summary, write_json
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -79,7 +79,8 @@ def _read_json(path) -> dict:
 #: configuration fields each stage depends on (a change re-runs that stage and what follows)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "space": ("mask", "space", "parcels"),
-    "load": ("sites", "standardize", "min_volumes", "bids"),
+    "load": ("sites", "standardize", "min_volumes", "bids", "confounds", "confounds_options", "detrend", "high_pass",
+             "low_pass", "smoothing_fwhm", "on_bad_subject"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
                "pca_contribution", "ica", "brain_states", "delta", "seed", "pdsvd_iterations", "max_memory_gb"),
     "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
@@ -137,8 +138,10 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     site = next(s for s in cfg.sites if s.name == site_name)
     space = _read_json(space_json)
+    cleaning = cfg.cleaning()
     d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, site.subjects_tsv, cfg.bids, space,
-                   cfg.standardize, cfg.min_volumes)
+                   cfg.standardize, cfg.min_volumes, site.exclude, cfg.on_bad_subject,
+                   *([cleaning.to_json()] if cleaning.temporal or cleaning.smoothing_fwhm else []))
     out = d / "site.json"
     if out.exists():
         return str(out)
@@ -151,12 +154,21 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     t0 = time.perf_counter()
     sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
                    min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels, bids=cfg.bids,
-                   subjects_tsv=site.subjects_tsv or None, decoder=decoder)
-    return _write_json(out, {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
-                             "n_features": sd.n_features, "n_samples": sd.n_samples,
-                             "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
-                             "runs": sd.runs, "skipped": sd.skipped,
-                             "seconds": time.perf_counter() - t0})
+                   subjects_tsv=site.subjects_tsv or None, decoder=decoder, cleaning=cleaning,
+                   exclude=site.exclude, on_bad_subject=cfg.on_bad_subject)
+    record = {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
+              "n_features": sd.n_features, "n_samples": sd.n_samples,
+              "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
+              "runs": sd.runs, "skipped": sd.skipped, "excluded": sd.excluded, "cleaning": sd.cleaning,
+              "run_records": sd.run_records, "filters": sd.filters,
+              "seconds": time.perf_counter() - t0}
+    import sys
+
+    from .io import describe_site_inputs
+
+    # the site's console: what was read, how it was cleaned, and every file not used (also in site.json)
+    print("\n".join(describe_site_inputs(record, files=True)), file=sys.stderr)
+    return _write_json(out, record)
 
 
 def _open_stage(cfg_json: str, site_jsons: list[str], stage: str, *inputs: Any) -> tuple[RunConfig, list[dict], Path]:
@@ -511,12 +523,15 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         "config": cfg.to_json(), "versions": _versions(),
         "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
         else "OS entropy (fresh noise every run)",
-        "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"]})
+        "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"],
+        "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},
+        "data": {s["site"]: site_data_summary(s) for s in sites}})
     notes = []
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
                           maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes, states=states,
-                          site_maps=consortium_section(cfg, _read_json(mp["space"])))
+                          site_maps=consortium_section(cfg, _read_json(mp["space"])),
+                          data={"cleaning": cfg.cleaning().describe(), "sites": sites})
     return str(report)

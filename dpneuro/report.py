@@ -132,11 +132,33 @@ def states_html(states: dict) -> str:
     return "\n".join(out)
 
 
+def data_section(data: dict) -> str:
+    """How the data were read and cleaned at each site (from the sites' load records)."""
+    from .io import site_data_summary
+
+    parts = ["<h2>Data</h2>", f'<p class="small">How the data were cleaned (every site, before anything was '
+             f"released): {html.escape(data['cleaning'])}.</p>"]
+    rows, details = [], []
+    for rec in data.get("sites", []):
+        s = site_data_summary(rec)
+        rows.append([rec["site"], s["subjects"], s["runs"], s["tr"] if s["tr"] else "-",
+                     f"{s['resampled_runs']} from {', '.join(s['resampled_from'])}" if s["resampled_runs"] else "0",
+                     s["scrubbed_volumes"], "; ".join(f"{sid}: {why}" for sid, why in s["excluded"]) or "-",
+                     s["files_not_used"]])
+        if rec.get("skipped"):
+            items = "".join(f"<li>{html.escape(f)}: {html.escape(why)}</li>" for f, why in rec["skipped"])
+            details.append(f"<details><summary>{html.escape(rec['site'])}: {len(rec['skipped'])} file(s) not "
+                           f"used</summary><ul class='small'>{items}</ul></details>")
+    parts.append(_table(["site", "subjects", "runs", "TR (s)", "runs resampled", "volumes censored",
+                         "subjects left out", "files not used"], rows))
+    return "".join(parts + details)
+
+
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
                  metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
                  maps_note: str = "", timecourses_png=None, states: dict | None = None,
-                 site_maps: dict | None = None) -> Path:
+                 site_maps: dict | None = None, data: dict | None = None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
@@ -147,6 +169,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     site's un-noised data and never appear in the consortium's. ``states``
     (brain states): ``entries`` (as ``components``), ``figure`` (activation
     and occupancy), ``occupancy`` (the consortium's), ``note``, ``truth``.
+    ``data``: how the data were read and cleaned: ``cleaning`` (a sentence) and
+    ``sites`` (the sites' load records: subjects, runs, resampling, subjects
+    left out, files not used).
     ``site_maps`` (each site's own voxel maps): ``note``, and ``entries``
     (as ``components``) only in a site's own report, for the same reason as
     ``timecourses_png``.
@@ -157,6 +182,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     parts.append(privacy_box(privacy))
     for n in notes or []:
         parts.append(f'<p class="warn">{html.escape(n)}</p>')
+
+    if data:
+        parts.append(data_section(data))
 
     parts.append("<h2>Spatial maps</h2>")
     if maps_note:

@@ -68,6 +68,8 @@ CONSORTIUM_FIELDS = (
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
     "seed", "simulation",
+    # the site-local cleaning (what the data are before anything is released)
+    "confounds", "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
 )
 
 
@@ -390,7 +392,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
                                "subjects of this site.", priv, warnings or None)
     return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
                         components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
-                        site_maps=own,
+                        site_maps=own, data={"cleaning": cfg.cleaning().describe(), "sites": [info]},
                         notes=["This report stays at this site: its time courses and voxel maps are computed "
                                "from this site's own data and are not private releases."])
 

@@ -1,0 +1,306 @@
+"""fMRIPrep derivatives as they are: discovery, resampling, TRs, leaving a bad subject out, nilearn's cleaning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+from nilearn import signal
+from nilearn.image import resample_to_img
+from nilearn.interfaces.fmriprep import load_confounds_strategy
+
+from dpneuro.cleaning import Cleaning
+from dpneuro.config import ConfigError, RunConfig
+from dpneuro.io import DataValidationError, describe_site_inputs, load_mask, load_site, preprocess
+from dpneuro.synth_fmriprep import analysis_mask, write_fmriprep_site
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fmriprep")
+    return write_fmriprep_site(d / "site", seed=1), analysis_mask(d / "mask.nii.gz")
+
+
+def _lengths(sd):
+    return {sid: b - a for sid, (a, b) in zip(sd.subject_ids, sd.boundaries)}
+
+
+def _why(sd) -> dict[str, str]:
+    return {Path(f).name: why for f, why in sd.skipped}
+
+
+def _raw(path, mask_path) -> np.ndarray:
+    """A run resampled to the analysis grid by nilearn and masked (D x T), as the site must read it."""
+    mask, _ = load_mask(mask_path)
+    img = resample_to_img(nib.load(str(path)), nib.load(str(mask_path)), interpolation="continuous",
+                          force_resample=True, copy_header=True)
+    return np.asarray(img.dataobj)[mask]
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+def test_what_is_read_and_what_is_listed(tree):
+    site, mask = tree
+    sd = load_site(site.root, mask)
+    assert sd.subject_ids == ["sub-01", "sub-02", "sub-03"]
+    # sub-01's three runs over two sessions are one person; sub-02's rest and motor runs too
+    assert [len(r) for r in sd.runs] == [3, 2, 1]
+    assert _lengths(sd) == {"sub-01": 240, "sub-02": 160, "sub-03": 80}
+    assert all("_desc-preproc_bold" in p and "space-MNI152NLin2009cAsym" in p for p in sd.paths)
+    why = _why(sd)
+    assert "anat/" in why["sub-01_desc-preproc_T1w.nii.gz"]
+    assert "figures/" in why["sub-02_task-rest_desc-carpetplot_bold.svg"]
+    assert "surface" in why["sub-03_task-rest_hemi-L_space-fsaverage5_bold.func.gii"]
+    assert "CIFTI" in why["sub-03_task-rest_space-fsLR_den-91k_bold.dtseries.nii"]
+    aroma = "sub-01_ses-1_task-rest_run-2_space-MNI152NLin2009cAsym_res-2_desc-smoothAROMAnonaggr_bold.nii.gz"
+    assert "desc=preproc" in why[aroma]
+    assert "native space (space-T1w)" in why["sub-03_task-rest_space-T1w_desc-preproc_bold.nii.gz"]
+    assert "boldref" in why["sub-03_task-rest_space-MNI152NLin2009cAsym_res-2_boldref.nii.gz"]
+    assert "confounds = off" in why["sub-03_task-rest_desc-confounds_timeseries.tsv"]
+    # nothing read is listed, and every file of the tree under sub-*/ is either read or listed
+    assert not set(sd.paths) & {f for f, _ in sd.skipped}
+    under_subjects = {str(f) for f in site.root.glob("sub-*/**/*") if f.is_file()}
+    used = {v for r in sd.run_records for v in r["companions_used"].values()}
+    assert under_subjects == set(sd.paths) | {f for f, _ in sd.skipped} | used
+    # the run's brain mask and sidecar are used (coverage of the analysis mask, TR)
+    rec = sd.run_records[0]
+    assert set(rec["companions_used"]) == {"mask", "sidecar"} and 0.5 < rec["mask_coverage"] <= 1
+    lines = describe_site_inputs({**sd.metadata(), "site": "s", "n_subjects": 3, "n_samples": sd.n_samples},
+                                 files=True)
+    assert any(aroma in line for line in lines)
+
+
+@pytest.mark.parametrize("filters,expected", [
+    ({"task": "rest"}, {"sub-01": 240, "sub-02": 80, "sub-03": 80}),
+    ({"session": "2"}, {"sub-01": 80}),
+    ({"task": "rest", "run": 2}, {"sub-01": 80}),
+    ({"space": "MNI152NLin2009cAsym", "task": "motor"}, {"sub-02": 80}),
+    ({"desc": "smoothAROMAnonaggr", "task": "rest"}, {"sub-01": 240, "sub-02": 80, "sub-03": 80}),
+])
+def test_filters(tree, filters, expected):
+    site, mask = tree
+    sd = load_site(site.root, mask, bids=filters)
+    assert _lengths(sd) == expected
+    want = filters.get("desc", "preproc")
+    assert all(f"desc-{want}_bold" in p for p in sd.paths)
+
+
+def test_res_filter_and_the_same_run_twice(tmp_path):
+    site = write_fmriprep_site(tmp_path / "site", n_subjects=2, multi_run=False, extra_res=True, seed=2)
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    with pytest.raises(DataValidationError, match="same run as .*res-2.*res"):
+        load_site(site.root, mask)
+    sd2 = load_site(site.root, mask, bids={"res": "2", "task": "rest"})
+    sd3 = load_site(site.root, mask, bids={"res": 3, "task": "rest"})
+    assert all("_res-2_" in p for p in sd2.paths) and all("_res-3_" in p for p in sd3.paths)
+    assert sd3.run_records[0]["resampled_from"].startswith("grid (10, 12, 10)")
+    assert "BIDS filter res=2" in _why(sd2)[Path(sd3.paths[0]).name]
+
+
+def test_native_space_is_refused_by_name(tree, tmp_path):
+    site, mask = tree
+    with pytest.raises(DataValidationError, match=r"space-T1w_desc-preproc_bold.nii.gz: native space \(space-T1w\)"):
+        load_site(site.root, mask, bids={"space": "T1w"})
+    # a run fMRIPrep wrote only in T1w space cannot be left out quietly
+    root = tmp_path / "t1only"
+    shutil.copytree(site.root / "sub-03", root / "sub-03")
+    for f in (root / "sub-03" / "func").glob("*space-MNI*"):
+        f.unlink()
+    with pytest.raises(DataValidationError, match="sub-03_task-rest_space-T1w_desc-preproc_bold.nii.gz: native"):
+        load_site(root, mask)
+
+
+# -- resampling ---------------------------------------------------------------------------------
+
+def test_runs_on_another_grid_are_resampled_once_by_nilearn(tree):
+    site, mask = tree
+    sd = load_site(site.root, mask, bids={"task": "rest"})
+    m, _ = load_mask(mask)
+    assert sd.n_features == int(m.sum()) and nib.load(str(sd.paths[0])).shape[:3] == (20, 24, 20)
+    assert all(r["resampled_from"] == "grid (20, 24, 20) at (2, 2, 2) mm" for r in sd.run_records)
+    for i, path in enumerate(sd.paths):
+        a = sum(r["columns"] for r in sd.run_records[:i])
+        want = preprocess(_raw(path, mask), standardize=True)
+        np.testing.assert_allclose(np.asarray(sd.X[:, a:a + 80]), want, atol=1e-5)
+
+
+# -- TRs ----------------------------------------------------------------------------------------
+
+def test_each_site_filters_with_its_own_tr(tmp_path):
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    cleaning = Cleaning(detrend=True, high_pass=0.01, low_pass=0.2)
+    for tr in (2.0, 0.8):
+        site = write_fmriprep_site(tmp_path / f"tr{tr}", n_subjects=1, multi_run=False, tr=tr, seed=3)
+        sd = load_site(site.root, mask, cleaning=cleaning)
+        assert sd.tr == tr and sd.run_records[0]["tr"] == tr
+        want = signal.clean(_raw(sd.paths[0], mask).T, detrend=True, standardize="zscore_sample", high_pass=0.01,
+                            low_pass=0.2, t_r=tr).T
+        np.testing.assert_allclose(np.asarray(sd.X), want, atol=1e-6)
+
+
+def test_mixed_tr_within_a_site_is_refused_by_run(tmp_path):
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, trs={"sub-02": 1.5}, seed=4)
+    with pytest.raises(DataValidationError, match=r"sub-02_task-rest_space.*TR 1.5 s differs from 2 s"):
+        load_site(site.root, mask, bids={"task": "rest"})
+    # the sidecar's RepetitionTime is the run's TR; one that contradicts the header is refused by name
+    side = Path(str(site.runs["sub-01"][0]).replace(".nii.gz", ".json"))
+    side.write_text(json.dumps({"RepetitionTime": 3.0}))
+    with pytest.raises(DataValidationError, match="sub-01_task-rest.*TR 2 s disagrees with RepetitionTime 3 s"):
+        load_site(site.root, mask, bids={"task": "rest"})
+
+
+# -- a bad subject ------------------------------------------------------------------------------
+
+def test_a_corrupt_subject_stops_the_site_or_is_left_out(tmp_path):
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-02",), seed=5)
+    bad = site.runs["sub-02"][0]
+    with pytest.raises(DataValidationError, match=f"{bad.name}: (corrupted|truncated)"):
+        load_site(site.root, mask, bids={"task": "rest"})
+    sd = load_site(site.root, mask, bids={"task": "rest"}, on_bad_subject="skip")
+    assert sd.subject_ids == ["sub-01", "sub-03"]
+    assert sd.excluded[0][0] == "sub-02" and bad.name in sd.excluded[0][1]
+    assert "left out" in _why(sd)[bad.name]
+    named = load_site(site.root, mask, bids={"task": "rest"}, exclude=["sub-02"])
+    assert named.subject_ids == ["sub-01", "sub-03"] and named.excluded == [["sub-02", "left out by the "
+                                                                              "configuration (exclude)"]]
+    np.testing.assert_array_equal(np.asarray(named.X), np.asarray(sd.X))
+    with pytest.raises(DataValidationError, match="exclude names .*sub-99"):
+        load_site(site.root, mask, exclude=["sub-99"])
+
+
+def test_bad_data_found_while_decoding_is_left_out_too(tmp_path):
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, seed=6)
+    path = site.runs["sub-01"][0]
+    img = nib.load(str(path))
+    data = np.asarray(img.dataobj).copy()
+    data[10, 12, 10, 5] = np.nan  # only visible once the data are read
+    nib.Nifti1Image(data, img.affine, img.header).to_filename(path)
+    sd = load_site(site.root, mask, bids={"task": "rest"}, on_bad_subject="skip", workers=1)
+    assert sd.subject_ids == ["sub-02", "sub-03"] and "non-finite" in sd.excluded[0][1]
+
+
+def test_the_load_stage_records_and_reports_it(tmp_path):
+    from dpneuro.pipeline import stage_load, stage_space
+    from dpneuro.report import data_section
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-03",), seed=7)
+    cfg = RunConfig.from_dict({"sites": [{"name": "site-01", "path": str(site.root), "exclude": ["sub-02"]}],
+                               "out": str(tmp_path / "out"), "mask": str(mask), "parcels": 0, "plan": "conv",
+                               "bids": {"task": "rest"}, "confounds": "simple", "on_bad_subject": "skip"}).validate()
+    cfg_json = tmp_path / "cfg.json"
+    cfg_json.write_text(json.dumps(cfg.to_json()))
+    rec = json.loads(Path(stage_load(str(cfg_json), "site-01", stage_space(str(cfg_json)))).read_text())
+    assert rec["subject_ids"] == ["sub-01"]
+    assert [x[0] for x in rec["excluded"]] == ["sub-02", "sub-03"]
+    assert rec["cleaning"]["confounds"] == "simple" and "simple" in rec["cleaning"]["description"]
+    assert rec["run_records"][0]["companions_used"]["confounds"].endswith("desc-confounds_timeseries.tsv")
+    html = data_section({"cleaning": cfg.cleaning().describe(), "sites": [rec]})
+    assert "sub-03" in html and "left out" in html and "smoothAROMAnonaggr" in html
+
+
+# -- cleaning -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("confounds", ["simple", "scrubbing", "compcor", ("trans_x", "rot_z", "csf")])
+def test_cleaning_is_nilearn_signal_clean(tree, confounds):
+    site, mask = tree
+    cleaning = Cleaning(confounds=confounds, detrend=True, high_pass=0.01, low_pass=0.1)
+    sd = load_site(site.root, mask, bids={"task": "rest"}, cleaning=cleaning)
+    for i, path in enumerate(sd.paths):
+        if isinstance(confounds, str):
+            conf, sample_mask = load_confounds_strategy(path, denoise_strategy=confounds)
+        else:
+            import pandas as pd
+
+            table = pd.read_csv(path.split("_space-")[0] + "_desc-confounds_timeseries.tsv", sep="\t")
+            conf, sample_mask = table[list(confounds)].bfill(limit=1), None
+        want = signal.clean(_raw(path, mask).T, detrend=True, standardize="zscore_sample", confounds=conf,
+                            sample_mask=sample_mask, high_pass=0.01, low_pass=0.1, t_r=2.0).T
+        a = sum(r["columns"] for r in sd.run_records[:i])
+        assert sd.run_records[i]["columns"] == want.shape[1]
+        np.testing.assert_allclose(np.asarray(sd.X[:, a:a + want.shape[1]]), want, atol=1e-6)
+    if confounds == "scrubbing":  # the generator's motion exceeds fd_threshold = 0.5 mm in places
+        assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0
+
+
+def test_confounds_asked_for_but_missing_are_refused_by_run(tmp_path):
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, seed=8)
+    (site.root / "sub-02" / "func" / "sub-02_task-rest_desc-confounds_timeseries.tsv").unlink()
+    with pytest.raises(DataValidationError, match="sub-02_task-rest_space.*no fMRIPrep confounds table"):
+        load_site(site.root, mask, bids={"task": "rest"}, cleaning=Cleaning(confounds="simple"))
+    with pytest.raises(DataValidationError, match=r"no column\(s\) \['nope'\]"):
+        load_site(site.root, mask, bids={"task": "rest"}, cleaning=Cleaning(confounds=("nope",)))
+    # no confounds asked for: a run without a table is read as before
+    assert load_site(site.root, mask, bids={"task": "rest"}, cleaning=Cleaning()).n_subjects == 2
+
+
+def _leading_tc_corr(X: np.ndarray, tc: np.ndarray, k: int) -> float:
+    """Largest |correlation| between the artefact's time course and the data's k leading principal components."""
+    _, _, vt = np.linalg.svd(np.asarray(X, np.float64), full_matrices=False)
+    return max(abs(np.corrcoef(vt[i], tc)[0, 1]) for i in range(k))
+
+
+def test_a_planted_motion_artefact_is_removed_by_simple(tree):
+    site, mask = tree
+    raw = load_site(site.root, mask, bids={"task": "rest"})
+    art = np.concatenate([site.artefact[p] for p in raw.paths])
+    # without cleaning the artefact leads the data
+    assert _leading_tc_corr(raw.X, art, 2) > 0.9
+    clean = load_site(site.root, mask, bids={"task": "rest"}, cleaning=Cleaning(confounds="simple"))
+    assert clean.paths == raw.paths
+    assert _leading_tc_corr(clean.X, art, 5) < 0.1
+
+
+def test_smoothing_is_nilearn_smooth_img_on_the_analysis_grid(tree):
+    from nilearn.image import smooth_img
+
+    site, mask = tree
+    sd = load_site(site.root, mask, bids={"task": "rest", "session": "2"}, cleaning=Cleaning(smoothing_fwhm=6.0))
+    m, _ = load_mask(mask)
+    img = resample_to_img(nib.load(sd.paths[0]), nib.load(str(mask)), interpolation="continuous",
+                          force_resample=True, copy_header=True)
+    want = preprocess(np.asarray(smooth_img(img, 6.0).dataobj)[m], standardize=True)
+    np.testing.assert_allclose(np.asarray(sd.X), want, atol=1e-5)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra,field", [
+    ({"confounds": "aggressive"}, "confounds"),
+    ({"confounds": []}, "confounds"),
+    ({"confounds_options": {"fd_threshold": 0.3}}, "confounds_options"),
+    ({"confounds": "scrubbing", "confounds_options": {"fd_treshold": 0.3}}, "confounds_options"),
+    ({"high_pass": 0.1, "low_pass": 0.05}, "low_pass"),
+    ({"smoothing_fwhm": -6}, "smoothing_fwhm"),
+    ({"on_bad_subject": "ignore"}, "on_bad_subject"),
+    ({"detrend": "yes"}, "detrend"),
+])
+def test_config_validates_cleaning(tmp_path, extra, field):
+    base = {"sites": [{"name": n, "path": str(tmp_path)} for n in "abc"], "out": str(tmp_path / "o")}
+    with pytest.raises(ConfigError, match=f"'{field}'"):
+        RunConfig.from_dict({**base, **extra}).validate()
+    ok = RunConfig.from_dict({**base, "confounds": "scrubbing", "confounds_options": {"fd_threshold": 0.3},
+                              "high_pass": 0.01, "low_pass": 0.1, "smoothing_fwhm": 6, "on_bad_subject": "skip",
+                              "sites": [{"name": n, "path": str(tmp_path), "exclude": ["sub-07"]} for n in "abc"]})
+    assert ok.validate().cleaning().strategy == "scrubbing" and ok.sites[0].exclude == ["sub-07"]
+
+
+def test_cleaning_is_a_consortium_setting(tmp_path):
+    from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, check_manifest, run_manifest
+
+    base = {"sites": [{"name": n, "path": str(tmp_path)} for n in "abc"], "out": str(tmp_path / "o"),
+            "space": "grid30"}
+    for name in ("confounds", "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm"):
+        assert name in CONSORTIUM_FIELDS
+    mine = RunConfig.from_dict({**base, "confounds": "simple"})
+    theirs = run_manifest(RunConfig.from_dict(base), "run-1")
+    with pytest.raises(ManifestMismatch, match="'confounds'"):
+        check_manifest(mine, theirs, party="site 'a'")
