@@ -37,12 +37,27 @@ class SiteShape:
 
 
 def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int | None = None) -> list[SiteShape]:
-    """Each site's subject lengths: from its files' headers (no image data read), or ``subjects`` x ``timepoints``."""
+    """Each site's subject lengths, or ``subjects`` x ``timepoints``.
+
+    Read as the site reads its data: the same discovery (BIDS filters, fMRIPrep's default desc, ``exclude``),
+    each run's volumes from its header and, when scrubbing, the volumes its confounds keep (no image data read).
+    A subject that ``on_bad_subject = "skip"`` leaves out at load time is still counted here.
+    """
     if subjects is not None:
         if subjects < 1 or (timepoints or 1) < 1:
             raise ConfigError("--subjects and --timepoints must be >= 1")
         return [SiteShape(s.name, (int(timepoints or 150),) * int(subjects)) for s in cfg.sites]
+    from .cleaning import CleaningError, run_confounds
     from .io import DataValidationError, _load_image, find_subjects
+
+    cleaning = cfg.cleaning()
+
+    def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
+        n = int(_load_image(f).shape[3])
+        if not cleaning.confounds:
+            return n
+        _, kept = run_confounds(f, cleaning, n)
+        return n if kept is None else len(kept)
 
     out = []
     for s in cfg.sites:
@@ -51,11 +66,11 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
             raise ConfigError(f"site {s.name!r}: its data are not here ({src or 'no path'}); give --subjects and "
                               "--timepoints to plan without data")
         try:
-            found = find_subjects(src, filters=cfg.bids, subjects_tsv=s.subjects_tsv or None)
-        except DataValidationError as exc:
+            found = find_subjects(src, filters=cfg.bids, subjects_tsv=s.subjects_tsv or None,
+                                  exclude=tuple(s.exclude), default_desc=cleaning.desc)
+            out.append(SiteShape(s.name, tuple(sum(columns(f) for f in fs) for _, fs in found.subjects)))
+        except (DataValidationError, CleaningError) as exc:
             raise ConfigError(f"site {s.name!r}: {exc}") from None
-        out.append(SiteShape(s.name, tuple(sum(int(_load_image(f).shape[3]) for f in fs)
-                                           for _, fs in found.subjects)))
     return out
 
 

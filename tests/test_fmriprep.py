@@ -304,3 +304,20 @@ def test_cleaning_is_a_consortium_setting(tmp_path):
     theirs = run_manifest(RunConfig.from_dict(base), "run-1")
     with pytest.raises(ManifestMismatch, match="'confounds'"):
         check_manifest(mine, theirs, party="site 'a'")
+
+
+def test_the_planner_counts_what_the_site_reads(tmp_path):
+    """Planner = run for an fMRIPrep site: the default desc, a subject left out by exclude, and the volumes
+    scrubbing keeps (from the confounds tables alone) give the lengths the load stage writes."""
+    from dpneuro.budget import site_shapes
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, seed=7)
+    cfg = RunConfig.from_dict({"sites": [{"name": "site-01", "path": str(site.root), "exclude": ["sub-02"]}],
+                               "out": str(tmp_path / "out"), "mask": str(mask), "parcels": 0, "plan": "conv",
+                               "bids": {"task": "rest"}, "confounds": "scrubbing"}).validate()
+    sd = load_site(site.root, mask, bids=cfg.bids, cleaning=cfg.cleaning(), exclude=cfg.sites[0].exclude)
+    (shape,) = site_shapes(cfg)
+    assert shape.lengths == tuple(b - a for a, b in sd.boundaries)
+    assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0  # scrubbing removed some volumes
+    assert len(shape.lengths) == 2  # sub-02 left out
