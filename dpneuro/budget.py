@@ -75,10 +75,15 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
 
 
 def features(cfg: RunConfig, given: int | None = None) -> int:
-    """Features D after reduction: ``given``, else the parcels or the voxels of the run's grid."""
+    """Features D after reduction: ``given``, else the atlas's regions, the parcels or the voxels of the run's grid."""
     if given is not None:
         return int(given)
-    n_vox = int(cfg.grid()[0].sum())
+    mask, affine = cfg.grid()
+    if cfg.atlas:
+        from .parcellation import atlas_labels
+
+        return len(atlas_labels(cfg.atlas, mask, affine)[1])
+    n_vox = int(mask.sum())
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
 
 

@@ -73,7 +73,10 @@ class RunConfig:
     out: str
     mask: str = ""  # NIfTI mask; empty: the template at ``space``
     space: str = "mni6mm"
-    parcels: int = 100  # data-independent parcellation of the mask (0: voxels)
+    parcels: int = 100  # data-independent parcellation of the mask (0: voxels); not used with an atlas
+    # a label atlas (3-D NIfTI of integer regions, any resolution; resampled to the grid by nearest neighbour)
+    # whose regions are the features instead of coordinate parcels; every party needs the same file
+    atlas: str = ""
     # with parcels, each site also refines the components on its own subjects' voxels: maps at the mask's resolution,
     # computed and kept at the site, no privacy spent (benchmarks/site_maps.py)
     site_voxel_maps: bool = True
@@ -228,7 +231,7 @@ class RunConfig:
         return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     #: fields holding a file or folder path (besides the sites' path, files and subjects_tsv)
-    PATH_FIELDS = ("out", "mask", "exchange_dir", "truth")
+    PATH_FIELDS = ("out", "mask", "exchange_dir", "truth", "atlas")
 
     def resolved(self, base: Path | str | None = None) -> RunConfig:
         """A copy with every path absolute: relative ones are taken against ``base`` (default: the working folder).
@@ -308,6 +311,10 @@ class RunConfig:
                 bad(f"sites[{i}].subjects_tsv ({s.name})", f"{s.subjects_tsv} does not exist")
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
+        if not isinstance(self.atlas, str):
+            bad("atlas", f"the path of a label image, got {self.atlas!r}")
+        if self.atlas and not Path(self.atlas).is_file():
+            bad("atlas", f"{self.atlas} does not exist")
         from .io import SPACES
 
         if not self.mask and self.space not in SPACES:
@@ -491,7 +498,7 @@ class RunConfig:
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
                                    exclude=s.get("exclude", [])))
-        for key in ("out", "mask", "exchange_dir", "truth"):
+        for key in cls.PATH_FIELDS:
             if d.get(key):
                 d[key] = rel(str(d[key]))
         for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int),

@@ -27,7 +27,16 @@ def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
     from .algorithms.djica import spatial_maps
     from .maps import zscore_columns
 
-    return zscore_columns(to_voxels(space, spatial_maps(basis, eigenvalues, W)))
+    from .parcellation import space_parcels
+
+    maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
+    parcels = space_parcels(space)
+    if parcels is None or np.all(parcels.labels >= 0):
+        return zscore_columns(maps)
+    covered = parcels.labels >= 0  # an atlas's voxels in no region stay 0, outside the z-scoring
+    out = np.zeros(maps.shape)
+    out[covered] = zscore_columns(maps[covered])
+    return out
 
 
 def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:

@@ -78,7 +78,7 @@ def _read_json(path) -> dict:
 
 #: configuration fields each stage depends on (a change re-runs that stage and what follows)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "space": ("mask", "space", "parcels"),
+    "space": ("mask", "space", "parcels", "atlas"),
     "load": ("sites", "standardize", "min_volumes", "bids", "confounds", "confounds_options", "detrend", "high_pass",
              "low_pass", "smoothing_fwhm", "on_bad_subject"),
     "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
@@ -97,13 +97,24 @@ def stage_key(cfg: RunConfig, stage: str) -> str:
     return cfg.digest(*fields)
 
 
+def feature_labels(cfg: RunConfig, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """The run's features on its grid: an atlas's regions (orthonormal), coordinate parcels (means), or voxels
+    (None)."""
+    from .parcellation import atlas_labels, coordinate_parcels
+
+    if cfg.atlas:
+        return atlas_labels(cfg.atlas, mask, affine)[0], "orthonormal"
+    if cfg.parcels:
+        return coordinate_parcels(mask, cfg.parcels, seed=0), "mean"
+    return None, ""
+
+
 def stage_space(cfg_json: str, key: str = "") -> str:
-    """The mask (given, or the template's) and the optional data-independent parcellation."""
+    """The mask (given, or the template's) and the optional data-independent parcellation or atlas."""
     from .io import load_mask, mask_to_image
-    from .parcellation import coordinate_parcels
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
-    d = _stage_dir(cfg, "space", cfg.mask, cfg.space, cfg.parcels)
+    d = _stage_dir(cfg, "space", cfg.mask, cfg.space, cfg.parcels, cfg.atlas)
     out = d / "space.json"
     if out.exists():
         return str(out)
@@ -117,14 +128,18 @@ def stage_space(cfg_json: str, key: str = "") -> str:
 
         mask_path = str(d / "mask.nii.gz")
         nib.Nifti1Image(m.astype(np.uint8), aff).to_filename(mask_path)
-    mask, _ = load_mask(mask_path)
+    mask, affine = load_mask(mask_path)
     info = {"mask": mask_path, "n_voxels": int(mask.sum()), "parcels": None}
-    if cfg.parcels:
-        labels = coordinate_parcels(mask, cfg.parcels, seed=0)
+    labels, weighting = feature_labels(cfg, mask, affine)
+    if labels is not None:
         np.save(d / "parcels.npy", labels)
         mask_to_image(labels.astype(np.float32) + 1, mask_path).to_filename(d / "parcels.nii.gz")
-        info["parcels"] = str(d / "parcels.npy")
-        info["n_parcels"] = int(labels.max() + 1)
+        info.update(parcels=str(d / "parcels.npy"), n_parcels=int(labels.max() + 1), weighting=weighting,
+                    features=(f"atlas {Path(cfg.atlas).name}: {int(labels.max() + 1)} regions, "
+                              f"{int(np.sum(labels < 0))} mask voxels in none") if cfg.atlas
+                    else f"{int(labels.max() + 1)} coordinate parcels")
+    else:
+        info["features"] = f"{int(mask.sum())} voxels"
     return _write_json(out, info)
 
 

@@ -86,8 +86,14 @@ def grid_fingerprint(cfg: RunConfig) -> dict[str, Any]:
     """
     mask, affine = cfg.grid()
     mask = np.asarray(mask, bool)
+    atlas = ""
+    if cfg.atlas:  # each party holds its own copy of the atlas: its regions on the grid must agree
+        from ..parcellation import atlas_labels
+
+        atlas = hashlib.sha256(atlas_labels(cfg.atlas, mask, affine)[0].tobytes()).hexdigest()
     return {"shape": [int(n) for n in mask.shape], "affine": np.round(np.asarray(affine, float), 4).tolist(),
-            "n_voxels": int(mask.sum()), "mask_sha256": hashlib.sha256(np.packbits(mask).tobytes()).hexdigest()}
+            "n_voxels": int(mask.sum()), "mask_sha256": hashlib.sha256(np.packbits(mask).tobytes()).hexdigest(),
+            "atlas_sha256": atlas}
 
 
 def run_manifest(cfg: RunConfig, run_id: str) -> dict[str, Any]:
@@ -146,10 +152,10 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
                 else "what is computed")
             refuse(name, mine["config"][name], theirs.get(name), what)
     grid = manifest.get("grid", {})
-    for key in ("shape", "affine", "n_voxels", "mask_sha256"):
+    for key in ("shape", "affine", "n_voxels", "mask_sha256", "atlas_sha256"):
         if _norm(mine["grid"][key]) != _norm(grid.get(key)):
             raise ManifestMismatch(
-                f"{party} refuses to start: the data grid (config fields 'mask' / 'space') disagrees with "
+                f"{party} refuses to start: the data grid (config fields 'mask' / 'space' / 'atlas') disagrees with "
                 f"{source}: {key} is {mine['grid'][key]!r} here and {grid.get(key)!r} there")
 
 
