@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html as _html
 import json
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace, fields
@@ -229,7 +230,7 @@ class _Decentralized:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        out = Path(self.output_dir) if self.output_dir else Path(tempfile.mkdtemp(prefix="dpneuro-"))
+        out = Path(self.output_dir) if self.output_dir else self._scratch_dir()
         if sites is None:
             site_inputs = getattr(self, "_config_sites", None)
             if site_inputs is None:
@@ -269,7 +270,16 @@ class _Decentralized:
                 self._fit_simulation(cfg)
             else:
                 self._fit_party(cfg)
+        if not self.output_dir:  # nobody asked for files: the sites' un-noised matrices go at once
+            for d in (Path(cfg.out) / "work").glob("load-*"):
+                shutil.rmtree(d, ignore_errors=True)
         return self
+
+    def _scratch_dir(self) -> Path:
+        """Where a fit without ``output_dir`` writes: a folder only this user can read, removed with the estimator
+        (or when Python exits)."""
+        self._scratch = tempfile.TemporaryDirectory(prefix="dpneuro-")
+        return Path(self._scratch.name)
 
     def _fit_simulation(self, cfg: RunConfig) -> None:
         from . import pipeline
@@ -361,8 +371,10 @@ class DecentralizedICA(_Decentralized):
         Seeds every noise draw: reproducible simulations only. A deployed
         party refuses it (anyone holding the configuration could remove the noise).
     output_dir : path, optional
-        Where the maps, privacy.json, time courses and report go; default a new
-        temporary folder.
+        Where the maps, privacy.json, time courses and report go. Default: a
+        temporary folder only this user can read, removed with the estimator
+        (or at exit); the sites' un-noised matrices are removed as soon as
+        ``fit`` returns.
     role : {"simulation", "site", "aggregator"}, default "simulation"
         ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
         shared folder ``exchange`` (as ``dpneuro site`` / ``dpneuro aggregator``).

@@ -1506,6 +1506,15 @@ def open_site_data(npy_path) -> SiteData:
     )
 
 
+def private_dir(path) -> Path:
+    """A folder only its owner can enter (0700), created if needed: for a site's un-noised intermediate data,
+    which no other user of the machine may read."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def write_json(path, obj) -> Path:
     """Write JSON atomically."""
     path = Path(path)

@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import RunConfig
 from .analysis import site_whiten, unmixing_input
-from .io import site_data_summary, write_json
+from .io import private_dir, site_data_summary, write_json
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -31,8 +31,8 @@ def _digest(*parts: Any) -> str:
 
 
 def _stage_dir(cfg: RunConfig, stage: str, *parts: Any) -> Path:
-    d = Path(cfg.out) / "work" / f"{stage}-{_digest(*parts)}"
-    d.mkdir(parents=True, exist_ok=True)
+    d = private_dir(Path(cfg.out) / "work") / f"{stage}-{_digest(*parts)}"  # the sites' un-noised data go here
+    d.mkdir(exist_ok=True)
     return d
 
 

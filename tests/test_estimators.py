@@ -341,3 +341,29 @@ def test_example_script_runs_as_a_notebook_would(tmp_path):
     assert (tmp_path / "ex" / "report.html").stat().st_size > 10_000 and (tmp_path / "ex" / "IC01.png").exists()
     priv = json.loads((tmp_path / "ex" / "run" / "privacy.json").read_text())
     assert max(priv["epsilon"].values()) == pytest.approx(8.0, rel=1e-6)
+
+
+def test_a_fit_without_output_dir_leaves_no_unnoised_data_and_cleans_up(consortium):
+    """Without output_dir the run goes to a private temporary folder (0700): the sites' un-noised matrices are gone
+    when fit returns, the results stay readable while the estimator lives, and the folder goes with it."""
+    import gc
+    import stat
+
+    root, man, files = consortium
+    ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], plan="none", random_state=0, parcels=0)
+    ica.fit(files)
+    out = ica.output_dir_
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700 and stat.S_IMODE((out / "work").stat().st_mode) == 0o700
+    assert not list(out.rglob("X.npy")) and not list((out / "work").glob("load-*"))
+    assert "<html" in ica.report_.html.lower() and ica.components_.shape[0] == R
+    assert len(ica.transform(files["site-01"][:1])) == 1  # what transform reads is still there
+    del ica
+    gc.collect()
+    assert not out.exists()
+
+
+def test_a_runs_work_folder_is_private_to_its_owner(fitted):
+    import stat
+
+    assert stat.S_IMODE((fitted.output_dir_ / "work").stat().st_mode) == 0o700
+    assert list((fitted.output_dir_ / "work").glob("load-*"))  # asked for: kept

@@ -40,7 +40,7 @@ from ..config import ConfigError, RunConfig
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
 from ..exchange.inprocess import DEFAULT_MAX_BYTES
-from ..io import write_json
+from ..io import private_dir, write_json
 from ..privacy import PrivacyLedger
 from ..driver import RunOptions
 from .. import analysis
@@ -256,7 +256,7 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
     """Validate and load this site's subjects (once); the loader's JSON record plus ``"space"``."""
     from ..pipeline import stage_load
 
-    ctx.work.mkdir(parents=True, exist_ok=True)
+    private_dir(ctx.work)  # the site's un-noised data: its owner only
     space_json, space = _space(ctx.cfg, ctx.work)
     analysis.check_reduction_fits(ctx.cfg, _dim(space), ctx.message_limit)
     info = json.loads(Path(stage_load(_pipeline_config(ctx.cfg, ctx.work), ctx.site, space_json)).read_text())
