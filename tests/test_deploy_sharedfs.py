@@ -290,3 +290,15 @@ def test_templates_cover_every_field_and_agree():
     for needle in ("privacy.json", "sites.<name>.epsilon`", "epsilon_single_release", "What leaves your site", "run.key",
                    "--key-file", "timecourses.tsv"):
         assert needle in readme
+
+
+def test_a_site_started_before_its_aggregator_says_what_it_waits_for(consortium, tmp_path, capsys):
+    from dpneuro.deploy.sharedfs import WaitTimeout
+
+    man, _ = consortium
+    cfg = dc.run_config(man, tmp_path / "out", backend="directory", exchange_dir=str(tmp_path / "x"), timeout=0.3)
+    with pytest.raises(WaitTimeout, match="is the aggregator running"):
+        site_main(cfg, "site-01")
+    err = capsys.readouterr().err
+    assert "site-01: waiting for up to 0.3 s for the aggregator's run manifest" in err
+    assert "start `dpneuro aggregator`" in err and err.count("waiting") == 1

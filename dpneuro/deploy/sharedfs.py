@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: st
     from ..exchange.directory import check_failure_notices
 
     deadline = None if timeout is None else time.monotonic() + timeout
+    if not path.exists():  # a site started before its aggregator says what it waits for, once
+        limit = "without a time limit" if timeout is None else f"for up to {timeout:g} s"
+        print(f"{me}: waiting {limit} for {what} ({path}): start `dpneuro aggregator` with the same "
+              "exchange_dir and run id", file=sys.stderr, flush=True)
     while not path.exists():
         check_failure_notices(folder, me)
         if deadline is not None and time.monotonic() >= deadline:
