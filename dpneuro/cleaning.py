@@ -64,7 +64,8 @@ class Cleaning:
     def from_config(cls, cfg) -> Cleaning:
         conf = cfg.confounds
         return cls(confounds=tuple(conf) if isinstance(conf, (list, tuple)) else str(conf or ""),
-                   confounds_options=cfg.confounds_options, detrend=cfg.detrend, standardize=cfg.standardize, high_pass=cfg.high_pass or None, low_pass=cfg.low_pass or None,
+                   confounds_options=cfg.confounds_options, detrend=cfg.detrend, standardize=cfg.standardize,
+                   high_pass=cfg.high_pass or None, low_pass=cfg.low_pass or None,
                    smoothing_fwhm=cfg.smoothing_fwhm or None)
 
     @property

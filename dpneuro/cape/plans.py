@@ -133,8 +133,8 @@ def asymmetric_plan(taus, weights, tau_pool: float | None = None, site_names=Non
         if rhs[s] <= 0:
             raise ValueError(
                 f"infeasible CAPE plan: {names[s]} would need local noise var {g[s]:.3g} above its whole "
-                f"budget tau_s^2 = {taus[s] ** 2:.3g}; lower its weight or give it a looser privacy target, or plan unequal sites "
-                "with NoisePlan(unequal='guarantee') (the default)"
+                f"budget tau_s^2 = {taus[s] ** 2:.3g}; lower its weight or give it a looser privacy target, or "
+                "plan unequal sites with NoisePlan(unequal='guarantee') (the default)"
             )
         if sig2[s] < 0:
             raise ValueError(
