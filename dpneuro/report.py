@@ -17,7 +17,7 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .comp p{margin:.2em 0;font-size:.85em}.headline{font-size:1.1em;background:#f6f8fa;padding:.8em;border-radius:6px}
 .warn{color:#8a4b00}.small{font-size:.85em;color:#555}
 .comp img{max-width:100%;height:auto}.sites{display:flex;flex-wrap:wrap;gap:6px;margin-top:.4em}
-.sites>div{flex:0 1 auto}.sites p{margin:.2em 0;font-size:.85em}
+.comp.wide{flex:1 1 100%}.sites>div{flex:0 1 calc(50% - 3px)}.sites>div:only-child{flex-basis:100%}
 """
 
 #: settings a run uses only in some set-ups, and the set-ups (tests on the run's configuration) that use them
@@ -74,7 +74,11 @@ def run_settings(cfg: dict) -> dict:
             drop.add(name)
     if cfg.get("backend", "inprocess") == "inprocess":
         drop.add("exchange_dir")
-    return {k: v for k, v in cfg.items() if k not in drop}
+    out = {k: v for k, v in cfg.items() if k not in drop}
+    if "sites" in out:  # a site's unset options (no file list, no exclusions) say nothing
+        out["sites"] = [{k: v for k, v in site.items() if v or k in ("name", "path")} if isinstance(site, dict)
+                        else site for site in out["sites"]]
+    return out
 
 
 def _img(path, alt: str = "", width: int | None = None) -> str:
@@ -222,7 +226,7 @@ def timings_section(timings: dict[str, float]) -> str:
     """Seconds per stage, in the order the run performed them, and their total."""
     from .timings import total
 
-    rows = [[k, float(v)] for k, v in timings.items()] + [["total", total(timings)]]
+    rows = [[k, round(float(v), 2)] for k, v in timings.items()] + [["total", round(total(timings), 2)]]
     return ("<h2>Timings</h2><p class='small'>Wall time of every stage (seconds), as the run recorded it; a stage "
             "found finished from an earlier run keeps the time it took then.</p>"
             + _table(["stage", "seconds"], rows))
@@ -268,12 +272,12 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     if maps_note:
         parts.append(f'<p class="small">{html.escape(maps_note)}</p>')
     if site_maps:
-        parts.append(f'<p class="small">{html.escape(site_maps["note"])}</p>')
+        parts.append(f'<h3>Voxel maps of each site</h3><p class="small">{html.escape(site_maps["note"])}</p>')
     if metrics:
         parts.append(_table(list(metrics), [list(metrics.values())]))
     parts.append('<div class="grid">')
     for c in components:
-        cell = [f'<div class="comp"><p><b>{html.escape(c["label"])}</b>'
+        cell = [f'<div class="comp{" wide" if c.get("sites") else ""}"><p><b>{html.escape(c["label"])}</b>'
                 + (f" &mdash; r = {c['corr']:.2f} with truth" if c.get("corr") is not None else "") + "</p>",
                 _img(c["png"], c["label"])]
         if c.get("truth_png"):
