@@ -66,13 +66,24 @@ def _is_2d(mask_shape) -> bool:
 MAP_THRESHOLD = 2.0
 
 
-def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
-                     vmax: float | None = None, cut_coords=None, on_template: bool = True,
-                     width: float = 9.0) -> Path:
-    """One component as a PNG: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+def render_component(img3d, out_png, **kw) -> Path:
+    """:func:`component_figure` as a PNG at ``out_png``."""
+    import matplotlib.pyplot as plt
 
-    The cuts are annotated with their coordinates (mm) and L/R, and the colour
-    bar is labelled with the threshold. ``cut_coords`` (mm) default to the
+    fig = component_figure(img3d, **kw)
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out_png
+
+
+def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
+                     vmax: float | None = None, cut_coords=None, on_template: bool = True, width: float = 9.0):
+    """One component's matplotlib figure: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+
+    The cuts are annotated with their coordinates (mm) and L/R; the colour
+    bar's ticks are the threshold and the ends (:func:`colorbar_ticks`), and
+    its caption sits below the cuts. ``cut_coords`` (mm) default to the
     map's peak; pass the matched truth's peak to show a component and its
     truth through the same slices. ``on_template=False`` (data not in MNI
     space) draws the map on its own grid, without the template. ``width``
@@ -81,7 +92,6 @@ def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title:
     """
     import matplotlib.pyplot as plt
 
-    out_png = Path(out_png)
     data = np.asarray(img3d.dataobj, dtype=np.float64)
     if _is_2d(data.shape):
         fig, ax = plt.subplots(figsize=(3.6, 3.6))
@@ -110,9 +120,7 @@ def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title:
         # below the cuts (savefig's tight box grows to hold it), never over the colour bar's lowest label
         fig.text(0.995, -0.01, f"colour: z-score, |z| > {threshold:g} shown", ha="right", va="top", fontsize=9,
                  color="0.75")
-    fig.savefig(out_png, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out_png
+    return fig
 
 
 def colorbar_ticks(vmax: float, threshold: float, *, min_gap: float = 0.12) -> list[float]:
@@ -280,8 +288,17 @@ def peak_mm(img3d) -> tuple[float, float, float]:
     return tuple(float(v) for v in xyz[:3])
 
 
-def timecourse_figure(S: np.ndarray, tr: float | None, out_png, *, n_show: int | None = None,
-                      title: str = "") -> Path:
+def timecourse_figure(S: np.ndarray, tr: float | None, out_png, **kw) -> Path:
+    """:func:`timecourse_plot` as a PNG at ``out_png``."""
+    import matplotlib.pyplot as plt
+
+    fig = timecourse_plot(S, tr, **kw)
+    fig.savefig(out_png, dpi=80)
+    plt.close(fig)
+    return Path(out_png)
+
+
+def timecourse_plot(S: np.ndarray, tr: float | None, *, n_show: int | None = None, title: str = ""):
     """Each component's time course and power spectrum (one row per component); ``title`` names the data.
 
     Each time course is z-scored over the volumes shown (ICA fixes no scale,
@@ -321,9 +338,7 @@ def timecourse_figure(S: np.ndarray, tr: float | None, out_png, *, n_show: int |
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=80)
-    plt.close(fig)
-    return Path(out_png)
+    return fig
 
 
 def site_timecourse_figure(tsv, site: str, first_subject: tuple[str, int, int], tr: float | None, out_png) -> Path:
