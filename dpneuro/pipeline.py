@@ -237,7 +237,8 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     if out.exists():
         return str(out)
     t0 = time.perf_counter()
-    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites], options=_options(reduction_name(cfg)))
+    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
+                           options=_options(reduction_name(cfg)))
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),

@@ -271,10 +271,10 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     parts.append("<h2>Spatial maps</h2>")
     if maps_note:
         parts.append(f'<p class="small">{html.escape(maps_note)}</p>')
-    if site_maps:
-        parts.append(f'<h3>Voxel maps of each site</h3><p class="small">{html.escape(site_maps["note"])}</p>')
     if metrics:
         parts.append(_table(list(metrics), [list(metrics.values())]))
+    if site_maps:
+        parts.append(f'<p class="small"><b>Voxel maps of each site.</b> {html.escape(site_maps["note"])}</p>')
     parts.append('<div class="grid">')
     for c in components:
         cell = [f'<div class="comp{" wide" if c.get("sites") else ""}"><p><b>{html.escape(c["label"])}</b>'

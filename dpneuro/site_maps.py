@@ -39,8 +39,8 @@ import numpy as np
 
 from .config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
 
-__all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made", "site_note",
-           "site_voxel_maps", "subject_map", "write_site_maps"]
+__all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
+           "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
 
 #: what a deployed consortium's report says about them (it shows none: they are each site's own)
 CONSORTIUM_NOTE = (
