@@ -86,6 +86,15 @@ def _print_summary(est, seconds: float) -> None:
     if est.metrics_:
         print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in est.metrics_.items()))
     _print_privacy(est.privacy_.report, est.warnings_)
+    run_json = out / "run.json"
+    if run_json.exists():  # the stages' times as the run recorded them (also in the report)
+        import json
+
+        from .timings import lines
+
+        print("stages:")
+        for line in lines(json.loads(run_json.read_text()).get("timings_s", {})):
+            print(f"  {line}")
     print(f"wall time:  {seconds:.1f} s")
 
 

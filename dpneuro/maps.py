@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import nibabel as nib
@@ -65,19 +66,32 @@ def _is_2d(mask_shape) -> bool:
 MAP_THRESHOLD = 2.0
 
 
-def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
-                     vmax: float | None = None, cut_coords=None, on_template: bool = True) -> Path:
-    """One component as a PNG: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+def render_component(img3d, out_png, **kw) -> Path:
+    """:func:`component_figure` as a PNG at ``out_png``."""
+    import matplotlib.pyplot as plt
 
-    The cuts are annotated with their coordinates (mm) and L/R, and the colour
-    bar is labelled with the threshold. ``cut_coords`` (mm) default to the
+    fig = component_figure(img3d, **kw)
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return out_png
+
+
+def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
+                     vmax: float | None = None, cut_coords=None, on_template: bool = True, width: float = 9.0):
+    """One component's matplotlib figure: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+
+    The cuts are annotated with their coordinates (mm) and L/R; the colour
+    bar's ticks are the threshold and the ends (:func:`colorbar_ticks`), and
+    its caption sits below the cuts. ``cut_coords`` (mm) default to the
     map's peak; pass the matched truth's peak to show a component and its
     truth through the same slices. ``on_template=False`` (data not in MNI
-    space) draws the map on its own grid, without the template.
+    space) draws the map on its own grid, without the template. ``width``
+    (inches at 100 dpi) of a 3-D figure: a narrower one keeps its labels
+    readable where two are shown side by side.
     """
     import matplotlib.pyplot as plt
 
-    out_png = Path(out_png)
     data = np.asarray(img3d.dataobj, dtype=np.float64)
     if _is_2d(data.shape):
         fig, ax = plt.subplots(figsize=(3.6, 3.6))
@@ -90,16 +104,36 @@ def render_component(img3d, out_png, *, threshold: float = MAP_THRESHOLD, title:
     else:
         from nilearn import plotting
 
-        fig = plt.figure(figsize=(9.0, 3.2))
+        fig = plt.figure(figsize=(width, width * 3.2 / 9.0))
         bg = (bg_img if bg_img is not None else _template()) if on_template else False
-        plotting.plot_stat_map(img3d, bg_img=bg, threshold=threshold, display_mode="ortho",
-                               cut_coords=cut_coords or peak_mm(img3d), figure=fig, colorbar=True,
-                               annotate=True, draw_cross=False, title=title or None, vmax=vmax)
-        fig.text(0.995, 0.005, f"colour: z-score, |z| > {threshold:g} shown", ha="right", va="bottom", fontsize=9,
+        display = plotting.plot_stat_map(img3d, bg_img=bg, threshold=threshold, display_mode="ortho",
+                                         cut_coords=cut_coords or peak_mm(img3d), figure=fig, colorbar=True,
+                                         annotate=True, draw_cross=False, title=title or None, vmax=vmax)
+        cbar = getattr(display, "_cbar", None)  # nilearn keeps its colour bar private
+        if cbar is not None:
+            lim = float(cbar.norm.vmax)
+            ticks = colorbar_ticks(lim, threshold)
+            old = cbar.ax.yaxis.get_ticklabels()
+            color = old[0].get_color() if old else "w"  # nilearn's colour for the background it drew
+            cbar.set_ticks(ticks, labels=[f"{t:.2g}" for t in ticks])
+            cbar.ax.tick_params(labelcolor=color)
+        # below the cuts (savefig's tight box grows to hold it), never over the colour bar's lowest label
+        fig.text(0.995, -0.01, f"colour: z-score, |z| > {threshold:g} shown", ha="right", va="top", fontsize=9,
                  color="0.75")
-    fig.savefig(out_png, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out_png
+    return fig
+
+
+def colorbar_ticks(vmax: float, threshold: float, *, min_gap: float = 0.12) -> list[float]:
+    """Colour-bar ticks of a thresholded symmetric map: the threshold and the ends, +-.
+
+    The band between -threshold and +threshold is not drawn, so 0 gets no
+    tick; an end closer to the threshold than ``min_gap`` of the bar's span
+    is dropped, so that no two labels overlap.
+    """
+    if threshold <= 0 or threshold >= vmax:
+        return [-vmax, 0.0, vmax]
+    ends = [vmax] if (vmax - threshold) / (2 * vmax) >= min_gap else []
+    return [-v for v in ends] + [-threshold, threshold] + ends
 
 
 def template_problem(mask_img) -> str | None:
@@ -178,19 +212,22 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     entries = []
     for j, c in enumerate(order):
         label = f"IC{c + 1:02d}" if kind == "component" else f"{kind} {c + 1}"
-        entry: dict = {"label": label}
-        cut = None
+        # index, sign and cuts as drawn: a site's voxel map of the component is drawn the same way beside it
+        entry: dict = {"label": label, "index": c, "sign": 1.0}
         comp3d = img.slicer[..., c]
+        cut = peak_mm(comp3d) if three_d else None
         if truth_img is not None:
             t3d = truth_img.slicer[..., j]
             cut = peak_mm(t3d) if three_d else None
             if truth["corr"][j] < 0:
                 comp3d = nib.Nifti1Image(-np.asarray(comp3d.dataobj), comp3d.affine)
+                entry["sign"] = -1.0
             entry.update(truth_png=str(render_component(t3d, figs / f"truth_{j + 1:02d}.png", title=f"truth {j + 1}",
                                                         cut_coords=cut, on_template=on_template)),
                          corr=abs(truth["corr"][j]))
         entry["png"] = str(render_component(comp3d, figs / f"{kind}_{c + 1:02d}.png", title=label,
                                             cut_coords=cut, on_template=on_template))
+        entry["cut"] = cut
         if interactive and three_d:
             entry["interactive"] = interactive_view(comp3d, on_template=on_template)
         entries.append(entry)
@@ -201,7 +238,43 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     return entries, note, [f"WARNING: {problem}"] if problem else []
 
 
+def render_site_maps(entries: list[dict], site_maps: dict[str, str], components_path, mask_path, figs: Path, *,
+                     problem=_CHECK) -> list[dict]:
+    """Each site's voxel map of every component, drawn beside the consortium's (``entries`` of
+    :func:`render_components`): each entry gets ``sites``, a list of ``{site, png, r}``.
+
+    A site's map goes through the same slices as the consortium's map, with
+    the sign that agrees with it; ``r`` is their correlation over the mask's
+    voxels (how far the site's own voxels moved the map from the painted parcels).
+    """
+    from .io import load_mask
+
+    figs = Path(figs)
+    figs.mkdir(parents=True, exist_ok=True)
+    if problem is _CHECK:
+        problem = template_problem(mask_path)
+    mask = load_mask(mask_path)[0]
+    group = np.asarray(nib.load(str(components_path)).dataobj, np.float64)[mask]
+    for site, path in site_maps.items():
+        img = nib.load(str(path))
+        vox = np.asarray(img.dataobj, np.float64)[mask]
+        for e in entries:
+            c = e["index"]
+            a, g = vox[:, c], e["sign"] * group[:, c]
+            r = float(np.corrcoef(a, g)[0, 1]) if a.std() > 0 and g.std() > 0 else 0.0  # a silent map: no r
+            sign = -1.0 if r < 0 else 1.0
+            img3d = nib.Nifti1Image(sign * np.asarray(img.slicer[..., c].dataobj), img.affine)
+            # narrower than the consortium's figure: shown two to a row at their own size
+            png = render_component(img3d, figs / f"{site}_{c + 1:02d}.png", title=f"{site} {e['label']}",
+                                   cut_coords=e.get("cut"), on_template=problem is None,
+                                   width=5.4 if len(site_maps) > 1 else 9.0)
+            e.setdefault("sites", []).append({"site": site, "png": str(png), "r": abs(r)})
+    return entries
+
+
+@functools.lru_cache(maxsize=1)
 def _template():
+    # loaded once: reading it took ~0.6 s of every ~0.9 s map figure
     from nilearn import datasets
 
     return datasets.load_mni152_template(resolution=2)
@@ -215,44 +288,63 @@ def peak_mm(img3d) -> tuple[float, float, float]:
     return tuple(float(v) for v in xyz[:3])
 
 
-def timecourse_figure(S: np.ndarray, tr: float, out_png, *, n_show: int | None = None, title: str = "") -> Path:
-    """Each component's time course and power spectrum (one row per component); ``title`` names the data."""
+def timecourse_figure(S: np.ndarray, tr: float | None, out_png, **kw) -> Path:
+    """:func:`timecourse_plot` as a PNG at ``out_png``."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-    from scipy import signal
 
-    S = np.asarray(S)
-    R = S.shape[0] if n_show is None else min(n_show, S.shape[0])
-    fig, axes = plt.subplots(R, 2, figsize=(8, 0.9 * R + 0.6), squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 1]})
-    t = np.arange(S.shape[1]) * tr
-    for i in range(R):
-        axes[i, 0].plot(t, S[i], lw=0.6, color="0.2")
-        axes[i, 0].set_ylabel(f"IC{i + 1:02d}", rotation=0, labelpad=18, fontsize=8)
-        f, p = signal.welch(S[i], fs=1.0 / tr, nperseg=min(64, S.shape[1]))
-        axes[i, 1].semilogy(f, p, lw=0.8, color="C0")
-        for ax in axes[i]:
-            ax.tick_params(labelsize=6)
-            ax.xaxis.set_major_locator(MaxNLocator(5))
-            ax.yaxis.set_major_locator(MaxNLocator(3) if ax is axes[i, 0] else plt.LogLocator(numticks=3))
-            if i < R - 1:
-                ax.set_xticklabels([])
-    axes[0, 0].set_title("time course (z)", fontsize=8)
-    axes[0, 1].set_title("power spectrum", fontsize=8)
-    axes[-1, 0].set_xlabel("time (s)", fontsize=8)
-    axes[-1, 1].set_xlabel("frequency (Hz)", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig = timecourse_plot(S, tr, **kw)
     fig.savefig(out_png, dpi=80)
     plt.close(fig)
     return Path(out_png)
 
 
+def timecourse_plot(S: np.ndarray, tr: float | None, *, n_show: int | None = None, title: str = ""):
+    """Each component's time course and power spectrum (one row per component); ``title`` names the data.
+
+    Each time course is z-scored over the volumes shown (ICA fixes no scale,
+    so "z" is the one unit that means something), and its spectrum is in Hz
+    from ``tr`` (seconds); without a TR the axes count volumes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    from scipy import signal
+
+    S = np.asarray(S, np.float64)
+    R = S.shape[0] if n_show is None else min(n_show, S.shape[0])
+    S = S[:R] - S[:R].mean(axis=1, keepdims=True)
+    sd = S.std(axis=1, keepdims=True)
+    S = np.divide(S, sd, out=np.zeros_like(S), where=sd > 1e-12)
+    fig, axes = plt.subplots(R, 2, figsize=(8, 0.9 * R + 0.9), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1]})
+    step = tr if tr else 1.0
+    t = np.arange(S.shape[1]) * step
+    for i in range(R):
+        axes[i, 0].plot(t, S[i], lw=0.6, color="0.2")
+        axes[i, 0].set_ylabel(f"IC{i + 1:02d}", rotation=0, labelpad=18, fontsize=8)
+        f, p = signal.welch(S[i], fs=1.0 / step, nperseg=min(64, S.shape[1]))
+        axes[i, 1].plot(f, p, lw=0.8, color="C0")  # linear: a log axis within one decade gets no labels
+        axes[i, 1].set_ylim(bottom=0)
+        for ax in axes[i]:
+            ax.tick_params(labelsize=6)
+            ax.xaxis.set_major_locator(MaxNLocator(4 if ax is axes[i, 1] else 6))
+            if i < R - 1:
+                ax.set_xticklabels([])
+        axes[i, 0].set_yticks([-2, 0, 2])
+        axes[i, 1].yaxis.set_major_locator(MaxNLocator(2))
+    axes[0, 0].set_title("time course (z-scored over these volumes)", fontsize=8)
+    axes[0, 1].set_title("power spectrum" + (" (z²/Hz)" if tr else ""), fontsize=8)
+    axes[-1, 0].set_xlabel("time (s)" if tr else "volume (TR unknown)", fontsize=8)
+    axes[-1, 1].set_xlabel(f"frequency (Hz; TR {tr:g} s)" if tr else "frequency (cycles per volume)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def site_timecourse_figure(tsv, site: str, first_subject: tuple[str, int, int], tr: float | None, out_png) -> Path:
     """A site's own figure: the time courses of its first subject (``(id, start, stop)``), titled so."""
     sid, a, b = first_subject
-    return timecourse_figure(read_timecourses(tsv)[1][:, a:b], tr or 2.0, out_png,
+    return timecourse_figure(read_timecourses(tsv)[1][:, a:b], tr, out_png,
                              title=f"site {site}, subject {sid}: for this site only")
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from .config import RunConfig
 from .analysis import site_whiten, unmixing_input
 from .io import private_dir, site_data_summary, write_json
+from .timings import label, reduction_name, timed, unmixing_name
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -128,6 +129,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
 
         mask_path = str(d / "mask.nii.gz")
         nib.Nifti1Image(m.astype(np.uint8), aff).to_filename(mask_path)
+    t0 = time.perf_counter()
     mask, affine = load_mask(mask_path)
     info = {"mask": mask_path, "n_voxels": int(mask.sum()), "parcels": None}
     labels, weighting = feature_labels(cfg, mask, affine)
@@ -140,6 +142,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
                     else f"{int(labels.max() + 1)} coordinate parcels")
     else:
         info["features"] = f"{int(mask.sum())} voxels"
+    info["seconds"] = time.perf_counter() - t0
     return _write_json(out, info)
 
 
@@ -154,7 +157,8 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     site = next(s for s in cfg.sites if s.name == site_name)
     space = _read_json(space_json)
     cleaning = cfg.cleaning()
-    d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, site.subjects_tsv, cfg.bids, space,
+    d = _stage_dir(cfg, f"load-{site_name}", site.path, site.files, site.subjects_tsv, cfg.bids,
+                   {k: v for k, v in space.items() if k != "seconds"},  # what the space is, not how long it took
                    cfg.standardize, cfg.min_volumes, site.exclude, cfg.on_bad_subject,
                    *([cleaning.to_json()] if cleaning.temporal or cleaning.smoothing_fwhm else []))
     out = d / "site.json"
@@ -233,7 +237,8 @@ def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
     if out.exists():
         return str(out)
     t0 = time.perf_counter()
-    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites], options=_options("capePCA"))
+    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
+                           options=_options(reduction_name(cfg)))
     np.save(d / "basis.npy", res.basis)
     np.save(d / "eigenvalues.npy", res.eigenvalues)
     return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
@@ -256,7 +261,7 @@ def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str
     t0 = time.perf_counter()
     V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
     res = unmix_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
-                          V, lam, options=_options("capeDJICA"))
+                          V, lam, options=_options(unmixing_name(cfg)))
     np.save(d / "W.npy", res.W)
     np.save(d / "b.npy", res.b)
     hist = {k: [float(x) for x in v] for k, v in res.history.items()}
@@ -413,26 +418,35 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     out = d / "maps.json"
     if out.exists():
         return str(out)
-    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    W, b = np.load(unm["W"]), np.load(unm["b"])
-    comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
+    # every part of this stage timed on its own: a site's voxel maps can take most of a run
+    timings: dict[str, float] = {}
+    with timed(timings, label(cfg, "maps")):
+        V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+        W, b = np.load(unm["W"]), np.load(unm["b"])
+        comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
     parcels = space_parcels(space)
 
     C = np.load(sts["centroids"]) if sts["n_states"] else None
     tcs, occ, site_maps = {}, {}, {}
     for s in sites:  # in a deployment each site does this on its own machine
-        Zu = unmixing_input(cfg, s["X"], V, lam)
-        S = time_courses(W, Zu, b)
-        tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
-                                               subjects=(s["subject_ids"], s["boundaries"])))
-        vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
+        with timed(timings, label(cfg, "timecourses", s["site"])):
+            Zu = unmixing_input(cfg, s["X"], V, lam)
+            S = time_courses(W, Zu, b)
+            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
+                                                   subjects=(s["subject_ids"], s["boundaries"])))
+        with timed(timings, label(cfg, "site_maps", s["site"])):
+            vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
         if vm is not None:
             site_maps[s["site"]] = vm
+        else:  # none made (no parcels, or turned off): not a stage of this run
+            timings.pop(label(cfg, "site_maps", s["site"]))
         if C is not None:
-            Z = site_whiten(s["X"], V, lam) if cfg.cumulant_unmixing else Zu  # the states' unit-norm time points
-            occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
-                                                 d / f"states_{s['site']}.tsv"))
+            with timed(timings, label(cfg, "occupancy", s["site"])):
+                Z = site_whiten(s["X"], V, lam) if cfg.cumulant_unmixing else Zu  # the states' unit-norm time points
+                occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
+                                                     d / f"states_{s['site']}.tsv"))
 
+    t0 = time.perf_counter()  # the rest (privacy record, warnings, states' maps, truth metrics) counts as maps
     priv = stage_privacy(cfg, sites, red, unm, sts)
     priv_path = _write_json(d / "privacy.json", priv)
     warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
@@ -473,7 +487,32 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
                 metrics["site voxel maps: mean |r| with truth"] = float(np.mean(list(site_r.values())))
             result["truth"] = {"maps": truth["truth"]["maps"], "perm": [int(p) for p in perm],
                                "corr": [float(c) for c in corr], "metrics": metrics, "site_r": site_r}
+    timings[label(cfg, "maps")] += time.perf_counter() - t0
+    result["timings"] = timings
     return _write_json(out, result)
+
+
+def run_timings(cfg: RunConfig, space: dict, sites: list[dict], reduce: dict, unmix: dict, states: dict,
+                maps: dict) -> dict[str, float]:
+    """Seconds of every stage the run performed, in run order, from the stages' records (``report`` is added
+    by :func:`stage_report` when it is done)."""
+    timings: dict[str, float] = {}
+    if "seconds" in space:
+        timings[label(cfg, "space")] = space["seconds"]
+    for s in sites:
+        timings[label(cfg, "load", s["site"])] = s["seconds"]
+    timings[label(cfg, "reduce")] = reduce["seconds"]
+    timings[label(cfg, "unmix")] = unmix["seconds"]
+    if states.get("n_states"):
+        timings[label(cfg, "states")] = states["seconds"]
+    per_site = maps.get("timings", {})
+    timings[label(cfg, "maps")] = per_site.get(label(cfg, "maps"), 0.0)
+    for stage in ("timecourses", "site_maps", "occupancy"):  # each site's own passes, grouped by kind
+        for s in sites:
+            name = label(cfg, stage, s["site"])
+            if name in per_site:
+                timings[name] = per_site[name]
+    return timings
 
 
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
@@ -482,21 +521,26 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     import shutil
 
     from .analysis import describe_unmixing
-    from .maps import convergence_figure, render_components, site_timecourse_figure
+    from .maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
     from .outputs import headline as consortium_headline
     from .outputs import states_section
     from .report import write_report
     from .site_maps import consortium_section
 
+    t0 = time.perf_counter()
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
     mp, unm = _read_json(maps_json), _read_json(unmix_json)
+    space = _read_json(mp["space"])
     out = Path(cfg.out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     truth = mp.get("truth")
-    comps, maps_note, _ = render_components(mp["components"], _read_json(mp["space"])["mask"], figs, truth=truth,
+    comps, maps_note, _ = render_components(mp["components"], space["mask"], figs, truth=truth,
                                             interactive=cfg.interactive_maps, problem=mp["template_problem"])
+    if mp.get("site_maps"):  # a simulation holds every site's voxel maps: each beside the consortium's map
+        render_site_maps(comps, mp["site_maps"], mp["components"], space["mask"], figs / "site_maps",
+                         problem=mp["template_problem"])
     # time courses are each site's own (un-noised) data: a figure per site beside its TSV, never in the
     # consortium report
     tc_dir = out / "timecourses"
@@ -513,11 +557,6 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     metrics = truth["metrics"] if truth else None
     if metrics:
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
-    timings = {f"load {s['site']}": s["seconds"] for s in sites}
-    timings["reduce (capePCA)"] = _read_json(reduce_json)["seconds"]
-    timings["unmix (capeDJICA)" if cfg.ica == "temporal" else "unmix (spatial ICA)"] = unm["seconds"]
-    if cfg.brain_states:
-        timings["brain states (capeAGN)"] = _read_json(states_json)["seconds"]
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():
@@ -532,21 +571,27 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         shutil.copyfile(st["patterns"], out / "states.nii.gz")
         for site, p in st["occupancy_sites"].items():  # each site's own subjects, beside its time courses
             shutil.copyfile(p, tc_dir / f"{site}_states.tsv")
-        states = states_section(st, _read_json(mp["space"])["mask"], figs, mp["template_problem"])
+        states = states_section(st, space["mask"], figs, mp["template_problem"])
     np.save(out / "W.npy", np.load(unm["W"]))
-    write_json(out / "run.json", {
+    timings = run_timings(cfg, space, sites, _read_json(reduce_json), unm, _read_json(states_json), mp)
+    # everything above is the report's work; writing run.json and the HTML below takes milliseconds
+    timings[label(cfg, "report")] = time.perf_counter() - t0
+    record = write_json(out / "run.json", {
         "config": cfg.to_json(), "versions": _versions(),
         "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
         else "OS entropy (fresh noise every run)",
         "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"],
+        "features": space.get("features", ""),
         "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},
         "data": {s["site"]: site_data_summary(s) for s in sites}})
+    run = _read_json(record)  # the report shows what the run recorded
     notes = []
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
-                          maps_note=maps_note, timings=timings, run=cfg.to_json(), notes=notes, states=states,
-                          site_maps=consortium_section(cfg, _read_json(mp["space"])),
-                          data={"cleaning": cfg.cleaning().describe(), "sites": sites})
+                          maps_note=maps_note, timings=run["timings_s"], run=run["config"], notes=notes,
+                          states=states, site_maps=consortium_section(cfg, space, simulated=True),
+                          data={"cleaning": run["cleaning"]["description"], "features": run["features"],
+                                "sites": sites})
     return str(report)

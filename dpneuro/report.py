@@ -16,7 +16,69 @@ th{background:#f3f3f3}.num{text-align:right;font-variant-numeric:tabular-nums}
 .grid{display:flex;flex-wrap:wrap;gap:10px}.comp{border:1px solid #ddd;padding:6px;border-radius:4px}
 .comp p{margin:.2em 0;font-size:.85em}.headline{font-size:1.1em;background:#f6f8fa;padding:.8em;border-radius:6px}
 .warn{color:#8a4b00}.small{font-size:.85em;color:#555}
+.comp img{max-width:100%;height:auto}.sites{display:flex;flex-wrap:wrap;gap:6px;margin-top:.4em}
+.comp.wide{flex:1 1 100%}.sites>div{flex:0 1 calc(50% - 3px)}.sites>div:only-child{flex-basis:100%}
 """
+
+#: settings a run uses only in some set-ups, and the set-ups (tests on the run's configuration) that use them
+_DJICA = ("ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h", "optimizer", "ica_bias", "ica_clip_unit")
+_PRIVATE_NOISE = ("pca_epsilon", "ica_epsilon_i", "ica_delta_i", "cumulant_epsilon", "states_epsilon",
+                  "calibration", "n_colluding", "epsilon")
+
+
+def run_settings(cfg: dict) -> dict:
+    """The settings a run used, from its configuration (``RunConfig.to_json()``): what it did not use is left out.
+
+    Spatial ICA runs no unmixing rounds (no capeDJICA or cumulant settings),
+    capeDJICA no cumulant release and the cumulant ICA no gradient rounds;
+    brain-state settings only with brain states, PD-SVD's iterations only with
+    PD-SVD, an atlas or the parcels (whichever gave the features), and the
+    plumbing of a deployment (exchange folder, cluster) only when set.
+    """
+    drop: set[str] = set()
+    temporal = cfg.get("ica") == "temporal"
+    cumulant = temporal and cfg.get("ica_unmixing") == "cumulant"
+    if not temporal:
+        drop |= {*_DJICA, "ica_unmixing", "cumulant_epsilon"}
+    elif cumulant:
+        drop |= set(_DJICA)
+    else:
+        drop.add("cumulant_epsilon")
+    if not cfg.get("brain_states"):
+        drop |= {"brain_states", "states_epsilon"}
+    reduction = cfg.get("reduction")
+    if reduction != "pdsvd":
+        drop.add("pdsvd_iterations")
+    else:  # secure sums of the data: no noise, no subject clipping, no D x D matrices
+        drop |= {"pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb"}
+    if reduction == "none":
+        drop.add("pca_epsilon")
+    if cfg.get("plan") == "none":  # nothing carries noise
+        drop |= set(_PRIVATE_NOISE)
+    if cfg.get("epsilon") is None:
+        drop.add("epsilon")  # no total budget was asked for: the stages' own settings stand
+    if cfg.get("atlas"):
+        drop.add("parcels")
+    else:
+        drop.add("atlas")
+    if not (cfg.get("atlas") or cfg.get("parcels")):  # voxels: the consortium's maps are at voxel resolution
+        drop |= {"site_voxel_maps", "site_maps_method"}
+    elif not cfg.get("site_voxel_maps"):
+        drop.add("site_maps_method")
+    if cfg.get("mask"):
+        drop.add("space")  # the mask's own grid
+    if not cfg.get("confounds"):
+        drop.add("confounds_options")
+    for name in ("cluster", "truth", "bids"):
+        if not cfg.get(name):
+            drop.add(name)
+    if cfg.get("backend", "inprocess") == "inprocess":
+        drop.add("exchange_dir")
+    out = {k: v for k, v in cfg.items() if k not in drop}
+    if "sites" in out:  # a site's unset options (no file list, no exclusions) say nothing
+        out["sites"] = [{k: v for k, v in site.items() if v or k in ("name", "path")} if isinstance(site, dict)
+                        else site for site in out["sites"]]
+    return out
 
 
 def _img(path, alt: str = "", width: int | None = None) -> str:
@@ -136,8 +198,13 @@ def data_section(data: dict) -> str:
     """How the data were read and cleaned at each site (from the sites' load records)."""
     from .io import site_data_summary
 
-    parts = ["<h2>Data</h2>", f'<p class="small">How the data were cleaned (every site, before anything was '
-             f"released): {html.escape(data['cleaning'])}.</p>"]
+    parts = ["<h2>Data</h2>"]
+    if data.get("features"):
+        parts.append(f'<p class="small">Features the sites released statistics of: '
+                     f"<b>{html.escape(data['features'])}</b> (the same at every site; the maps are painted back to "
+                     "the mask's voxels).</p>")
+    parts.append(f'<p class="small">How the data were cleaned (every site, before anything was '
+                 f"released): {html.escape(data['cleaning'])}.</p>")
     rows, details = [], []
     for rec in data.get("sites", []):
         s = site_data_summary(rec)
@@ -149,9 +216,20 @@ def data_section(data: dict) -> str:
             items = "".join(f"<li>{html.escape(f)}: {html.escape(why)}</li>" for f, why in rec["skipped"])
             details.append(f"<details><summary>{html.escape(rec['site'])}: {len(rec['skipped'])} file(s) not "
                            f"used</summary><ul class='small'>{items}</ul></details>")
-    parts.append(_table(["site", "subjects", "runs", "TR (s)", "runs resampled", "volumes censored",
-                         "subjects left out", "files not used"], rows))
+    if rows:
+        parts.append(_table(["site", "subjects", "runs", "TR (s)", "runs resampled", "volumes censored",
+                             "subjects left out", "files not used"], rows))
     return "".join(parts + details)
+
+
+def timings_section(timings: dict[str, float]) -> str:
+    """Seconds per stage, in the order the run performed them, and their total."""
+    from .timings import total
+
+    rows = [[k, round(float(v), 2)] for k, v in timings.items()] + [["total", round(total(timings), 2)]]
+    return ("<h2>Timings</h2><p class='small'>Wall time of every stage (seconds), as the run recorded it; a stage "
+            "found finished from an earlier run keeps the time it took then.</p>"
+            + _table(["stage", "seconds"], rows))
 
 
 def write_report(out_html, *, title: str, headline: list[str], components: list[dict], privacy: dict,
@@ -172,9 +250,13 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     ``data``: how the data were read and cleaned: ``cleaning`` (a sentence) and
     ``sites`` (the sites' load records: subjects, runs, resampling, subjects
     left out, files not used).
-    ``site_maps`` (each site's own voxel maps): ``note``, and ``entries``
-    (as ``components``) only in a site's own report, for the same reason as
-    ``timecourses_png``.
+    ``site_maps`` (the sites' own voxel maps): ``note``, what they are. The
+    maps themselves are in ``components``: an entry's ``sites`` (``site``,
+    ``png``, ``r`` with the consortium's map) are drawn below its map; a
+    deployed site's own report has that site's, a simulation's every site's.
+    ``timings``: seconds per stage, as the run recorded them (a total is added).
+    ``run``: the run's configuration; only the settings it used are listed
+    (:func:`run_settings`).
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -191,13 +273,19 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         parts.append(f'<p class="small">{html.escape(maps_note)}</p>')
     if metrics:
         parts.append(_table(list(metrics), [list(metrics.values())]))
+    if site_maps:
+        parts.append(f'<p class="small"><b>Voxel maps of each site.</b> {html.escape(site_maps["note"])}</p>')
     parts.append('<div class="grid">')
     for c in components:
-        cell = [f'<div class="comp"><p><b>{html.escape(c["label"])}</b>'
+        cell = [f'<div class="comp{" wide" if c.get("sites") else ""}"><p><b>{html.escape(c["label"])}</b>'
                 + (f" &mdash; r = {c['corr']:.2f} with truth" if c.get("corr") is not None else "") + "</p>",
                 _img(c["png"], c["label"])]
         if c.get("truth_png"):
             cell.append("<p>matched ground truth</p>" + _img(c["truth_png"], "truth " + c["label"]))
+        if c.get("sites"):  # the sites' own voxel maps of this component, through the same slices
+            cell.append('<div class="sites">' + "".join(
+                f'<div><p>{html.escape(m["site"])}\'s voxel map &mdash; r = {m["r"]:.2f} with the consortium\'s</p>'
+                + _img(m["png"], f'{m["site"]} {c["label"]}') + "</div>" for m in c["sites"]) + "</div>")
         if c.get("interactive"):
             cell.append("<details><summary>interactive view</summary>"
                         f'<iframe title="{html.escape(c["label"])} interactive" '
@@ -205,12 +293,6 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         cell.append("</div>")
         parts.append("".join(cell))
     parts.append("</div>")
-    if site_maps:
-        parts.append("<h3>Voxel maps of each site</h3>")
-        parts.append(f'<p class="small">{html.escape(site_maps["note"])}</p>')
-        parts.append('<div class="grid">' + "".join(
-            f'<div class="comp"><p><b>{html.escape(c["label"])}</b></p>{_img(c["png"], c["label"])}</div>'
-            for c in site_maps.get("entries", [])) + "</div>")
 
     if states:
         parts.append(states_html(states))
@@ -229,10 +311,11 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     if convergence_png:
         parts.append("<h2>Convergence</h2>" + _img(convergence_png, "convergence"))
     if timings:
-        parts.append("<h2>Timings</h2>" + _table(["stage", "seconds"], [[k, float(v)] for k, v in timings.items()]))
+        parts.append(timings_section(timings))
     if run:
-        parts.append("<h2>Run</h2><pre class='small'>" + html.escape(json.dumps(run, indent=2, default=str))
-                     + "</pre>")
+        parts.append("<h2>Run</h2><p class='small'>The settings this run used (its full configuration is in "
+                     "run.json).</p><pre class='small'>"
+                     + html.escape(json.dumps(run_settings(run), indent=2, default=str)) + "</pre>")
     parts.append("</body></html>")
     out_html = Path(out_html)
     out_html.write_text("\n".join(parts), encoding="utf-8")

@@ -24,8 +24,10 @@ against 0.73 for dual regression; benchmarks/site_maps.py).
 
 Everything is computed at the site from its own data and the shared
 results: nothing is released, nothing leaves the site, no privacy is spent.
-Like time courses, the maps are the site's own output and never appear in the
-consortium's report.
+Like time courses, the maps are the site's own output: a deployed aggregator's
+report shows none, a deployed site's report shows its own beside the
+consortium's maps, and a simulation's report (one machine holds every site's
+data) shows every site's.
 """
 
 from __future__ import annotations
@@ -37,19 +39,27 @@ import numpy as np
 
 from .config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
 
-__all__ = ["CONSORTIUM_NOTE", "METHODS", "SITE_NOTE", "SiteSubspace", "consortium_section", "made", "site_note",
-           "site_voxel_maps", "subject_map", "write_site_maps"]
+__all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
+           "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
 
-#: what the consortium's report says about them (it shows none: they are each site's own)
+#: what a deployed consortium's report says about them (it shows none: they are each site's own)
 CONSORTIUM_NOTE = (
     "The maps above are the consortium's, at parcel resolution (parcel values painted back to voxels). Each site "
     "also refines them on its own subjects' voxels ({how}): maps at the mask's voxel resolution, computed at the "
     "site from its own data, never sent, no privacy spent. Each site finds them in its own outputs "
     "(site_maps.nii.gz; site_maps/<site>.nii.gz in a simulation).")
+#: what a simulation's report says above them (it shows every site's below each consortium map)
+SIMULATION_NOTE = (
+    "The consortium's maps are at parcel resolution (parcel values painted back to voxels). Below each one: every "
+    "site's own map of the component at the mask's voxel resolution ({how}), through the same slices, with its "
+    "correlation r with the consortium's map. A site computes its maps from its own data: never sent, no privacy "
+    "spent. This simulation holds every site's data, so its report shows them; in a deployment each site's maps "
+    "appear only in its own report (here: site_maps/<site>.nii.gz).")
 #: what a site's own report says above them
 SITE_NOTE = (
-    "This site's own maps at the mask's voxel resolution: the consortium's components refined on this site's "
-    "subjects' voxels ({how}). Computed here from this site's data, never sent, no privacy spent (site_maps.nii.gz).")
+    "Below each group map: this site's own map of the component at the mask's voxel resolution, the consortium's "
+    "component refined on this site's subjects' voxels ({how}), through the same slices. Computed here from this "
+    "site's data, never sent, no privacy spent (site_maps.nii.gz).")
 #: the site's principal subspace has this many directions per component (``guided_ica``)
 SUBSPACE_FACTOR = 2
 _HOW = {"guided_ica": "spatial ICA of the site's principal subspace, guided by the dual-regression maps",
@@ -215,9 +225,14 @@ def made(cfg, space: dict) -> bool:
     return bool(cfg.site_voxel_maps and space.get("parcels"))
 
 
-def consortium_section(cfg, space: dict) -> dict | None:
-    """The consortium report's note on the sites' own voxel maps (it shows none), or None when none are made."""
-    return {"note": CONSORTIUM_NOTE.format(how=_HOW[cfg.site_maps_method])} if made(cfg, space) else None
+def consortium_section(cfg, space: dict, *, simulated: bool = False) -> dict | None:
+    """The consortium report's note on the sites' own voxel maps, or None when none are made.
+
+    ``simulated``: the report shows every site's maps (a simulation holds them all); otherwise none.
+    """
+    if not made(cfg, space):
+        return None
+    return {"note": (SIMULATION_NOTE if simulated else CONSORTIUM_NOTE).format(how=_HOW[cfg.site_maps_method])}
 
 
 def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False):

@@ -107,7 +107,20 @@ def _egress_ok(shared: Path, n_sites: int) -> dict[int, list]:
     return logs
 
 
-def _check_outputs(out: Path, man: dict, ref: dict):
+def _check_timings(out: Path, man: dict, unmixing: str) -> None:
+    """Every party's report times each stage it ran, named as the simulation names it (resumed parties too)."""
+    shared = ["reduce (capePCA)", f"unmix ({unmixing})", "summary (ledgers in, unmixing out)",
+              "maps and privacy record", "report (figures, HTML)"]
+    page = (out / "report.html").read_text()
+    assert all(f"<td>{name}</td>" in page for name in shared), page.split("<h2>Timings</h2>")[-1][:2000]
+    for s in man["sites"]:
+        name = s["site"]
+        page = (out / name / "report.html").read_text()
+        for stage in shared + [f"load {name}", f"time courses {name}", f"site voxel maps {name}"]:
+            assert f"<td>{stage}</td>" in page, (name, stage)
+
+
+def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA"):
     np.testing.assert_array_equal(np.load(out / "W.npy"), ref["W"])
     np.testing.assert_array_equal(np.load(out / "basis.npy"), ref["basis"])
     priv = json.loads((out / "privacy.json").read_text())
@@ -121,6 +134,7 @@ def _check_outputs(out: Path, man: dict, ref: dict):
         subjects, tc = read_timecourses(out / name / "timecourses.tsv")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
     assert "report.html" in os.listdir(out)
+    _check_timings(out, man, unmixing)
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
@@ -144,7 +158,7 @@ def test_cumulant_unmixing_in_processes_equals_inprocess(consortium, tmp_path):
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
                        ica_unmixing="cumulant", cumulant_epsilon=4.0)
     _run_all(cfg, man, tmp_path)
-    _check_outputs(tmp_path / "out", man, ref)
+    _check_outputs(tmp_path / "out", man, ref, unmixing="cumulant ICA")
     egress = _egress_ok(tmp_path / "shared", 4)
     releases = [r for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"]
     assert [(r["round"], sorted(r["arrays"])) for r in releases] == [(0, ["S2"]), (1, ["K4"])]

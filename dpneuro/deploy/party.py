@@ -24,6 +24,7 @@ what is computed. :func:`check_manifest` refuses a mismatch, naming the field.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,6 +45,8 @@ from ..io import private_dir, write_json
 from ..privacy import PrivacyLedger
 from ..driver import RunOptions
 from .. import analysis
+from ..site_maps import made as site_maps_made
+from ..timings import label
 
 __all__ = [
     "AggregatorContext",
@@ -161,13 +164,70 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
 
 # -- files -------------------------------------------------------------------------------------
 
-def _cached(path: Path, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The result stored at ``path``, or ``compute()`` stored there (atomically) first."""
+class _Clock:
+    """A party's stage timings (seconds), kept in its working folder.
+
+    A party resumes (a restarted process, the next COINSTAC iteration), so a
+    stage's start is written down the first time it is tried and its time,
+    once it finishes, joins ``timings.json``: the report of the call that ends
+    the run names every stage, in the order they finished. A deployed stage's
+    time includes waiting for the other parties.
+    """
+
+    def __init__(self, work: Path):
+        self.path, self.starts = work / "timings.json", work / "timings-started.json"
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, float]:
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def timings(self) -> dict[str, float]:
+        return self._read(self.path)
+
+    def start(self, key: str) -> float:
+        """The wall-clock time the step ``key`` was first tried (now, the first time)."""
+        starts = self._read(self.starts)
+        if key not in starts:
+            starts[key] = time.time()
+            write_json(self.starts, starts)
+        return float(starts[key])
+
+    def add(self, name: str, seconds: float) -> None:
+        timings = self.timings()
+        timings[name] = timings.get(name, 0.0) + float(seconds)
+        write_json(self.path, timings)
+
+    @contextlib.contextmanager
+    def timed(self, name: str):
+        """Time a block that runs to its end in one call (local work: no exchange)."""
+        t0 = time.perf_counter()
+        yield
+        self.add(name, time.perf_counter() - t0)
+
+
+def _cached(path: Path, compute: Callable[[], dict[str, Any]], clock: _Clock | None = None,
+            name: str = "") -> dict[str, Any]:
+    """The result stored at ``path``, or ``compute()`` stored there (atomically) first, timed as ``name``."""
     if path.exists():
         return load_state_file(path)["result"]
+    t0 = clock.start(path.name) if clock else 0.0  # per file: the states' two steps share one name
     result = compute()
+    if clock:
+        clock.add(name, time.time() - t0)  # from the first try, across suspensions
     save_state_file(path, {"result": result})
     return result
+
+
+def _records_timings(cfg: RunConfig, space: dict, load: dict | None = None) -> dict[str, float]:
+    """The space and load stages' times, from their own records (the pipeline's stages time themselves)."""
+    from ..timings import label
+
+    out = {}
+    if "seconds" in space:
+        out[label(cfg, "space")] = float(space["seconds"])
+    if load is not None and "seconds" in load:
+        out[label(cfg, "load", load["site"])] = float(load["seconds"])
+    return out
 
 
 
@@ -280,18 +340,21 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     X = info["X"]  # the .npy path: read subject by subject, never mapped whole
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
+    clock = _Clock(work)
 
     def reduce() -> dict[str, Any]:
         r = analysis.reduce_site(cfg, i, X, lengths, ctx.exchange("reduce"), n_sites=n, dim=dim,
                               checkpoint=ctx.checkpoint("reduce"), timeout=ctx.timeout)
         return {"basis": r.basis, "eigenvalues": r.eigenvalues, "ledger": r.ledgers[0]}
 
-    red = _cached(work / "reduce.result.npz", reduce)
+    red = _cached(work / "reduce.result.npz", reduce, clock, label(cfg, "reduce"))
     z_path, zu_path = work / "Z.npy", _unmixing_input_path(ctx)
-    if not zu_path.exists():
-        _save_npy(zu_path, analysis.unmixing_input(cfg, X, red["basis"], red["eigenvalues"]))
+    if not zu_path.exists():  # the whitening counts as unmixing, as in the simulation's unmix stage
+        with clock.timed(label(cfg, "unmix")):
+            _save_npy(zu_path, analysis.unmixing_input(cfg, X, red["basis"], red["eigenvalues"]))
     if cfg.brain_states and not z_path.exists():  # the states read unit-norm time points (Z.npy unless linear)
-        _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
+        with clock.timed(label(cfg, "states")):
+            _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
     Zu = np.load(zu_path, mmap_mode="r")
     Z = np.load(z_path, mmap_mode="r") if cfg.brain_states else None
 
@@ -300,7 +363,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                                checkpoint=ctx.checkpoint("unmix"), timeout=ctx.timeout)
         return {"ledger": led}
 
-    ica = _cached(work / "unmix.result.npz", unmix)
+    ica = _cached(work / "unmix.result.npz", unmix, clock, label(cfg, "unmix"))
     leds = [red["ledger"], ica["ledger"]]
     moments = None
     for step in analysis.STATES_STEPS if cfg.brain_states else ():
@@ -308,7 +371,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
             return analysis.states_site(cfg, step, i, Z, lengths, ctx.exchange(step), n_sites=n, moments=moments,
                                         checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
 
-        moments = _cached(work / f"{step}.result.npz", states)
+        moments = _cached(work / f"{step}.result.npz", states, clock, label(cfg, "states"))
         leds.append(moments["ledger"])
     ledger = PrivacyLedger.merge_all(leds)
     ledger.owner = ctx.site
@@ -320,8 +383,8 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                                    timeout=ctx.timeout)
         return dict(reply.arrays)  # W, b and, with brain states, their centroids
 
-    summ = _cached(work / "summary.result.npz", summary)
-    result = _write_site_outputs(ctx, info, red, summ, ledger)
+    summ = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
+    result = _write_site_outputs(ctx, info, red, summ, ledger, clock)
     write_json(done, result)
     return result
 
@@ -331,57 +394,67 @@ def _unmixing_input_path(ctx: SiteContext) -> Path:
     return ctx.work / ("Z_linear.npy" if ctx.cfg.cumulant_unmixing else "Z.npy")
 
 
-def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger) -> dict:
+def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger,
+                        clock: _Clock) -> dict:
     from ..algorithms.djica import time_courses
     from ..maps import write_timecourses
     from ..outputs import write_maps
     from ..site_maps import write_site_maps
 
-    out = ctx.out
+    cfg, out = ctx.cfg, ctx.out
     out.mkdir(parents=True, exist_ok=True)
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
-    S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
-    tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
-    vm = write_site_maps(ctx.cfg, info, info["space"], S, out / "site_maps.nii.gz")
+    with clock.timed(label(cfg, "timecourses", ctx.site)):
+        S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
+        tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
+    if site_maps_made(cfg, info["space"]):
+        with clock.timed(label(cfg, "site_maps", ctx.site)):
+            vm = write_site_maps(cfg, info, info["space"], S, out / "site_maps.nii.gz")
+    else:
+        vm = None
     site_maps = None if vm is None else vm[0]
-    comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
-    np.save(out / "W.npy", W)
+    with clock.timed(label(cfg, "maps")):
+        comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
+        np.save(out / "W.npy", W)
     states = None
     if "centroids" in summ:  # this site's own subjects' occupancy: computed here, never sent
         from ..maps import write_occupancy
         from ..outputs import write_states
 
-        Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
-        write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]], summ["centroids"]),
-                        info["subject_ids"], out / "states.tsv")
-        states = write_states(info["space"], red["basis"], red["eigenvalues"], W, b, summ["centroids"],
-                              out)[0]["patterns"]
+        with clock.timed(label(cfg, "occupancy", ctx.site)):
+            Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
+            write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]],
+                                                     summ["centroids"]), info["subject_ids"], out / "states.tsv")
+            states = write_states(info["space"], red["basis"], red["eigenvalues"], W, b, summ["centroids"],
+                                  out)[0]["patterns"]
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
-    report = _write_site_report(ctx, info, comp, tc, ledger, site_maps)
+    report, timings = _write_site_report(ctx, info, comp, tc, ledger, site_maps, clock)
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
             "states": None if states is None else str(states),
             "states_occupancy": None if states is None else str(out / "states.tsv"),
-            "site_maps": None if site_maps is None else str(site_maps)}
+            "site_maps": None if site_maps is None else str(site_maps), "timings_s": timings}
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
-                       site_maps: Path | None) -> Path:
-    """This site's own report: the group maps, what it spent, its own voxel maps and subjects' time courses.
+                       site_maps: Path | None, clock: _Clock) -> tuple[Path, dict[str, float]]:
+    """This site's own report: the group maps, what it spent, its own voxel maps and subjects' time courses;
+    and the site's stage timings (the report's own among them).
 
     It stays at the site (it shows the site's un-noised time courses and maps).
     """
-    from ..maps import render_components, site_timecourse_figure
+    from ..maps import render_components, render_site_maps, site_timecourse_figure
     from ..privacy import privacy_report
     from ..report import report_headline, write_report
     from ..site_maps import site_note
 
+    t0 = time.perf_counter()
     cfg, out = ctx.cfg, ctx.out
     figs = out / "figures"
     comps, maps_note, warnings = render_components(comp, info["space"]["mask"], figs,
@@ -391,16 +464,22 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     tc_png = site_timecourse_figure(tc, ctx.site, (info["subject_ids"][0], *info["boundaries"][0]), info.get("tr"),
                                     figs / "timecourses.png")
     own = None
-    if site_maps is not None:
-        entries = render_components(site_maps, info["space"]["mask"], figs / "site_maps")[0]
-        own = {"note": site_note(cfg.site_maps_method), "entries": entries}
+    if site_maps is not None:  # this site's voxel map of each component, below the group's
+        render_site_maps(comps, {ctx.site: str(site_maps)}, comp, info["space"]["mask"], figs / "site_maps")
+        own = {"note": site_note(cfg.site_maps_method)}
     headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
                                "subjects of this site.", priv, warnings or None)
-    return write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
-                        components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
-                        site_maps=own, data={"cleaning": cfg.cleaning().describe(), "sites": [info]},
-                        notes=["This report stays at this site: its time courses and voxel maps are computed "
-                               "from this site's own data and are not private releases."])
+    clock.add(label(cfg, "report"), time.perf_counter() - t0)
+    timings = {**_records_timings(cfg, info["space"], info), **clock.timings()}
+    report = write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
+                          components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
+                          site_maps=own, timings=timings,
+                          data={"cleaning": cfg.cleaning().describe(), "features": info["space"].get("features", ""),
+                                "sites": [info]},
+                          notes=["This report stays at this site: its time courses and voxel maps are computed "
+                                 "from this site's own data and are not private releases. Stage times include "
+                                 "waiting for the other parties."])
+    return report, timings
 
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -438,7 +517,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     if done.exists():
         return json.loads(done.read_text())
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    clock = _Clock(work)
     _, space = _space(cfg, work)
     dim = _dim(space)
 
@@ -447,21 +526,21 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
                                     checkpoint=ctx.checkpoint("reduce"), options=ctx.options)
         return {"basis": r.basis, "eigenvalues": r.eigenvalues}
 
-    red = _cached(work / "reduce.result.npz", reduce)
+    red = _cached(work / "reduce.result.npz", reduce, clock, label(cfg, "reduce"))
 
     def unmix() -> dict[str, Any]:
         r = analysis.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
                                    options=ctx.options, basis=red["basis"], eigenvalues=red["eigenvalues"])
         return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
-    ica = _cached(work / "unmix.result.npz", unmix)
+    ica = _cached(work / "unmix.result.npz", unmix, clock, label(cfg, "unmix"))
     moments: dict[str, Any] | None = None
     for step in analysis.STATES_STEPS if cfg.brain_states else ():
         def states(step: str = step, moments: dict | None = moments) -> dict[str, Any]:
             return analysis.states_aggregator(cfg, step, ctx.exchange(step), n_sites=n, moments=moments,
                                               checkpoint=ctx.checkpoint(step), options=ctx.options)
 
-        moments = _cached(work / f"{step}.result.npz", states)
+        moments = _cached(work / f"{step}.result.npz", states, clock, label(cfg, "states"))
 
     def summary() -> dict[str, Any]:
         arrays = {"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])}
@@ -471,14 +550,14 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
         return {"sites": analysis.summary_aggregator(reply, ctx.exchange("summary"),
                                                   checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
-    summ = _cached(work / "summary.result.npz", summary)
-    result = _write_aggregator_outputs(ctx, space, red, ica, moments, summ["sites"], time.perf_counter() - t0)
+    summ = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
+    result = _write_aggregator_outputs(ctx, space, red, ica, moments, summ["sites"], clock)
     write_json(done, result)
     return result
 
 
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, states: dict | None,
-                              declared: dict, seconds: float) -> dict[str, Any]:
+                              declared: dict, clock: _Clock) -> dict[str, Any]:
     from ..budget import run_warnings
     from ..maps import convergence_figure, render_components
     from ..outputs import consortium_privacy, headline as consortium_headline, write_maps
@@ -487,6 +566,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
 
     cfg, out = ctx.cfg, ctx.out
     out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     names = [s.name for s in cfg.sites]
     W, b = np.asarray(ica["W"]), np.asarray(ica["b"])
     comp_path, _ = write_maps(space, red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
@@ -507,7 +587,9 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     if ctx.transport:
         priv["transport"] = ctx.transport
     priv_path = write_json(out / "privacy.json", priv)
+    clock.add(label(cfg, "maps"), time.perf_counter() - t0)
 
+    t0 = time.perf_counter()
     figs = out / "figures"
     comps, maps_note, map_warnings = render_components(comp_path, space["mask"], figs,
                                                        interactive=cfg.interactive_maps)
@@ -531,12 +613,17 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
         occupancy = analysis.StatesResult(np.asarray(states["centroids"]), np.asarray(states["weights"])).occupancy
         states_part = states_section({**paths, "occupancy": [float(x) for x in occupancy]}, space["mask"], figs,
                                      template_problem(space["mask"]))
+    clock.add(label(cfg, "report"), time.perf_counter() - t0)
+    timings = {**_records_timings(cfg, space), **clock.timings()}
+    notes.append("Stage times are the aggregator's wall time, waiting for the sites included; each site's "
+                 "report has its own (loading, time courses, voxel maps).")
     report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
                           components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
-                          timings={"aggregator (this call)": seconds}, run=cfg.to_json(), notes=notes,
-                          states=states_part, site_maps=consortium_section(cfg, space))
+                          timings=timings, run=cfg.to_json(), notes=notes, states=states_part,
+                          site_maps=consortium_section(cfg, space),
+                          data={"cleaning": cfg.cleaning().describe(), "features": space.get("features", "")})
     return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
             "states": None if states_part is None else str(out / "states.nii.gz"),
-            "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings}
+            "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings}
