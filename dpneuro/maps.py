@@ -397,7 +397,8 @@ def convergence_figure(history: dict, out_png) -> Path:
         ax2.plot(np.arange(1, q.size + 1), q, color="C3", label="qNGI vs truth")
         ax2.set_ylabel("qNGI", color="C3")
         ax2.set_ylim(0, max(0.5, float(np.nanmax(q)) * 1.05))
-    ax.legend(loc="upper right", fontsize=8)
+    if dw.size:  # the cumulant unmixing has no rounds to plot
+        ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out_png, dpi=80)
     plt.close(fig)
