@@ -80,8 +80,10 @@ def features(cfg: RunConfig, given: int | None = None) -> int:
         return int(given)
     mask, affine = cfg.grid()
     if cfg.atlas:
-        from .parcellation import atlas_labels
+        from .parcellation import atlas_basis, atlas_labels, is_probabilistic
 
+        if is_probabilistic(cfg.atlas):
+            return int(atlas_basis(cfg.atlas, mask, affine).shape[1])
         return len(atlas_labels(cfg.atlas, mask, affine)[1])
     n_vox = int(mask.sum())
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox

@@ -74,8 +74,9 @@ class RunConfig:
     mask: str = ""  # NIfTI mask; empty: the template at ``space``
     space: str = "mni6mm"
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels); not used with an atlas
-    # a label atlas (3-D NIfTI of integer regions, any resolution; resampled to the grid by nearest neighbour)
-    # whose regions are the features instead of coordinate parcels; every party needs the same file
+    # an atlas whose regions are the features instead of coordinate parcels, at any resolution: a label image
+    # (3-D NIfTI of integer regions; nearest-neighbour onto the grid) or probabilistic maps (4-D, one volume per
+    # map; the features are coordinates on an orthonormal basis of their span); every party needs the same file
     atlas: str = ""
     # with parcels, each site also refines the components on its own subjects' voxels: maps at the mask's resolution,
     # computed and kept at the site, no privacy spent (benchmarks/site_maps.py)

@@ -1421,8 +1421,8 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
     boundaries = [(int(b - n), int(b)) for b, n in zip(stops, n_cols)]
     D, N = int(mask_bool.sum()), int(stops[-1])
     if parcels is not None:
-        if len(parcels.labels) != D:
-            raise DataValidationError(f"the parcellation has {len(parcels.labels)} voxels but the mask has {D}")
+        if parcels.n_voxels != D:
+            raise DataValidationError(f"the parcellation has {parcels.n_voxels} voxels but the mask has {D}")
         D = parcels.n_parcels
     if memmap_path is not None:
         memmap_path = Path(memmap_path)

@@ -31,9 +31,10 @@ def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
 
     maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
     parcels = space_parcels(space)
-    if parcels is None or np.all(parcels.labels >= 0):
+    covered = None if parcels is None else parcels.covered
+    if covered is None or np.all(covered):
         return zscore_columns(maps)
-    covered = parcels.labels >= 0  # an atlas's voxels in no region stay 0, outside the z-scoring
+    # an atlas's voxels in no region stay 0, outside the z-scoring
     out = np.zeros(maps.shape)
     out[covered] = zscore_columns(maps[covered])
     return out

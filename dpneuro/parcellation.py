@@ -1,4 +1,4 @@
-"""Data-independent dimension reduction: parcels from voxel coordinates, or an atlas's regions.
+"""Data-independent dimension reduction: parcels from voxel coordinates, or an atlas's regions or maps.
 
 Subject-level privacy makes noise scale with the number of features, so the
 consortium may agree to reduce voxels to regions first. A parcellation computed
@@ -14,7 +14,9 @@ much as its voxels do in a voxel-level analysis (CanICA, MELODIC) and the
 maps come back as they would from the voxels when the signal is constant on
 regions. On real fMRI painted from the MIST 122 atlas, the coefficients'
 maps agree with CanICA's (unthresholded) at 0.86, region averages at 0.73
-(benchmarks/canica_agreement.py; the averages in a prototype).
+(benchmarks/canica_agreement.py; the averages in a prototype). A
+probabilistic atlas (4-D maps) gives the coordinates on an orthonormal basis
+of its maps' span, the same geometry for overlapping, graded maps.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def coordinate_parcels(mask: np.ndarray, n_parcels: int, *, seed: int = 0) -> np
     return labels.astype(np.int64)
 
 
+def _atlas_image(atlas):
+    import nibabel as nib
+
+    img = nib.load(str(atlas)) if isinstance(atlas, (str, Path)) else atlas
+    if len(img.shape) not in (3, 4):
+        raise ValueError(f"atlas {atlas}: a 3-D label image or 4-D probabilistic maps are needed, got shape "
+                         f"{img.shape}")
+    if len(img.shape) == 4 and img.shape[3] == 1:
+        img = nib.Nifti1Image(np.asarray(img.dataobj)[..., 0], img.affine, img.header)
+    return img
+
+
+def is_probabilistic(atlas) -> bool:
+    """Whether ``atlas`` holds probabilistic maps (4-D, one volume per map) rather than labels (3-D)."""
+    return len(_atlas_image(atlas).shape) == 4
+
+
 def atlas_labels(atlas, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """The region of every in-mask voxel (mask order; -1: in no region) and the atlas values of the regions.
 
@@ -50,15 +69,11 @@ def atlas_labels(atlas, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarra
     analysis grid by nilearn's nearest-neighbour resampling (labels are not
     interpolated). Regions that cover no voxel of the mask are dropped.
     """
-    import nibabel as nib
     from nilearn.image import resample_img
 
-    img = nib.load(str(atlas)) if isinstance(atlas, (str, Path)) else atlas
-    if len(img.shape) != 3 and not (len(img.shape) == 4 and img.shape[3] == 1):
-        raise ValueError(f"atlas {atlas}: a 3-D label image is needed, got shape {img.shape} (a probabilistic "
-                         "atlas of 4-D maps is not supported)")
+    img = _atlas_image(atlas)
     if len(img.shape) == 4:
-        img = nib.Nifti1Image(np.asarray(img.dataobj)[..., 0], img.affine, img.header)
+        raise ValueError(f"atlas {atlas}: probabilistic maps (4-D), not labels; see atlas_basis")
     on_grid = resample_img(img, target_affine=affine, target_shape=mask.shape, interpolation="nearest",
                            force_resample=True, copy_header=True)
     values = np.asarray(on_grid.dataobj)[mask]
@@ -73,10 +88,45 @@ def atlas_labels(atlas, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarra
     return labels.astype(np.int64), regions
 
 
-def space_parcels(space: dict) -> Parcellation | None:
-    """The parcellation a run's space (``space.json`` of the pipeline) names, or None when it keeps voxels."""
+def atlas_maps(atlas, mask: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """Probabilistic atlas maps on the analysis grid: in-mask voxels x maps (continuous resampling by nilearn);
+    maps that vanish on the mask are dropped."""
+    from nilearn.image import resample_img
+
+    img = _atlas_image(atlas)
+    if len(img.shape) != 4:
+        raise ValueError(f"atlas {atlas}: a label image (3-D), not probabilistic maps; see atlas_labels")
+    on_grid = resample_img(img, target_affine=affine, target_shape=mask.shape, interpolation="continuous",
+                           force_resample=True, copy_header=True)
+    M = np.asarray(on_grid.dataobj, dtype=np.float64)[mask]
+    if not np.all(np.isfinite(M)):
+        raise ValueError(f"atlas {atlas}: non-finite values in its maps")
+    M = M[:, np.abs(M).max(axis=0) > 0]
+    if M.shape[1] == 0:
+        raise ValueError(f"atlas {atlas}: no map covers the analysis mask")
+    return M
+
+
+def atlas_basis(atlas, mask: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """An orthonormal basis (in-mask voxels x R) of the span of a probabilistic atlas's maps on the grid.
+
+    The projection Q Q^T x is the least-squares fit of a volume by the maps
+    (what nilearn's ``NiftiMapsMasker`` inverts), so the features Q^T x carry
+    what the maps' coefficients carry; being orthonormal, their second moment is
+    the voxels' restricted to the maps' span, as for a label atlas's regions.
+    Directions the maps do not span independently (relative singular value
+    below 1e-8) are dropped.
+    """
+    U, sv, _ = np.linalg.svd(atlas_maps(atlas, mask, affine), full_matrices=False)
+    return np.ascontiguousarray(U[:, sv > sv[0] * 1e-8])
+
+
+def space_parcels(space: dict) -> Parcellation | MapsBasis | None:
+    """The feature reduction a run's space (``space.json`` of the pipeline) names, or None when it keeps voxels."""
     if not space.get("parcels"):
         return None
+    if space.get("weighting") == "basis":
+        return MapsBasis(np.load(space["parcels"]))
     return Parcellation(np.load(space["parcels"]), weighting=space.get("weighting", "mean"))
 
 
@@ -91,6 +141,15 @@ class Parcellation:
     ``labels``: the parcel of every voxel (mask order), -1 for a voxel in no
     parcel (outside the atlas: left out of the features, 0 in the maps).
     """
+
+    @property
+    def n_voxels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def covered(self) -> np.ndarray:
+        """Voxels in a parcel (the maps are 0 elsewhere)."""
+        return self.labels >= 0
 
     def __init__(self, labels: np.ndarray, weighting: str = "mean"):
         if weighting not in WEIGHTINGS:
@@ -125,3 +184,38 @@ class Parcellation:
         out = values[np.maximum(self.labels, 0)]
         out[self.labels < 0] = 0
         return out
+
+
+class MapsBasis:
+    """A probabilistic atlas's features: coordinates on an orthonormal basis Q of its maps' span (:func:`atlas_basis`).
+
+    Same interface as :class:`Parcellation`: ``reduce`` gives Q^T x, ``expand``
+    paints Q c back to voxels.
+    """
+
+    def __init__(self, basis: np.ndarray):
+        self.basis = np.asarray(basis, dtype=np.float64)
+        self.n_parcels = int(self.basis.shape[1])
+
+    @property
+    def n_voxels(self) -> int:
+        return int(self.basis.shape[0])
+
+    @property
+    def covered(self) -> np.ndarray:
+        """Voxels some map reaches (the maps are 0 elsewhere)."""
+        return np.abs(self.basis).max(axis=1) > 0
+
+    def reduce(self, X: np.ndarray) -> np.ndarray:
+        """Coordinates of a voxels x time matrix on the basis (D_voxels x N -> R x N)."""
+        X = np.asarray(X)
+        if X.shape[0] != self.n_voxels:
+            raise ValueError(f"data have {X.shape[0]} voxels, the atlas basis has {self.n_voxels}")
+        return (self.basis.T @ X).astype(X.dtype, copy=False)
+
+    def expand(self, values: np.ndarray) -> np.ndarray:
+        """Voxel values of basis coordinates (R [x K] -> D_voxels [x K])."""
+        values = np.asarray(values)
+        if values.shape[0] != self.n_parcels:
+            raise ValueError(f"values have {values.shape[0]} rows, the atlas basis has {self.n_parcels}")
+        return self.basis @ values

@@ -99,11 +99,14 @@ def stage_key(cfg: RunConfig, stage: str) -> str:
 
 
 def feature_labels(cfg: RunConfig, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """The run's features on its grid: an atlas's regions (orthonormal), coordinate parcels (means), or voxels
-    (None)."""
-    from .parcellation import atlas_labels, coordinate_parcels
+    """The run's features on its grid and how voxels become them: a label atlas's regions (labels,
+    "orthonormal"), a probabilistic atlas's maps (an orthonormal basis of their span, "basis"), coordinate parcels
+    (labels, "mean"), or voxels (None)."""
+    from .parcellation import atlas_basis, atlas_labels, coordinate_parcels, is_probabilistic
 
     if cfg.atlas:
+        if is_probabilistic(cfg.atlas):
+            return atlas_basis(cfg.atlas, mask, affine), "basis"
         return atlas_labels(cfg.atlas, mask, affine)[0], "orthonormal"
     if cfg.parcels:
         return coordinate_parcels(mask, cfg.parcels, seed=0), "mean"
@@ -133,7 +136,12 @@ def stage_space(cfg_json: str, key: str = "") -> str:
     mask, affine = load_mask(mask_path)
     info = {"mask": mask_path, "n_voxels": int(mask.sum()), "parcels": None}
     labels, weighting = feature_labels(cfg, mask, affine)
-    if labels is not None:
+    if weighting == "basis":  # a probabilistic atlas: the basis of its maps' span, written as maps to look at
+        np.save(d / "parcels.npy", labels)
+        mask_to_image(labels, mask_path).to_filename(d / "parcels.nii.gz")
+        info.update(parcels=str(d / "parcels.npy"), n_parcels=int(labels.shape[1]), weighting=weighting,
+                    features=f"atlas {Path(cfg.atlas).name}: {labels.shape[1]} probabilistic maps (their span)")
+    elif labels is not None:
         np.save(d / "parcels.npy", labels)
         mask_to_image(labels.astype(np.float32) + 1, mask_path).to_filename(d / "parcels.nii.gz")
         info.update(parcels=str(d / "parcels.npy"), n_parcels=int(labels.max() + 1), weighting=weighting,

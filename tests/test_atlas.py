@@ -15,7 +15,7 @@ from dpneuro.analysis import reduce_inprocess
 from dpneuro.budget import features
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import load_space, preprocess
-from dpneuro.parcellation import Parcellation, atlas_labels
+from dpneuro.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels, atlas_maps
 
 MASK, AFFINE = load_space("grid30")
 
@@ -42,7 +42,7 @@ def test_atlas_labels_are_resampled_by_nearest_neighbour_and_checked(tmp_path):
     img = _blocks()
     with pytest.raises(ValueError, match="integer region labels"):
         atlas_labels(nib.Nifti1Image(np.asarray(img.dataobj) + 0.5, img.affine), MASK, AFFINE)
-    with pytest.raises(ValueError, match="probabilistic atlas"):
+    with pytest.raises(ValueError, match="probabilistic maps"):
         atlas_labels(nib.Nifti1Image(np.zeros((30, 30, 1, 3)), AFFINE), MASK, AFFINE)
     with pytest.raises(ValueError, match="no region covers"):
         atlas_labels(nib.Nifti1Image(np.zeros((30, 30, 1)), AFFINE), MASK, AFFINE)
@@ -137,3 +137,59 @@ def test_a_run_with_an_atlas_uses_its_regions_everywhere(tmp_path):
         check_manifest(replace(cfg, atlas=str(other)), manifest, party="site 'site-01'")
     with pytest.raises(ConfigError, match="'atlas'"):
         replace(cfg, atlas=str(tmp_path / "missing.nii.gz")).validate()
+
+
+def _blobs(upsample: int = 2) -> nib.Nifti1Image:
+    """Four overlapping Gaussian maps on the 30 x 30 grid (4-D, one volume per map), at ``upsample`` times its
+    resolution."""
+    n = 30 * upsample
+    x, y = np.meshgrid(np.arange(n) / upsample, np.arange(n) / upsample, indexing="ij")
+    centres = [(8, 8), (8, 20), (20, 14), (14, 14)]
+    vol = np.stack([np.exp(-((x - a) ** 2 + (y - b) ** 2) / (2 * 4.0**2)) for a, b in centres], axis=-1)
+    aff = AFFINE.copy()
+    aff[:3, :3] /= upsample
+    aff[:2, 3] -= (upsample - 1) / (2 * upsample)
+    return nib.Nifti1Image(vol[:, :, None, :].astype(np.float32), aff)
+
+
+@pytest.mark.filterwarnings("ignore:Resampling binary images")  # nilearn on the all-zero atlas below
+def test_a_probabilistic_atlas_gives_the_least_squares_fit_of_its_maps():
+    """Features Q^T x on an orthonormal basis of the maps' span: painting them back is the least-squares fit of the
+    volume by the maps (what NiftiMapsMasker inverts), and the features' second moment is the voxels' in that span."""
+    M = atlas_maps(_blobs(), MASK, AFFINE)
+    assert M.shape == (900, 4)
+    B = MapsBasis(atlas_basis(_blobs(), MASK, AFFINE))
+    assert B.n_parcels == 4 and np.allclose(B.basis.T @ B.basis, np.eye(4))
+    X = np.random.default_rng(2).standard_normal((900, 30))
+    coef, *_ = np.linalg.lstsq(M, X, rcond=None)
+    np.testing.assert_allclose(B.expand(B.reduce(X)), M @ coef, atol=1e-10)
+    F = B.reduce(X)
+    np.testing.assert_allclose(F.T @ F, X.T @ B.basis @ B.basis.T @ X, atol=1e-9)
+    with pytest.raises(ValueError, match="no map covers"):
+        atlas_maps(nib.Nifti1Image(np.zeros((30, 30, 1, 2), np.float32), AFFINE), MASK, AFFINE)
+
+
+def test_a_run_with_a_probabilistic_atlas(tmp_path):
+    """The 4-D atlas reaches the run's space (basis of 4 maps), the planner's D, the maps at voxel resolution and the
+    run manifest."""
+    import dpneuro
+    from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
+    from dpneuro.synth import make_consortium
+
+    man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=3, n_components=3, n_timepoints=40,
+                          space="grid30", seed=4)
+    atlas = tmp_path / "maps.nii.gz"
+    _blobs().to_filename(atlas)
+    ica = dpneuro.DecentralizedICA(n_components=3, plan="none", reduction="none", space="grid30", random_state=0,
+                                   output_dir=tmp_path / "run", atlas=str(atlas))
+    ica.fit({s["site"]: s["path"] for s in man["sites"]})
+    assert features(ica.config_) == 4 and ica.basis_.shape == (4, 3) and ica.components_.shape == (3, 900)
+    # every map is a z-scored combination of the atlas's maps: in the span of the basis and a constant
+    Q1 = np.linalg.qr(np.c_[atlas_basis(_blobs(), MASK, AFFINE), np.ones(900)])[0]
+    C = ica.components_.T
+    assert np.allclose(Q1 @ (Q1.T @ C), C, atol=1e-6)
+    manifest = run_manifest(ica.config_, "r1")
+    other = tmp_path / "other.nii.gz"
+    _blobs(upsample=1).to_filename(other)
+    with pytest.raises(ManifestMismatch, match="atlas_sha256"):
+        check_manifest(replace(ica.config_, atlas=str(other)), manifest, party="site 'site-01'")
