@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .config import ConfigError, RunConfig, SiteEntry
+from .io import private_dir
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 
@@ -148,8 +149,8 @@ def _site_inputs(sites, staging: Path) -> list[SiteEntry]:
             if not hasattr(img, "affine") or not hasattr(img, "dataobj"):
                 raise ValueError(f"site {name!r}, item {i}: not a NIfTI image or path ({type(img).__name__})")
             # an in-memory image: the stages read files, so it is written once to the run's private folder
-            path = staging / name / f"sub-{name}x{i:04d}_bold.nii.gz"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = private_dir(staging) / name / f"sub-{name}x{i:04d}_bold.nii.gz"
+            path.parent.mkdir(exist_ok=True)
             img.to_filename(path)
             files.append(str(path))
         out.append(SiteEntry(name=name, path="", files=files))
@@ -602,14 +603,16 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
     from .budget import features as _features
     from .budget import plan_for_target, site_shapes, spend
 
-    if isinstance(sites, Mapping):
-        site_inputs = _site_inputs(sites, Path(tempfile.mkdtemp(prefix="dpneuro-plan-")))
-    else:
-        if subjects is None:
-            raise ValueError("give subjects= (per site) with a number of sites, or a mapping of the sites' data")
-        site_inputs = [SiteEntry(f"site-{i + 1:02d}", "") for i in range(int(sites))]
-    cfg = RunConfig(sites=site_inputs, out="", n_components=n_components, **settings)
-    cfg.validate(data_sites=())
-    shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
-    dim = _features(cfg, features)
-    return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)
+    if not isinstance(sites, Mapping) and subjects is None:
+        raise ValueError("give subjects= (per site) with a number of sites, or a mapping of the sites' data")
+    # in-memory images are written where only their headers are read, and removed with the folder
+    with tempfile.TemporaryDirectory(prefix="dpneuro-plan-") as staging:
+        if isinstance(sites, Mapping):
+            site_inputs = _site_inputs(sites, Path(staging))
+        else:
+            site_inputs = [SiteEntry(f"site-{i + 1:02d}", "") for i in range(int(sites))]
+        cfg = RunConfig(sites=site_inputs, out="", n_components=n_components, **settings)
+        cfg.validate(data_sites=())
+        shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
+        dim = _features(cfg, features)
+        return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 
 from .config import RunConfig
 from .analysis import site_whiten, unmixing_input
-from .io import private_dir, site_data_summary, write_json
+from .io import describe_site_inputs, private_dir, site_data_summary, write_json
 from .timings import label, reduction_name, timed, unmixing_name
 
 def _digest(*parts: Any) -> str:
@@ -189,10 +190,6 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
               "runs": sd.runs, "skipped": sd.skipped, "excluded": sd.excluded, "cleaning": sd.cleaning,
               "run_records": sd.run_records, "filters": sd.filters,
               "seconds": time.perf_counter() - t0}
-    import sys
-
-    from .io import describe_site_inputs
-
     # the site's console: what was read, how it was cleaned, and every file not used (also in site.json)
     print("\n".join(describe_site_inputs(record, files=True)), file=sys.stderr)
     return _write_json(out, record)

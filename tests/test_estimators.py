@@ -367,3 +367,18 @@ def test_a_runs_work_folder_is_private_to_its_owner(fitted):
 
     assert stat.S_IMODE((fitted.output_dir_ / "work").stat().st_mode) == 0o700
     assert list((fitted.output_dir_ / "work").glob("load-*"))  # asked for: kept
+
+
+def test_planning_from_in_memory_images_leaves_nothing_behind(consortium, monkeypatch, tmp_path):
+    """plan_budget reads only the images' headers: the copies it writes for that are removed when it returns."""
+    import nibabel as nib
+
+    root, man, files = consortium
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # take TMPDIR again
+    imgs = {site: [nib.load(f) for f in fs] for site, fs in files.items()}
+    plan = dpneuro.plan_budget(6.0, sites=imgs, n_components=R, ica="spatial", parcels=0, mask=man["mask"])
+    assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
+    assert not list(tmp_path.iterdir())

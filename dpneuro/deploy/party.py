@@ -222,8 +222,6 @@ def _cached(path: Path, compute: Callable[[], dict[str, Any]], clock: _Clock | N
 
 def _records_timings(cfg: RunConfig, space: dict, load: dict | None = None) -> dict[str, float]:
     """The space and load stages' times, from their own records (the pipeline's stages time themselves)."""
-    from ..timings import label
-
     out = {}
     if "seconds" in space:
         out[label(cfg, "space")] = float(space["seconds"])
