@@ -194,3 +194,24 @@ def test_time_courses_are_z_scored_and_their_spectrum_is_in_hz():
     fig = timecourse_plot(S, None)  # no TR: volumes, not seconds
     assert "volume" in fig.axes[-2].get_xlabel() and "Hz" not in fig.axes[-1].get_xlabel()
     plt.close(fig)
+
+
+def test_figures_drawn_by_worker_processes_are_the_ones_drawn_here(tmp_path):
+    """A report's many figures go to worker processes; each PNG must be byte for byte what this process draws."""
+    from dpneuro.maps import PARALLEL_FIGURES, render_many
+
+    mask, affine = load_space("mni6mm")
+    rng = np.random.default_rng(3)
+    jobs = []
+    for i in range(PARALLEL_FIGURES):
+        vol = np.zeros(mask.shape)
+        vol[mask] = rng.standard_normal(int(mask.sum())) * (1 + i % 3)
+        jobs.append((nib.Nifti1Image(vol, affine), f"fig_{i:02d}.png", {"title": f"IC{i + 1:02d}", "width": 5.4}))
+    drawn = {}
+    for where, workers in (("serial", 1), ("parallel", 2)):
+        (tmp_path / where).mkdir()
+        drawn[where] = render_many([(img, tmp_path / where / name, kw) for img, name, kw in jobs], workers=workers)
+    serial, parallel = drawn["serial"], drawn["parallel"]
+    assert [Path(p).name for p in parallel] == [Path(p).name for p in serial] == [name for _, name, _ in jobs]
+    for a, b in zip(serial, parallel):
+        assert Path(a).read_bytes() == Path(b).read_bytes(), Path(a).name
