@@ -508,8 +508,10 @@ class RunConfig:
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
                                    exclude=s.get("exclude", [])))
+        from .atlases import is_atlas_name
+
         for key in cls.PATH_FIELDS:
-            if d.get(key):
+            if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))
         for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int),
                          ("pdsvd_iterations", int), ("brain_states", int)):

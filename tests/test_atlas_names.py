@@ -197,9 +197,12 @@ def test_validate_accepts_names_and_refuses_unknown_ones_and_bad_parameters(tmp_
         _cfg(tmp_path, atlas="msdl:39").validate()
     with pytest.raises(ConfigError, match=r"config field 'atlas'.*missing\.nii\.gz does not exist"):
         _cfg(tmp_path, atlas=str(tmp_path / "missing.nii.gz")).validate()
-    # a relative path still becomes absolute; a name does not
+    # a relative path still becomes absolute, in a config file or in code; a name does not
     assert _cfg(tmp_path, atlas="atlas/x.nii.gz").resolved(tmp_path).atlas == str(tmp_path / "atlas/x.nii.gz")
     assert _cfg(tmp_path, atlas="difumo:64").resolved(tmp_path).atlas == "difumo:64"
+    for atlas, expected in (("dosenbach_2010", "dosenbach_2010"), ("atlas/x.nii.gz", str(tmp_path / "atlas/x.nii.gz"))):
+        (tmp_path / "run.toml").write_text(f'out = "out"\natlas = "{atlas}"\n[[sites]]\nname = "a"\npath = "."\n')
+        assert RunConfig.read(tmp_path / "run.toml").atlas == expected
 
 
 # -- fetched atlases: nilearn's fetchers replaced ----------------------------------------------------
