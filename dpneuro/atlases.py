@@ -1,8 +1,9 @@
 """Atlases by name: the run config's ``atlas`` as a file, or a name nilearn knows.
 
 Every reader of the ``atlas`` field calls :func:`atlas_image`, which turns it
-into a concrete NIfTI on (or for the analysis grid), so that the features, the
-budget planner and the run manifest's ``atlas_sha256`` all see the same atlas.
+into a concrete NIfTI (a file, or an image on the analysis grid), so that the
+features, the budget planner and the run manifest's ``atlas_sha256`` all see
+the same atlas, and the manifest catches sites whose copies differ.
 
 - Coordinate atlases (``power_2011``, ``dosenbach_2010``, ``seitzman_2018``)
   come from CSVs shipped inside nilearn: never downloaded. Each coordinate
@@ -52,7 +53,8 @@ FETCHED: dict[str, Fetched] = {
                              lambda p: {"n_rois": p, "yeo_networks": 7, "resolution_mm": 2}, "schaefer_2018"),
     "difumo": Fetched("fetch_atlas_difumo", "maps", (64, 128, 256, 512, 1024),
                       lambda p: {"dimension": p, "resolution_mm": 2}, "difumo_atlases"),
-    "basc_multiscale_2015": Fetched("fetch_atlas_basc_multiscale_2015", "labels", (122, 7, 12, 20, 36, 64, 197, 325, 444),
+    "basc_multiscale_2015": Fetched("fetch_atlas_basc_multiscale_2015", "labels",
+                                    (122, 7, 12, 20, 36, 64, 197, 325, 444),
                                     lambda p: {"resolution": p, "version": "sym"}, "basc_multiscale_2015"),
     "msdl": Fetched("fetch_atlas_msdl", "maps", (None,), lambda p: {}, "msdl_atlas"),
     "harvard_oxford": Fetched("fetch_atlas_harvard_oxford", "labels", ("cort-maxprob-thr25-2mm",) + _HO,

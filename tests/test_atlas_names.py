@@ -186,8 +186,8 @@ def test_validate_accepts_names_and_refuses_unknown_ones_and_bad_parameters(tmp_
     for ok in ("power_2011", "seitzman_2018:4mm", "schaefer_2018:200", "difumo:1024", "msdl",
                "harvard_oxford:sub-maxprob-thr25-2mm", "smith_2009:rsn20", "Schaefer_2018:100"):
         _cfg(tmp_path, atlas=ok).validate()
-    with pytest.raises(ConfigError, match=r"config field 'atlas'.*schaefer_2019:100 does not exist.*atlas name: power_2011\[:<radius>mm\], "
-                                          r"dosenbach_2010.*schaefer_2018:100\|200"):
+    with pytest.raises(ConfigError, match=r"config field 'atlas'.*schaefer_2019:100 does not exist.*atlas name: "
+                                          r"power_2011\[:<radius>mm\], dosenbach_2010.*schaefer_2018:100\|200"):
         _cfg(tmp_path, atlas="schaefer_2019:100").validate()
     with pytest.raises(ConfigError, match=r"config field 'atlas'.*schaefer_2018 takes one of 100, 200"):
         _cfg(tmp_path, atlas="schaefer_2018:150").validate()
