@@ -80,11 +80,13 @@ def features(cfg: RunConfig, given: int | None = None) -> int:
         return int(given)
     mask, affine = cfg.grid()
     if cfg.atlas:
+        from .atlases import atlas_image
         from .parcellation import atlas_basis, atlas_labels, is_probabilistic
 
-        if is_probabilistic(cfg.atlas):
-            return int(atlas_basis(cfg.atlas, mask, affine).shape[1])
-        return len(atlas_labels(cfg.atlas, mask, affine)[1])
+        atlas = atlas_image(cfg.atlas, mask, affine)
+        if is_probabilistic(atlas):
+            return int(atlas_basis(atlas, mask, affine).shape[1])
+        return len(atlas_labels(atlas, mask, affine)[1])
     n_vox = int(mask.sum())
     return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
 

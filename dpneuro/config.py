@@ -76,7 +76,9 @@ class RunConfig:
     parcels: int = 100  # data-independent parcellation of the mask (0: voxels); not used with an atlas
     # an atlas whose regions are the features instead of coordinate parcels, at any resolution: a label image
     # (3-D NIfTI of integer regions; nearest-neighbour onto the grid) or probabilistic maps (4-D, one volume per
-    # map; the features are coordinates on an orthonormal basis of their span); every party needs the same file
+    # map; the features are coordinates on an orthonormal basis of their span); every party needs the same file.
+    # Or a name (dpneuro.atlases): "power_2011", "dosenbach_2010", "seitzman_2018" (coordinates shipped with nilearn:
+    # spheres on the grid), "schaefer_2018:100", "difumo:64", ... (nilearn downloads once into NILEARN_DATA)
     atlas: str = ""
     # with parcels, each site also refines the components on its own subjects' voxels: maps at the mask's resolution,
     # computed and kept at the site, no privacy spent (benchmarks/site_maps.py)
@@ -249,7 +251,12 @@ class RunConfig:
 
         sites = [replace(s, path=ab(s.path), files=[ab(f) for f in s.files], subjects_tsv=ab(s.subjects_tsv))
                  for s in self.sites]
-        return replace(self, sites=sites, **{f: ab(getattr(self, f)) for f in self.PATH_FIELDS})
+        from .atlases import is_atlas_name
+
+        paths = {f: ab(getattr(self, f)) for f in self.PATH_FIELDS}
+        if is_atlas_name(self.atlas):
+            paths["atlas"] = self.atlas  # a name nilearn resolves, not a file
+        return replace(self, sites=sites, **paths)
 
     def grid(self):
         """The run's mask (boolean) and affine: the mask file, or the template named by ``space``."""
@@ -313,9 +320,11 @@ class RunConfig:
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
         if not isinstance(self.atlas, str):
-            bad("atlas", f"the path of a label image, got {self.atlas!r}")
-        if self.atlas and not Path(self.atlas).is_file():
-            bad("atlas", f"{self.atlas} does not exist")
+            bad("atlas", f"the path of a label image or an atlas name, got {self.atlas!r}")
+        from .atlases import check as check_atlas
+
+        if problem := check_atlas(self.atlas):
+            bad("atlas", problem)
         from .io import SPACES
 
         if not self.mask and self.space not in SPACES:
@@ -499,8 +508,10 @@ class RunConfig:
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
                                    exclude=s.get("exclude", [])))
+        from .atlases import is_atlas_name
+
         for key in cls.PATH_FIELDS:
-            if d.get(key):
+            if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))
         for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int),
                          ("pdsvd_iterations", int), ("brain_states", int)):

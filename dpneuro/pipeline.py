@@ -103,12 +103,14 @@ def feature_labels(cfg: RunConfig, mask: np.ndarray, affine: np.ndarray) -> tupl
     """The run's features on its grid and how voxels become them: a label atlas's regions (labels,
     "orthonormal"), a probabilistic atlas's maps (an orthonormal basis of their span, "basis"), coordinate parcels
     (labels, "mean"), or voxels (None)."""
+    from .atlases import atlas_image
     from .parcellation import atlas_basis, atlas_labels, coordinate_parcels, is_probabilistic
 
     if cfg.atlas:
-        if is_probabilistic(cfg.atlas):
-            return atlas_basis(cfg.atlas, mask, affine), "basis"
-        return atlas_labels(cfg.atlas, mask, affine)[0], "orthonormal"
+        atlas = atlas_image(cfg.atlas, mask, affine)
+        if is_probabilistic(atlas):
+            return atlas_basis(atlas, mask, affine), "basis"
+        return atlas_labels(atlas, mask, affine)[0], "orthonormal"
     if cfg.parcels:
         return coordinate_parcels(mask, cfg.parcels, seed=0), "mean"
     return None, ""

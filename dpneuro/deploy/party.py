@@ -91,10 +91,12 @@ def grid_fingerprint(cfg: RunConfig) -> dict[str, Any]:
     mask = np.asarray(mask, bool)
     atlas = ""
     if cfg.atlas:  # each party holds its own copy of the atlas: its regions or maps on the grid must agree
+        from ..atlases import atlas_image
         from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
 
-        on_grid = (np.round(atlas_maps(cfg.atlas, mask, affine), 6) if is_probabilistic(cfg.atlas)
-                   else atlas_labels(cfg.atlas, mask, affine)[0])
+        img = atlas_image(cfg.atlas, mask, affine)  # a name: what it resolves to here (the atlas's version)
+        on_grid = (np.round(atlas_maps(img, mask, affine), 6) if is_probabilistic(img)
+                   else atlas_labels(img, mask, affine)[0])
         atlas = hashlib.sha256(on_grid.tobytes()).hexdigest()
     return {"shape": [int(n) for n in mask.shape], "affine": np.round(np.asarray(affine, float), 4).tolist(),
             "n_voxels": int(mask.sum()), "mask_sha256": hashlib.sha256(np.packbits(mask).tobytes()).hexdigest(),
