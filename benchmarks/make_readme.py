@@ -1224,6 +1224,54 @@ def summary(f: dict) -> list[str]:
     return out
 
 
+def _feature_table(rows: list[dict], metric: str, other: str) -> list[str]:
+    """One row per feature type and size: ``metric`` (``other``) at every eps."""
+    eps = list(dict.fromkeys(r["epsilon"] for r in rows))
+    out = []
+    for (feat, M) in dict.fromkeys((r["features"], r["subjects"]) for r in rows):
+        cells = {r["epsilon"]: r for r in rows if r["features"] == feat and r["subjects"] == M}
+        out.append([feat, M] + [f"{cells[e][metric]} ({cells[e][other]})" if e in cells else "-" for e in eps])
+    return [table(["features", "subjects per site"] + [f"eps {e}" for e in eps], out)]
+
+
+def section_feature_frontier(p: Page) -> dict:
+    rows = read_csv("feature_frontier.csv")
+    meta = read_json("feature_frontier.json")
+    syn = read_csv("feature_frontier_synthetic.csv")
+    smeta = read_json("feature_frontier_synthetic.json")
+    if not rows:
+        return {}
+    p.add("### Which features: coordinate parcels, atlases, smoothing, privately")
+    p.add("")
+    p.add(f"Real fMRI: pseudo-consortia of {meta.get('n_sites')} sites from the 33 people above ({meta.get('window')}"
+          "-volume windows), the series painted into the MIST 122 atlas on the 6 mm grid as a site's voxel data, "
+          "each subject's voxels z-scored and reduced to the features as the product reduces them. Mean matched "
+          "|r| of the maps (rendered to voxels through the features) with nilearn's CanICA (its defaults, 6 mm "
+          "smoothing, unthresholded) on the 33 people's images, and in brackets with the same features' "
+          f"non-private maps; total eps in the headline sense, the planner splitting it; median of seeds "
+          f"{meta.get('seeds')}. Power's 264 ROIs are 5 mm spheres: their maps cover the spheres only. The data are "
+          "constant on the MIST regions, which flatters the MIST rows.")
+    p.add("")
+    p.meta("python benchmarks/feature_frontier.py", ["feature_frontier.csv", "feature_frontier.json"],
+           meta.get("runtime_s"))
+    for line in _feature_table(rows, "vs CanICA", "vs non-private"):
+        p.add(line)
+    p.add("")
+    if syn:
+        p.add(f"The realistic generator (20 networks, 6 mm, {smeta.get('window')} volumes): mean matched |r| with the "
+              "true maps (in brackets: the features' ceiling, the true maps reduced and rendered back). The atlases "
+              f"come from an independent cohort of the same population ({smeta.get('cohort_subjects')} other "
+              "subjects, never the truth): Ward clustering (nilearn `Parcellations`) and dictionary learning "
+              f"(nilearn `DictLearning`, as DiFuMo was built); seeds {smeta.get('seeds')}.")
+        p.add("")
+        p.meta("python benchmarks/feature_frontier.py --synthetic",
+               ["feature_frontier_synthetic.csv", "feature_frontier_synthetic.json"], smeta.get("runtime_s"))
+        for line in _feature_table(syn, "vs truth", "ceiling"):
+            p.add(line)
+        p.add("")
+    return {"feature_frontier": rows, "feature_frontier_synthetic": syn}
+
+
 def build(env: dict) -> str:
     p = Page(env)
     facts: dict = {}
@@ -1232,6 +1280,7 @@ def build(env: dict) -> str:
                section_secagg, section_djica_speed, section_djica_utility, section_djica_end_to_end,
                section_temporal_levers, section_djica_m, section_central,
                section_coinstac, section_states, section_real_frontier, section_canica_agreement,
+               section_feature_frontier,
                section_noise_ablation, section_frontier, section_scale, section_site_maps, section_demo):
         facts.update(fn(body) or {})
     blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('threading_layer')}, "

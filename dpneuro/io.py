@@ -1165,6 +1165,24 @@ def decode_run(path, *, mask: np.ndarray, standardize: bool, detrend: bool, parc
     return block if parcels is None else parcels.reduce(block)
 
 
+
+def voxel_decoder(site: dict, mask_path, cleaning, *, standardize: bool = True):
+    """``decode(path)``: a run of a loader record (``run_records``) at the mask's voxels, decoded as the loader
+    decoded it (resampled, smoothed, cleaned, scrubbed), so a later pass over the site's voxels lines up with
+    the columns of its matrix and time courses."""
+    mask, affine = load_mask(mask_path)
+    target = nib.Nifti1Image(mask.astype(np.uint8), affine)
+    records = {r["path"]: r for r in site.get("run_records") or []}
+
+    def decode(path) -> np.ndarray:
+        rec = records.get(str(path), {})
+        companions = {k: v for k, v in (rec.get("companions_used") or {}).items() if k != "mask"}  # no coverage
+        plan = _plan_run(Path(path), rec.get("subject", ""), companions, mask, affine, target, 1, cleaning)
+        return decode_run(path, mask=mask, standardize=standardize, detrend=False, plan=plan, target=target,
+                          cleaning=cleaning)
+
+    return decode
+
 def preprocess(block: np.ndarray, *, standardize: bool = True, detrend: bool = False) -> np.ndarray:
     """A subject's D x T block as a site prepares it (the run: z-scored voxels, no detrending), float32.
 

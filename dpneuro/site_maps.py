@@ -148,7 +148,7 @@ class SiteSubspace:
 
 def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence[int]], S: np.ndarray, mask, *,
                     method: str = "guided_ica", standardize: bool = True, detrend: bool = False,
-                    workers: int | None = None, progress: bool = False) -> np.ndarray:
+                    workers: int | None = None, progress: bool = False, decode=None) -> np.ndarray:
     """The site's voxel maps (voxels x R), z-scored as the consortium's maps, in the order of ``S``'s rows.
 
     Parameters
@@ -168,6 +168,9 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         Runs decoded at the same time, in threads (default: the usable cores).
     progress : bool
         A tqdm progress bar over the runs.
+    decode : callable, optional
+        ``decode(path)`` -> the run's voxels x volumes as the site's matrix has them
+        (:func:`dpneuro.io.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
     """
     from tqdm.auto import tqdm
 
@@ -183,9 +186,9 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
     R = S.shape[0]
     files = [str(f) for fs in runs for f in fs]
     owner = [i for i, fs in enumerate(runs) for _ in fs]
-    blocks = ordered_map(
-        functools.partial(decode_run, mask=np.asarray(mask, bool), standardize=standardize, detrend=detrend),
-        files, workers=resolve_workers(workers))
+    decode = decode or functools.partial(decode_run, mask=np.asarray(mask, bool), standardize=standardize,
+                                         detrend=detrend)
+    blocks = ordered_map(decode, files, workers=resolve_workers(workers))
     total = np.zeros((int(np.count_nonzero(mask)), R))
     # twice the components: the site's other structure gets components of its own (4 x 100 at 4 mm, eps 8, 4 sites:
     # |r| 0.82-0.84 with R directions, 0.86-0.87 with 1.5 R, 0.87-0.88 with 2 R; one site: 0.88 with 3 R)
@@ -242,12 +245,13 @@ def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progre
     parcels the consortium's maps are at voxel resolution already, and
     ``cfg.site_voxel_maps = false`` turns them off.
     """
-    from .io import load_mask
+    from .io import load_mask, voxel_decoder
     from .maps import write_components
 
     if not made(cfg, space):
         return None
     mask, _ = load_mask(space["mask"])
     maps = site_voxel_maps(site["runs"], site["boundaries"], S, mask, method=cfg.site_maps_method,
-                           standardize=cfg.standardize, progress=progress)
+                           standardize=cfg.standardize, progress=progress,
+                           decode=voxel_decoder(site, space["mask"], cfg.cleaning(), standardize=cfg.standardize))
     return write_components(maps, space["mask"], path), maps

@@ -321,3 +321,66 @@ def test_the_planner_counts_what_the_site_reads(tmp_path):
     assert shape.lengths == tuple(b - a for a, b in sd.boundaries)
     assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0  # scrubbing removed some volumes
     assert len(shape.lengths) == 2  # sub-02 left out
+
+
+# -- the real-data template ------------------------------------------------------------------------
+
+def _template_config():
+    import tomllib
+
+    from dpneuro.deploy.sharedfs import load_party_config  # noqa: F401  (the template is a party's config)
+
+    path = Path(__file__).resolve().parents[1] / "site_templates" / "fmriprep.toml"
+    return path, tomllib.loads(path.read_text())
+
+
+def test_the_fmriprep_template_sets_the_real_data_settings_and_nothing_else():
+    from dataclasses import fields
+
+    from dpneuro.config import REAL_DATA_SETTINGS
+
+    path, raw = _template_config()
+    cfg = RunConfig.from_dict(raw, base=path.parent)
+    cfg.validate(data_sites=[])  # offline: a named atlas is checked, not fetched
+    for name, value in REAL_DATA_SETTINGS.items():
+        assert getattr(cfg, name) == value, name
+    where = {"sites", "out", "exchange_dir", "bids", "epsilon"}  # the deployment, the data's layout, the budget
+    for f in fields(RunConfig):
+        if f.name not in where and f.name not in REAL_DATA_SETTINGS:
+            assert f.name not in raw, f"fmriprep.toml sets {f.name}: it keeps every analysis default"
+    assert set(raw) - {f.name for f in fields(RunConfig)} == set()
+
+
+def test_the_fmriprep_template_runs_on_fmriprep_outputs(tmp_path, monkeypatch):
+    """The template, with its sites pointed at fMRIPrep trees, runs as written (the atlas fetcher replaced by a
+    local label image: nothing downloads in tests)."""
+    from sklearn.utils import Bunch
+
+    import dpneuro
+    from dpneuro import atlases
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    m, affine = load_mask(mask)
+    labels = np.zeros(m.shape, np.int16)
+    xyz = np.argwhere(m)
+    labels[m] = 1 + (xyz[:, 0] * 5 // m.shape[0]) * 4 + xyz[:, 1] * 4 // m.shape[1]  # 20 blocks
+    nib.Nifti1Image(labels, affine).to_filename(tmp_path / "basc.nii.gz")
+    calls = []
+    monkeypatch.setattr("nilearn.datasets.fetch_atlas_basc_multiscale_2015",
+                        lambda **kw: calls.append(kw) or Bunch(maps=str(tmp_path / "basc.nii.gz")))
+    atlases._fetch.cache_clear()
+    path, raw = _template_config()
+    for i, s in enumerate(raw["sites"]):
+        s["path"] = str(write_fmriprep_site(tmp_path / s["name"], n_subjects=3, multi_run=False, seed=20 + i).root)
+    raw.update(out=str(tmp_path / "out"), mask=str(mask), n_components=4, simulation=True, seed=0)
+    cfg = RunConfig.from_dict(raw, base=tmp_path).validate()
+    ica = dpneuro.DecentralizedICA.from_config(cfg).fit()
+    assert calls and calls[0]["resolution"] == 122
+    assert ica.components_.shape == (4, int(m.sum()))
+    run = json.loads((Path(ica.output_dir_) / "run.json").read_text())
+    assert run["cleaning"]["confounds"] == "simple" and run["cleaning"]["smoothing_fwhm"] == 6.0
+    # each site's voxel maps read its runs as the loader did: resampled from 2 mm, smoothed, cleaned
+    site_maps = sorted((Path(ica.output_dir_) / "site_maps").glob("*.nii.gz"))
+    assert len(site_maps) == 4 and nib.load(str(site_maps[0])).shape[:3] == m.shape
+    eps = json.loads((Path(ica.output_dir_) / "privacy.json").read_text())
+    assert all(abs(s["epsilon"] - 4.0) < 0.05 for s in eps["sites"].values()), eps["sites"]
