@@ -128,6 +128,63 @@ def test_runs_on_another_grid_are_resampled_once_by_nilearn(tree):
         np.testing.assert_allclose(np.asarray(sd.X[:, a:a + 80]), want, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("dtype,scaled", [(np.float32, False), (np.int16, True)])
+def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scaled):
+    """Chunks of volumes give exactly what nilearn gives on the whole run (resampled, smoothed), in the same
+    dtype, and the whole run's non-finite voxels are counted."""
+    from nilearn.image import smooth_img
+
+    from dpneuro.io import resampled_block
+
+    mask_path = analysis_mask(tmp_path / "mask.nii.gz")
+    m, _ = load_mask(mask_path)
+    rng = np.random.default_rng(3)
+    data = (100 + 20 * rng.standard_normal((20, 24, 20, 23))).astype(dtype)
+    img = nib.Nifti1Image(data, np.array([[2.0, 0, 0, -20], [0, 2, 0, -24], [0, 0, 2, -20], [0, 0, 0, 1]]))
+    if scaled:
+        img.header.set_slope_inter(0.5, 3.0)
+    path = tmp_path / "run.nii.gz"
+    img.to_filename(path)
+    target = nib.load(str(mask_path))
+    whole = resample_to_img(nib.load(str(path)), target, interpolation="continuous", force_resample=True,
+                            copy_header=True)
+    for fwhm in (None, 6.0):
+        want = np.asarray((smooth_img(whole, fwhm) if fwhm else whole).dataobj)[m]
+        for chunk in (5, 7, 23, None):
+            got = resampled_block(path, m, target=target, smoothing_fwhm=fwhm, chunk=chunk)
+            assert got.dtype == (np.float32 if dtype == np.float32 and not scaled else np.float64)
+            np.testing.assert_array_equal(got, want.astype(got.dtype))
+    if dtype == np.float32:
+        data[3, 4, 5, 2] = np.nan  # in the first chunk
+        data[6, 7, 8, 20] = np.inf  # in the last one
+        nib.Nifti1Image(data, img.affine).to_filename(path)
+        with pytest.raises(Exception, match="non-finite values.* in 2 voxel"):
+            resampled_block(path, m, target=target, chunk=5)
+
+
+def test_resampling_in_chunks_bounds_memory(tmp_path):
+    import tracemalloc
+
+    from dpneuro.io import resampled_block
+
+    mask_path = analysis_mask(tmp_path / "mask.nii.gz")
+    m, _ = load_mask(mask_path)
+    data = np.random.default_rng(0).standard_normal((20, 24, 20, 100)).astype(np.float32)
+    nib.Nifti1Image(data, np.array([[2.0, 0, 0, -20], [0, 2, 0, -24], [0, 0, 2, -20], [0, 0, 0, 1]])
+                    ).to_filename(tmp_path / "run.nii.gz")
+    del data
+    target = nib.load(str(mask_path))
+    resampled_block(tmp_path / "run.nii.gz", m, target=target, chunk=10)  # imports nilearn outside the trace
+    peaks = {}
+    for chunk in (None, 10):
+        tracemalloc.start()
+        resampled_block(tmp_path / "run.nii.gz", m, target=target, chunk=chunk)
+        peaks[chunk] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[None] > 3.8e6  # at least the whole run's 3.84 MB of float32
+    assert peaks[10] < peaks[None] / 4
+
 # -- TRs ----------------------------------------------------------------------------------------
 
 def test_each_site_filters_with_its_own_tr(tmp_path):
