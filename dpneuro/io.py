@@ -1059,7 +1059,9 @@ class RunPlan:
                 used["confounds_json"] = comp.get("confounds_json")
         return {"path": str(self.path), "subject": self.subject, "tr": self.tr, "volumes": self.n_volumes,
                 "columns": self.n_columns, "resampled_from": self.resample_from, "mask_coverage": self.coverage,
-                "companions_used": {k: v for k, v in used.items() if v}}
+                "companions_used": {k: v for k, v in used.items() if v},
+                # which volumes the columns are (scrubbing keeps some): the time courses index them
+                "kept_volumes": None if self.sample_mask is None else [int(v) for v in self.sample_mask]}
 
 
 def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:

@@ -437,8 +437,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         with timed(timings, label(cfg, "timecourses", s["site"])):
             Zu = unmixing_input(cfg, s["X"], V, lam)
             S = time_courses(W, Zu, b)
-            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
-                                                   subjects=(s["subject_ids"], s["boundaries"])))
+            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv", s))
         with timed(timings, label(cfg, "site_maps", s["site"])):
             vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
         if vm is not None:
@@ -564,8 +563,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
-    for site, p in mp["timecourses"].items():
+    for site, p in mp["timecourses"].items():  # each with its JSON sidecar (columns, RepetitionTime)
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
+        shutil.copyfile(Path(p).with_suffix(".json"), tc_dir / f"{site}.json")
     if mp.get("site_maps"):  # each site's own, beside its time courses
         (out / "site_maps").mkdir(exist_ok=True)
         for site, p in mp["site_maps"].items():

@@ -133,6 +133,10 @@ def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA")
         assert 'alt="time courses"' in (out / name / "report.html").read_text()  # the site's own report
         subjects, tc = read_timecourses(out / name / "timecourses.tsv")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
+        head = (out / name / "timecourses.tsv").read_text().splitlines()[:3]
+        assert head[0].startswith("subject\tsession\ttask\trun\tvolume\tonset\tIC01")
+        tr = json.loads((out / name / "timecourses.json").read_text())["RepetitionTime"]
+        assert [float(x.split("\t")[5]) for x in head[1:]] == [0.0, tr]
     assert "report.html" in os.listdir(out)
     _check_timings(out, man, unmixing)
 

@@ -378,3 +378,54 @@ def test_the_planner_counts_what_the_site_reads(tmp_path):
     assert shape.lengths == tuple(b - a for a, b in sd.boundaries)
     assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0  # scrubbing removed some volumes
     assert len(shape.lengths) == 2  # sub-02 left out
+
+
+# -- time courses -------------------------------------------------------------------------------
+
+def test_time_courses_name_each_runs_session_run_volume_and_onset(tmp_path):
+    """sub-01 has two runs in ses-1 and one in ses-2, sub-02 a rest and a motor run, sub-03 one run; scrubbing
+    removes volumes: every column of the table names its run and the volume's index and onset in it."""
+    import csv
+
+    from dpneuro.maps import TIMECOURSE_INDEX, read_timecourses, write_timecourses
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, n_volumes=40, tr=1.5, seed=2)
+    sd = load_site(site.root, mask, cleaning=Cleaning(confounds="scrubbing"))
+    rec = sd.metadata()
+    S = np.vstack([np.arange(sd.n_samples), -np.arange(sd.n_samples)]).astype(float)
+    path = write_timecourses(S, tmp_path / "timecourses.tsv", rec)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert list(rows[0]) == [*TIMECOURSE_INDEX, "IC01", "IC02"]
+    assert len(rows) == sd.n_samples
+    runs = [(r["subject"], r["session"], r["task"], r["run"]) for r in rows]
+    assert list(dict.fromkeys(runs)) == [("sub-01", "1", "rest", "1"), ("sub-01", "1", "rest", "2"),
+                                         ("sub-01", "2", "rest", "1"), ("sub-02", "n/a", "motor", "n/a"),
+                                         ("sub-02", "n/a", "rest", "n/a"), ("sub-03", "n/a", "rest", "n/a")]
+    scrubbed = 0
+    for r_rec in sd.run_records:
+        ent = Path(r_rec["path"]).name
+        mine = [r for r in rows if r["subject"] == r_rec["subject"] and f"task-{r['task']}_" in ent
+                and (r["session"] == "n/a" or f"ses-{r['session']}_" in ent)
+                and (r["run"] == "n/a" or f"run-{r['run']}_" in ent)]
+        vols = [int(r["volume"]) for r in mine]
+        assert len(vols) == r_rec["columns"] and vols == sorted(vols) and vols[-1] <= 39
+        assert vols == (r_rec["kept_volumes"] or list(range(40)))
+        scrubbed += 40 - len(vols)
+        assert [float(r["onset"]) for r in mine] == [1.5 * v for v in vols]
+    assert scrubbed > 0  # the generator's motion spikes were censored, and the indices skip them
+    assert [float(r["IC02"]) for r in rows] == list(-S[0])
+    side = json.loads(path.with_suffix(".json").read_text())
+    assert side["RepetitionTime"] == 1.5 and side["onset"]["Units"] == "s"
+    subjects, back = read_timecourses(path)
+    np.testing.assert_array_equal(back, S)
+    assert subjects == [r["subject"] for r in rows]
+    # a matrix given in memory: one run per subject, onsets from the site's TR
+    write_timecourses(S[:, :5], tmp_path / "mem.tsv", {"subject_ids": ["a", "b"], "boundaries": [(0, 2), (2, 5)],
+                                                       "tr": 2.0})
+    lines = [ln.split("\t") for ln in (tmp_path / "mem.tsv").read_text().splitlines()[1:]]
+    assert [ln[:6] for ln in lines][2] == ["b", "n/a", "n/a", "n/a", "0", "0.0"]
+    assert json.loads((tmp_path / "mem.json").read_text())["RepetitionTime"] == 2.0
+    with pytest.raises(ValueError, match="5 time points but the site's runs index 4"):
+        write_timecourses(S[:, :5], tmp_path / "bad.tsv", {"subject_ids": ["a"], "boundaries": [(0, 4)]})
