@@ -296,7 +296,7 @@ class _Decentralized:
         else:
             outputs = pipeline.run_stages(cfg, until=self._until)
         self.config_ = cfg
-        self.output_dir_ = Path(cfg.out)
+        self.output_dir_ = cfg.run_dir
         self.outputs_ = outputs
         self._read_outputs(outputs)
 
@@ -372,10 +372,13 @@ class DecentralizedICA(_Decentralized):
         Seeds every noise draw: reproducible simulations only. A deployed
         party refuses it (anyone holding the configuration could remove the noise).
     output_dir : path, optional
-        Where the maps, privacy.json, time courses and report go. Default: a
-        temporary folder only this user can read, removed with the estimator
-        (or at exit); the sites' un-noised matrices are removed as soon as
-        ``fit`` returns.
+        The run's ``out`` folder: the maps, privacy.json, time courses and
+        report go to ``<output_dir>/<run_id>/`` (``output_dir_``; ``run_id``
+        is an expert setting, default "dpneuro"), so fits with other run ids
+        keep their own; the stages' private cache, ``<output_dir>/work``, is
+        shared. Default: a temporary folder only this user can read, removed
+        with the estimator (or at exit); the sites' un-noised matrices are
+        removed as soon as ``fit`` returns.
     role : {"simulation", "site", "aggregator"}, default "simulation"
         ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
         shared folder ``exchange`` (as ``dpneuro site`` / ``dpneuro aggregator``).

@@ -521,7 +521,7 @@ def run_timings(cfg: RunConfig, space: dict, sites: list[dict], reduce: dict, un
 
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
                  states_json: str, key: str = "") -> str:
-    """report.html (self-contained) plus the final outputs copied to the run folder."""
+    """report.html (self-contained) plus the final outputs copied to the run's folder ``<out>/<run_id>``."""
     import shutil
 
     from .analysis import describe_unmixing
@@ -536,7 +536,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     sites = _sites(site_jsons)
     mp, unm = _read_json(maps_json), _read_json(unmix_json)
     space = _read_json(mp["space"])
-    out = Path(cfg.out)
+    out = cfg.run_dir  # the run's own folder: another run id into the same out keeps its outputs
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     truth = mp.get("truth")
