@@ -500,7 +500,10 @@ class DecentralizedICA(_Decentralized):
 
         A site-local computation with the released basis and unmixing: nothing
         is released and nothing leaves the site. ``imgs``: a list of 4-D
-        Niimg-like (paths or images, one per subject) or a folder.
+        Niimg-like (paths or images, one per subject), a folder or a BIDS /
+        fMRIPrep root. The subjects are read as the fit read its sites: the
+        same BIDS filters (task, space, res, desc, ...), cleaning, smoothing
+        and resampling to the grid.
         """
         from .algorithms.djica import time_courses
         from .analysis import unmixing_input
@@ -512,11 +515,11 @@ class DecentralizedICA(_Decentralized):
             raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
         with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
             src = _site_inputs({"new": imgs}, Path(tmp))[0]
-            sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
-                           min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space),
-                           cleaning=self.config_.cleaning())
-            S = time_courses(self.unmixing_, unmixing_input(self.config_, sd.X, self.basis_, self.eigenvalues_),
-                             self.bias_)
+            cfg = self.config_
+            sd = load_site(src.files or src.path, self._space["mask"], standardize=cfg.standardize,
+                           min_volumes=cfg.min_volumes, parcels=space_parcels(self._space), bids=cfg.bids,
+                           cleaning=cfg.cleaning())
+            S = time_courses(self.unmixing_, unmixing_input(cfg, sd.X, self.basis_, self.eigenvalues_), self.bias_)
         return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]
 
     @property

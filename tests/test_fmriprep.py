@@ -429,3 +429,23 @@ def test_time_courses_name_each_runs_session_run_volume_and_onset(tmp_path):
     assert json.loads((tmp_path / "mem.json").read_text())["RepetitionTime"] == 2.0
     with pytest.raises(ValueError, match="5 time points but the site's runs index 4"):
         write_timecourses(S[:, :5], tmp_path / "bad.tsv", {"subject_ids": ["a"], "boundaries": [(0, 4)]})
+
+
+def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
+    """transform applies the fitted run's BIDS filters, cleaning and smoothing: a site given again gives the time
+    courses the fit wrote for it (without the task filter sub-02's motor run would be read too)."""
+    import dpneuro
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    sites = {f"site-0{i}": write_fmriprep_site(tmp_path / f"s{i}", n_subjects=3, n_volumes=40, seed=i).root
+             for i in (1, 2, 3)}
+    ica = dpneuro.DecentralizedICA(n_components=3, mask=str(mask), parcels=0, plan="none", random_state=0,
+                                   site_voxel_maps=False, output_dir=tmp_path / "out", bids={"task": "rest"},
+                                   confounds="simple", high_pass=0.01, smoothing_fwhm=6.0)
+    ica.fit({name: str(root) for name, root in sites.items()})
+    got = ica.transform(str(sites["site-02"]))
+    want = ica.timecourses_["site-02"]
+    assert [g.shape for g in got] == [want[s].shape for s in ("sub-01", "sub-02", "sub-03")]
+    assert got[1].shape[0] == 40  # sub-02's rest run only
+    for g, s in zip(got, ("sub-01", "sub-02", "sub-03")):
+        np.testing.assert_allclose(g, want[s], rtol=1e-4, atol=1e-4)
