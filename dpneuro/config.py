@@ -162,7 +162,8 @@ class RunConfig:
     # "ica_aroma": load_confounds_strategy on each run's fMRIPrep confounds table; a run without one is refused),
     # or a list of confound column names of that table
     confounds: str | list[str] = ""
-    # extra keyword arguments of nilearn's load_confounds for the strategy, e.g. {fd_threshold = 0.3}
+    # keyword arguments the strategy takes in nilearn's load_confounds_strategy, e.g. {fd_threshold = 0.3} for
+    # scrubbing (others, which nilearn ignores, are refused; "ica_aroma" reads only desc-smoothAROMAnonaggr runs)
     confounds_options: dict[str, Any] = field(default_factory=dict)
     # per run, through nilearn.signal.clean with the run's own TR (header or sidecar RepetitionTime), together
     # with confounds and standardize (then nilearn's zscore_sample); left at their defaults with no confounds,
@@ -347,6 +348,11 @@ class RunConfig:
 
         for name, why in check_cleaning(self.cleaning()):
             bad(name, why)
+        from .cleaning import AROMA_DESC
+
+        if self.cleaning().strategy == "ica_aroma" and str(self.bids.get("desc", AROMA_DESC)) != AROMA_DESC:
+            bad("bids.desc", f"confounds = 'ica_aroma' reads the ICA-AROMA denoised runs (desc-{AROMA_DESC}), "
+                f"not desc-{self.bids['desc']}; leave desc out or use another strategy")
         if self.on_bad_subject not in ON_BAD_SUBJECT:
             bad("on_bad_subject", f"one of {ON_BAD_SUBJECT}, got {self.on_bad_subject!r}")
         if self.cluster and (self.cleaning().temporal or self.smoothing_fwhm):

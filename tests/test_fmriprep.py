@@ -265,11 +265,14 @@ def test_the_load_stage_records_and_reports_it(tmp_path):
 
 # -- cleaning -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("confounds", ["simple", "scrubbing", "compcor", ("trans_x", "rot_z", "csf")])
+@pytest.mark.parametrize("confounds", ["simple", "scrubbing", "compcor", "ica_aroma", ("trans_x", "rot_z", "csf")])
 def test_cleaning_is_nilearn_signal_clean(tree, confounds):
     site, mask = tree
     cleaning = Cleaning(confounds=confounds, detrend=True, high_pass=0.01, low_pass=0.1)
     sd = load_site(site.root, mask, bids={"task": "rest"}, cleaning=cleaning)
+    # ICA-AROMA's strategy cleans the AROMA-denoised copies (nilearn refuses any other run for it)
+    desc = "desc-smoothAROMAnonaggr_bold" if confounds == "ica_aroma" else "desc-preproc_bold"
+    assert len(sd.paths) == 5 and all(desc in p for p in sd.paths)
     for i, path in enumerate(sd.paths):
         if isinstance(confounds, str):
             conf, sample_mask = load_confounds_strategy(path, denoise_strategy=confounds)
@@ -285,6 +288,29 @@ def test_cleaning_is_nilearn_signal_clean(tree, confounds):
         np.testing.assert_allclose(np.asarray(sd.X[:, a:a + want.shape[1]]), want, atol=1e-6)
     if confounds == "scrubbing":  # the generator's motion exceeds fd_threshold = 0.5 mm in places
         assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0
+
+
+def test_ica_aroma_reads_the_aroma_runs_or_is_refused_with_the_reason(tree, tmp_path):
+    site, mask = tree
+    aroma = Cleaning(confounds="ica_aroma")
+    assert aroma.desc == "smoothAROMAnonaggr"
+    # an explicit list of desc-preproc runs (no folder to pick the AROMA copies from): refused by run
+    preproc = [str(p) for p in site.runs["sub-03"]]
+    with pytest.raises(DataValidationError, match="sub-03_task-rest.*desc-preproc_bold.*'ica_aroma' cleans the "
+                                                  "ICA-AROMA denoised copy.*not a desc-preproc run"):
+        load_site(preproc, mask, cleaning=aroma)
+    listed = [p.replace("desc-preproc", "desc-smoothAROMAnonaggr") for p in preproc]
+    assert load_site(listed, mask, cleaning=aroma).paths == listed
+    # settings nilearn would ignore are refused before anything runs, with the reason
+    base = {"sites": [{"name": n, "path": str(tmp_path)} for n in "abc"], "out": str(tmp_path / "o")}
+    with pytest.raises(ConfigError, match="'confounds_options'.*always uses ICA-AROMA's non-aggressive"):
+        RunConfig.from_dict({**base, "confounds": "ica_aroma", "confounds_options": {"ica_aroma": "basic"}}).validate()
+    with pytest.raises(ConfigError, match="'bids.desc'.*desc-smoothAROMAnonaggr"):
+        RunConfig.from_dict({**base, "confounds": "ica_aroma", "bids": {"desc": "preproc"}}).validate()
+    with pytest.raises(ConfigError, match=r"'confounds_options'.*\['fd_threshold'\].*'simple'"):
+        RunConfig.from_dict({**base, "confounds": "simple", "confounds_options": {"fd_threshold": 0.3}}).validate()
+    RunConfig.from_dict({**base, "confounds": "ica_aroma", "confounds_options": {"wm_csf": "full"},
+                         "bids": {"desc": "smoothAROMAnonaggr"}}).validate()
 
 
 def test_confounds_asked_for_but_missing_are_refused_by_run(tmp_path):
