@@ -216,8 +216,8 @@ def _format_bids(d: dict[str, str]) -> str:
 
 
 #: RunConfig fields entered as text in COINSTAC: (text -> value, value -> text)
-TEXT_INPUTS = {"confounds": (_parse_confounds, _format_confounds), "confounds_options": (_parse_options, _format_options),
-               "bids": (_parse_bids, _format_bids)}
+TEXT_INPUTS = {"confounds": (_parse_confounds, _format_confounds),
+               "confounds_options": (_parse_options, _format_options), "bids": (_parse_bids, _format_bids)}
 
 
 def compspec_defaults() -> dict[str, Any]:
