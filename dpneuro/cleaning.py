@@ -31,8 +31,8 @@ import numpy as np
 #: nilearn's preset denoising strategies (``load_confounds_strategy``)
 STRATEGIES = ("simple", "scrubbing", "compcor", "ica_aroma")
 
-#: the ``desc`` an fMRIPrep run must have for a strategy: ICA-AROMA's "full" variant reads the
-#: AROMA-denoised copy; everything else reads ``desc-preproc``
+#: the ``desc`` an fMRIPrep run must have for a strategy: "ica_aroma" reads the AROMA-denoised copy
+#: (nilearn's preset always uses ICA-AROMA's non-aggressive "full" variant); everything else ``desc-preproc``
 DEFAULT_DESC = "preproc"
 AROMA_DESC = "smoothAROMAnonaggr"
 
@@ -80,8 +80,7 @@ class Cleaning:
     @property
     def desc(self) -> str:
         """The fMRIPrep ``desc`` the runs are read from when the site gives no ``desc`` filter."""
-        full_aroma = self.strategy == "ica_aroma" and self.confounds_options.get("ica_aroma", "full") == "full"
-        return AROMA_DESC if full_aroma else DEFAULT_DESC
+        return AROMA_DESC if self.strategy == "ica_aroma" else DEFAULT_DESC
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -125,15 +124,16 @@ def check(cleaning: Cleaning) -> list[tuple[str, str]]:
         if not cleaning.strategy:
             out.append(("confounds_options", "only with a nilearn strategy in 'confounds'"))
         else:
-            import inspect
-
-            from nilearn.interfaces.fmriprep import load_confounds
-
-            known = set(inspect.signature(load_confounds).parameters) - {"img_files", "strategy"}
-            bad = sorted(set(cleaning.confounds_options) - known)
-            if bad:
-                out.append(("confounds_options", f"unknown option(s) {bad} of nilearn's load_confounds; "
-                            f"known: {sorted(known)}"))
+            known = strategy_options(cleaning.strategy)
+            given = set(cleaning.confounds_options)
+            if cleaning.strategy == "ica_aroma" and "ica_aroma" in given:
+                out.append(("confounds_options", "nilearn's 'ica_aroma' strategy always uses ICA-AROMA's "
+                            "non-aggressive outputs (the desc-smoothAROMAnonaggr runs) and ignores the option "
+                            "ica_aroma; leave it out (for the aroma_motion_* columns with desc-preproc runs, list "
+                            "them in confounds)"))
+            elif given - known:
+                out.append(("confounds_options", f"option(s) {sorted(given - known)} are not used by nilearn's "
+                            f"{cleaning.strategy!r} strategy (it would ignore them); it takes {sorted(known)}"))
     for name in ("detrend", "standardize"):
         if not isinstance(getattr(cleaning, name), bool):
             out.append((name, "true or false"))
@@ -144,6 +144,19 @@ def check(cleaning: Cleaning) -> list[tuple[str, str]]:
     if cleaning.high_pass and cleaning.low_pass and not cleaning.high_pass < cleaning.low_pass:
         out.append(("low_pass", f"must be above high_pass ({cleaning.high_pass} Hz), got {cleaning.low_pass} Hz"))
     return out
+
+
+def strategy_options(strategy: str) -> set[str]:
+    """The ``load_confounds_strategy`` keywords a preset strategy takes (nilearn warns about and ignores others)."""
+    try:
+        from nilearn.interfaces.fmriprep.load_confounds_strategy import preset_strategies as presets
+    except ImportError:  # another layout: every load_confounds keyword
+        import inspect
+
+        from nilearn.interfaces.fmriprep import load_confounds
+
+        return set(inspect.signature(load_confounds).parameters) - {"img_files", "strategy"}
+    return set(presets[strategy]) - {"strategy", "ica_aroma"}
 
 
 # ---------------------------------------------------------------------------
@@ -171,6 +184,14 @@ def run_confounds(bold: Path, cleaning: Cleaning, n_volumes: int) -> tuple[np.nd
 
     if not cleaning.confounds:
         return None, None
+    if cleaning.strategy == "ica_aroma":
+        from .io import bids_entities
+
+        desc = bids_entities(bold).get("desc")
+        if desc != AROMA_DESC:
+            raise CleaningError(f"{bold}: confounds = 'ica_aroma' cleans the ICA-AROMA denoised copy of each run "
+                                f"(desc-{AROMA_DESC}, from fMRIPrep --use-aroma), not a desc-{desc} run; give "
+                                "those files, or another strategy")
     table = confounds_table(bold)
     if table is None:
         raise CleaningError(f"{bold}: no fMRIPrep confounds table beside it "

@@ -58,7 +58,7 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
     from .estimators import DecentralizedICA
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
-                            random_state=args.seed, output_dir=out / "run", engine="pydra-cf",
+                            random_state=args.seed, output_dir=out, run_id="run", engine="pydra-cf",
                             verbose=int(not args.quiet))
 
 
@@ -124,7 +124,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if not args.keep_work:
         import shutil
 
-        shutil.rmtree(est.output_dir_ / "work", ignore_errors=True)  # intermediate files: ~as large as the data
+        shutil.rmtree(out / "work", ignore_errors=True)  # intermediate files: ~as large as the data
     if not args.quiet:
         print(f"disk:       {_du(out) / 2**20:.0f} MB in {out} (synthetic data {_du(out / 'data') / 2**20:.0f} MB)")
     return EXIT_OK
@@ -141,7 +141,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .estimators import DecentralizedICA
 
     t0 = time.perf_counter()
-    cfg = RunConfig.load(args.config)
+    cfg = RunConfig.read(args.config)
+    if args.run_id is not None:
+        cfg.run_id = args.run_id
+    cfg.validate()
     est = DecentralizedICA.from_config(cfg, engine="pydra" if args.plugin == "serial" else f"pydra-{args.plugin}",
                                        verbose=int(not args.quiet)).fit()
     if not args.quiet:
@@ -251,12 +254,13 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
 
 def _add_party_parsers(sub) -> None:
     """``dpneuro site`` and ``dpneuro aggregator``: one role of a run each, over a shared folder."""
-    from .deploy.sharedfs import DEFAULT_RUN_ID
+    from .config import DEFAULT_RUN_ID
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="run configuration (see site_templates/run.toml and site.toml)")
-    common.add_argument("--run-id", default=DEFAULT_RUN_ID,
-                        help=f"name of the run's folder inside exchange_dir (default {DEFAULT_RUN_ID!r})")
+    common.add_argument("--run-id", default=None,
+                        help=f"name of the run: its folder inside exchange_dir and its outputs' folder "
+                             f"<out>/<run-id>/ (default: the configuration's run_id, {DEFAULT_RUN_ID!r} unless set)")
     common.add_argument("--key-file", default=None,
                         help="the run's message key (hex), handed out of band; default: the aggregator "
                              "writes <exchange_dir>/<run-id>/run.key (0600)")
@@ -278,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .config import ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS, UNMIXINGS
+    from .config import DEFAULT_RUN_ID, ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS, UNMIXINGS
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
     from .synth import MODELS as SYNTH_MODELS
@@ -330,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run a consortium analysis described by a TOML config")
     s.add_argument("config", help="run configuration (see site_templates/run.toml)")
+    s.add_argument("--run-id", default=None,
+                   help=f"name of the run: outputs go to <out>/<run-id>/, so runs with other ids keep theirs "
+                        f"(default: the configuration's run_id, {DEFAULT_RUN_ID!r} unless set); the cache of "
+                        "stages (<out>/work) is shared")
     s.add_argument("--plugin", default="cf", choices=["serial", "cf"],
                    help="Pydra execution plugin: cf (the default: concurrent workers, one per usable core, so the "
                         "sites load at the same time) or serial (one stage at a time; each site still decodes its "

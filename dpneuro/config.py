@@ -15,6 +15,8 @@ from .privacy import CALIBRATIONS, noise_multiplier
 from .privacy.ledger import UNITS
 
 BACKENDS = ("inprocess", "directory")
+#: the run id of a run that names none: its outputs go to <out>/dpneuro/
+DEFAULT_RUN_ID = "dpneuro"
 #: reductions a consortium run performs, each a protocol every entry point runs: capePCA (one private
 #: release, or private power iterations), "none" (the PCA without noise) and "pdsvd" (PD-SVD: secure sums,
 #: no noise; its privacy is the blinding of the singular values, not differential privacy)
@@ -169,7 +171,8 @@ class RunConfig:
     # "ica_aroma": load_confounds_strategy on each run's fMRIPrep confounds table; a run without one is refused),
     # or a list of confound column names of that table
     confounds: str | list[str] = ""
-    # extra keyword arguments of nilearn's load_confounds for the strategy, e.g. {fd_threshold = 0.3}
+    # keyword arguments the strategy takes in nilearn's load_confounds_strategy, e.g. {fd_threshold = 0.3} for
+    # scrubbing (others, which nilearn ignores, are refused; "ica_aroma" reads only desc-smoothAROMAnonaggr runs)
     confounds_options: dict[str, Any] = field(default_factory=dict)
     # per run, through nilearn.signal.clean with the run's own TR (header or sidecar RepetitionTime), together
     # with confounds and standardize (then nilearn's zscore_sample); left at their defaults with no confounds,
@@ -191,6 +194,9 @@ class RunConfig:
     simulation: bool = False
     backend: str = "inprocess"
     exchange_dir: str = ""
+    # the run's name: its outputs go to <out>/<run_id>/ (a deployed site's to <out>/<run_id>/<site>/), so runs
+    # with different ids into the same out keep each their own; a deployed run's folder in exchange_dir too
+    run_id: str = DEFAULT_RUN_ID
     truth: str = ""  # optional ground truth (synthetic data): folder with manifest.json
     interactive_maps: bool = False  # embed nilearn's interactive viewer per component in the report (~0.6 MB each)
     timeout: float = 600.0
@@ -224,6 +230,11 @@ class RunConfig:
         from .cleaning import Cleaning
 
         return Cleaning.from_config(self)
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run's outputs go: ``<out>/<run_id>``."""
+        return Path(self.out) / self.run_id
 
     @property
     def pca_delta(self) -> float:
@@ -353,6 +364,11 @@ class RunConfig:
 
         for name, why in check_cleaning(self.cleaning()):
             bad(name, why)
+        from .cleaning import AROMA_DESC
+
+        if self.cleaning().strategy == "ica_aroma" and str(self.bids.get("desc", AROMA_DESC)) != AROMA_DESC:
+            bad("bids.desc", f"confounds = 'ica_aroma' reads the ICA-AROMA denoised runs (desc-{AROMA_DESC}), "
+                f"not desc-{self.bids['desc']}; leave desc out or use another strategy")
         if self.on_bad_subject not in ON_BAD_SUBJECT:
             bad("on_bad_subject", f"one of {ON_BAD_SUBJECT}, got {self.on_bad_subject!r}")
         if self.cluster and (self.cleaning().temporal or self.smoothing_fwhm):
@@ -399,6 +415,12 @@ class RunConfig:
             bad("plan", f"CAPE needs at least 3 sites, got {len(self.sites)}; use 'conv'")
         if self.backend not in BACKENDS:
             bad("backend", f"one of {BACKENDS}")
+        from .exchange.codec import check_name
+
+        try:
+            check_name("run id", self.run_id)
+        except ValueError as exc:
+            bad("run_id", f"{exc}; it names the run's output folder")
         if self.backend == "directory" and not self.exchange_dir:
             bad("exchange_dir", "the directory backend needs a shared folder")
         if not 0 < self.delta < 1:

@@ -296,7 +296,7 @@ class _Decentralized:
         else:
             outputs = pipeline.run_stages(cfg, until=self._until)
         self.config_ = cfg
-        self.output_dir_ = Path(cfg.out)
+        self.output_dir_ = cfg.run_dir
         self.outputs_ = outputs
         self._read_outputs(outputs)
 
@@ -372,10 +372,13 @@ class DecentralizedICA(_Decentralized):
         Seeds every noise draw: reproducible simulations only. A deployed
         party refuses it (anyone holding the configuration could remove the noise).
     output_dir : path, optional
-        Where the maps, privacy.json, time courses and report go. Default: a
-        temporary folder only this user can read, removed with the estimator
-        (or at exit); the sites' un-noised matrices are removed as soon as
-        ``fit`` returns.
+        The run's ``out`` folder: the maps, privacy.json, time courses and
+        report go to ``<output_dir>/<run_id>/`` (``output_dir_``; ``run_id``
+        is an expert setting, default "dpneuro"), so fits with other run ids
+        keep their own; the stages' private cache, ``<output_dir>/work``, is
+        shared. Default: a temporary folder only this user can read, removed
+        with the estimator (or at exit); the sites' un-noised matrices are
+        removed as soon as ``fit`` returns.
     role : {"simulation", "site", "aggregator"}, default "simulation"
         ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
         shared folder ``exchange`` (as ``dpneuro site`` / ``dpneuro aggregator``).
@@ -497,7 +500,10 @@ class DecentralizedICA(_Decentralized):
 
         A site-local computation with the released basis and unmixing: nothing
         is released and nothing leaves the site. ``imgs``: a list of 4-D
-        Niimg-like (paths or images, one per subject) or a folder.
+        Niimg-like (paths or images, one per subject), a folder or a BIDS /
+        fMRIPrep root. The subjects are read as the fit read its sites: the
+        same BIDS filters (task, space, res, desc, ...), cleaning, smoothing
+        and resampling to the grid.
         """
         from .algorithms.djica import time_courses
         from .analysis import unmixing_input
@@ -509,11 +515,11 @@ class DecentralizedICA(_Decentralized):
             raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
         with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
             src = _site_inputs({"new": imgs}, Path(tmp))[0]
-            sd = load_site(src.files or src.path, self._space["mask"], standardize=self.config_.standardize,
-                           min_volumes=self.config_.min_volumes, parcels=space_parcels(self._space),
-                           cleaning=self.config_.cleaning())
-            S = time_courses(self.unmixing_, unmixing_input(self.config_, sd.X, self.basis_, self.eigenvalues_),
-                             self.bias_)
+            cfg = self.config_
+            sd = load_site(src.files or src.path, self._space["mask"], standardize=cfg.standardize,
+                           min_volumes=cfg.min_volumes, parcels=space_parcels(self._space), bids=cfg.bids,
+                           cleaning=cfg.cleaning())
+            S = time_courses(self.unmixing_, unmixing_input(cfg, sd.X, self.basis_, self.eigenvalues_), self.bias_)
         return [np.ascontiguousarray(S[:, a:b].T) for a, b in sd.boundaries]
 
     @property

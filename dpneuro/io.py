@@ -1059,7 +1059,9 @@ class RunPlan:
                 used["confounds_json"] = comp.get("confounds_json")
         return {"path": str(self.path), "subject": self.subject, "tr": self.tr, "volumes": self.n_volumes,
                 "columns": self.n_columns, "resampled_from": self.resample_from, "mask_coverage": self.coverage,
-                "companions_used": {k: v for k, v in used.items() if v}}
+                "companions_used": {k: v for k, v in used.items() if v},
+                # which volumes the columns are (scrubbing keeps some): the time courses index them
+                "kept_volumes": None if self.sample_mask is None else [int(v) for v in self.sample_mask]}
 
 
 def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
@@ -1080,6 +1082,45 @@ class _NonFinite(Exception):
     pass
 
 
+#: volumes resampled (and smoothed) at a time: a 2 mm run's memory is a chunk's, whatever its length
+RESAMPLE_CHUNK = 50
+
+
+def resampled_block(path, mask: np.ndarray, *, target=None, smoothing_fwhm: float | None = None,
+                    chunk: int | None = RESAMPLE_CHUNK) -> np.ndarray:
+    """A run resampled to ``target`` (nilearn, continuous) and/or smoothed (nilearn), masked: D x T.
+
+    Volumes are read, resampled and smoothed ``chunk`` at a time (None: all at once); both act on each
+    volume alone, so the block is the same as the whole run's. float32 data stay float32, others float64.
+    """
+    from nilearn.image import resample_to_img, smooth_img
+
+    img = nib.load(str(path), keep_file_open=True)  # a .nii.gz is then decompressed once, chunk after chunk
+    n = img.shape[3]
+    step = n if chunk is None else max(int(chunk), 1)
+    block, bad = None, None
+    for a in range(0, n, step):
+        data = np.asanyarray(img.dataobj[..., a:a + step])
+        if data.dtype.kind == "f":  # resampling would spread (or hide) a NaN: refuse it before, as the fast path
+            b = ~np.isfinite(data).all(axis=-1)
+            bad = b if bad is None else bad | b
+            if bad.any():
+                continue  # only count the voxels from here on
+        part = nib.Nifti1Image(data, img.affine, img.header)
+        if target is not None:
+            part = resample_to_img(part, target, interpolation="continuous", force_resample=True,
+                                   copy_header=True, clip=False)
+        if smoothing_fwhm:  # after resampling: smoothed on the analysis grid, as nilearn's maskers do
+            part = smooth_img(part, smoothing_fwhm)
+        m = np.asarray(part.dataobj)[mask]
+        if block is None:
+            block = np.empty((m.shape[0], n), np.float32 if m.dtype == np.float32 else np.float64)
+        block[:, a:a + m.shape[1]] = m
+    if bad is not None and bad.any():
+        raise _NonFinite(f"{path}: non-finite values (NaN/inf) in {int(bad.sum())} voxel(s) of the run")
+    return block
+
+
 def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool, *, target=None,
                   smoothing_fwhm: float | None = None, cleaning=None, tr: float | None = None, confounds=None,
                   sample_mask=None) -> np.ndarray:
@@ -1091,24 +1132,8 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
     """
     try:
         if target is not None or smoothing_fwhm:
-            # nilearn on the 4-D image, before masking: resample once to the analysis grid, then smooth there
-            # (the order of nilearn's maskers)
-            from nilearn.image import resample_to_img, smooth_img
-
-            img = nib.load(str(path))
-            data = np.asanyarray(img.dataobj)
-            if data.dtype.kind == "f":  # resampling would spread (or hide) a NaN: refuse it before, as the fast path
-                bad = ~np.isfinite(data).all(axis=-1)
-                if bad.any():
-                    raise _NonFinite(f"{path}: non-finite values (NaN/inf) in {int(bad.sum())} voxel(s) of the run")
-            img = nib.Nifti1Image(data, img.affine, img.header)
-            if target is not None:
-                img = resample_to_img(img, target, interpolation="continuous", force_resample=True,
-                                      copy_header=True)
-            if smoothing_fwhm:
-                img = smooth_img(img, smoothing_fwhm)
-            block = np.asarray(img.dataobj)[mask]
-            block = block.astype(np.float32 if block.dtype == np.float32 else np.float64, copy=False)
+            block = resampled_block(path, mask, target=target, smoothing_fwhm=smoothing_fwhm,
+                                    chunk=RESAMPLE_CHUNK)
         else:
             proxy = nib.load(str(path)).dataobj
             # the stored values, masked first: scaling only the mask's voxels, in float32, avoids a float64

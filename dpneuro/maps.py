@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import nibabel as nib
@@ -27,34 +28,90 @@ def write_components(maps_vox: np.ndarray, mask, path) -> Path:
     return path
 
 
-def write_timecourses(S: np.ndarray, path, tr: float | None = None, *, subjects=None) -> Path:
-    """Write R x T time courses as TSV: a ``subject`` column (``subjects``: ids and (start, stop)
-    column ranges), a ``volume`` column (index within the subject), one column per component."""
+#: the index columns of a time-course table, before one column per component (IC01, IC02, ...)
+TIMECOURSE_INDEX = ("subject", "session", "task", "run", "volume", "onset")
+
+
+def timecourse_rows(site: dict) -> list[tuple]:
+    """The index of every column of a site's matrix: (subject, session, task, run, volume, onset).
+
+    ``site``: a site record (the load stage's ``site.json``: ``subject_ids``,
+    ``boundaries``, ``run_records``, ``tr``). session, task and run are the
+    BIDS labels of the run's file name ("n/a" where it has none); volume is
+    the index within the run (scrubbing keeps the indices of the volumes it
+    keeps); onset is volume x the run's TR in seconds ("n/a" without a TR).
+    Without run records (a matrix given in memory) each subject is one run.
+    """
+    from .io import bids_entities
+
+    runs = site.get("run_records") or []
+    tr_site = site.get("tr")
+    rows: list[tuple] = []
+    if not runs:
+        for sid, (a, b) in zip(site["subject_ids"], site["boundaries"]):
+            rows += [(sid, "n/a", "n/a", "n/a", v, _onset(v, tr_site)) for v in range(b - a)]
+        return rows
+    for r in runs:
+        ent = bids_entities(r["path"])
+        kept = r.get("kept_volumes")
+        vols = range(int(r["columns"])) if kept is None else [int(v) for v in kept]
+        tr = r.get("tr") or tr_site
+        ses, task, run = (ent.get(k, "n/a") for k in ("ses", "task", "run"))
+        rows += [(r["subject"], ses, task, run, v, _onset(v, tr)) for v in vols]
+    return rows
+
+
+def _onset(volume: int, tr) -> float | str:
+    return round(volume * float(tr), 6) if tr else "n/a"
+
+
+def write_timecourses(S: np.ndarray, path, site: dict | None = None) -> Path:
+    """Write R x T time courses as a BIDS-style TSV and its JSON sidecar (``.json`` beside it).
+
+    Columns :data:`TIMECOURSE_INDEX` (from ``site``, see :func:`timecourse_rows`; without it one subject
+    "all"), then IC01, IC02, ... The sidecar describes the columns and, when every run shares it, gives
+    ``RepetitionTime``.
+    """
     S = np.asarray(S)
     path = Path(path)
     T = S.shape[1]
-    if subjects is None:
-        ids, ranges = ["all"], [(0, T)]
-    else:
-        ids, ranges = subjects
-    sub = np.empty(T, dtype=object)
-    vol = np.zeros(T, dtype=np.int64)
-    for sid, (a, b) in zip(ids, ranges):
-        sub[a:b] = sid
-        vol[a:b] = np.arange(b - a)
-    header = "\t".join(["subject", "volume"] + [f"IC{i + 1:02d}" for i in range(S.shape[0])])
+    site = site if site is not None else {"subject_ids": ["all"], "boundaries": [(0, T)]}
+    rows = timecourse_rows(site)
+    if len(rows) != T:
+        raise ValueError(f"{T} time points but the site's runs index {len(rows)}")
+    names = [f"IC{i + 1:02d}" for i in range(S.shape[0])]
     with open(path, "w") as f:
-        f.write(header + "\n")
-        for t in range(T):
-            f.write(f"{sub[t]}\t{vol[t]}\t" + "\t".join(f"{x:.6g}" for x in S[:, t]) + "\n")
+        f.write("\t".join([*TIMECOURSE_INDEX, *names]) + "\n")
+        for t, row in enumerate(rows):
+            f.write("\t".join(str(x) for x in row) + "\t" + "\t".join(f"{x:.6g}" for x in S[:, t]) + "\n")
+    trs = {float(r["tr"]) for r in site.get("run_records") or [] if r.get("tr")}
+    if not site.get("run_records") and site.get("tr"):
+        trs = {float(site["tr"])}
+    side = {
+        "subject": {"Description": "subject (person) of the site"},
+        "session": {"Description": "BIDS session label of the run (n/a: none)"},
+        "task": {"Description": "BIDS task label of the run (n/a: none)"},
+        "run": {"Description": "BIDS run index of the run (n/a: none)"},
+        "volume": {"Description": "index of the volume within its run (0-based; volumes scrubbing removed "
+                                  "are absent)"},
+        "onset": {"Description": "start of the volume from the start of its run", "Units": "s"},
+        **{n: {"Description": f"time course of group component {i + 1} (z-scored map {i + 1} of "
+                              "components.nii.gz)"} for i, n in enumerate(names)},
+    }
+    if len(trs) == 1:
+        side["RepetitionTime"] = trs.pop()
+    path.with_suffix(".json").write_text(json.dumps(side, indent=1))
     return path
 
 
 def read_timecourses(path) -> tuple[list[str], np.ndarray]:
     """The subject of every volume and the R x T time courses of a file from :func:`write_timecourses`."""
-    rows = [ln.rstrip("\n").split("\t") for ln in Path(path).read_text().splitlines()[1:] if ln.strip()]
+    lines = Path(path).read_text().splitlines()
+    header = lines[0].split("\t")
+    comp = [i for i, h in enumerate(header) if h.startswith("IC")]
+    rows = [ln.split("\t") for ln in lines[1:] if ln.strip()]
     subjects = [r[0] for r in rows]
-    S = np.array([[float(x) for x in r[2:]] for r in rows], dtype=np.float64).T
+    S = np.array([[float(r[i]) for i in comp] for r in rows], dtype=np.float64).reshape(len(rows), len(comp)).T
     return subjects, S
 
 

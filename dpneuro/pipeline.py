@@ -439,8 +439,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
         with timed(timings, label(cfg, "timecourses", s["site"])):
             Zu = unmixing_input(cfg, s["X"], V, lam)
             S = time_courses(W, Zu, b)
-            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv",
-                                                   subjects=(s["subject_ids"], s["boundaries"])))
+            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv", s))
         with timed(timings, label(cfg, "site_maps", s["site"])):
             vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
         if vm is not None:
@@ -524,7 +523,7 @@ def run_timings(cfg: RunConfig, space: dict, sites: list[dict], reduce: dict, un
 
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
                  states_json: str, key: str = "") -> str:
-    """report.html (self-contained) plus the final outputs copied to the run folder."""
+    """report.html (self-contained) plus the final outputs copied to the run's folder ``<out>/<run_id>``."""
     import shutil
 
     from .analysis import describe_unmixing
@@ -539,7 +538,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     sites = _sites(site_jsons)
     mp, unm = _read_json(maps_json), _read_json(unmix_json)
     space = _read_json(mp["space"])
-    out = Path(cfg.out)
+    out = cfg.run_dir  # the run's own folder: another run id into the same out keeps its outputs
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     truth = mp.get("truth")
@@ -566,8 +565,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
-    for site, p in mp["timecourses"].items():
+    for site, p in mp["timecourses"].items():  # each with its JSON sidecar (columns, RepetitionTime)
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
+        shutil.copyfile(Path(p).with_suffix(".json"), tc_dir / f"{site}.json")
     if mp.get("site_maps"):  # each site's own, beside its time courses
         (out / "site_maps").mkdir(exist_ok=True)
         for site, p in mp["site_maps"].items():

@@ -138,12 +138,13 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
     """A select's values are a copy of the configuration's choices: they must not drift apart."""
     from dpneuro import config
     from dpneuro.algorithms.djica import OPTIMIZERS
-    from dpneuro.io import SPACES
+    from dpneuro.io import ON_BAD_SUBJECT, SPACES
 
     accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
                 "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS,
-                "site_maps_method": config.SITE_MAPS_METHODS, "ica_unmixing": config.UNMIXINGS}
+                "site_maps_method": config.SITE_MAPS_METHODS, "ica_unmixing": config.UNMIXINGS,
+                "on_bad_subject": ON_BAD_SUBJECT}
     selects = {k: v["values"] for k, v in _load("compspec.json")["computation"]["input"].items()
                if v["type"] == "select" and k != "seed_policy"}  # seed_policy is the entry point's, not a field
     assert set(selects) == set(accepted)
@@ -169,15 +170,53 @@ def test_compspec_is_the_projects_release_with_the_librarys_defaults():
     for tag in ("latest", dpneuro.__version__):
         assert f"-t {image}:{tag}" in docker and f"docker push {image}:{tag}" in docker
     assert f"-t {image}:latest -t {image}:{dpneuro.__version__}" in (dc.TEMPLATES / "README.md").read_text()
-    # what the owner does not change runs with the library's defaults (the best measured settings)
+    # what the owner does not change runs with the library's defaults (the best measured settings), RunConfig's
+    # in COINSTAC's terms (no null: -1 or 0 for "none"; text for tables and lists)
     defaults = RunConfig(sites=[], out="")
     inputs = comp["input"]
+    want = dcc.compspec_defaults()
     for name in dcc.OWNER_INPUTS:
-        want = getattr(defaults, name)
         got = inputs[name]["default"]
-        assert (got == -1 if want is None else got == want and type(got) is type(want)), (name, got, want)
+        assert got == want[name] and type(got) is type(want[name]), (name, got, want[name])
+        if name not in dcc.TEXT_INPUTS and getattr(defaults, name) is not None:
+            assert got == getattr(defaults, name), name
     assert dcc.settings_from_inputs({k: v["default"] for k, v in inputs.items() if v["source"] == "owner"}) == \
         {**{k: getattr(defaults, k) for k in dcc.OWNER_INPUTS}, "seed": None}
+    # every cleaning setting, the runs read and the features are the owner's to set
+    assert {"confounds", "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm", "standardize",
+            "bids", "atlas"} <= set(dcc.OWNER_INPUTS)
+
+
+def test_cleaning_filters_and_atlas_inputs_become_the_runs_settings(tmp_path):
+    """COINSTAC has no tables, lists or null: text and 0 stand for them, and come back as the RunConfig values
+    a run.toml would give (so the manifest compares them like any other setting)."""
+    inputs = {"confounds": {"value": "scrubbing"}, "confounds_options": {"value": '{"fd_threshold": 0.3}'},
+              "detrend": {"value": True}, "high_pass": {"value": 0.01}, "low_pass": {"value": 0},
+              "smoothing_fwhm": {"value": 6}, "bids": {"value": "task-rest, ses-2 res-2 desc-preproc"},
+              "on_bad_subject": {"value": "skip"}, "atlas": {"value": ""}}
+    settings = dcc.settings_from_inputs(inputs)
+    assert settings["confounds"] == "scrubbing" and settings["confounds_options"] == {"fd_threshold": 0.3}
+    assert settings["high_pass"] == 0.01 and settings["low_pass"] is None and settings["smoothing_fwhm"] == 6.0
+    assert settings["bids"] == {"task": "rest", "session": "2", "res": "2", "desc": "preproc"}
+    cfg = dcc._config(settings, ["a", "b", "c"], tmp_path).validate(data_sites=[])
+    toml = RunConfig.from_dict({"sites": [{"name": n, "path": ""} for n in "abc"], "out": str(tmp_path),
+                                "confounds": "scrubbing", "confounds_options": {"fd_threshold": 0.3}, "detrend": True,
+                                "high_pass": 0.01, "smoothing_fwhm": 6.0, "on_bad_subject": "skip",
+                                "bids": {"task": "rest", "session": "2", "res": "2", "desc": "preproc"}})
+    assert cfg.cleaning() == toml.cleaning() and cfg.bids == toml.bids and cfg.on_bad_subject == "skip"
+    assert dcc.settings_from_inputs({"confounds": {"value": "trans_x, rot_z csf"}})["confounds"] == \
+        ["trans_x", "rot_z", "csf"]
+    for name, text in (("bids", "task-rest ses-1"), ("confounds", "a, b"), ("confounds_options", '{"scrub": 5}')):
+        parse, fmt = dcc.TEXT_INPUTS[name]
+        assert fmt(parse(text)) == text  # what the owner typed is what the settings say
+    with pytest.raises(ConfigError, match="'bids'.*got 'acq-x'"):
+        dcc.settings_from_inputs({"bids": {"value": "task-rest acq-x"}})
+    with pytest.raises(ConfigError, match="'confounds_options'.*JSON object"):
+        dcc.settings_from_inputs({"confounds_options": {"value": "fd_threshold=0.3"}})
+    with pytest.raises(ConfigError, match="'confounds_options'"):  # validated as a run.toml would be
+        dcc._config(dcc.settings_from_inputs({"confounds": {"value": "simple"},
+                                              "confounds_options": {"value": '{"scrub": 5}'}}),
+                    ["a", "b", "c"], tmp_path).validate(data_sites=[])
 
 
 def test_inputspec_is_a_4_site_run_on_the_synthetic_consortium(tmp_path):

@@ -133,6 +133,10 @@ def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA")
         assert 'alt="time courses"' in (out / name / "report.html").read_text()  # the site's own report
         subjects, tc = read_timecourses(out / name / "timecourses.tsv")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
+        head = (out / name / "timecourses.tsv").read_text().splitlines()[:3]
+        assert head[0].startswith("subject\tsession\ttask\trun\tvolume\tonset\tIC01")
+        tr = json.loads((out / name / "timecourses.json").read_text())["RepetitionTime"]
+        assert [float(x.split("\t")[5]) for x in head[1:]] == [0.0, tr]
     assert "report.html" in os.listdir(out)
     _check_timings(out, man, unmixing)
 
@@ -142,7 +146,7 @@ def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
     man, ref = consortium
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared")
     _run_all(cfg, man, tmp_path)
-    _check_outputs(tmp_path / "out", man, ref)
+    _check_outputs(tmp_path / "out" / "dpneuro", man, ref)  # <out>/<run id>, the default run id
     egress = _egress_ok(tmp_path / "shared", 4)
     assert [r["round"] for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"] == list(range(12))
     key = tmp_path / "shared" / "dpneuro" / "run.key"
@@ -158,7 +162,7 @@ def test_cumulant_unmixing_in_processes_equals_inprocess(consortium, tmp_path):
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
                        ica_unmixing="cumulant", cumulant_epsilon=4.0)
     _run_all(cfg, man, tmp_path)
-    _check_outputs(tmp_path / "out", man, ref, unmixing="cumulant ICA")
+    _check_outputs(tmp_path / "out" / "dpneuro", man, ref, unmixing="cumulant ICA")
     egress = _egress_ok(tmp_path / "shared", 4)
     releases = [r for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"]
     assert [(r["round"], sorted(r["arrays"])) for r in releases] == [(0, ["S2"]), (1, ["K4"])]
@@ -188,7 +192,7 @@ def test_killed_site_resumes_without_releasing_twice(consortium, tmp_path):
         _wait_all(procs, logs)
     finally:
         _kill_all(procs)
-    _check_outputs(tmp_path / "out", man, ref)  # same W, same ledgers: nothing released twice
+    _check_outputs(tmp_path / "out" / "dpneuro", man, ref)  # same W, same ledgers: nothing released twice
     released = [r["round"] for r in _egress_ok(tmp_path / "shared", 4)[1]
                 if r["stage"] == "unmix" and r["topic"] == "release"]
     assert released == list(range(12))
@@ -240,6 +244,44 @@ def test_a_new_run_id_does_not_reuse_an_old_runs_state(consortium, tmp_path):
         rel = tmp_path / "shared" / run_id / "unmix" / "egress" / "site-01.jsonl"
         assert len([x for x in rel.read_text().splitlines() if '"topic": "release"' in x]) == 12
         assert (tmp_path / "out" / ".dpneuro" / run_id / "site-01").is_dir()
+        if run_id == "first":
+            kept = {p: p.read_bytes() for p in (tmp_path / "out" / "first").rglob("*") if p.is_file()}
+    # each run's outputs in its own folder: the second left the first's as they were
+    _check_outputs(tmp_path / "out" / "second", man, ref)
+    assert {p: p.read_bytes() for p in (tmp_path / "out" / "first").rglob("*") if p.is_file()} == kept
+    assert (tmp_path / "out" / "first" / "site-01" / "timecourses.tsv") in kept
+
+
+def test_each_party_writes_under_its_run_id(consortium, tmp_path, monkeypatch):
+    """Outputs go to <out>/<run id>/ (a site's to <out>/<run id>/<site>/): the run id given, else the
+    configuration's, else the default; two run ids never share an output folder."""
+    from dpneuro.deploy import sharedfs
+
+    man, _ = consortium
+    seen = []
+    monkeypatch.setattr(sharedfs, "run_aggregator_analysis", lambda ctx: seen.append(("aggregator", ctx)) or {})
+    monkeypatch.setattr(sharedfs, "run_site_analysis", lambda ctx: seen.append(("site", ctx)) or {})
+    out, shared = tmp_path / "out", tmp_path / "shared"
+    cfg = dc.run_config(man, out, backend="directory", exchange_dir=str(shared))
+    for run_id in (None, "second"):
+        sharedfs.aggregator_main(cfg, run_id=run_id)
+        sharedfs.site_main(cfg, "site-02", run_id=run_id)
+    named = dc.run_config(man, out, backend="directory", exchange_dir=str(shared), run_id="third")
+    sharedfs.aggregator_main(named)
+    sharedfs.site_main(named, "site-02")
+    got = [(role, ctx.out, ctx.work) for role, ctx in seen]
+    assert got == [
+        ("aggregator", out / "dpneuro", out / ".dpneuro" / "dpneuro" / "aggregator"),
+        ("site", out / "dpneuro" / "site-02", out / ".dpneuro" / "dpneuro" / "site-02"),
+        ("aggregator", out / "second", out / ".dpneuro" / "second" / "aggregator"),
+        ("site", out / "second" / "site-02", out / ".dpneuro" / "second" / "site-02"),
+        ("aggregator", out / "third", out / ".dpneuro" / "third" / "aggregator"),
+        ("site", out / "third" / "site-02", out / ".dpneuro" / "third" / "site-02")]
+    assert all((shared / r / "manifest.json").is_file() for r in ("dpneuro", "second", "third"))
+    with pytest.raises(ValueError, match="invalid run id"):
+        sharedfs.aggregator_main(cfg, run_id="../up")
+    with pytest.raises(ConfigError, match="'run_id'"):
+        dc.run_config(man, out, run_id="a/b")
 
 
 def test_site_refuses_to_start_when_the_manifest_disagrees(consortium, tmp_path, capsys):

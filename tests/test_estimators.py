@@ -96,11 +96,11 @@ def test_estimator_cli_and_workflow_give_identical_numbers(fitted, consortium, t
     head = "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
     (tmp_path / "run.toml").write_text(head + "\n".join(toml))
     assert main(["run", str(tmp_path / "run.toml"), "-q"]) == 0  # the Pydra workflow
-    W_cli = np.load(tmp_path / "cli" / "W.npy")
+    W_cli = np.load(tmp_path / "cli" / "dpneuro" / "W.npy")  # <out>/<run_id>, the default run id
     np.testing.assert_array_equal(W_cli, fitted.unmixing_)
-    cli_maps = np.asarray(nib.load(tmp_path / "cli" / "components.nii.gz").dataobj)
+    cli_maps = np.asarray(nib.load(tmp_path / "cli" / "dpneuro" / "components.nii.gz").dataobj)
     np.testing.assert_array_equal(cli_maps, np.asarray(fitted.components_img_.dataobj))
-    cli_priv = json.loads((tmp_path / "cli" / "privacy.json").read_text())
+    cli_priv = json.loads((tmp_path / "cli" / "dpneuro" / "privacy.json").read_text())
     assert cli_priv["epsilon"] == fitted.privacy_.epsilon
 
     pyd = dpneuro.DecentralizedICA.from_config(fitted.config_, output_dir=tmp_path / "pydra", engine="pydra").fit()
@@ -260,7 +260,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
         assert ("Voxel maps of each site" in agg.report_.html) == ("site_maps" in got)
     assert html.escape(site_note("guided_ica")) not in agg.report_.html
     if sim.states_img_ is not None:
-        np.testing.assert_allclose(np.asarray(nib.load(tmp_path / "agg" / "states.nii.gz").dataobj),
+        np.testing.assert_allclose(np.asarray(nib.load(agg.output_dir_ / "states.nii.gz").dataobj),
                                    np.asarray(sim.states_img_.dataobj), rtol=0, atol=1e-6)
         assert "Brain states" in agg.report_.html
     unmix_egress = list((tmp_path / "shared").rglob("unmix/egress/*.jsonl"))
@@ -339,7 +339,7 @@ def test_example_script_runs_as_a_notebook_would(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "proposal for eps = 8" in res.stdout and "time courses (120, 6)" in res.stdout
     assert (tmp_path / "ex" / "report.html").stat().st_size > 10_000 and (tmp_path / "ex" / "IC01.png").exists()
-    priv = json.loads((tmp_path / "ex" / "run" / "privacy.json").read_text())
+    priv = json.loads((tmp_path / "ex" / "run" / "dpneuro" / "privacy.json").read_text())
     assert max(priv["epsilon"].values()) == pytest.approx(8.0, rel=1e-6)
 
 
@@ -352,7 +352,8 @@ def test_a_fit_without_output_dir_leaves_no_unnoised_data_and_cleans_up(consorti
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], plan="none", random_state=0, parcels=0)
     ica.fit(files)
-    out = ica.output_dir_
+    out = Path(ica.config_.out)
+    assert ica.output_dir_ == out / "dpneuro"
     assert stat.S_IMODE(out.stat().st_mode) == 0o700 and stat.S_IMODE((out / "work").stat().st_mode) == 0o700
     assert not list(out.rglob("X.npy")) and not list((out / "work").glob("load-*"))
     assert "<html" in ica.report_.html.lower() and ica.components_.shape[0] == R
@@ -365,8 +366,9 @@ def test_a_fit_without_output_dir_leaves_no_unnoised_data_and_cleans_up(consorti
 def test_a_runs_work_folder_is_private_to_its_owner(fitted):
     import stat
 
-    assert stat.S_IMODE((fitted.output_dir_ / "work").stat().st_mode) == 0o700
-    assert list((fitted.output_dir_ / "work").glob("load-*"))  # asked for: kept
+    work = Path(fitted.config_.out) / "work"
+    assert stat.S_IMODE(work.stat().st_mode) == 0o700
+    assert list(work.glob("load-*"))  # asked for: kept
 
 
 def test_planning_from_in_memory_images_leaves_nothing_behind(consortium, monkeypatch, tmp_path):

@@ -128,6 +128,63 @@ def test_runs_on_another_grid_are_resampled_once_by_nilearn(tree):
         np.testing.assert_allclose(np.asarray(sd.X[:, a:a + 80]), want, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("dtype,scaled", [(np.float32, False), (np.int16, True)])
+def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scaled):
+    """Chunks of volumes give exactly what nilearn gives on the whole run (resampled, smoothed), in the same
+    dtype, and the whole run's non-finite voxels are counted."""
+    from nilearn.image import smooth_img
+
+    from dpneuro.io import resampled_block
+
+    mask_path = analysis_mask(tmp_path / "mask.nii.gz")
+    m, _ = load_mask(mask_path)
+    rng = np.random.default_rng(3)
+    data = (100 + 20 * rng.standard_normal((20, 24, 20, 23))).astype(dtype)
+    img = nib.Nifti1Image(data, np.array([[2.0, 0, 0, -20], [0, 2, 0, -24], [0, 0, 2, -20], [0, 0, 0, 1]]))
+    if scaled:
+        img.header.set_slope_inter(0.5, 3.0)
+    path = tmp_path / "run.nii.gz"
+    img.to_filename(path)
+    target = nib.load(str(mask_path))
+    whole = resample_to_img(nib.load(str(path)), target, interpolation="continuous", force_resample=True,
+                            copy_header=True)
+    for fwhm in (None, 6.0):
+        want = np.asarray((smooth_img(whole, fwhm) if fwhm else whole).dataobj)[m]
+        for chunk in (5, 7, 23, None):
+            got = resampled_block(path, m, target=target, smoothing_fwhm=fwhm, chunk=chunk)
+            assert got.dtype == (np.float32 if dtype == np.float32 and not scaled else np.float64)
+            np.testing.assert_array_equal(got, want.astype(got.dtype))
+    if dtype == np.float32:
+        data[3, 4, 5, 2] = np.nan  # in the first chunk
+        data[6, 7, 8, 20] = np.inf  # in the last one
+        nib.Nifti1Image(data, img.affine).to_filename(path)
+        with pytest.raises(Exception, match="non-finite values.* in 2 voxel"):
+            resampled_block(path, m, target=target, chunk=5)
+
+
+def test_resampling_in_chunks_bounds_memory(tmp_path):
+    import tracemalloc
+
+    from dpneuro.io import resampled_block
+
+    mask_path = analysis_mask(tmp_path / "mask.nii.gz")
+    m, _ = load_mask(mask_path)
+    data = np.random.default_rng(0).standard_normal((20, 24, 20, 100)).astype(np.float32)
+    nib.Nifti1Image(data, np.array([[2.0, 0, 0, -20], [0, 2, 0, -24], [0, 0, 2, -20], [0, 0, 0, 1]])
+                    ).to_filename(tmp_path / "run.nii.gz")
+    del data
+    target = nib.load(str(mask_path))
+    resampled_block(tmp_path / "run.nii.gz", m, target=target, chunk=10)  # imports nilearn outside the trace
+    peaks = {}
+    for chunk in (None, 10):
+        tracemalloc.start()
+        resampled_block(tmp_path / "run.nii.gz", m, target=target, chunk=chunk)
+        peaks[chunk] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[None] > 3.8e6  # at least the whole run's 3.84 MB of float32
+    assert peaks[10] < peaks[None] / 4
+
 # -- TRs ----------------------------------------------------------------------------------------
 
 def test_each_site_filters_with_its_own_tr(tmp_path):
@@ -208,11 +265,14 @@ def test_the_load_stage_records_and_reports_it(tmp_path):
 
 # -- cleaning -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("confounds", ["simple", "scrubbing", "compcor", ("trans_x", "rot_z", "csf")])
+@pytest.mark.parametrize("confounds", ["simple", "scrubbing", "compcor", "ica_aroma", ("trans_x", "rot_z", "csf")])
 def test_cleaning_is_nilearn_signal_clean(tree, confounds):
     site, mask = tree
     cleaning = Cleaning(confounds=confounds, detrend=True, high_pass=0.01, low_pass=0.1)
     sd = load_site(site.root, mask, bids={"task": "rest"}, cleaning=cleaning)
+    # ICA-AROMA's strategy cleans the AROMA-denoised copies (nilearn refuses any other run for it)
+    desc = "desc-smoothAROMAnonaggr_bold" if confounds == "ica_aroma" else "desc-preproc_bold"
+    assert len(sd.paths) == 5 and all(desc in p for p in sd.paths)
     for i, path in enumerate(sd.paths):
         if isinstance(confounds, str):
             conf, sample_mask = load_confounds_strategy(path, denoise_strategy=confounds)
@@ -228,6 +288,29 @@ def test_cleaning_is_nilearn_signal_clean(tree, confounds):
         np.testing.assert_allclose(np.asarray(sd.X[:, a:a + want.shape[1]]), want, atol=1e-6)
     if confounds == "scrubbing":  # the generator's motion exceeds fd_threshold = 0.5 mm in places
         assert sum(r["volumes"] - r["columns"] for r in sd.run_records) > 0
+
+
+def test_ica_aroma_reads_the_aroma_runs_or_is_refused_with_the_reason(tree, tmp_path):
+    site, mask = tree
+    aroma = Cleaning(confounds="ica_aroma")
+    assert aroma.desc == "smoothAROMAnonaggr"
+    # an explicit list of desc-preproc runs (no folder to pick the AROMA copies from): refused by run
+    preproc = [str(p) for p in site.runs["sub-03"]]
+    with pytest.raises(DataValidationError, match="sub-03_task-rest.*desc-preproc_bold.*'ica_aroma' cleans the "
+                                                  "ICA-AROMA denoised copy.*not a desc-preproc run"):
+        load_site(preproc, mask, cleaning=aroma)
+    listed = [p.replace("desc-preproc", "desc-smoothAROMAnonaggr") for p in preproc]
+    assert load_site(listed, mask, cleaning=aroma).paths == listed
+    # settings nilearn would ignore are refused before anything runs, with the reason
+    base = {"sites": [{"name": n, "path": str(tmp_path)} for n in "abc"], "out": str(tmp_path / "o")}
+    with pytest.raises(ConfigError, match="'confounds_options'.*always uses ICA-AROMA's non-aggressive"):
+        RunConfig.from_dict({**base, "confounds": "ica_aroma", "confounds_options": {"ica_aroma": "basic"}}).validate()
+    with pytest.raises(ConfigError, match="'bids.desc'.*desc-smoothAROMAnonaggr"):
+        RunConfig.from_dict({**base, "confounds": "ica_aroma", "bids": {"desc": "preproc"}}).validate()
+    with pytest.raises(ConfigError, match=r"'confounds_options'.*\['fd_threshold'\].*'simple'"):
+        RunConfig.from_dict({**base, "confounds": "simple", "confounds_options": {"fd_threshold": 0.3}}).validate()
+    RunConfig.from_dict({**base, "confounds": "ica_aroma", "confounds_options": {"wm_csf": "full"},
+                         "bids": {"desc": "smoothAROMAnonaggr"}}).validate()
 
 
 def test_confounds_asked_for_but_missing_are_refused_by_run(tmp_path):
@@ -384,3 +467,74 @@ def test_the_fmriprep_template_runs_on_fmriprep_outputs(tmp_path, monkeypatch):
     assert len(site_maps) == 4 and nib.load(str(site_maps[0])).shape[:3] == m.shape
     eps = json.loads((Path(ica.output_dir_) / "privacy.json").read_text())
     assert all(abs(s["epsilon"] - 4.0) < 0.05 for s in eps["sites"].values()), eps["sites"]
+
+
+# -- time courses -------------------------------------------------------------------------------
+
+def test_time_courses_name_each_runs_session_run_volume_and_onset(tmp_path):
+    """sub-01 has two runs in ses-1 and one in ses-2, sub-02 a rest and a motor run, sub-03 one run; scrubbing
+    removes volumes: every column of the table names its run and the volume's index and onset in it."""
+    import csv
+
+    from dpneuro.maps import TIMECOURSE_INDEX, read_timecourses, write_timecourses
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, n_volumes=40, tr=1.5, seed=2)
+    sd = load_site(site.root, mask, cleaning=Cleaning(confounds="scrubbing"))
+    rec = sd.metadata()
+    S = np.vstack([np.arange(sd.n_samples), -np.arange(sd.n_samples)]).astype(float)
+    path = write_timecourses(S, tmp_path / "timecourses.tsv", rec)
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    assert list(rows[0]) == [*TIMECOURSE_INDEX, "IC01", "IC02"]
+    assert len(rows) == sd.n_samples
+    runs = [(r["subject"], r["session"], r["task"], r["run"]) for r in rows]
+    assert list(dict.fromkeys(runs)) == [("sub-01", "1", "rest", "1"), ("sub-01", "1", "rest", "2"),
+                                         ("sub-01", "2", "rest", "1"), ("sub-02", "n/a", "motor", "n/a"),
+                                         ("sub-02", "n/a", "rest", "n/a"), ("sub-03", "n/a", "rest", "n/a")]
+    scrubbed = 0
+    for r_rec in sd.run_records:
+        ent = Path(r_rec["path"]).name
+        mine = [r for r in rows if r["subject"] == r_rec["subject"] and f"task-{r['task']}_" in ent
+                and (r["session"] == "n/a" or f"ses-{r['session']}_" in ent)
+                and (r["run"] == "n/a" or f"run-{r['run']}_" in ent)]
+        vols = [int(r["volume"]) for r in mine]
+        assert len(vols) == r_rec["columns"] and vols == sorted(vols) and vols[-1] <= 39
+        assert vols == (r_rec["kept_volumes"] or list(range(40)))
+        scrubbed += 40 - len(vols)
+        assert [float(r["onset"]) for r in mine] == [1.5 * v for v in vols]
+    assert scrubbed > 0  # the generator's motion spikes were censored, and the indices skip them
+    assert [float(r["IC02"]) for r in rows] == list(-S[0])
+    side = json.loads(path.with_suffix(".json").read_text())
+    assert side["RepetitionTime"] == 1.5 and side["onset"]["Units"] == "s"
+    subjects, back = read_timecourses(path)
+    np.testing.assert_array_equal(back, S)
+    assert subjects == [r["subject"] for r in rows]
+    # a matrix given in memory: one run per subject, onsets from the site's TR
+    write_timecourses(S[:, :5], tmp_path / "mem.tsv", {"subject_ids": ["a", "b"], "boundaries": [(0, 2), (2, 5)],
+                                                       "tr": 2.0})
+    lines = [ln.split("\t") for ln in (tmp_path / "mem.tsv").read_text().splitlines()[1:]]
+    assert [ln[:6] for ln in lines][2] == ["b", "n/a", "n/a", "n/a", "0", "0.0"]
+    assert json.loads((tmp_path / "mem.json").read_text())["RepetitionTime"] == 2.0
+    with pytest.raises(ValueError, match="5 time points but the site's runs index 4"):
+        write_timecourses(S[:, :5], tmp_path / "bad.tsv", {"subject_ids": ["a"], "boundaries": [(0, 4)]})
+
+
+def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
+    """transform applies the fitted run's BIDS filters, cleaning and smoothing: a site given again gives the time
+    courses the fit wrote for it (without the task filter sub-02's motor run would be read too)."""
+    import dpneuro
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    sites = {f"site-0{i}": write_fmriprep_site(tmp_path / f"s{i}", n_subjects=3, n_volumes=40, seed=i).root
+             for i in (1, 2, 3)}
+    ica = dpneuro.DecentralizedICA(n_components=3, mask=str(mask), parcels=0, plan="none", random_state=0,
+                                   site_voxel_maps=False, output_dir=tmp_path / "out", bids={"task": "rest"},
+                                   confounds="simple", high_pass=0.01, smoothing_fwhm=6.0)
+    ica.fit({name: str(root) for name, root in sites.items()})
+    got = ica.transform(str(sites["site-02"]))
+    want = ica.timecourses_["site-02"]
+    assert [g.shape for g in got] == [want[s].shape for s in ("sub-01", "sub-02", "sub-03")]
+    assert got[1].shape[0] == 40  # sub-02's rest run only
+    for g, s in zip(got, ("sub-01", "sub-02", "sub-03")):
+        np.testing.assert_allclose(g, want[s], rtol=1e-4, atol=1e-4)

@@ -39,12 +39,12 @@ def test_report_content(mni_run):
     assert "slice coordinates in mm" in html and "|z| &gt; 2" in html
     assert html.count("<iframe") == 4  # one interactive view per component
     assert 'alt="time courses"' not in html  # no site's subject data in the consortium report
-    tsvs = sorted((Path(cfg.out) / "timecourses").glob("*.tsv"))
+    tsvs = sorted((cfg.run_dir / "timecourses").glob("*.tsv"))
     assert len(tsvs) == 3
     for tsv in tsvs:
         subjects, tc = read_timecourses(tsv)
         assert tc.shape[0] == 4 and len(set(subjects)) == 4
-    privacy = json.loads((Path(cfg.out) / "privacy.json").read_text())
+    privacy = json.loads((cfg.run_dir / "privacy.json").read_text())
     assert "against the aggregator" in html and f'class="privacybox {privacy["strength"]}"' in html
 
 

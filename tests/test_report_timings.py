@@ -77,7 +77,7 @@ def _run(data, name: str, **kw) -> tuple[RunConfig, dict, str]:
         ica_epsilon_i=5.0, ica_rounds=5, cumulant_epsilon=50.0), **kw})
     cfg = prepare(cfg)[0]
     out = run_stages(cfg)
-    return cfg, json.loads((Path(cfg.out) / "run.json").read_text()), Path(out["report"]).read_text()
+    return cfg, json.loads((cfg.run_dir / "run.json").read_text()), Path(out["report"]).read_text()
 
 
 def _expected(cfg: RunConfig, *, site_maps: bool, states: bool) -> list[str]:

@@ -205,7 +205,8 @@ def consortium(tmp_path_factory):
 
 def _run(root: Path, man: dict, name: str, **kw) -> dict:
     sites = [{"name": s["site"], "path": s["path"]} for s in man["sites"]]
-    cfg = RunConfig.from_dict({**dict(sites=sites, out=str(root / name), mask=man["mask"], n_components=R, seed=3,
+    # one out, a run id per run: the outputs in root/<name>, the stages' cache shared
+    cfg = RunConfig.from_dict({**dict(sites=sites, out=str(root), run_id=name, mask=man["mask"], n_components=R, seed=3,
                                       truth=str(root / "data"), parcels=36, ica="spatial", pca_epsilon=20.0), **kw})
     out = run_stages(prepare(cfg)[0])
     return {k: json.loads(Path(out[k]).read_text()) if k in ("maps", "reduce") else out[k] for k in out}

@@ -44,7 +44,8 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     root, man = consortium
     cfg = _config(root, man, "run")
     res = run_workflow(cfg)
-    out = Path(cfg.out)
+    out, work = cfg.run_dir, Path(cfg.out) / "work"
+    assert out == Path(cfg.out) / "dpneuro"  # the default run id
     comp = nib.load(out / "components.nii.gz")
     assert comp.shape == (30, 30, 1, R)
     priv = json.loads((out / "privacy.json").read_text())
@@ -66,13 +67,17 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     for tsv in (out / "timecourses").glob("*.tsv"):
         subjects, tc = read_timecourses(tsv)
         assert tc.shape[0] == R and len(set(subjects)) == 3 and subjects[0].startswith("sub-")
+        rows = [ln.split("\t") for ln in tsv.read_text().splitlines()]
+        assert rows[0][:6] == ["subject", "session", "task", "run", "volume", "onset"] and rows[0][6] == "IC01"
+        tr = json.loads(tsv.with_suffix(".json").read_text())["RepetitionTime"]
+        assert [float(r[5]) for r in rows[1:4]] == [0.0, tr, 2 * tr]
 
     # same cache: nothing runs again
-    before = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.is_file() and "pydra" not in str(p)}
+    before = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file() and "pydra" not in str(p)}
     report_mtime = Path(res["report"]).stat().st_mtime_ns
     run_workflow(cfg)
     assert Path(res["report"]).stat().st_mtime_ns == report_mtime
-    after = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.is_file() and "pydra" not in str(p)}
+    after = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file() and "pydra" not in str(p)}
     assert {p: t for p, t in after.items() if p in before} == before
 
     # a new ICA budget re-runs only what depends on it
@@ -96,13 +101,42 @@ def test_brain_states_node_equals_the_stages_and_reruns_alone(consortium):
     got, want = (json.loads(Path(r["states"]).read_text()) for r in (res, ref))
     np.testing.assert_array_equal(np.load(got["centroids"]), np.load(want["centroids"]))
     assert got["ledgers"] == want["ledgers"]
-    out = Path(cfg.out)
+    out = cfg.run_dir
     assert nib.load(out / "states.nii.gz").shape == (30, 30, 1, 2)
     assert len(list((out / "timecourses").glob("*_states.tsv"))) == 3
     assert len(re.findall(r'<img alt="state \d"', Path(res["report"]).read_text())) == 2
     run_workflow(_config(root, man, "states-wf", ica="spatial", brain_states=2, states_epsilon=20.0))
     assert len(_work_dirs(cfg, "reduce")) == 1 and len(_work_dirs(cfg, "unmix")) == 1
     assert len(_work_dirs(cfg, "states")) == 2 and len(_work_dirs(cfg, "maps")) == 2
+
+
+def test_runs_with_other_run_ids_keep_their_own_outputs(tmp_path, consortium):
+    """Two runs into one out: each run id's outputs in <out>/<run_id>/, the first's untouched by the second; the
+    stages' cache in <out>/work is shared (the second loads nothing again)."""
+    from dpneuro import pipeline
+
+    root, man = consortium
+    sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'out = "{tmp_path / "o"}"\nmask = "{man["mask"]}"\nn_components = {R}\nseed = 0\n'
+                    f'simulation = true\nparcels = 30\nrun_id = "first"\n{sites}')
+    cfg, _ = pipeline.prepare(RunConfig.read(toml))
+    pipeline.run_stages(cfg)
+    first = {p.relative_to(tmp_path / "o" / "first"): p.read_bytes()
+             for p in (tmp_path / "o" / "first").rglob("*") if p.is_file()}
+    assert {Path("report.html"), Path("privacy.json"), Path("components.nii.gz"), Path("run.json"),
+            Path("timecourses/site-01.tsv"), Path("timecourses/site-01.json")} <= set(first)
+    loads = sorted((tmp_path / "o" / "work").glob("load-*"))
+    toml.write_text(toml.read_text().replace("seed = 0", "seed = 0\npca_epsilon = 3.0"))
+    assert main(["run", str(toml), "--run-id", "second", "-q"]) == 0  # the command line's id wins
+    assert sorted((tmp_path / "o" / "work").glob("load-*")) == loads
+    assert {p.relative_to(tmp_path / "o" / "first"): p.read_bytes()
+            for p in (tmp_path / "o" / "first").rglob("*") if p.is_file()} == first
+    eps = [json.loads((tmp_path / "o" / r / "privacy.json").read_text())["epsilon"] for r in ("first", "second")]
+    assert eps[0] != eps[1]  # each folder holds its own run
+    assert json.loads((tmp_path / "o" / "second" / "run.json").read_text())["config"]["run_id"] == "second"
+    assert not (tmp_path / "o" / "report.html").exists()
+    assert main(["run", str(toml), "--run-id", "../up", "-q"]) == 2
 
 
 def test_relative_paths_are_taken_against_the_working_folder(tmp_path, consortium, monkeypatch):
@@ -116,7 +150,7 @@ def test_relative_paths_are_taken_against_the_working_folder(tmp_path, consortiu
              out="rel_out", mask="data/mask.nii.gz", n_components=R, pca_epsilon=50.0, ica_epsilon_i=50.0,
              ica_rounds=5, seed=1)
     res = run_workflow(RunConfig.from_dict(d))
-    assert Path(res["report"]) == tmp_path / "rel_out" / "report.html" and Path(res["report"]).exists()
+    assert Path(res["report"]) == tmp_path / "rel_out" / "dpneuro" / "report.html" and Path(res["report"]).exists()
 
 
 def test_data_errors_reach_the_user_as_one_line(tmp_path, consortium, capsys):
@@ -140,7 +174,7 @@ def test_data_errors_reach_the_user_as_one_line(tmp_path, consortium, capsys):
     # the error was not cached as the stage's result: with the file mended, the same command runs through
     victim.write_bytes(intact)
     assert main(["run", str(cfg), "-q"]) == 0
-    assert (tmp_path / "o" / "report.html").exists()
+    assert (tmp_path / "o" / "dpneuro" / "report.html").exists()
 
 
 def test_config_errors_name_the_field(tmp_path, consortium):

@@ -89,6 +89,7 @@ from .party import (
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "OWNER_INPUTS",
+    "compspec_defaults",
     "CoinstacExchange",
     "local",
     "manifest_key",
@@ -118,7 +119,12 @@ OWNER_INPUTS: dict[str, type] = {
     "site_voxel_maps": bool, "site_maps_method": str,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
     "states_epsilon": float,
+    # the site-local cleaning, the runs read and the features (text inputs: see TEXT_INPUTS)
+    "detrend": bool, "high_pass": float, "low_pass": float, "smoothing_fwhm": float, "on_bad_subject": str,
+    "atlas": str, "confounds": str, "confounds_options": str, "bids": str,
 }
+#: fields whose None (off) is the number 0 in COINSTAC, which has no null
+OFF_AS_ZERO = ("high_pass", "low_pass", "smoothing_fwhm")
 SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory
 DATA_INPUT = "data"
@@ -158,6 +164,76 @@ def _coerce(name: str, typ: type, v: Any) -> Any:
         raise ConfigError(f"COINSTAC input {name!r}: expected {typ.__name__}, got {v!r}") from None
 
 
+def _parse_confounds(text: str) -> str | list[str]:
+    """"" (off), a nilearn strategy, or confound columns separated by commas or spaces."""
+    from ..cleaning import STRATEGIES
+
+    words = [w for w in re.split(r"[\s,]+", text.strip()) if w]
+    return text.strip() if len(words) <= 1 and (not words or words[0] in STRATEGIES) else words
+
+
+def _format_confounds(value: str | list[str]) -> str:
+    return ", ".join(value) if isinstance(value, (list, tuple)) else value
+
+
+def _parse_options(text: str) -> dict[str, Any]:
+    """Keyword arguments of the strategy as a JSON object, e.g. {"fd_threshold": 0.3}; "" for none."""
+    if not text.strip():
+        return {}
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"COINSTAC input 'confounds_options': a JSON object such as "
+                          f"{{\"fd_threshold\": 0.3}}, got {text!r} ({exc})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"COINSTAC input 'confounds_options': a JSON object, got {text!r}")
+    return d
+
+
+def _format_options(d: dict[str, Any]) -> str:
+    return json.dumps(d, sort_keys=True) if d else ""
+
+
+def _parse_bids(text: str) -> dict[str, str]:
+    """BIDS filters written as in file names, e.g. "task-rest space-MNI152NLin2009cAsym res-2" ("ses" or
+    "session" for the session)."""
+    from ..io import BIDS_FILTERS
+
+    out = {}
+    for word in (w for w in re.split(r"[\s,]+", text.strip()) if w):
+        key, sep, label = word.partition("-")
+        key = "session" if key == "ses" else key
+        if not sep or not label or key not in BIDS_FILTERS:
+            raise ConfigError(f"COINSTAC input 'bids': entity-label pairs among "
+                              f"{[k if k != 'session' else 'ses' for k in BIDS_FILTERS]} as in BIDS file names, "
+                              f"e.g. \"task-rest res-2\"; got {word!r}")
+        out[key] = label
+    return out
+
+
+def _format_bids(d: dict[str, str]) -> str:
+    return " ".join(f"{'ses' if k == 'session' else k}-{v}" for k, v in d.items())
+
+
+#: RunConfig fields entered as text in COINSTAC: (text -> value, value -> text)
+TEXT_INPUTS = {"confounds": (_parse_confounds, _format_confounds),
+               "confounds_options": (_parse_options, _format_options), "bids": (_parse_bids, _format_bids)}
+
+
+def compspec_defaults() -> dict[str, Any]:
+    """The default of every owner input as compspec.json must give it: RunConfig's, in COINSTAC's terms."""
+    defaults = RunConfig(sites=[], out="")
+    out = {}
+    for name in OWNER_INPUTS:
+        v = getattr(defaults, name)
+        if name in TEXT_INPUTS:
+            v = TEXT_INPUTS[name][1](v)
+        elif v is None:
+            v = -1 if name == "n_colluding" else 0
+        out[name] = v
+    return out
+
+
 def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     """The consortium settings (RunConfig fields) from the computation's inputs; defaults for missing ones."""
     inputs = {k: _value(v) for k, v in inputs.items()}
@@ -165,8 +241,13 @@ def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, typ in OWNER_INPUTS.items():
         out[name] = _coerce(name, typ, inputs[name]) if inputs.get(name) is not None else getattr(defaults, name)
+        if name in TEXT_INPUTS and inputs.get(name) is not None:
+            out[name] = TEXT_INPUTS[name][0](out[name])
     if out["n_colluding"] is not None and out["n_colluding"] < 0:
         out["n_colluding"] = None  # -1: the most CAPE allows, ceil(S/3) - 1
+    for name in OFF_AS_ZERO:
+        if out[name] is not None and out[name] == 0:
+            out[name] = None
     policy = inputs.get("seed_policy", "entropy")
     if policy not in SEED_POLICIES:
         raise ConfigError(f"COINSTAC input 'seed_policy': one of {SEED_POLICIES}, got {policy!r}")

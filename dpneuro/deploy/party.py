@@ -408,7 +408,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, led
     W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
     with clock.timed(label(cfg, "timecourses", ctx.site)):
         S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
-        tc = write_timecourses(S, out / "timecourses.tsv", subjects=(info["subject_ids"], info["boundaries"]))
+        tc = write_timecourses(S, out / "timecourses.tsv", info)
     if site_maps_made(cfg, info["space"]):
         with clock.timed(label(cfg, "site_maps", ctx.site)):
             vm = write_site_maps(cfg, info, info["space"], S, out / "site_maps.nii.gz")

@@ -22,7 +22,11 @@ messages is protected regardless of who reads the folder: only CAPE-noised
 or secure-aggregation-masked arrays and public metadata leave a site; the
 key only guards integrity.
 
-Each party keeps its own progress under ``<out>/.dpneuro/<run_id>/<party>/``
+Outputs go to ``<out>/<run_id>/`` (the aggregator's: maps, privacy.json,
+report.html) and ``<out>/<run_id>/<site>/`` (a site's own), so a run with
+another id never overwrites an earlier run's; the default run id is
+``dpneuro`` (:data:`~dpneuro.config.DEFAULT_RUN_ID`, or the configuration's
+``run_id``). Each party keeps its own progress under ``<out>/.dpneuro/<run_id>/<party>/``
 (checkpoints and intermediate results; a site's hold un-noised statistics of
 its data, so this folder stays private); a new run id starts afresh. A party
 that fails leaves a notice in ``<exchange_dir>/<run_id>/failed/`` so that the
@@ -41,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, RunConfig
+from ..config import DEFAULT_RUN_ID, ConfigError, RunConfig
 from ..exchange import DirectoryExchange
 from ..exchange.codec import check_name
 from ..driver import RunOptions
@@ -57,7 +61,6 @@ from .party import (
 
 __all__ = ["DEFAULT_RUN_ID", "WaitTimeout", "aggregator_main", "load_party_config", "run_folder", "site_main"]
 
-DEFAULT_RUN_ID = "dpneuro"
 _POLL = 0.05
 
 
@@ -163,6 +166,16 @@ def _exchange_factory(folder: Path, cfg: RunConfig, key: bytes):
     return make
 
 
+def _with_run_id(cfg: RunConfig, run_id: str | None) -> tuple[RunConfig, str]:
+    """``cfg`` with absolute paths and the run id (``run_id``, else the configuration's) it runs under."""
+    from dataclasses import replace
+
+    cfg = cfg.resolved()
+    if run_id is not None and run_id != cfg.run_id:
+        cfg = replace(cfg, run_id=check_name("run id", run_id))
+    return cfg, cfg.run_id
+
+
 def _party_work(cfg: RunConfig, run_id: str, party: str) -> Path:
     """A party's private progress, keyed by the run id: a new run id never reuses an old run's state."""
     return Path(cfg.out) / ".dpneuro" / run_id / party
@@ -185,21 +198,22 @@ def _reporting(folder: Path, party: str, run):
         raise
 
 
-def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=None,
+def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
                     progress: bool = False) -> dict[str, Any]:
-    """Run the aggregator of ``cfg`` over ``exchange_dir``; write the consortium outputs to ``cfg.out``.
+    """Run the aggregator of ``cfg`` over ``exchange_dir``; write the consortium outputs to ``<cfg.out>/<run_id>/``.
 
-    Writes the run manifest and (without ``key_file``) the run key first, then
-    waits for the sites; every wait is bounded by ``cfg.timeout``, and a site
-    that fails ends the wait at once with its name and error.
+    ``run_id``: default the configuration's. Writes the run manifest and
+    (without ``key_file``) the run key first, then waits for the sites; every
+    wait is bounded by ``cfg.timeout``, and a site that fails ends the wait at
+    once with its name and error.
     """
-    cfg = cfg.resolved()
+    cfg, run_id = _with_run_id(cfg, run_id)
     folder = run_folder(cfg, run_id)
 
     def run() -> dict[str, Any]:
         key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
         _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
-        out = Path(cfg.out)
+        out = cfg.run_dir
         transport = ("Messages are authenticated with the run's HMAC key " + (
             "handed out of band (--key-file): only its holders can forge them." if key_file else
             f"in {folder / 'run.key'} (0600): whoever can read that file could forge messages (change the "
@@ -212,15 +226,17 @@ def aggregator_main(cfg: RunConfig, *, run_id: str = DEFAULT_RUN_ID, key_file=No
     return _reporting(folder, "aggregator", run)
 
 
-def site_main(cfg: RunConfig, site: str, *, run_id: str = DEFAULT_RUN_ID, key_file=None) -> dict[str, Any]:
-    """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/<site>/``.
+def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=None) -> dict[str, Any]:
+    """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/<run_id>/<site>/``.
+
+    ``run_id``: default the configuration's.
 
     Refuses to start (:class:`~dpneuro.deploy.party.ManifestMismatch`, naming
     the field) if its configuration disagrees with the aggregator's manifest.
     If it fails (bad data, a crash), it leaves a notice in the shared folder so
     that the aggregator and the other sites stop within seconds, naming it.
     """
-    cfg = cfg.resolved()
+    cfg, run_id = _with_run_id(cfg, run_id)
     folder = run_folder(cfg, run_id)
 
     def run() -> dict[str, Any]:
@@ -233,7 +249,7 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str = DEFAULT_RUN_ID, key_fi
         else:
             _wait_for(folder / "run.key", cfg.timeout, "the run key", folder, site)
             key = _read_key_file(folder / "run.key")
-        ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=Path(cfg.out) / site,
+        ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=cfg.run_dir / site,
                           exchange=_exchange_factory(folder, cfg, key), timeout=cfg.timeout)
         return run_site_analysis(ctx)
 
