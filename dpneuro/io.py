@@ -103,6 +103,8 @@ class SiteData:
         The per-subject preprocessing applied.
     memmap_path : str or None
         The ``.npy`` file backing `X`, if any.
+    voxels_path : str or None
+        The site's voxel-level matrix (``load_site(voxels_path=...)``), when it was kept.
     """
 
     X: np.ndarray
@@ -120,6 +122,7 @@ class SiteData:
     cleaning: dict | None = None
     run_records: list[dict] | None = None
     filters: dict | None = None
+    voxels_path: str | None = None
 
     def __post_init__(self):
         if self.runs is None:
@@ -197,6 +200,7 @@ class SiteData:
             "mask_path": self.mask_path,
             "standardize": self.standardize,
             "detrend": self.detrend,
+            "voxels_path": self.voxels_path,
             "shape": [self.n_features, self.n_samples],
         }
 
@@ -1198,6 +1202,11 @@ def voxel_decoder(site: dict, mask_path, cleaning, *, standardize: bool = True):
     mask, affine = load_mask(mask_path)
     target = nib.Nifti1Image(mask.astype(np.uint8), affine)
     records = {r["path"]: r for r in site.get("run_records") or []}
+    if site.get("voxels"):  # the loader kept them: read each run's columns, decode nothing again
+        V = np.load(site["voxels"], mmap_mode="r")
+        stops = np.cumsum([r["columns"] for r in site["run_records"]])
+        cols = {r["path"]: (int(b - r["columns"]), int(b)) for r, b in zip(site["run_records"], stops)}
+        return lambda path: np.array(V[:, slice(*cols[str(path)])])
 
     def decode(path) -> np.ndarray:
         rec = records.get(str(path), {})
@@ -1249,6 +1258,7 @@ def load_site(
     cleaning=None,
     exclude=(),
     on_bad_subject: str = "stop",
+    voxels_path=None,
 ) -> SiteData:
     """Validate, mask and concatenate one site's 4-D fMRI files.
 
@@ -1291,6 +1301,10 @@ def load_site(
         Runs decoded at the same time, in threads (gzip, nibabel and numpy
         release the GIL); default: the usable cores (:func:`resolve_workers`).
         The result does not depend on it.
+    voxels_path : str or Path, optional
+        With ``parcels``, also keep the decoded voxels (same columns, ``.npy``) here when decoding is costly
+        (a run resampled, smoothing or temporal cleaning), for a later pass over the site's voxels (its voxel
+        maps) that would otherwise decode every run again; ``SiteData.voxels_path`` says whether it was kept.
     decoder : callable, optional
         Decodes the runs elsewhere, e.g. on the site's cluster
         (:func:`dpneuro.workflows.cluster.cluster_decoder`): called with the
@@ -1373,8 +1387,11 @@ def load_site(
                                   "(leave 'cluster' out)")
     while True:
         try:
+            costly = any(pl.resample_from for _, ps in subjects for pl in ps) or (
+                cleaning is not None and bool(cleaning.temporal or cleaning.smoothing_fwhm))
+            keep = voxels_path if costly and parcels is not None and decoder is None else None
             site = _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder,
-                                cleaning, standardize, detrend)
+                                cleaning, standardize, detrend, keep)
             break
         except DataValidationError as exc:
             sid = next((sid for sid, ps in subjects for pl in ps if str(pl.path) == getattr(exc, "run_path", None)),
@@ -1412,6 +1429,7 @@ def load_site(
         cleaning=({**cleaning.to_json(), "description": cleaning.describe()} if cleaning is not None else None),
         run_records=[pl.record(cleaning) for pl in plans],
         filters=dict(found.filters),
+        voxels_path=str(keep) if keep is not None else None,
     )
     for f, why in skipped:
         _log.info("not used: %s (%s)", f, why)
@@ -1455,8 +1473,9 @@ def _plan_run(path: Path, sid: str, companions: dict, mask: np.ndarray, mask_aff
 
 
 def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder, cleaning,
-                 standardize, detrend):
-    """Pass 2: decode the runs in parallel and write them in column order (each run preprocessed on its own)."""
+                 standardize, detrend, voxels_path=None):
+    """Pass 2: decode the runs in parallel and write them in column order (each run preprocessed on its own);
+    with ``voxels_path`` the voxels too, before the parcels reduce them."""
     plans = [pl for _, ps in subjects for pl in ps]
     ids = [sid for sid, _ in subjects]
     n_cols = [sum(pl.n_columns for pl in ps) for _, ps in subjects]
@@ -1480,16 +1499,21 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
         blocks = decoder([[str(pl.path) for pl in ps] for _, ps in subjects])
     else:
         def decode(pl: RunPlan) -> np.ndarray:
-            return decode_run(pl.path, mask=mask_bool, standardize=standardize, detrend=detrend, parcels=parcels,
-                              plan=pl, target=target, cleaning=cleaning)
+            return decode_run(pl.path, mask=mask_bool, standardize=standardize, detrend=detrend,
+                              parcels=None if voxels_path else parcels, plan=pl, target=target, cleaning=cleaning)
 
         blocks = ordered_map(decode, plans, workers=resolve_workers(workers))
     try:
-        with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out:
+        with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out, \
+                (ColumnWriter(voxels_path, (int(mask_bool.sum()), N)) if voxels_path else contextlib.nullcontext()) \
+                as vox:
             a = 0
             # the blocks first: zip then runs a decoder to its end (which cleans up after itself)
             for block, pl in zip(tqdm(blocks, total=len(plans), desc="load", unit="run", disable=not progress),
                                  plans):
+                if vox is not None:
+                    vox.write(block)
+                    block = parcels.reduce(block)
                 if block.shape != (D, pl.n_columns):
                     raise RuntimeError(f"{pl.path}: decoded to shape {block.shape}, expected {(D, pl.n_columns)}")
                 if out is None:
@@ -1499,8 +1523,9 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
                 a += block.shape[1]
     except BaseException:
         getattr(blocks, "close", lambda: None)()
-        if memmap_path is not None:
-            memmap_path.unlink(missing_ok=True)
+        for path in (memmap_path, voxels_path):
+            if path is not None:
+                Path(path).unlink(missing_ok=True)
         raise
     return X, ids, boundaries
 
@@ -1541,6 +1566,7 @@ def open_site_data(npy_path) -> SiteData:
         cleaning=meta.get("cleaning"),
         run_records=meta.get("run_records"),
         filters=meta.get("filters"),
+        voxels_path=meta.get("voxels_path"),
         tr=meta["tr"],
         mask_path=meta["mask_path"],
         standardize=meta["standardize"],

@@ -162,6 +162,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
 def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") -> str:
     """One site's subjects: validated, masked, standardised, (parcel-averaged) into a D x N .npy."""
     from .io import load_site
+    from .site_maps import made
     from .parcellation import space_parcels
 
     cfg = RunConfig.from_dict(_read_json(cfg_json))
@@ -185,12 +186,13 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") ->
     sd = load_site(site.files or site.path, space["mask"], standardize=cfg.standardize, progress=_progress(),
                    min_volumes=cfg.min_volumes, memmap_path=d / "X.npy", parcels=parcels, bids=cfg.bids,
                    subjects_tsv=site.subjects_tsv or None, decoder=decoder, cleaning=cleaning,
-                   exclude=site.exclude, on_bad_subject=cfg.on_bad_subject)
+                   exclude=site.exclude, on_bad_subject=cfg.on_bad_subject,
+                   voxels_path=d / "V.npy" if made(cfg, space) else None)
     record = {"site": site_name, "X": str(d / "X.npy"), "n_subjects": sd.n_subjects,
               "n_features": sd.n_features, "n_samples": sd.n_samples,
               "boundaries": sd.boundaries, "subject_ids": sd.subject_ids, "tr": sd.tr,
               "runs": sd.runs, "skipped": sd.skipped, "excluded": sd.excluded, "cleaning": sd.cleaning,
-              "run_records": sd.run_records, "filters": sd.filters,
+              "run_records": sd.run_records, "filters": sd.filters, "voxels": sd.voxels_path,
               "seconds": time.perf_counter() - t0}
     # the site's console: what was read, how it was cleaned, and every file not used (also in site.json)
     print("\n".join(describe_site_inputs(record, files=True)), file=sys.stderr)

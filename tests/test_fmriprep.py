@@ -538,3 +538,37 @@ def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
     assert got[1].shape[0] == 40  # sub-02's rest run only
     for g, s in zip(got, ("sub-01", "sub-02", "sub-03")):
         np.testing.assert_allclose(g, want[s], rtol=1e-4, atol=1e-4)
+
+
+def test_a_costly_site_keeps_its_voxels_once_for_its_voxel_maps(tmp_path):
+    """Resampled and smoothed runs are decoded once: the voxel maps read the voxels the loader kept, which are
+    the runs as a fresh decode gives them (column for column)."""
+    from dpneuro.io import voxel_decoder
+    from dpneuro.parcellation import Parcellation, coordinate_parcels
+
+    mask = analysis_mask(tmp_path / "mask.nii.gz")
+    m, _ = load_mask(mask)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, seed=4)
+    cleaning = RunConfig.from_dict({"sites": [{"name": "a", "path": "."}], "out": "o", "confounds": "simple",
+                                    "smoothing_fwhm": 6.0}).cleaning()
+    pc = Parcellation(coordinate_parcels(m, 12, seed=0))
+    sd = load_site(site.root, mask, parcels=pc, bids={"task": "rest"}, cleaning=cleaning,
+                   voxels_path=tmp_path / "V.npy", memmap_path=tmp_path / "X.npy")
+    assert sd.voxels_path == str(tmp_path / "V.npy")
+    V = np.load(sd.voxels_path, mmap_mode="r")
+    assert V.shape == (int(m.sum()), sd.n_samples)
+    np.testing.assert_allclose(pc.reduce(np.asarray(V)), sd.X, rtol=1e-5, atol=1e-6)  # the same decode, reduced
+    record = {"run_records": sd.run_records, "voxels": sd.voxels_path}
+    kept, fresh = voxel_decoder(record, mask, cleaning), voxel_decoder({"run_records": sd.run_records}, mask,
+                                                                       cleaning)
+    for path in sd.paths:
+        np.testing.assert_allclose(kept(path), fresh(path), rtol=1e-5, atol=1e-5)
+    # runs on the analysis grid without cleaning: nothing kept, reading them again is as cheap
+    grid = nib.load(str(mask))
+    rng = np.random.default_rng(0)
+    (tmp_path / "plain").mkdir()
+    for i in range(2):
+        nib.Nifti1Image(rng.standard_normal(grid.shape + (20,)).astype(np.float32), grid.affine).to_filename(
+            tmp_path / "plain" / f"sub-{i + 1:02d}_bold.nii.gz")
+    plain = load_site(tmp_path / "plain", mask, parcels=pc, voxels_path=tmp_path / "W.npy")
+    assert plain.voxels_path is None and not (tmp_path / "W.npy").exists()
