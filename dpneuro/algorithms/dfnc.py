@@ -23,11 +23,10 @@ clipped to the public Frobenius norm ``bound`` B; its contribution to the
 counts is its occupancy vector (sums to 1). However many windows it has, a
 subject moves a site's sums by at most 2B / M_s and its counts by at most
 sqrt(2) / M_s (replacement). Clipping the subject's contribution rather than
-each window lets B sit at the size of a subject's *mean* windows, which
-average out the windows' own sampling noise: on the planted states
-(4 x 100 subjects, R = 20, eps 4) it lifts the states' correlation with the
-truth from 0.52 (windows clipped at 0.2 sqrt(D)) to 0.81. capeAGN's moments
-clip each window (scaled by B) as :mod:`dpneuro.algorithms.agn` does.
+each window lets B sit at the size of a subject's *mean* windows, in which
+the windows' own sampling noise has averaged out, so the same noise buys a
+clearer signal (benchmarks/dfnc_states.py measures the result). capeAGN's
+moments clip each window (scaled by B) as :mod:`dpneuro.algorithms.agn` does.
 
 Consortium states (each a CAPE release per site, composed in the ledger):
 
@@ -42,9 +41,9 @@ Consortium states (each a CAPE release per site, composed in the ledger):
   along public random directions. The final centroids divide the average of
   the last ``average_last`` rounds' sums by that of their counts (free
   post-processing; once assignments settle the rounds release nearly the same
-  sums). Correlation assignment is measured best under noise: a noisy count
+  sums). Correlation assignment is the default: a noisy count
   rescales a centroid, which moves city-block and Euclidean assignments but
-  not correlation ones (eps 4: 0.81 against 0.57 city-block).
+  not correlation ones (benchmarks/dfnc_states.py has both).
 - ``"agn"``: capeAGN's one-shot moments of the window vectors ([CAPE-TF]
   Alg. 3, :mod:`dpneuro.algorithms.agn`, reused as is): M2 and M3 of the
   windows scaled by B, the tensor power method; the MOG means are the states
@@ -517,8 +516,7 @@ def default_bound(D: int) -> float:
 
     Data-independent. Most subjects' contributions exceed it and are scaled
     onto it, which weights subjects equally and costs little: the states are
-    read from directions (0.08 to 0.2 sqrt(D) give the same correlation
-    assignment on the planted states). capeAGN uses it as the windows' scale.
+    read from directions. capeAGN uses it as the windows' scale.
     """
     return 0.1 * math.sqrt(D)
 
