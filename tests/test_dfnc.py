@@ -315,3 +315,11 @@ def test_refusals():
         dfnc.dfnc_states(ws[:2], 3, 1.0)
     with pytest.raises(ValueError, match="n_states"):
         dfnc.dfnc_states(ws, 1, 1.0)
+
+
+def test_random_state_is_the_seed():
+    _, ws = _consortium(subjects=4)
+    a = dfnc.dfnc_states(ws, 3, 4.0, random_state=3, n_rounds=2)
+    b = dfnc.dfnc_states(ws, 3, 4.0, seed=3, n_rounds=2)
+    c = dfnc.dfnc_states(ws, 3, 4.0, seed=4, n_rounds=2)
+    assert np.array_equal(a.vectors, b.vectors) and not np.allclose(a.vectors, c.vectors)

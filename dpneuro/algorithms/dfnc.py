@@ -75,6 +75,7 @@ from ..cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, planned_ledg
 from ..cape.plans import symmetric_guarantee
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
+from ..privacy.noise import accepts_random_state
 from . import tensor as tz
 from .agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
 
@@ -530,6 +531,7 @@ def _check_sites(sites) -> list[WindowSet]:
     return out
 
 
+@accepts_random_state
 def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: float = 1e-5, *,
                 method: str = "kmeans", plan: NoisePlan | str = "cape", n_rounds: int = 4,
                 bound: float | None = None, metric: str = "correlation", count_share: float = 0.1,
@@ -539,6 +541,7 @@ def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: fl
 
     ``epsilon``/``delta``: the whole stage per site (None with plan "none").
     ``init`` (D x K, public) starts "kmeans" instead of the split of the mean.
+    ``seed`` (or ``random_state``) fixes the noise: simulations and tests only.
     """
     _check_metric(metric)
     if method not in METHODS:
