@@ -198,14 +198,17 @@ def _budget_config(args: argparse.Namespace):
 
 def _cmd_budget(args: argparse.Namespace) -> int:
     import json as _json
+    from dataclasses import replace
 
     from .budget import features, plan_for_target, site_shapes, spend
 
     cfg = _budget_config(args)
     shapes = site_shapes(cfg, subjects=args.subjects, timepoints=args.timepoints)
     dim = features(cfg, args.features)
-    if args.target_epsilon is not None:
-        plan = plan_for_target(cfg, shapes, dim, args.target_epsilon, pca_share=args.pca_share)
+    # a total epsilon in the configuration is planned as the run plans it (budget.apply_target)
+    target = args.target_epsilon if args.target_epsilon is not None else cfg.epsilon
+    if target is not None:
+        plan = plan_for_target(replace(cfg, epsilon=None), shapes, dim, target, pca_share=args.pca_share)
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:

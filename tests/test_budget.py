@@ -167,6 +167,14 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     eps = max(out["epsilon"].values())
     assert main(["budget", str(toml), "--target-epsilon", "6"]) == 0
     assert "site-01 6.00" in capsys.readouterr().out
+    # a total epsilon in run.toml is planned as `dpneuro run` plans it, not ignored
+    with_total = tmp_path / "run_eps.toml"
+    with_total.write_text(toml.read_text().replace("n_components = 4\n", "n_components = 4\nepsilon = 6.0\n"))
+    assert main(["budget", str(with_total), "--json"]) == 0
+    from dpneuro.budget import apply_target
+    from dpneuro.config import RunConfig
+
+    assert json.loads(capsys.readouterr().out)["epsilon"] == apply_target(RunConfig.read(with_total))[1].epsilon
     # the cumulant unmixing: its own setting, planned with its own share
     assert main(["budget", str(toml), "--unmixing", "cumulant", "--target-epsilon", "4", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
