@@ -147,10 +147,12 @@ def render_many(jobs: list[tuple], workers: int | None = None) -> list[Path]:
     """:func:`render_component` of every ``(img3d, out_png, kwargs)``, in worker processes when there are many.
 
     Each figure is ~0.3 s of matplotlib under the GIL and a report with four
-    sites' voxel maps draws ~100, more than the analysis takes. joblib's loky
-    workers (one per core) start clean, without re-running the caller's script.
+    sites' voxel maps draws ~100, more than the analysis takes. loky's
+    workers (joblib's) start clean, without re-running the caller's script,
+    and are shut down on return: kept alive, they held a Pydra worker for
+    their 300 s idle timeout.
     """
-    from joblib import Parallel, delayed
+    from joblib.externals.loky import ProcessPoolExecutor
 
     from .synth import _usable_cores
 
@@ -158,8 +160,8 @@ def render_many(jobs: list[tuple], workers: int | None = None) -> list[Path]:
     workers = min(_usable_cores() if workers is None else workers, len(jobs) // (PARALLEL_FIGURES // 2))
     if workers < 2 or len(jobs) < PARALLEL_FIGURES:
         return [_render_job(j) for j in packed]
-    return Parallel(n_jobs=workers, backend="loky", batch_size=4)(delayed(_render_job)(j) for j in packed)
-
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_render_job, packed, chunksize=4))
 
 
 def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,

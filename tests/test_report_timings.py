@@ -4,6 +4,7 @@ voxel maps beside the consortium's, and figures whose labels can be read."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import nibabel as nib
@@ -212,6 +213,17 @@ def test_figures_drawn_by_worker_processes_are_the_ones_drawn_here(tmp_path):
         (tmp_path / where).mkdir()
         drawn[where] = render_many([(img, tmp_path / where / name, kw) for img, name, kw in jobs], workers=workers)
     serial, parallel = drawn["serial"], drawn["parallel"]
+    # the workers are gone on return: idle ones held a Pydra worker process for loky's 300 s timeout
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    if children.exists():
+        def cmd(pid):
+            try:
+                return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:  # exited meanwhile
+                return ""
+
+        alive = [c for c in map(cmd, children.read_text().split()) if c and "resource_tracker" not in c]
+        assert not alive, f"render workers still running: {alive}"
     assert [Path(p).name for p in parallel] == [Path(p).name for p in serial] == [name for _, name, _ in jobs]
     for a, b in zip(serial, parallel):
         assert Path(a).read_bytes() == Path(b).read_bytes(), Path(a).name
