@@ -235,7 +235,9 @@ def main(argv=None) -> int:
                         maps, red = run_maps(replace(cfg, seed=s), X_sites, lengths, spatial_options=spatial,
                                              with_release=True)
                         r.append(mean_r(maps, ref))
-                        if sigma is not None:  # released eigenvalues above the noise's edge (dpneuro.rmt)
+                        # released eigenvalues above the noise's edge (dpneuro.rmt); a variance release's are
+                        # not the covariance's
+                        if sigma is not None and not cfg.pca_variances:
                             above.append(components_above_edge(red.eigenvalues, sigma, D))
                     rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
                                  "pca_epsilon": round(cfg.pca_epsilon, 3),
