@@ -32,8 +32,9 @@ public starts and keeps the run whose least sparse map is sparsest (smallest
 largest L1 norm of the unit-variance maps, CanICA's criterion): the same cells
 then agree at 0.99 (median of 3 seeds, worst 0.94) and 1.00
 (benchmarks/stable_ica.py). FastICA's contrast as the criterion did as well at
-eps 16 but picked a rarely reached optimum at eps 1000 (0.87-0.88 on 2 of 6
-seeds in exploration); ICASSO's centrotypes agreed at 0.97.
+eps 16 but often picked a rarely reached optimum at eps 1000 (median 0.96,
+worst 0.87 over 6 further seeds, sparsity 1.00); ICASSO's centrotypes agreed
+at 0.97.
 """
 
 from __future__ import annotations
