@@ -104,15 +104,25 @@ def planned(cfg, lengths, target: float, dim: int = PARCELS):
     return plan_for_target(cfg, shapes, dim, target).config
 
 
-def run_maps(cfg, X_sites, lengths, parcels=None):
-    """The run's maps from in-memory site data: features x components, painted to voxels when ``parcels``."""
+def run_maps(cfg, X_sites, lengths, parcels=None, *, spatial_options=None, with_release=False):
+    """The run's maps from in-memory site data: features x components, painted to voxels when ``parcels``.
+
+    ``spatial_options``: keyword arguments of ``spatial_ica`` instead of the product's (ablations of the spatial
+    ICA, post-processing of the same release); ``with_release``: also return the reduction's result.
+    """
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.analysis import reduce_inprocess, unmix_inprocess
 
     red = reduce_inprocess(cfg, X_sites, lengths)
-    unm = unmix_inprocess(cfg, X_sites, lengths, red.basis, red.eigenvalues)
-    maps = spatial_maps(red.basis, red.eigenvalues, unm.W)
-    return maps if parcels is None else parcels.expand(maps)
+    if spatial_options is not None and cfg.ica == "spatial":
+        from dpneuro.algorithms.spatial_ica import spatial_ica
+
+        W = spatial_ica(red.basis, red.eigenvalues, **spatial_options).W
+    else:
+        W = unmix_inprocess(cfg, X_sites, lengths, red.basis, red.eigenvalues).W
+    maps = spatial_maps(red.basis, red.eigenvalues, W)
+    maps = maps if parcels is None else parcels.expand(maps)
+    return (maps, red) if with_release else maps
 
 
 def mean_r(est, ref) -> float:

@@ -50,17 +50,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, figure, mean_r, planned, run_maps  # noqa: E402
+from frontier import base_config, figure, mean_r, run_maps  # noqa: E402
 
+from dpneuro.budget import SiteShape, plan_for_target  # noqa: E402
 from dpneuro.config import ConfigError, RunConfig  # noqa: E402
+from dpneuro.rmt import components_above_edge  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
+#: ablation of the spatial ICA: one FastICA run from one public start instead of the product's stable ICA
+SINGLE = "single FastICA"
 #: (ICA model, the PCA's subject contribution, subject bound[, temporal unmixing]) measured at every size and budget
 RUNS = (("spatial", "moment", 1.0), ("spatial", "moment", DEFAULT_BOUND), ("spatial", "subspace", DEFAULT_BOUND),
-        ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND), ("temporal", "subspace", DEFAULT_BOUND),
+        ("spatial", "subspace", DEFAULT_BOUND, SINGLE), ("temporal", "moment", 1.0), ("temporal", "moment", DEFAULT_BOUND), ("temporal", "subspace", DEFAULT_BOUND),
         ("temporal", "subspace", DEFAULT_BOUND, "cumulant"))
 
 
@@ -71,6 +75,13 @@ def _model(run) -> tuple[str, str, str]:
 
 def _label(ica: str, unmixing: str) -> str:
     return ica if unmixing == "capedjica" else f"{ica}, {unmixing}"
+
+
+def _settings(ica: str, unmixing: str) -> tuple[dict, dict | None]:
+    """(config fields, spatial_ica options) of a RUNS entry's ICA."""
+    if unmixing == SINGLE:
+        return {}, {"n_init": 1}
+    return {"ica_unmixing": unmixing}, None
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
 
@@ -151,14 +162,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small pseudo-consortium, two budgets, one seed, no CanICA")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--subjects", type=lambda v: tuple(int(x) for x in v.split(",")), default=SUBJECTS,
+                    help="subjects per site, comma-separated (default: %(default)s); the draws do not depend on it")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     d, runs = real_subjects()
     if args.quick:
         subjects_grid, epsilons, seeds = (12,), (4.0, 16.0), [0]
-        runs_grid = (("spatial", "moment", 1.0), ("spatial", "subspace", DEFAULT_BOUND))
+        runs_grid = (("spatial", "moment", 1.0), ("spatial", "subspace", DEFAULT_BOUND),
+                     ("spatial", "subspace", DEFAULT_BOUND, SINGLE))
     else:
-        subjects_grid, epsilons, seeds, runs_grid = SUBJECTS, EPSILONS, list(range(args.seeds)), RUNS
+        subjects_grid, epsilons, seeds, runs_grid = args.subjects, EPSILONS, list(range(args.seeds)), RUNS
     rows, agreement = [], {}
     with tempfile.TemporaryDirectory(prefix="dpneuro-real-") as tmp:
         tmp = Path(tmp)
@@ -168,13 +182,16 @@ def main(argv=None) -> int:
         labels, affine = atlas_on_grid(d["atlas"])
         models = sorted({_model(r) for r in runs_grid})
         ref_maps = {(ica, con, um): run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
-                                                         ica_unmixing=um, parcels=0, seed=0), X_real, len_real)
+                                                         parcels=0, seed=0, **_settings(ica, um)[0]), X_real, len_real,
+                                             spatial_options=_settings(ica, um)[1])
                     for ica, con, um in models}
         if not args.quick:
             tc = time.perf_counter()
             can, inside, idx = canica_maps(runs, labels, affine, N_COMPONENTS)
             agreement["canica_seconds"] = time.perf_counter() - tc
             for (ica, con, um), M in ref_maps.items():
+                if um == SINGLE:
+                    continue  # an ablation of the frontier only
                 same = run_maps(base_config(tmp, N_SITES, ica=ica, pca_contribution=con, plan="none",
                                             ica_unmixing=um, reduction="none", parcels=0, seed=0),
                                 [X[idx] for X in X_real], len_real)
@@ -182,7 +199,7 @@ def main(argv=None) -> int:
                 agreement[f"{_label(ica, um)} ({con}) on the regions vs CanICA"] = mean_r(M[idx], can)
             print(agreement, flush=True)
         # 2. pseudo-consortia
-        X_all, len_all = pseudo_consortium(runs, max(subjects_grid), N_SITES, WINDOW, seed=1)
+        X_all, len_all = pseudo_consortium(runs, max(SUBJECTS), N_SITES, WINDOW, seed=1)  # same draws
         for subjects in subjects_grid:
             X_sites = [X[:, :subjects * WINDOW] for X in X_all]
             lengths = [ln[:subjects] for ln in len_all]
@@ -191,33 +208,47 @@ def main(argv=None) -> int:
                 (ica, con, um), bound = _model(run), run[2]
                 if ica == "temporal" and subjects > TEMPORAL_MAX_SUBJECTS:
                     continue  # 40 private rounds over every time point: the largest sizes take too long
-                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0, ica_unmixing=um)
-                ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths)
+                fields, spatial = _settings(ica, um)
+                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0, **fields)
+                ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths,
+                               spatial_options=spatial)
                 row0 = {"subjects": subjects, "ica": _label(ica, um), "contribution": con, "bound": bound}
                 if (ica, con, um) not in seen:
                     seen.add((ica, con, um))
                     rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica, con, um]),
-                                 "r_min": "", "pca_epsilon": "", "seeds": 1, "reference": "real 33"})
+                                 "r_min": "", "pca_epsilon": "", "above_edge": "", "seeds": 1,
+                                 "reference": "real 33"})
                     print(rows[-1], flush=True)
                 cfg0 = base_config(tmp, N_SITES, **kw)
                 for eps in epsilons:
                     try:
-                        cfg = planned(cfg0, lengths, eps, dim=D)
+                        plan = plan_for_target(cfg0, [SiteShape(s.name, tuple(ln)) for s, ln in
+                                                      zip(cfg0.sites, lengths)], D, eps)
                     except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
                         rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "",
-                                     "seeds": 0, "reference": f"refused by the planner: {exc}"})
+                                     "above_edge": "", "seeds": 0, "reference": f"refused by the planner: {exc}"})
                         print(rows[-1], flush=True)
                         continue
-                    r = [mean_r(run_maps(replace(cfg, seed=s), X_sites, lengths), ref) for s in seeds]
+                    cfg, sigma = plan.config, plan.noise().get("covariance")
+                    r, above = [], []
+                    for s in seeds:
+                        maps, red = run_maps(replace(cfg, seed=s), X_sites, lengths, spatial_options=spatial,
+                                             with_release=True)
+                        r.append(mean_r(maps, ref))
+                        # released eigenvalues above the noise's edge (dpneuro.rmt); a variance release's are
+                        # not the covariance's
+                        if sigma is not None and not cfg.pca_variances:
+                            above.append(components_above_edge(red.eigenvalues, sigma, D))
                     rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
-                                 "pca_epsilon": round(cfg.pca_epsilon, 3), "seeds": len(seeds),
+                                 "pca_epsilon": round(cfg.pca_epsilon, 3),
+                                 "above_edge": statistics.median(above) if above else "", "seeds": len(seeds),
                                  "reference": "non-private, same data"})
                     print(rows[-1], flush=True)
     runtime = time.perf_counter() - t0
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(exist_ok=True)
-    keys = ["subjects", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "seeds",
-            "reference"]
+    keys = ["subjects", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "above_edge",
+            "seeds", "reference"]
     with open(RESULTS / f"real_frontier{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()

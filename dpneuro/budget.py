@@ -241,6 +241,22 @@ def supported_components(spectral_norm: float, dim: int, contribution: str = "mo
     return sum(1 for lam in reference_spectrum(contribution, k) if lam > spectral_norm)
 
 
+def random_matrix_line(noise_std: float, dim: int, spectrum, n_components: int) -> str:
+    """The planner's random-matrix summary for covariance noise of off-diagonal std ``noise_std``
+    (:mod:`dpneuro.rmt`): the edge, how many reference eigenvalues are detectable (BBP), and the squared
+    eigenvector overlap expected for the ``n_components``-th."""
+    from .rmt import detection_threshold, eigenvector_overlap, wigner_edge
+
+    spec = np.asarray(spectrum, np.float64)
+    detectable = int(np.sum(spec > detection_threshold(noise_std, dim)))
+    kth = spec[min(n_components, len(spec)) - 1]
+    overlap = float(eigenvector_overlap([kth], noise_std, dim)[0])
+    return (f"random-matrix view: noise edge 2 sigma sqrt(D) = {wigner_edge(noise_std, dim):.3g}; an eigenvalue "
+            f"above sigma sqrt(D) = {detection_threshold(noise_std, dim):.3g} leaves the noise (BBP): "
+            f"{'{} or more'.format(detectable) if detectable == len(spec) else detectable} of the reference; "
+            f"component {n_components}'s eigenvector at squared overlap ~{overlap:.2f} with the noise-free one")
+
+
 def run_warnings(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: dict) -> list[str]:
     """What a user must hear before trusting a run: weak privacy, components the data cannot carry, noise maps.
 
@@ -341,6 +357,7 @@ class BudgetPlan:
                 out.append(f"components this budget supports: {about} on real fMRI at the region level "
                            f"(eigenvalues above the noise; reference: 33 people, 122 regions); n_components = "
                            f"{cfg.n_components}")
+                out.append(random_matrix_line(noise["covariance"], self.dim, spectrum, cfg.n_components))
         return out + self.warnings()
 
     def __str__(self) -> str:
