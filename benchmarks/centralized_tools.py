@@ -157,10 +157,10 @@ class Reference:
     unit-norm scaling), what FastICA or infomax would usually be given.
     """
 
-    def __init__(self, run_dir: Path, A_true: np.ndarray, R: int):
+    def __init__(self, cfg, A_true: np.ndarray, R: int):
         from dpneuro.parcellation import Parcellation
 
-        work = Path(run_dir) / "work"
+        work = Path(cfg.out) / "work"  # the stage cache; the outputs are in the run's folder
         red = json.loads(next(work.glob("reduce-*/reduce.json")).read_text())
         space = json.loads(next(work.glob("space-*/space.json")).read_text())
         sites = sorted((json.loads(p.read_text()) for p in work.glob("load-*/site.json")), key=lambda s: s["site"])
@@ -172,7 +172,7 @@ class Reference:
         Xall = np.concatenate(self.X, axis=1).astype(np.float64)
         lam, V = np.linalg.eigh(Xall @ Xall.T / Xall.shape[1])
         self.raw = Whitening(V[:, ::-1][:, :R], lam[::-1][:R], self.X, parcels, A_true, unit=False)
-        self.W_run = np.load(Path(run_dir) / "W.npy")
+        self.W_run = np.load(cfg.run_dir / "W.npy")
         # the best any method working on these parcels can do: the true maps averaged within parcels
         self.ceiling = (map_quality(parcels.expand(parcels.reduce(A_true)), A_true) if parcels is not None
                         else 1.0)
@@ -295,13 +295,13 @@ def main(argv=None) -> int:
         out_none = work / f"run-none-{rep}"
         with Clock() as c:
             cfg, res = run_dpneuro(manifest, work / "data", out_none, cfg_over, "none", seed=rep)
-        ref = Reference(out_none, A_true, R)
+        ref = Reference(cfg, A_true, R)
         rec["dpneuro none"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref.unit.quality(ref.W_run),
                                    eps=float("inf"))
         out_cape = work / f"run-cape-{rep}"
         with Clock() as c:
             cfg_c, res_c = run_dpneuro(manifest, work / "data", out_cape, cfg_over, "cape", seed=rep)
-        ref_c = Reference(out_cape, A_true, R)
+        ref_c = Reference(cfg_c, A_true, R)
         rec["dpneuro cape"] = dict(group="A", wall=c.wall, cpu=c.cpu, **ref_c.unit.quality(ref_c.W_run),
                                    eps=privacy_of(res_c["maps"]))
         # B. unmixing only, on the non-private run's own whitened data (unit-norm time points)

@@ -76,7 +76,7 @@ def main() -> None:
         out = run_stages(cfg)
         seconds = time.perf_counter() - t0
         report = Path(out["report"]).read_text()
-        run = json.loads((Path(cfg.out) / "run.json").read_text())
+        run = json.loads((cfg.run_dir / "run.json").read_text())
         result = {"quick": args.quick, "subjects_per_site": n_sub, "volumes": n_vol, "sites": rows,
                   "pipeline_seconds": round(seconds, 2), "report_has_data_section": "<h2>Data</h2>" in report,
                   "run_json_cleaning": run["cleaning"]["description"], "run_json_data": run["data"]}

@@ -24,8 +24,9 @@ Data: the pseudo-consortia of ``benchmarks/real_frontier.py`` (33 real people,
    eigenvalues change the spatial maps.
 
     python benchmarks/stable_ica.py            # ~5 min on 2 cores
+    python benchmarks/stable_ica.py --quick    # smoke run: 12 subjects per site, one budget, one seed
 
-Writes benchmarks/results/stable_ica.{csv,json}.
+Writes benchmarks/results/stable_ica[_quick].{csv,json}.
 """
 
 from __future__ import annotations
@@ -86,8 +87,12 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="12 subjects per site, eps 4 and 16, one seed")
     args = ap.parse_args(argv)
-    seeds = list(range(args.seeds))
+    seeds = [0] if args.quick else list(range(args.seeds))
+    diag_subjects, diag_eps, cells, stem = 250, DIAG_EPS, CELLS, "stable_ica"
+    if args.quick:
+        diag_subjects, diag_eps, cells, stem = 12, (16.0,), ((12, (4.0,)),), "stable_ica_quick"
     t0 = time.perf_counter()
     _, runs = real_subjects()
     X_all, len_all = pseudo_consortium(runs, 500, N_SITES, WINDOW, seed=1)  # real_frontier's draws
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
 
     # 1. diagnosis at 4 x 250
     diag = {}
-    cfg0, ref, _ = release(250, None)
+    cfg0, ref, _ = release(diag_subjects, None)
     D = ref.basis.shape[0]
     starts = [spatial_ica(ref.basis, ref.eigenvalues, n_init=1, init_seed=s) for s in range(20)]
     optima = {}
@@ -120,12 +125,12 @@ def main(argv=None) -> int:
     diag["optima of one FastICA run on the non-private basis (20 starts)"] = {
         f"L1 score {k}": {"starts": len(v), "mean |r| with start 0": round(mean_r(v[0], single_ref), 3)}
         for k, v in sorted(optima.items())}
-    _, ref_b1, _ = release(250, None, pca_subject_bound=1.0)
+    _, ref_b1, _ = release(diag_subjects, None, pca_subject_bound=1.0)
     diag["basis change, subject bound 0.25 -> 1 (max abs entry)"] = float(np.abs(ref_b1.basis - ref.basis).max())
-    diag["PCA mode (plan none, private)"] = [pca_mode(cfg0, D), pca_mode(release(250, 16.0)[0], D)]
-    for eps in DIAG_EPS:
+    diag["PCA mode (plan none, private)"] = [pca_mode(cfg0, D), pca_mode(release(diag_subjects, 16.0)[0], D)]
+    for eps in diag_eps:
         for seed in seeds:
-            cfg, red, sigma = release(250, eps, seed)
+            cfg, red, sigma = release(diag_subjects, eps, seed)
             cos = np.linalg.svd(ref.basis.T @ red.basis, compute_uv=False)
             one = spatial_ica(red.basis, red.eigenvalues, n_init=1).maps
             stable = spatial_ica(red.basis, red.eigenvalues).maps
@@ -138,14 +143,14 @@ def main(argv=None) -> int:
             diag[f"eps {eps:g}"][-1]["stable vs non-private stable"] = None  # filled below
             diag[f"eps {eps:g}"][-1]["_stable"] = stable
     ref_stable = spatial_ica(ref.basis, ref.eigenvalues).maps
-    for eps in DIAG_EPS:
+    for eps in diag_eps:
         for d in diag[f"eps {eps:g}"]:
             d["stable vs non-private stable"] = round(mean_r(d.pop("_stable"), ref_stable), 3)
     print(json.dumps(diag, indent=1), flush=True)
 
     # 2. + 3. levers
     rows = []
-    for subjects, epsilons in CELLS:
+    for subjects, epsilons in cells:
         _, ref, _ = release(subjects, None)
         ref_maps = {name: maps_by(rule, ref.basis, ref.eigenvalues) for name, rule in RULES.items()}
         for eps in epsilons:
@@ -179,15 +184,15 @@ def main(argv=None) -> int:
     runtime = time.perf_counter() - t0
     RESULTS.mkdir(exist_ok=True)
     keys = list(rows[0])
-    with open(RESULTS / "stable_ica.csv", "w", newline="") as f:
+    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         for row in rows:
             w.writerow({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()})
     meta = {"n_sites": N_SITES, "window": WINDOW, "n_components": 20, "regions": D, "seeds": len(seeds),
             "rules": list(RULES), "diagnosis_250": diag, "runtime_s": runtime}
-    (RESULTS / "stable_ica.json").write_text(json.dumps(meta, indent=1, default=float))
-    print(f"wrote {RESULTS / 'stable_ica.csv'} in {runtime:.0f} s")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(meta, indent=1, default=float))
+    print(f"wrote {RESULTS / f'{stem}.csv'} in {runtime:.0f} s")
     return 0
 
 
