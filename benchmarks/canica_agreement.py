@@ -40,7 +40,6 @@ Writes benchmarks/results/canica_agreement.{csv,json}.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import tempfile
@@ -50,10 +49,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import mean_r  # noqa: E402
+from frontier import mean_r, write_results  # noqa: E402
 from real_frontier import atlas_on_grid, real_subjects  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 N_SITES, N_COMPONENTS, SMOOTHING = 4, 20, 6.0
 #: (name, DecentralizedICA options beyond plan="none"): the features a consortium can choose
 VARIANTS = (
@@ -165,20 +163,12 @@ def main(argv=None) -> int:
                          "seconds without report": seconds - report_s,
                          "features": "atlas" if cfg["atlas"] else (cfg["parcels"] or "voxels")})
             print(rows[-1], flush=True)
-    runtime = time.perf_counter() - t0
-    suffix = "_quick" if args.quick else ""
-    RESULTS.mkdir(exist_ok=True)
     keys = ["method", "features", "vs CanICA", "both thresholded", "vs CanICA unthresholded", "seconds",
             "seconds without report"]
-    with open(RESULTS / f"canica_agreement{suffix}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({key: (round(r[key], 3) if isinstance(r[key], float) else r[key]) for key in keys})
     meta = {"data": d["source"], "people": len(runs), "n_sites": N_SITES, "n_components": k, "canica_n_init": n_init,
-            "voxels": int((labels > 0).sum()), "canica_thresholded_vs_unthresholded": ceiling, "runtime_s": runtime}
-    (RESULTS / f"canica_agreement{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
-    print(f"wrote {RESULTS / f'canica_agreement{suffix}.csv'} in {runtime:.0f} s")
+            "voxels": int((labels > 0).sum()), "canica_thresholded_vs_unthresholded": ceiling,
+            "runtime_s": time.perf_counter() - t0}
+    write_results("canica_agreement" + ("_quick" if args.quick else ""), rows, meta, keys=keys)
     return 0
 
 

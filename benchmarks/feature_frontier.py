@@ -46,8 +46,6 @@ Writes benchmarks/results/feature_frontier[_synthetic].{csv,json}.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import statistics
 import sys
 import tempfile
@@ -60,12 +58,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from canica_agreement import canica, write_consortium  # noqa: E402
-from frontier import base_config, mean_r, planned, run_maps  # noqa: E402
+from frontier import base_config, mean_r, planned, run_maps, write_results  # noqa: E402
 from real_frontier import atlas_on_grid, real_subjects  # noqa: E402
 
 from dpneuro.config import ConfigError  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250)
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
 N_SITES, N_COMPONENTS, WINDOW, SMOOTHING = 4, 20, 150, 6.0
@@ -222,17 +219,7 @@ class _Identity:
 
 
 def _write(rows: list[dict], meta: dict, stem: str, quick: bool, t0: float) -> int:
-    runtime = time.perf_counter() - t0
-    stem += "_quick" if quick else ""
-    RESULTS.mkdir(exist_ok=True)
-    keys = list(rows[0])
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
-    (RESULTS / f"{stem}.json").write_text(json.dumps({**meta, "runtime_s": runtime}, indent=1, default=str))
-    print(f"wrote {RESULTS / f'{stem}.csv'} in {runtime:.0f} s")
+    write_results(stem + ("_quick" if quick else ""), rows, {**meta, "runtime_s": time.perf_counter() - t0})
     return 0
 
 

@@ -125,6 +125,19 @@ def run_maps(cfg, X_sites, lengths, parcels=None, *, spatial_options=None, with_
     return (maps, red) if with_release else maps
 
 
+def write_results(stem: str, rows: list[dict], meta: dict, *, keys=None, digits: int = 3, default=str) -> None:
+    """``benchmarks/results/<stem>.csv`` (``keys``, default the first row's; floats rounded) and ``<stem>.json``."""
+    RESULTS.mkdir(exist_ok=True)
+    keys = list(keys or rows[0])
+    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (round(r[k], digits) if isinstance(r[k], float) else r[k]) for k in keys})
+    (RESULTS / f"{stem}.json").write_text(json.dumps(meta, indent=1, default=default))
+    print(f"wrote {RESULTS / f'{stem}.csv'} in {meta.get('runtime_s', float('nan')):.0f} s")
+
+
 def mean_r(est, ref) -> float:
     from dpneuro.metrics import match_components
 

@@ -32,7 +32,6 @@ Writes benchmarks/results/stable_ica[_quick].{csv,json}.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -44,10 +43,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, mean_r, planned  # noqa: E402
+from frontier import base_config, mean_r, planned, write_results  # noqa: E402
 from real_frontier import N_SITES, WINDOW, pseudo_consortium, real_subjects  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DIAG_EPS = (16.0, 64.0, 1000.0)
 CELLS = ((100, (1.0, 2.0, 4.0, 8.0, 16.0)), (250, (4.0, 16.0)))
 #: name -> spatial_ica keyword arguments (None: ICASSO centrotypes of 20 runs)
@@ -181,18 +179,9 @@ def main(argv=None) -> int:
                 row[f"{name}: min"] = min(r[name])
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    runtime = time.perf_counter() - t0
-    RESULTS.mkdir(exist_ok=True)
-    keys = list(rows[0])
-    with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()})
     meta = {"n_sites": N_SITES, "window": WINDOW, "n_components": 20, "regions": D, "seeds": len(seeds),
-            "rules": list(RULES), "diagnosis_250": diag, "runtime_s": runtime}
-    (RESULTS / f"{stem}.json").write_text(json.dumps(meta, indent=1, default=float))
-    print(f"wrote {RESULTS / f'{stem}.csv'} in {runtime:.0f} s")
+            "rules": list(RULES), "diagnosis_250": diag, "runtime_s": time.perf_counter() - t0}
+    write_results(stem, rows, meta, digits=5, default=float)
     return 0
 
 
