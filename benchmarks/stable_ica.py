@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     _, runs = real_subjects()
     X_all, len_all = pseudo_consortium(runs, 500, N_SITES, WINDOW, seed=1)  # real_frontier's draws
-    tmp = Path(tempfile.mkdtemp(prefix="dpneuro-stable-"))
+    scratch = tempfile.TemporaryDirectory(prefix="dpneuro-stable-")  # removed when main returns
+    tmp = Path(scratch.name)
     kw = dict(ica="spatial", pca_contribution="subspace", parcels=0)
 
     def consortium(subjects):
