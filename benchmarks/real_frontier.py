@@ -38,8 +38,6 @@ Writes benchmarks/results/real_frontier.{csv,json} and real_frontier.png.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import statistics
 import sys
 import tempfile
@@ -50,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, figure, mean_r, run_maps  # noqa: E402
+from frontier import base_config, figure, mean_r, run_maps, write_results  # noqa: E402
 
 from dpneuro.budget import SiteShape, plan_for_target  # noqa: E402
 from dpneuro.config import ConfigError, RunConfig  # noqa: E402
@@ -244,25 +242,16 @@ def main(argv=None) -> int:
                                  "above_edge": statistics.median(above) if above else "", "seeds": len(seeds),
                                  "reference": "non-private, same data"})
                     print(rows[-1], flush=True)
-    runtime = time.perf_counter() - t0
-    suffix = "_quick" if args.quick else ""
-    RESULTS.mkdir(exist_ok=True)
     keys = ["subjects", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "above_edge",
             "seeds", "reference"]
-    with open(RESULTS / f"real_frontier{suffix}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys})
     meta = {"data": d["source"], "people": len(runs), "regions": D, "window": WINDOW, "n_sites": N_SITES,
             "n_components": N_COMPONENTS, "subjects_per_site": list(subjects_grid), "epsilons": list(epsilons),
             "runs": [list(r) for r in runs_grid], "seeds": len(seeds), "delta": 1e-5, "agreement": agreement,
-            "runtime_s": runtime}
-    (RESULTS / f"real_frontier{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
+            "runtime_s": time.perf_counter() - t0}
+    write_results("real_frontier" + ("_quick" if args.quick else ""), rows, meta, keys=keys, digits=4)
     if not args.quick:
         figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"),
                value="r_median", ylabel="mean |r| with the non-private maps", hline=0.7)
-    print(f"wrote {RESULTS / f'real_frontier{suffix}.csv'} in {runtime:.0f} s")
     return 0
 
 
