@@ -9,7 +9,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from .io import mask_to_image
+from .io import mask_to_image, resolve_workers
 
 
 def zscore_columns(A: np.ndarray) -> np.ndarray:
@@ -154,10 +154,8 @@ def render_many(jobs: list[tuple], workers: int | None = None) -> list[Path]:
     """
     from joblib.externals.loky import ProcessPoolExecutor
 
-    from .synth import _usable_cores
-
     packed = [(np.asarray(img.dataobj), img.affine, str(out), kw) for img, out, kw in jobs]
-    workers = min(_usable_cores() if workers is None else workers, len(jobs) // (PARALLEL_FIGURES // 2))
+    workers = min(resolve_workers(workers), len(jobs) // (PARALLEL_FIGURES // 2))
     if workers < 2 or len(jobs) < PARALLEL_FIGURES:
         return [_render_job(j) for j in packed]
     with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -187,7 +187,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 import warnings
 import zlib
@@ -198,7 +197,7 @@ from typing import Sequence
 import nibabel as nib
 import numpy as np
 
-from .io import SPACES, load_space  # noqa: F401 - the generator's grids are the analysis spaces
+from .io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
 
 __all__ = [
     "make_consortium", "load_manifest", "garch_sources", "state_centroids", "state_sequence",
@@ -1032,14 +1031,6 @@ _GZIP_LEVEL = 1
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + (b"\x04" if _GZIP_LEVEL == 1 else b"\x00") + b"\xff"
 
 
-def _usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 @dataclass
 class _SubjectJob:
     """Where one subject goes: (site, subject-in-site) indices and its output files."""
@@ -1319,7 +1310,7 @@ def make_consortium(
         raise ValueError("brain states (states >= 2) are only available with model='blobs'")
     state_dwell = _check_dwell(state_dwell)
     state_strength = _check_unit_open(state_strength, "state_strength")
-    workers = _usable_cores() if workers is None else _check_int(workers, "workers", 1)
+    workers = resolve_workers() if workers is None else _check_int(workers, "workers", 1)
     if not isinstance(compress, (bool, np.bool_)):
         raise ValueError(f"compress must be True or False, got {compress!r}")
 
