@@ -1380,16 +1380,13 @@ def load_site(
     if not subjects:
         raise DataValidationError(f"{paths_or_dir}: no subject left to read; left out: {excluded}")
 
-    if decoder is not None and (cleaning is not None and (cleaning.temporal or cleaning.smoothing_fwhm)
-                                or any(pl.resample_from for _, ps in subjects for pl in ps)):
+    if decoder is not None and _costly(subjects, cleaning):
         raise DataValidationError("a cluster decoder reads runs on the analysis grid without cleaning; "
                                   "resampling, confounds, filters and smoothing run in this process only "
                                   "(leave 'cluster' out)")
     while True:
         try:
-            costly = any(pl.resample_from for _, ps in subjects for pl in ps) or (
-                cleaning is not None and bool(cleaning.temporal or cleaning.smoothing_fwhm))
-            keep = voxels_path if costly and parcels is not None and decoder is None else None
+            keep = voxels_path if parcels is not None and decoder is None and _costly(subjects, cleaning) else None
             site = _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder,
                                 cleaning, standardize, detrend, keep)
             break
@@ -1470,6 +1467,12 @@ def _plan_run(path: Path, sid: str, companions: dict, mask: np.ndarray, mask_aff
     if companions.get("mask"):
         pl.coverage = _mask_coverage(companions["mask"], mask, target)
     return pl
+
+
+def _costly(subjects, cleaning) -> bool:
+    """Whether decoding resamples or cleans: work only this process does, and more than reading a run again."""
+    return any(pl.resample_from for _, ps in subjects for pl in ps) or (
+        cleaning is not None and bool(cleaning.temporal or cleaning.smoothing_fwhm))
 
 
 def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, workers, decoder, cleaning,
