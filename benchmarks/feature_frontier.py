@@ -59,7 +59,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from canica_agreement import canica, write_consortium  # noqa: E402
 from frontier import base_config, mean_r, planned, run_maps, write_results  # noqa: E402
-from real_frontier import atlas_on_grid, real_subjects  # noqa: E402
+from real_frontier import atlas_on_grid, pseudo_windows, real_subjects  # noqa: E402
 
 from dpneuro.config import ConfigError  # noqa: E402
 
@@ -104,25 +104,11 @@ def painting(labels, affine, smoothed: bool) -> np.ndarray:
     return np.asarray(smooth_img(nib.Nifti1Image(vol, affine), SMOOTHING).dataobj, dtype=np.float32)[inside]
 
 
-def pseudo_windows(runs, subjects: int, seed: int):
-    """Per site, per subject, a 150-volume window of one person's run (regions x volumes, z-scored)."""
-    from dpneuro.io import preprocess
-
-    rng = np.random.default_rng(seed)
-    sites = []
-    for _ in range(N_SITES):
-        blocks = []
-        for _ in range(subjects):
-            run = runs[int(rng.integers(len(runs)))][int(rng.integers(2))]
-            a = int(rng.integers(run.shape[1] - WINDOW + 1))
-            blocks.append(run[:, a:a + WINDOW])
-        sites.append(blocks)
-    return sites, preprocess
-
-
-def features_of(sites, A: np.ndarray, preprocess):
+def features_of(sites, A: np.ndarray):
     """Site feature matrices: each subject's voxels z-scored within the window (painted: its regions z-scored), then
     reduced by ``A`` as the product reduces cleaned voxels (an atlas's weighting survives: no z-scoring after)."""
+    from dpneuro.io import preprocess
+
     X_sites = [np.hstack([A @ preprocess(b) for b in blocks]).astype(np.float32) for blocks in sites]
     return X_sites, [[WINDOW] * len(blocks) for blocks in sites]
 
@@ -247,12 +233,12 @@ def main(argv=None) -> int:
         tc = time.perf_counter()
         can, _ = canica([f for fs in sites_files.values() for f in fs], mask, N_COMPONENTS, None, n_init)
         print(f"CanICA: {time.perf_counter() - tc:.0f} s", flush=True)
-        windows = {M: pseudo_windows(runs, M, seed=1) for M in subjects_grid}
+        windows = {M: pseudo_windows(runs, M, N_SITES, WINDOW, seed=1) for M in subjects_grid}
         for name, key, smoothed in features:
             rd = red[key]
             A = rd.reduce(paint[smoothed])  # features x regions
             for M in subjects_grid:
-                X_sites, lengths = features_of(windows[M][0], A, windows[M][1])
+                X_sites, lengths = features_of(windows[M], A)
                 cfg0 = base_config(tmp, N_SITES, parcels=A.shape[0], seed=0)
                 ref = run_maps(replace(cfg0, plan="none"), X_sites, lengths)
                 base = {"features": name, "n_features": A.shape[0], "subjects": M}

@@ -106,20 +106,25 @@ def split_real(runs, n_sites: int):
     return X_sites, lengths
 
 
-def pseudo_consortium(runs, subjects: int, n_sites: int, window: int, seed: int):
-    from dpneuro.io import preprocess
-
+def pseudo_windows(runs, subjects: int, n_sites: int, window: int, seed: int) -> list[list[np.ndarray]]:
+    """Per site, per pseudo-subject, a random ``window`` of one person's run (regions x volumes, as read)."""
     rng = np.random.default_rng(seed)
-    X_sites, lengths = [], []
+    sites = []
     for _ in range(n_sites):
         blocks = []
         for _ in range(subjects):
             run = runs[int(rng.integers(len(runs)))][int(rng.integers(2))]
             a = int(rng.integers(run.shape[1] - window + 1))
-            blocks.append(preprocess(run[:, a:a + window]))
-        X_sites.append(np.hstack(blocks))
-        lengths.append([window] * subjects)
-    return X_sites, lengths
+            blocks.append(run[:, a:a + window])
+        sites.append(blocks)
+    return sites
+
+
+def pseudo_consortium(runs, subjects: int, n_sites: int, window: int, seed: int):
+    from dpneuro.io import preprocess
+
+    sites = pseudo_windows(runs, subjects, n_sites, window, seed)
+    return [np.hstack([preprocess(b) for b in blocks]) for blocks in sites], [[window] * subjects for _ in sites]
 
 
 def atlas_on_grid(atlas, space: str = "mni6mm"):
