@@ -225,39 +225,43 @@ _PARAM_NOTES = {
 _POSITIONAL = "n_components"
 
 
+def _annotation(f: dataclasses.Field) -> str:
+    return f.type if f.default is not dataclasses.MISSING else f"{f.type} | None"
+
+
 def _signature() -> inspect.Signature:
     """``__init__``'s signature: ``n_components``, then every other RunConfig field but ``sites`` (keyword-only,
     in the dataclass's order), then the estimator's own parameters."""
-    def param(name, kind, default, annotation):
-        return inspect.Parameter(name, kind, default=default, annotation=annotation)
-
-    settings = {_param_name(f): param(_param_name(f), inspect.Parameter.KEYWORD_ONLY, _param_default(f),
-                                      f.type if _param_default(f) is not None or f.default is None
-                                      else f"{f.type} | None") for f in _SETTINGS}
+    kw = inspect.Parameter.KEYWORD_ONLY
+    settings = {_param_name(f): inspect.Parameter(_param_name(f), kw, default=_param_default(f),
+                                                  annotation=_annotation(f)) for f in _SETTINGS}
     first = settings.pop(_POSITIONAL).replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    own = [param(k, inspect.Parameter.KEYWORD_ONLY, v, inspect.Parameter.empty) for k, v in _OWN_PARAMS.items()]
+    own = [inspect.Parameter(k, kw, default=v) for k, v in _OWN_PARAMS.items()]
     return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), first,
                               *settings.values(), *own])
 
 
+_SIGNATURE = _signature()
+
+
 def _parameters_doc() -> str:
-    """The numpydoc Parameters entries: each setting's documentation from its RunConfig field, then the
-    estimator's own parameters."""
+    """The numpydoc Parameters entries, in the signature's order: each setting's documentation from its
+    RunConfig field, then the estimator's own parameters."""
     entries = []
-    for f in sorted(_SETTINGS, key=lambda f: _param_name(f) != _POSITIONAL):
-        name, default = _param_name(f), _param_default(f)
-        head = f"{name} : {f.type}, default={default!r}"
-        if default is None and _field_default(f) is not None:
+    for name in [p for p in _SIGNATURE.parameters if p in _FIELD_OF]:
+        f = _FIELD_OF[name]
+        head = f"{name} : {_annotation(f)}, default={_param_default(f)!r}"
+        if _param_default(f) is None and _field_default(f) is not None:
             head += f" (the configuration's {_field_default(f)!r})"
         renamed = f"The configuration's ``{f.name}``." if name != f.name else ""
         doc = " ".join(d for d in (renamed, f.metadata.get("doc", ""), _PARAM_NOTES.get(name, "")) if d)
-        entries.append(head + ("\n" + textwrap.fill(doc, 79, initial_indent="    ", subsequent_indent="    ",
-                                                    break_on_hyphens=False)
-                               if doc else ""))
+        if doc:
+            head += "\n" + textwrap.fill(doc, 75, initial_indent="    ", subsequent_indent="    ",
+                                         break_on_hyphens=False)
+        entries.append(head)
     return "\n".join(entries) + "\n" + _OWN_PARAMS_DOC
 
 
-_SIGNATURE = _signature()
 
 
 class _Decentralized(BaseEstimator):
@@ -295,7 +299,7 @@ class _Decentralized(BaseEstimator):
         if isinstance(config, RunConfig):
             cfg = config
         else:
-            cfg = RunConfig.read(config)
+            cfg = RunConfig.read(config)  # every path against the file's folder; its outputs go where the user works
             cfg = replace(cfg, out=tomllib.loads(Path(config).read_text()).get("out", ""))
         est = cls(**{**{_param_name(f): getattr(cfg, f.name) for f in _SETTINGS}, **params})
         est._config_sites = cfg.sites

@@ -416,8 +416,11 @@ def test_parameters_are_the_run_config_fields(cls):
     assert next(iter(params)) == "n_components" and cls(7).n_components == 7  # as PCA(n_components)
     assert all(p.kind == p.KEYWORD_ONLY for p in list(params.values())[1:])
     assert sorted(cls().get_params()) == sorted(params)
-    for name in params:  # the docstring documents each
-        assert f"\n    {name} : " in dpneuro.DecentralizedICA.__doc__, name
+    doc = " ".join(dpneuro.DecentralizedICA.__doc__.split())
+    for name in params:  # the docstring documents each, in the field's words
+        assert f" {name} : " in doc, name
+    for f in fields(RunConfig):
+        assert " ".join(f.metadata.get("doc", "").split()) in doc, f.name
 
 
 @pytest.mark.parametrize("cls", ESTIMATORS)
@@ -453,7 +456,7 @@ def test_scikit_learn_estimator_checks(cls, check):
 def test_clone_repr_and_the_configuration_a_fit_runs(fitted):
     est = dpneuro.DecentralizedICA(n_components=5, brain_states=2, random_state=3, out="o", exchange_dir="x",
                                    bids={"task": "rest"})
-    assert repr(est) == ("DecentralizedICA(bids={'task': 'rest'}, brain_states=2, exchange_dir='x', "
+    assert " ".join(repr(est).split()) == ("DecentralizedICA(bids={'task': 'rest'}, brain_states=2, exchange_dir='x', "
                          "n_components=5, out='o', random_state=3)")
     twin = clone(est)
     assert twin is not est and twin.get_params() == est.get_params() and twin.bids is not est.bids
