@@ -16,16 +16,23 @@ run over a shared folder, through the code ``dpneuro site`` /
 
 from __future__ import annotations
 
+import dataclasses
 import html as _html
+import inspect
 import json
+import os
 import shutil
 import tempfile
+import textwrap
+import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace, fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
 
 from .config import ConfigError, RunConfig, SiteEntry
 from .io import private_dir
@@ -36,10 +43,46 @@ ROLES = ("simulation", "site", "aggregator")
 #: "serial": the stages in this process; "pydra": the Pydra workflow (serial plugin); "pydra-cf": concurrent workers
 ENGINES = ("serial", "pydra", "pydra-cf")
 
-#: RunConfig fields an estimator sets from its own parameters (the rest are expert keywords)
-_OWN = {"sites", "out", "n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction",
-        "ica", "brain_states", "seed", "exchange_dir", "backend"}
-_EXPERT = tuple(f.name for f in fields(RunConfig) if f.name not in _OWN)
+#: the RunConfig fields an estimator takes as parameters: all but the data, which ``fit`` takes
+_SETTINGS = tuple(f for f in dataclasses.fields(RunConfig) if f.name != "sites")
+
+
+def _param_name(f: dataclasses.Field) -> str:
+    """The estimator's name for a RunConfig field (the field's own, except where its metadata names another)."""
+    # the seed takes scikit-learn's name; the fallback goes once config.py's field metadata says so itself
+    return f.metadata.get("estimator", "random_state" if f.name == "seed" else f.name)
+
+
+#: estimator parameter name -> RunConfig field
+_FIELD_OF = {_param_name(f): f for f in _SETTINGS}
+
+
+def _field_default(f: dataclasses.Field):
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def _param_default(f: dataclasses.Field):
+    """The parameter's default: the field's, or None where that is mutable (scikit-learn clones defaults) or
+    missing (``out``: a scratch folder)."""
+    return f.default if f.default is not dataclasses.MISSING else None
+
+
+def _as_setting(f: dataclasses.Field, value):
+    """A parameter's value as its field's: None stands for the field's default, a path for its text."""
+    if value is None:
+        return _field_default(f)
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _as_fields(params: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Estimator parameter names -> RunConfig field names, refusing any other name."""
+    unknown = sorted(set(params) - set(_FIELD_OF))
+    if unknown:
+        raise TypeError(f"{where}: unknown parameter(s) {unknown}; settings are the RunConfig fields "
+                        f"{sorted(_FIELD_OF)}")
+    return {_FIELD_OF[k].name: _as_setting(_FIELD_OF[k], v) for k, v in params.items()}
 
 
 class Report:
@@ -157,81 +200,119 @@ def _site_inputs(sites, staging: Path) -> list[SiteEntry]:
     return out
 
 
-class _Decentralized:
+#: parameters of an estimator that are not settings of the run: how and where this process takes part
+_OWN_PARAMS = {"role": "simulation", "site": None, "engine": "serial", "verbose": 0}
+_OWN_PARAMS_DOC = """\
+role : {"simulation", "site", "aggregator"}, default="simulation"
+    ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
+    shared folder ``exchange_dir`` (as ``dpneuro site`` / ``dpneuro aggregator``).
+site : str, default=None
+    With ``role="site"``: this party's site name.
+engine : {"serial", "pydra", "pydra-cf"}, default="serial"
+    Run the stages in this process, or through the Pydra workflow with its
+    serial or concurrent plugin (not inside a running event loop such as
+    Jupyter's).
+verbose : int, default=0
+    Progress bars when > 0."""
+#: what an estimator adds to a setting's documentation
+_PARAM_NOTES = {
+    "out": "With the estimator, ``None`` (the default): a temporary folder only this user can read, removed with "
+           "the estimator (or at exit); the sites' un-noised matrices are then removed as soon as ``fit`` "
+           "returns. A relative path is taken against the working folder at ``fit``; the outputs are in "
+           "``output_dir_`` (``<out>/<run_id>``).",
+}
+#: the first parameter may be given by position, as scikit-learn's PCA(n_components)
+_POSITIONAL = "n_components"
+
+
+def _annotation(f: dataclasses.Field) -> str:
+    return f.type if f.default is not dataclasses.MISSING else f"{f.type} | None"
+
+
+def _signature() -> inspect.Signature:
+    """``__init__``'s signature: ``n_components``, then every other RunConfig field but ``sites`` (keyword-only,
+    in the dataclass's order), then the estimator's own parameters."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    settings = {_param_name(f): inspect.Parameter(_param_name(f), kw, default=_param_default(f),
+                                                  annotation=_annotation(f)) for f in _SETTINGS}
+    first = settings.pop(_POSITIONAL).replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    own = [inspect.Parameter(k, kw, default=v) for k, v in _OWN_PARAMS.items()]
+    return inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), first,
+                              *settings.values(), *own])
+
+
+_SIGNATURE = _signature()
+
+
+def _parameters_doc() -> str:
+    """The numpydoc Parameters entries, in the signature's order: each setting's documentation from its
+    RunConfig field, then the estimator's own parameters."""
+    entries = []
+    for name in [p for p in _SIGNATURE.parameters if p in _FIELD_OF]:
+        f = _FIELD_OF[name]
+        head = f"{name} : {_annotation(f)}, default={_param_default(f)!r}"
+        if _param_default(f) is None and _field_default(f) is not None:
+            head += f" (the configuration's {_field_default(f)!r})"
+        renamed = f"The configuration's ``{f.name}``." if name != f.name else ""
+        doc = " ".join(d for d in (renamed, f.metadata.get("doc", ""), _PARAM_NOTES.get(name, "")) if d)
+        if doc:
+            head += "\n" + textwrap.fill(doc, 75, initial_indent="    ", subsequent_indent="    ",
+                                         break_on_hyphens=False)
+        entries.append(head)
+    return "\n".join(entries) + "\n" + _OWN_PARAMS_DOC
+
+
+
+
+class _Decentralized(BaseEstimator):
     """Shared parameters and plumbing of :class:`DecentralizedICA` and :class:`DecentralizedPCA`."""
 
     _until = "report"
 
-    def __init__(self, n_components: int = 20, *, epsilon: float | None = None, delta: float = 1e-5,
-                 plan: str = "cape", mask=None, space: str | None = None, parcels: int | None = None,
-                 reduction: str = "capepca", ica: str = "spatial", n_states: int = 0,
-                 random_state: int | None = None,
-                 output_dir=None, role: str = "simulation", site: str | None = None, exchange=None,
-                 engine: str = "serial", verbose: int = 0, **options):
-        self.n_components = n_components
-        self.epsilon = epsilon
-        self.delta = delta
-        self.plan = plan
-        self.mask = mask
-        self.space = space
-        self.parcels = parcels
-        self.reduction = reduction
-        self.ica = ica
-        self.n_states = n_states
-        self.random_state = random_state
-        self.output_dir = output_dir
-        self.role = role
-        self.site = site
-        self.exchange = exchange
-        self.engine = engine
-        self.verbose = verbose
-        self.options = options
+    def __init__(self, *args, **params):
+        # scikit-learn reads the parameters from the signature below; only storing them here keeps clone exact
+        try:
+            bound = _SIGNATURE.bind(self, *args, **params)
+        except TypeError as exc:
+            raise TypeError(f"{type(self).__name__}(): {exc}") from None
+        bound.apply_defaults()
+        for name, value in list(bound.arguments.items())[1:]:
+            setattr(self, name, value)
 
-    # -- scikit-learn conventions ---------------------------------------------------------------
-    _PARAMS = ("n_components", "epsilon", "delta", "plan", "mask", "space", "parcels", "reduction", "ica",
-               "n_states", "random_state", "output_dir", "role", "site", "exchange", "engine", "verbose")
+    __init__.__signature__ = _SIGNATURE
 
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {**{p: getattr(self, p) for p in self._PARAMS}, **self.options}
-
-    def set_params(self, **params):
-        for k, v in params.items():
-            if k in self._PARAMS:
-                setattr(self, k, v)
-            else:
-                self.options[k] = v
-        return self
-
-    def __repr__(self) -> str:
-        defaults = type(self)().get_params()
-        changed = {k: v for k, v in self.get_params().items()
-                   if k not in defaults or (defaults[k] is not v and defaults[k] != v)}
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+    def __sklearn_clone__(self):
+        twin = super().__sklearn_clone__()
+        if hasattr(self, "_config_sites"):  # from_config's sites: the data a fit without arguments reads
+            twin._config_sites = self._config_sites
+        return twin
 
     # -- configuration ------------------------------------------------------------------------------
     @classmethod
     def from_config(cls, config, **params):
-        """An estimator running exactly a configuration (a :class:`RunConfig` or a run.toml path)."""
-        cfg = config if isinstance(config, RunConfig) else RunConfig.read(config)
-        own = dict(n_components=cfg.n_components, epsilon=cfg.epsilon, delta=cfg.delta, plan=cfg.plan,
-                   mask=cfg.mask or None, space=cfg.space, parcels=cfg.parcels, reduction=cfg.reduction,
-                   ica=cfg.ica, n_states=cfg.brain_states, random_state=cfg.seed, output_dir=cfg.out or None)
-        est = cls(**{**own, **{f: getattr(cfg, f) for f in _EXPERT}, **params})
+        """An estimator running exactly a configuration (a :class:`RunConfig` or a run.toml path).
+
+        The file's inputs (sites, mask, ...) are read relative to its folder;
+        its ``out``, when relative, is taken against the working folder at
+        ``fit``, as the estimator's own ``out``.
+        """
+        if isinstance(config, RunConfig):
+            cfg = config
+        else:
+            cfg = RunConfig.read(config)  # every path against the file's folder; its outputs go where the user works
+            cfg = replace(cfg, out=tomllib.loads(Path(config).read_text()).get("out", ""))
+        est = cls(**{**{_param_name(f): getattr(cfg, f.name) for f in _SETTINGS}, **params})
         est._config_sites = cfg.sites
-        est._config_fields = {"exchange_dir": cfg.exchange_dir, "backend": cfg.backend}
         return est
 
     def to_config(self, sites=None) -> RunConfig:
         """The :class:`RunConfig` a fit with these parameters runs (relative paths against the working folder)."""
-        unknown = set(self.options) - set(_EXPERT)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s) {sorted(unknown)}; expert settings are RunConfig fields: "
-                              f"{list(_EXPERT)}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        out = Path(self.output_dir) if self.output_dir else self._scratch_dir()
+        settings = _as_fields({name: getattr(self, name) for name in _FIELD_OF}, type(self).__name__)
+        out = Path(settings["out"]) if settings["out"] else self._scratch_dir()
         if sites is None:
             site_inputs = getattr(self, "_config_sites", None)
             if site_inputs is None:
@@ -239,21 +320,11 @@ class _Decentralized:
                                  "of NIfTI images/paths")
         else:
             site_inputs = _site_inputs(sites, out / "inputs")
-        defaults = {f.name: f.default for f in fields(RunConfig)}
-        extra = dict(getattr(self, "_config_fields", {}))
         if self.role != "simulation":
-            if self.exchange is None and not extra.get("exchange_dir"):
-                raise ValueError(f"role {self.role!r} needs exchange=<the run's shared folder>")
-            extra.update(backend="directory")
-            if self.exchange is not None:
-                extra["exchange_dir"] = str(self.exchange)
-        cfg = RunConfig(
-            sites=list(site_inputs), out=str(out), n_components=self.n_components, epsilon=self.epsilon,
-            delta=self.delta, plan=self.plan, mask=str(self.mask) if self.mask else "",
-            space=self.space if self.space is not None else defaults["space"],
-            parcels=self.parcels if self.parcels is not None else defaults["parcels"], reduction=self.reduction,
-            ica=self.ica, brain_states=self.n_states, seed=self.random_state, **extra, **self.options)
-        return cfg.resolved()
+            if not settings["exchange_dir"]:
+                raise ValueError(f"role {self.role!r} needs exchange_dir=<the run's shared folder>")
+            settings["backend"] = "directory"
+        return RunConfig(**{**settings, "sites": list(site_inputs), "out": str(out)}).resolved()
 
     # -- fitting ------------------------------------------------------------------------------------
     def fit(self, sites=None, y=None):
@@ -271,13 +342,13 @@ class _Decentralized:
                 self._fit_simulation(cfg)
             else:
                 self._fit_party(cfg)
-        if not self.output_dir:  # nobody asked for files: the sites' un-noised matrices go at once
+        if not self.out:  # nobody asked for files: the sites' un-noised matrices go at once
             for d in (Path(cfg.out) / "work").glob("load-*"):
                 shutil.rmtree(d, ignore_errors=True)
         return self
 
     def _scratch_dir(self) -> Path:
-        """Where a fit without ``output_dir`` writes: a folder only this user can read, removed with the estimator
+        """Where a fit without ``out`` writes: a folder only this user can read, removed with the estimator
         (or when Python exits)."""
         self._scratch = tempfile.TemporaryDirectory(prefix="dpneuro-")
         return Path(self._scratch.name)
@@ -312,9 +383,6 @@ class _Decentralized:
         self.mask_img_ = _in_memory(space["mask"])
         self._mask = load_mask(space["mask"])[0]
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "config_"):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit first")
 
 
 def _in_memory(path):
@@ -329,73 +397,18 @@ def _read_json(path) -> dict:
 
 
 class DecentralizedICA(_Decentralized):
-    """Group ICA of a consortium's fMRI with a per-subject differential-privacy guarantee (capePCA + capeDJICA).
+    """Group ICA of a consortium's fMRI with a per-subject differential-privacy guarantee.
+
+    capePCA (one private release per site), then the unmixing: by default
+    spatial ICA (``ica="spatial"``: FastICA of the released basis, no further
+    release), or temporal ICA by capeDJICA's private rounds (``ica="temporal"``).
 
     Parameters
     ----------
-    n_components : int, default 20
-        Number of independent components (also the PCA dimension).
-    epsilon : float, optional
-        Total privacy budget per site in the headline sense: against the
-        aggregator colluding with ``n_colluding`` sites, one subject replaced,
-        at ``delta``, every stage included. The budget planner splits it over
-        the stages from the sites' subject counts. Default: the tuned
-        per-release settings (``pca_epsilon``, ``ica_epsilon_i``; the headline
-        they give is in ``privacy_``).
-    delta : float, default 1e-5
-    plan : {"cape", "conv", "none"}, default "cape"
-        Correlated noise (CAPE, >= 3 sites), independent noise per site, or no
-        noise (not private; a reference).
-    mask : Niimg-like path, optional
-        Consortium mask; default: the template grid named by ``space``.
-    space : {"mni6mm", "mni4mm", "mni3mm", "grid30"}, optional
-    parcels : int, optional
-        Data-independent parcels of the mask (0: voxels); default 100.
-    reduction : {"capepca", "capepca-power", "none", "pdsvd"}, default "capepca"
-        ``"pdsvd"``: PD-SVD, secure sums that hide the iterations' singular
-        values but add no noise: the run is NOT differentially private (the
-        report's privacy box says what it reveals; ``pdsvd_iterations`` sets
-        its power iterations).
-    ica : {"spatial", "temporal"}, default "spatial"
-        The group ICA model. ``"spatial"``: independent maps, the model of
-        CanICA, MELODIC and GIFT, found by FastICA on the released PCA basis
-        (post-processing: the PCA is the only release; each site's time
-        courses are the least-squares fit of its data on the maps, at the
-        site). ``"temporal"``: independent time courses by capeDJICA, whose
-        rounds are private releases of their own.
-    n_states : int, default 0
-        Brain states (capeAGN): K recurring states over the whitened time
-        points (co-activation patterns), released as the second and third
-        moments of every site's time points (``states_epsilon`` per release;
-        with ``epsilon`` the planner gives them their share). 0: none.
-    random_state : int, optional
-        Seeds every noise draw: reproducible simulations only. A deployed
-        party refuses it (anyone holding the configuration could remove the noise).
-    output_dir : path, optional
-        The run's ``out`` folder: the maps, privacy.json, time courses and
-        report go to ``<output_dir>/<run_id>/`` (``output_dir_``; ``run_id``
-        is an expert setting, default "dpneuro"), so fits with other run ids
-        keep their own; the stages' private cache, ``<output_dir>/work``, is
-        shared. Default: a temporary folder only this user can read, removed
-        with the estimator (or at exit); the sites' un-noised matrices are
-        removed as soon as ``fit`` returns.
-    role : {"simulation", "site", "aggregator"}, default "simulation"
-        ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
-        shared folder ``exchange`` (as ``dpneuro site`` / ``dpneuro aggregator``).
-    site : str, optional
-        With ``role="site"``: this party's site name.
-    exchange : path, optional
-        The deployed run's shared folder.
-    engine : {"serial", "pydra", "pydra-cf"}, default "serial"
-        Run the stages in this process, or through the Pydra workflow with its
-        serial or concurrent plugin (not inside a running event loop such as
-        Jupyter's).
-    verbose : int, default 0
-        Progress bars when > 0.
-    **options
-        Expert settings: any other :class:`~dpneuro.config.RunConfig` field
-        (``pca_epsilon``, ``pca_subject_bound``, ``ica_epsilon_i``, ``ica_rounds``, ``clip_G``,
-        ``n_colluding``, ``truth``, ...).
+    Every :class:`~dpneuro.config.RunConfig` field but ``sites`` is a parameter
+    of the same name unless noted; ``None`` stands for the field's default.
+
+    {parameters}
 
     Attributes
     ----------
@@ -421,7 +434,7 @@ class DecentralizedICA(_Decentralized):
         The plan that split ``epsilon`` over the stages.
     metrics_ : dict or None
         Agreement with a synthetic ground truth (``truth=``).
-    states_ : ndarray (n_states, n_components) or None
+    states_ : ndarray (brain_states, n_components) or None
         Each brain state's mean activation of every component (component
         units); ``states_img_`` their patterns in voxels (4-D, z-scored, sign
         kept), ``states_centroids_`` the centroids in the whitened space.
@@ -433,6 +446,8 @@ class DecentralizedICA(_Decentralized):
     config_ : RunConfig
         Exactly what ran.
     """
+
+    __doc__ = __doc__.replace("{parameters}", textwrap.indent(_parameters_doc(), "    ").lstrip())
 
     def _read_outputs(self, outputs: dict) -> None:
         from .maps import read_timecourses
@@ -513,7 +528,7 @@ class DecentralizedICA(_Decentralized):
         from .io import load_site
         from .parcellation import space_parcels
 
-        self._check_fitted()
+        check_is_fitted(self)
         if not hasattr(self, "unmixing_"):
             raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
         with tempfile.TemporaryDirectory(prefix="dpneuro-transform-") as tmp:
@@ -577,9 +592,9 @@ class DecentralizedPCA(_Decentralized):
     _until = "reduce"
 
     def to_config(self, sites=None) -> RunConfig:
-        if self.n_states:
-            raise ConfigError("n_states: brain states are found on the ICA's whitened time points; "
-                              "use DecentralizedICA(n_states=...)")
+        if self.brain_states:
+            raise ConfigError("brain_states: brain states are found on the ICA's whitened time points; "
+                              "use DecentralizedICA(brain_states=...)")
         cfg = super().to_config(sites)
         if cfg.pca_contribution == "auto":  # a PCA's eigenvalues are variances: second moments
             cfg = replace(cfg, pca_contribution="moment")
@@ -606,9 +621,10 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
 
     ``sites``: a number of sites (with ``subjects`` per site and
     ``timepoints`` per subject), or a mapping site name -> data (counts are
-    read from the file headers). ``settings``: other RunConfig fields
-    (``parcels``, ``plan``, ``ica_rounds``, ...). Returns a
-    :class:`~dpneuro.budget.BudgetPlan`, which prints as a table.
+    read from the file headers). ``settings``: other parameters of the
+    estimators, which are the RunConfig fields (``parcels``, ``plan``,
+    ``ica_rounds``, ...). Returns a :class:`~dpneuro.budget.BudgetPlan`, which
+    prints as a table.
     """
     from .budget import features as _features
     from .budget import plan_for_target, site_shapes, spend
@@ -621,7 +637,8 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
             site_inputs = _site_inputs(sites, Path(staging))
         else:
             site_inputs = [SiteEntry(f"site-{i + 1:02d}", "") for i in range(int(sites))]
-        cfg = RunConfig(sites=site_inputs, out="", n_components=n_components, **settings)
+        cfg = RunConfig(**{**_as_fields(settings, "plan_budget"), "sites": site_inputs, "out": "",
+                           "n_components": n_components})
         cfg.validate(data_sites=())
         shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
         dim = _features(cfg, features)

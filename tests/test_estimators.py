@@ -1,6 +1,8 @@
 """The notebook API: estimators, the budget in the user's terms, and agreement with the CLI and the workflow."""
 
+import copy
 import html
+import inspect
 import json
 import math
 from pathlib import Path
@@ -8,10 +10,13 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.utils.validation import check_is_fitted
 
 import dpneuro
 from dpneuro.cli import main
-from dpneuro.config import ConfigError
+from dpneuro.config import ConfigError, RunConfig
 from dpneuro.site_maps import site_note
 from dpneuro.synth import make_consortium
 
@@ -33,7 +38,7 @@ def consortium(tmp_path_factory):
 def fitted(consortium):
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], ica="temporal", random_state=1,
-                                   output_dir=root / "est", truth=str(root / "data"), **SETTINGS)
+                                   out=root / "est", truth=str(root / "data"), **SETTINGS)
     return ica.fit(files)
 
 
@@ -63,12 +68,12 @@ def test_five_lines_from_nifti_lists_to_maps_privacy_and_report(fitted, consorti
 def test_non_private_reference_recovers_the_truth(consortium, tmp_path):
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, plan="none", reduction="none", mask=man["mask"], parcels=0,
-                                   truth=str(root / "data"), output_dir=tmp_path / "np").fit(files)
+                                   truth=str(root / "data"), out=tmp_path / "np").fit(files)
     assert ica.metrics_["mean |r| with truth"] > 0.8
     assert ica.privacy_.epsilon == {n: float("inf") for n in files}
     # the blob maps are independent over voxels: spatial ICA of the same basis finds them too
     sica = dpneuro.DecentralizedICA(n_components=R, plan="none", reduction="none", mask=man["mask"], parcels=0,
-                                    ica="spatial", truth=str(root / "data"), output_dir=tmp_path / "np-s").fit(files)
+                                    ica="spatial", truth=str(root / "data"), out=tmp_path / "np-s").fit(files)
     assert sica.metrics_["mean |r| with truth"] > 0.85, sica.metrics_
     np.testing.assert_array_equal(sica.basis_, ica.basis_)
 
@@ -103,14 +108,14 @@ def test_estimator_cli_and_workflow_give_identical_numbers(fitted, consortium, t
     cli_priv = json.loads((tmp_path / "cli" / "dpneuro" / "privacy.json").read_text())
     assert cli_priv["epsilon"] == fitted.privacy_.epsilon
 
-    pyd = dpneuro.DecentralizedICA.from_config(fitted.config_, output_dir=tmp_path / "pydra", engine="pydra").fit()
+    pyd = dpneuro.DecentralizedICA.from_config(fitted.config_, out=tmp_path / "pydra", engine="pydra").fit()
     np.testing.assert_array_equal(pyd.unmixing_, fitted.unmixing_)
 
 
 def test_total_epsilon_is_split_by_the_planner_and_spent(consortium, tmp_path):
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, epsilon=6.0, mask=man["mask"], random_state=2,
-                                   output_dir=tmp_path / "e", parcels=0, ica_rounds=5, clip_G=5.0, clip_h=5.0)
+                                   out=tmp_path / "e", parcels=0, ica_rounds=5, clip_G=5.0, clip_h=5.0)
     ica.fit(files)
     eps = ica.privacy_.epsilon
     assert max(eps.values()) == pytest.approx(6.0, rel=1e-6)  # the run spends exactly what the plan printed
@@ -128,17 +133,17 @@ def test_total_epsilon_is_split_by_the_planner_and_spent(consortium, tmp_path):
 def test_decentralized_pca(consortium, tmp_path):
     root, man, files = consortium
     pca = dpneuro.DecentralizedPCA(n_components=R, epsilon=4.0, mask=man["mask"], parcels=0, random_state=3,
-                                   output_dir=tmp_path / "pca").fit(files)
+                                   out=tmp_path / "pca").fit(files)
     assert pca.components_.shape[0] == R and np.all(np.diff(pca.explained_variance_) <= 0)
     assert max(pca.privacy_.epsilon.values()) == pytest.approx(4.0, rel=1e-6)
     stages = {r.stage for led in pca.privacy_.ledgers.values() for r in led.releases}
     assert stages == {"capepca"}  # one release per site, no ICA
     exact = dpneuro.DecentralizedPCA(n_components=R, plan="none", mask=man["mask"], parcels=30,
-                                     output_dir=tmp_path / "pca0").fit(files)
+                                     out=tmp_path / "pca0").fit(files)
     loose = dpneuro.DecentralizedPCA(n_components=R, epsilon=1e5, mask=man["mask"], parcels=30, random_state=3,
-                                     output_dir=tmp_path / "pca1").fit(files)
+                                     out=tmp_path / "pca1").fit(files)
     pca = dpneuro.DecentralizedPCA(n_components=R, epsilon=4.0, mask=man["mask"], parcels=30, random_state=3,
-                                   output_dir=tmp_path / "pca2").fit(files)
+                                   out=tmp_path / "pca2").fit(files)
     # 9 subjects at eps 4 leave mostly noise; a loose budget gives the pooled subspace back
     cosines = np.linalg.svd(exact.basis_.T @ loose.basis_, compute_uv=False)
     assert cosines.min() > 0.9 > np.linalg.svd(exact.basis_.T @ pca.basis_, compute_uv=False).min()
@@ -146,13 +151,13 @@ def test_decentralized_pca(consortium, tmp_path):
 
 def test_bad_input_is_refused_clearly(consortium, fitted):
     root, man, files = consortium
-    with pytest.raises(ConfigError, match="unknown parameter"):
-        dpneuro.DecentralizedICA(n_components=R, ica_epsilon=3).fit(files)
+    with pytest.raises(TypeError, match="ica_epsilon"):  # refused when made, not at fit
+        dpneuro.DecentralizedICA(n_components=R, ica_epsilon=3)
     with pytest.raises(ValueError, match="mapping"):
         dpneuro.DecentralizedICA().fit(["a.nii.gz"])
-    with pytest.raises(ValueError, match="not fitted"):
+    with pytest.raises(NotFittedError):
         dpneuro.DecentralizedICA().transform(files["site-01"])
-    with pytest.raises(ValueError, match="exchange"):
+    with pytest.raises(ValueError, match="exchange_dir"):
         dpneuro.DecentralizedICA(role="site", site="site-01").fit({"site-01": files["site-01"]})
     with pytest.raises(ConfigError, match="epsilon"):
         dpneuro.DecentralizedICA(epsilon=-1, mask=man["mask"]).fit(files)
@@ -163,7 +168,7 @@ def test_bad_input_is_refused_clearly(consortium, fitted):
 
 def _site_party(name: str, data: dict, common: dict, out: str) -> None:
     """One site's process: fit as role "site", keep what the parent checks."""
-    est = dpneuro.DecentralizedICA(role="site", site=name, output_dir=out, **common).fit(data)
+    est = dpneuro.DecentralizedICA(role="site", site=name, out=out, **common).fit(data)
     occ = (getattr(est, "state_occupancy_", None) or {}).get(name, {})
     own = {"site_maps": np.asarray(est.site_maps_imgs_[name].dataobj),
            "site_maps_shown": html.escape(site_note("guided_ica")) in est.report_.html} if est.site_maps_imgs_ else {}
@@ -176,7 +181,7 @@ def _site_party(name: str, data: dict, common: dict, out: str) -> None:
 def fitted_spatial(consortium):
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], ica="spatial", random_state=1,
-                                   output_dir=root / "est-spatial", truth=str(root / "data"), **SETTINGS)
+                                   out=root / "est-spatial", truth=str(root / "data"), **SETTINGS)
     return ica.fit(files)
 
 
@@ -187,7 +192,7 @@ DEPLOYED = {
     # converge and its stopping point would follow the last bits of the basis; with subspace contributions it
     # converges in ~10 iterations at 200, with the second moments brain states need at 1000
     "spatial": {"ica": "spatial", "pca_epsilon": 200.0},
-    "brain states": {"ica": "spatial", "pca_epsilon": 1000.0, "n_states": 2, "states_epsilon": 50.0},
+    "brain states": {"ica": "spatial", "pca_epsilon": 1000.0, "brain_states": 2, "states_epsilon": 50.0},
     # temporal: the spatial ICA's rotation would carry PD-SVD's run-to-run rounding (fresh blinding) into the maps
     "pdsvd": {"reduction": "pdsvd", "pdsvd_iterations": 8, "ica": "temporal"},
     # parcels: each site's own voxel maps, computed at the site from its data and the shared results
@@ -203,7 +208,7 @@ def simulations(consortium, fitted):
     def get(case: str):
         if case not in done:
             est = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], random_state=1,
-                                           output_dir=root / f"est-{case.replace(' ', '-')}",
+                                           out=root / f"est-{case.replace(' ', '-')}",
                                            **{**SETTINGS, **DEPLOYED[case]})
             done[case] = est.fit(files)
         return done[case]
@@ -219,7 +224,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
     root, man, files = consortium
     sim = simulations(case)
     common = dict(n_components=R, mask=man["mask"], random_state=1, simulation=True,
-                  exchange=tmp_path / "shared", timeout=120.0, **{**SETTINGS, **DEPLOYED[case]})
+                  exchange_dir=tmp_path / "shared", timeout=120.0, **{**SETTINGS, **DEPLOYED[case]})
     # every party knows every site's name; a site has only its own data (figures need a process each)
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_site_party, args=(n, {m: (files[m] if m == n else None) for m in files}, common,
@@ -227,7 +232,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
     for p in procs:
         p.start()
     try:
-        agg = dpneuro.DecentralizedICA(role="aggregator", output_dir=tmp_path / "agg", **common)
+        agg = dpneuro.DecentralizedICA(role="aggregator", out=tmp_path / "agg", **common)
         agg.fit({n: None for n in files})
     finally:
         for p in procs:
@@ -269,7 +274,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
     else:
         assert {f.name for f in unmix_egress} >= {f"{n}.jsonl" for n in files}
     states_egress = list((tmp_path / "shared").rglob("states-m*/egress/*.jsonl"))
-    assert bool(states_egress) == bool(DEPLOYED[case].get("n_states"))
+    assert bool(states_egress) == bool(DEPLOYED[case].get("brain_states"))
 
 
 def test_spatial_ica_spends_only_the_pca_and_recovers_the_maps(consortium, fitted, fitted_spatial):
@@ -343,15 +348,17 @@ def test_example_script_runs_as_a_notebook_would(tmp_path):
     assert max(priv["epsilon"].values()) == pytest.approx(8.0, rel=1e-6)
 
 
-def test_a_fit_without_output_dir_leaves_no_unnoised_data_and_cleans_up(consortium):
-    """Without output_dir the run goes to a private temporary folder (0700): the sites' un-noised matrices are gone
+def test_a_fit_without_out_leaves_no_unnoised_data_and_cleans_up(consortium):
+    """Without out the run goes to a private temporary folder (0700): the sites' un-noised matrices are gone
     when fit returns, the results stay readable while the estimator lives, and the folder goes with it."""
     import gc
     import stat
 
     root, man, files = consortium
     ica = dpneuro.DecentralizedICA(n_components=R, mask=man["mask"], plan="none", random_state=0, parcels=0)
+    params = copy.deepcopy(ica.get_params())
     ica.fit(files)
+    assert ica.get_params() == params  # as scikit-learn's check_estimators_overwrite_params
     out = Path(ica.config_.out)
     assert ica.output_dir_ == out / "dpneuro"
     assert stat.S_IMODE(out.stat().st_mode) == 0o700 and stat.S_IMODE((out / "work").stat().st_mode) == 0o700
@@ -384,3 +391,104 @@ def test_planning_from_in_memory_images_leaves_nothing_behind(consortium, monkey
     plan = dpneuro.plan_budget(6.0, sites=imgs, n_components=R, ica="spatial", parcels=0, mask=man["mask"])
     assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
     assert not list(tmp_path.iterdir())
+
+
+# -- scikit-learn conventions ------------------------------------------------------------------------
+
+ESTIMATORS = (dpneuro.DecentralizedICA, dpneuro.DecentralizedPCA)
+#: the parameters that are not settings of the run: how and where this process takes part
+OWN = {"role": "simulation", "site": None, "engine": "serial", "verbose": 0}
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS)
+def test_parameters_are_the_run_config_fields(cls):
+    """One parameter per RunConfig field but the data, under the field's name (the seed under scikit-learn's),
+    with the field's default (None where that is mutable or missing), then the estimator's own."""
+    from dataclasses import MISSING, fields
+
+    params = inspect.signature(cls).parameters
+    expect = {}
+    for f in fields(RunConfig):
+        if f.name != "sites":
+            expect["random_state" if f.name == "seed" else f.name] = None if f.default is MISSING else f.default
+    assert {k: p.default for k, p in params.items()} == {**expect, **OWN}
+    assert list(params)[-len(OWN):] == list(OWN)
+    assert next(iter(params)) == "n_components" and cls(7).n_components == 7  # as PCA(n_components)
+    assert all(p.kind == p.KEYWORD_ONLY for p in list(params.values())[1:])
+    assert sorted(cls().get_params()) == sorted(params)
+    doc = " ".join(dpneuro.DecentralizedICA.__doc__.split())
+    for name in params:  # the docstring documents each, in the field's words
+        assert f" {name} : " in doc, name
+    for f in fields(RunConfig):
+        assert " ".join(f.metadata.get("doc", "").split()) in doc, f.name
+
+
+@pytest.mark.parametrize("cls", ESTIMATORS)
+def test_unknown_parameters_are_refused_when_made(cls):
+    with pytest.raises(TypeError, match="bogus"):
+        cls(bogus=1)
+    with pytest.raises(TypeError, match="positional"):
+        cls(4, 5)
+    with pytest.raises(ValueError, match="bogus"):
+        cls().set_params(bogus=1)
+    with pytest.raises(TypeError, match="bogus"):
+        dpneuro.plan_budget(sites=3, subjects=3, bogus=1)
+    cls(n_components=-3.5, epsilon="x", role="nobody")  # values are checked at fit, as scikit-learn does
+
+
+def _sklearn_checks():
+    from sklearn.utils import estimator_checks as ec
+
+    # the checks that do not fit on arrays: the estimators fit on site -> data mappings
+    return [ec.check_estimator_cloneable, ec.check_estimator_repr, ec.check_no_attributes_set_in_init,
+            ec.check_parameters_default_constructible, ec.check_get_params_invariance, ec.check_set_params,
+            ec.check_do_not_raise_errors_in_init_or_set_params, ec.check_transformers_unfitted,
+            ec.check_mixin_order, ec.check_valid_tag_types, ec.check_estimator_tags_renamed]
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # check_set_params warns when set_params validates
+@pytest.mark.parametrize("check", _sklearn_checks(), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", ESTIMATORS, ids=lambda c: c.__name__)
+def test_scikit_learn_estimator_checks(cls, check):
+    check(cls.__name__, cls(n_components=5, brain_states=2, out="o", bids={"task": "rest"}))
+
+
+def test_clone_repr_and_the_configuration_a_fit_runs(fitted):
+    est = dpneuro.DecentralizedICA(n_components=5, brain_states=2, random_state=3, out="o", exchange_dir="x",
+                                   bids={"task": "rest"})
+    assert " ".join(repr(est).split()) == ("DecentralizedICA(bids={'task': 'rest'}, brain_states=2, exchange_dir='x', "
+                         "n_components=5, out='o', random_state=3)")
+    twin = clone(est)
+    assert twin is not est and twin.get_params() == est.get_params() and twin.bids is not est.bids
+    cfg = est.to_config({"a": "x", "b": "y", "c": "z"})
+    assert (cfg.n_components, cfg.brain_states, cfg.seed, cfg.bids) == (5, 2, 3, {"task": "rest"})
+    assert cfg.out == str(Path.cwd() / "o") and cfg.exchange_dir == str(Path.cwd() / "x")
+    assert (cfg.cluster, cfg.confounds_options) == ({}, {})  # None: the field's default
+    # every field passes through an estimator: a configuration, its estimator's and its clone's are one
+    est = dpneuro.DecentralizedICA.from_config(fitted.config_)
+    assert est.to_config() == fitted.config_ and clone(est).to_config() == fitted.config_
+
+
+def test_fitted_state_is_what_check_is_fitted_reads(fitted):
+    check_is_fitted(fitted)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(dpneuro.DecentralizedICA(n_components=R))
+    assert not [k for k in vars(dpneuro.DecentralizedICA()) if k.endswith("_")]
+    assert {"components_img_", "unmixing_", "privacy_", "config_", "output_dir_"} <= set(vars(fitted))
+
+
+def test_a_configurations_relative_out_is_the_working_folder_at_fit(tmp_path, monkeypatch):
+    """from_config("run.toml"): the inputs the file names are beside it, its outputs where the user works."""
+    template = Path(__file__).resolve().parents[1] / "site_templates" / "run.toml"
+    monkeypatch.chdir(tmp_path)
+    cfg = dpneuro.DecentralizedICA.from_config(template).to_config()
+    assert cfg.out == str(tmp_path / "run")
+    assert cfg.sites[0].path == str(template.parent / "data" / "site-01")
+    # a RunConfig keeps its own paths (dpneuro run reads them against the file's folder)
+    assert dpneuro.DecentralizedICA.from_config(RunConfig.read(template)).to_config().out == str(
+        template.parent / "run")
+
+
+def test_the_pca_refuses_brain_states():
+    with pytest.raises(ConfigError, match="brain_states"):
+        dpneuro.DecentralizedPCA(brain_states=2).to_config({"a": "x", "b": "y", "c": "z"})
