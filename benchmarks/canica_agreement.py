@@ -123,7 +123,7 @@ def dpneuro_maps(sites: dict[str, list[str]], mask: Path, out: Path, n_component
 
     t = time.perf_counter()
     ica = dpneuro.DecentralizedICA(n_components=n_components, plan="none", mask=str(mask), random_state=0,
-                                   output_dir=out, **options).fit(sites)
+                                   out=out, **options).fit(sites)
     seconds = time.perf_counter() - t
     timings = json.loads((Path(ica.output_dir_) / "run.json").read_text())["timings_s"]
     return ica.components_.T, seconds, timings[label(ica.config_, "report")], dict(ica.config_.to_json())

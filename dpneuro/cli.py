@@ -58,7 +58,7 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
     from .estimators import DecentralizedICA
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
-                            random_state=args.seed, output_dir=out, run_id="run", engine="pydra-cf",
+                            random_state=args.seed, out=out, run_id="run", engine="pydra-cf",
                             verbose=int(not args.quiet))
 
 

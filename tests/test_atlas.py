@@ -124,7 +124,7 @@ def test_a_run_with_an_atlas_uses_its_regions_everywhere(tmp_path):
     import dpneuro
 
     ica = dpneuro.DecentralizedICA(n_components=4, plan="none", reduction="none", space="grid30",
-                                   random_state=0, output_dir=tmp_path / "run", atlas=str(atlas))
+                                   random_state=0, out=tmp_path / "run", atlas=str(atlas))
     ica.fit({s["site"]: s["path"] for s in man["sites"]})
     assert ica.basis_.shape == (25, 4) and ica.components_.shape == (4, 900)
     assert np.all(ica.components_[:, :30] == 0)  # the row in no region
@@ -181,7 +181,7 @@ def test_a_run_with_a_probabilistic_atlas(tmp_path):
     atlas = tmp_path / "maps.nii.gz"
     _blobs().to_filename(atlas)
     ica = dpneuro.DecentralizedICA(n_components=3, plan="none", reduction="none", space="grid30", random_state=0,
-                                   output_dir=tmp_path / "run", atlas=str(atlas))
+                                   out=tmp_path / "run", atlas=str(atlas))
     ica.fit({s["site"]: s["path"] for s in man["sites"]})
     assert features(ica.config_) == 4 and ica.basis_.shape == (4, 3) and ica.components_.shape == (3, 900)
     # every map is a z-scored combination of the atlas's maps: in the span of the basis and a constant

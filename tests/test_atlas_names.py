@@ -164,7 +164,7 @@ def test_a_run_with_dosenbach_coordinates_end_to_end(tmp_path):
     assert "atlas dosenbach_2010" in space["features"]
 
     ica = dpneuro.DecentralizedICA(n_components=3, plan="none", reduction="none", space="mni6mm", random_state=0,
-                                   output_dir=tmp_path / "run", atlas="dosenbach_2010")
+                                   out=tmp_path / "run", atlas="dosenbach_2010")
     ica.fit({s["site"]: s["path"] for s in man["sites"]})
     assert ica.config_.atlas == "dosenbach_2010"
     assert ica.basis_.shape == (n_regions, 3) and ica.components_.shape == (3, int(mask.sum()))

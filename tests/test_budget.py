@@ -324,7 +324,7 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
     files = {s["site"]: [sub["path"] for sub in s["subjects"]] for s in man["sites"]}
     for target in (None, 4.0):
         ica = DecentralizedICA(n_components=4, epsilon=target, pca_epsilon=6.0, mask=man["mask"], parcels=60,
-                               random_state=0, output_dir=tmp_path / f"run-{target}").fit(files)
+                               random_state=0, out=tmp_path / f"run-{target}").fit(files)
         spent = ica.privacy_.epsilon
         cfg = ica.config_
         shapes = site_shapes(cfg)

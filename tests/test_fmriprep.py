@@ -529,7 +529,7 @@ def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
     sites = {f"site-0{i}": write_fmriprep_site(tmp_path / f"s{i}", n_subjects=3, n_volumes=40, seed=i).root
              for i in (1, 2, 3)}
     ica = dpneuro.DecentralizedICA(n_components=3, mask=str(mask), parcels=0, plan="none", random_state=0,
-                                   site_voxel_maps=False, output_dir=tmp_path / "out", bids={"task": "rest"},
+                                   site_voxel_maps=False, out=tmp_path / "out", bids={"task": "rest"},
                                    confounds="simple", high_pass=0.01, smoothing_fwhm=6.0)
     ica.fit({name: str(root) for name, root in sites.items()})
     got = ica.transform(str(sites["site-02"]))
