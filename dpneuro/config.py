@@ -106,10 +106,10 @@ class Interval(Constraint):
     infinities.
     """
 
-    def __init__(self, kind, left, right, *, closed: str = "left", inf: bool = False):
+    def __init__(self, kind, left, right, *, closed: str = "left", inf: bool = False, why: str = ""):
         if kind not in (Integral, Real) or closed not in ("left", "right", "both", "neither"):
             raise ValueError(f"Interval({kind!r}, closed={closed!r})")
-        self.kind, self.left, self.right, self.closed, self.inf = kind, left, right, closed, inf
+        self.kind, self.left, self.right, self.closed, self.inf, self.why = kind, left, right, closed, inf, why
 
     def accepts(self, value) -> bool:
         if isinstance(value, bool) or not isinstance(value, self.kind):
@@ -124,13 +124,14 @@ class Interval(Constraint):
         what = "an integer" if self.kind is Integral else ("a number" if self.inf else "a finite number")
         lo = None if self.left is None else ("[" if self.closed in ("left", "both") else "(") + f"{self.left:g}"
         hi = None if self.right is None else f"{self.right:g}" + ("]" if self.closed in ("right", "both") else ")")
+        why = f" ({self.why})" if self.why else ""
         if lo and hi:
-            return f"{what} in {lo}, {hi}"
+            return f"{what} in {lo}, {hi}{why}"
         if lo:
-            return f"{what} {'>=' if lo[0] == '[' else '>'} {self.left:g}"
+            return f"{what} {'>=' if lo[0] == '[' else '>'} {self.left:g}{why}"
         if hi:
-            return f"{what} {'<=' if hi[-1] == ']' else '<'} {self.right:g}"
-        return what
+            return f"{what} {'<=' if hi[-1] == ']' else '<'} {self.right:g}{why}"
+        return what + why
 
 
 class StrOptions(Constraint):
@@ -387,8 +388,9 @@ class RunConfig:
     reduction: str = setting(
         "capepca", section="analysis", constraint=StrOptions(REDUCTIONS), stages=("reduce",), agree=True,
         flag="reduction",
-        doc="Dimension reduction: \"capepca\" (one noisy D x D release per site), \"capepca-power\" (noisy subspace "
-            "iteration, D x k releases), \"none\" (non-private PCA: only for simulations), \"pdsvd\" (PD-SVD: "
+        doc="Dimension reduction: \"capepca\", \"capepca-power\", \"none\" or \"pdsvd\". \"capepca\": one noisy "
+            "D x D release per site; \"capepca-power\": noisy subspace iteration, D x k releases; \"none\": "
+            "non-private PCA, only for simulations; \"pdsvd\" (PD-SVD: "
             "secure sums that hide the iterations' singular values, NO differential privacy: the report says what "
             "it reveals and to whom).")
     ica: str = setting(
@@ -401,16 +403,17 @@ class RunConfig:
     plan: str = setting(
         "cape", section="privacy", constraint=StrOptions(PLANS), stages=("reduce", "unmix", "states", "maps"),
         agree=True, flag="plan",
-        doc="Noise plan: \"cape\" (correlated noise: each site's release carries the noise its own budget needs, "
-            "the average carries the pooled-data noise; needs >= 3 sites), \"conv\" (independent noise at every "
-            "site), \"none\" (NOT private).")
+        doc="Noise plan: \"cape\", \"conv\" or \"none\". \"cape\": correlated noise, each site's release carries the "
+            "noise its own budget needs and the average carries the pooled-data noise (needs >= 3 sites); "
+            "\"conv\": independent noise at every site; \"none\": NOT private.")
     n_colluding: int | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "ceil(S/3) - 1"),
         stages=("reduce", "unmix", "states", "maps"), agree=True, flag="n-colluding", example=("1",),
         doc="How many sites may collude with the aggregator. Left out: ceil(S/3) - 1 for S sites, the most CAPE "
             "allows; larger values are refused.")
     delta: float = setting(
-        1e-5, section="privacy", constraint=Interval(Real, 0, DELTA_BOUND, closed="neither"),
+        1e-5, section="privacy", constraint=Interval(Real, 0, DELTA_BOUND, closed="neither",
+                                                     why="delta >= 1/N is no privacy for a site of N subjects"),
         stages=("reduce", "states", "maps"), agree=True, flag="delta",
         doc="Total delta per site: the delta at which every site's total epsilon is reported (half of it "
             "calibrates the PCA release). It must be below 1/N for the smallest site's N subjects: the "
@@ -456,7 +459,7 @@ class RunConfig:
     ica_epsilon_i: float = setting(
         0.7, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("unmix",),
         agree=True, flag="ica-epsilon-i",
-        doc="Epsilon of each single ICA release (G and h, every round), as in [capeDJICA] Sec. V. The totals over "
+        doc="Epsilon of each single ICA release (G and h, every round). As in [capeDJICA] Sec. V; the totals over "
             "all rounds are composed exactly from the ledgers at `delta`.")
     ica_delta_i: float = setting(
         1e-2, section="privacy", constraint=Interval(Real, 0, 1, closed="neither"), stages=("unmix",), agree=True,
@@ -523,8 +526,9 @@ class RunConfig:
     calibration: str = setting(
         "analytic", section="privacy", constraint=StrOptions(CALIBRATIONS), stages=("unmix",), agree=True,
         flag="calibration",
-        doc="Gaussian calibration: \"analytic\" (Balle & Wang 2018, any epsilon) or \"classic\" (sigma = Delta "
-            "sqrt(2 ln(1.25/delta)) / eps, valid for eps < 1).")
+        doc="Gaussian calibration of the noise: \"analytic\" or \"classic\". \"analytic\": Balle & Wang 2018, any "
+            "epsilon; \"classic\": sigma = Delta "
+            "sqrt(2 ln(1.25/delta)) / eps, valid for eps < 1.")
     standardize: bool = setting(
         True, section="data preparation", constraint=Boolean(), stages=("load",), agree=True,
         doc="Detrend and standardise every voxel time course of every subject. With confounds, detrend or filters "
@@ -915,6 +919,11 @@ def stage_fields(stage: str) -> tuple[str, ...]:
 def estimator_name(name: str) -> str:
     """The estimators' parameter for the field ``name`` (the field's own name but for ``seed``)."""
     return RunConfig.__dataclass_fields__[name].metadata.get("estimator", name)
+
+
+def constraint(name: str) -> Constraint:
+    """What the field ``name`` accepts."""
+    return RunConfig.__dataclass_fields__[name].metadata["constraint"]
 
 
 def summary(name: str) -> str:
