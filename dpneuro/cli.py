@@ -188,9 +188,8 @@ def _add_overrides(group) -> None:
             kw["choices"] = ["on", "off"]
         elif isinstance(c, Interval):
             kw["type"] = int if c.kind is Integral else float
-        what = " and ".join(names)
         group.add_argument("--" + dest.replace("_", "-"), default=None, **kw,
-                           help=f"field{'s' if len(names) > 1 else ''} {what}: {summary(names[0])}")
+                           help=" ".join(f"field {name}: {summary(name)}" for name in names))
 
 
 def _budget_config(args: argparse.Namespace):

@@ -859,10 +859,15 @@ class RunConfig:
             raise ConfigError("config field 'sites': missing")
         if "out" not in d:
             raise ConfigError("config field 'out': missing")
+        for key, value in d.items():  # each field's type and range, before anything is built from it
+            if key != "sites":  # a list of tables here, of SiteEntry once built (checked by validate)
+                cls.__dataclass_fields__[key].metadata["constraint"].check(key, value)
 
         def rel(p: str) -> str:
             return str((base / p).resolve()) if base is not None and p and not Path(p).is_absolute() else p
 
+        if not isinstance(d["sites"], list):
+            raise ConfigError(f"config field 'sites': {Sites().describe()}, got {d['sites']!r}")
         sites = []
         for i, s in enumerate(d.pop("sites")):
             if not isinstance(s, dict):
@@ -879,8 +884,6 @@ class RunConfig:
         for key in cls.PATH_FIELDS:
             if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))
-        for key, value in d.items():  # each field's type and range, before anything is built from it
-            cls.__dataclass_fields__[key].metadata["constraint"].check(key, value)
         try:
             return cls(sites=sites, **d)
         except TypeError as exc:
