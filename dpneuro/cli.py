@@ -10,7 +10,6 @@ from . import __version__
 
 EXIT_OK = 0
 EXIT_USAGE = 2
-EXIT_FAILED = 1
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -160,15 +159,37 @@ def _print_warnings(est) -> None:
         print(w, file=sys.stderr)
 
 
-#: ``dpneuro budget`` options that override a configuration field (None: keep the configuration's value)
-BUDGET_OVERRIDES = {
-    "rounds": "ica_rounds", "clip": ("clip_G", "clip_h"), "pca_epsilon": "pca_epsilon",
-    "ica_epsilon_i": "ica_epsilon_i", "ica_delta_i": "ica_delta_i", "calibration": "calibration",
-    "delta": "delta", "plan": "plan", "components": "n_components", "reduction": "reduction",
-    "clip_unit": "ica_clip_unit", "n_colluding": "n_colluding", "ica": "ica", "brain_states": "brain_states",
-    "states_epsilon": "states_epsilon", "subject_bound": "pca_subject_bound",
-    "contribution": "pca_contribution", "unmixing": "ica_unmixing", "cumulant_epsilon": "cumulant_epsilon",
-}
+def _budget_overrides() -> dict[str, tuple[str, ...]]:
+    """``dpneuro budget``'s overriding options (argparse dest) -> the fields each sets (the fields' ``flag``)."""
+    from dataclasses import fields
+
+    from .config import RunConfig
+
+    out: dict[str, tuple[str, ...]] = {}
+    for f in fields(RunConfig):
+        if flag := f.metadata.get("flag"):
+            out[flag.replace("-", "_")] = out.get(flag.replace("-", "_"), ()) + (f.name,)
+    return out
+
+
+def _add_overrides(group) -> None:
+    """One option per ``flag`` of the fields: type, choices and help from the fields' descriptions."""
+    from numbers import Integral
+
+    from .config import Boolean, Interval, OrNone, StrOptions, constraint, summary
+
+    for dest, names in _budget_overrides().items():
+        c = constraint(names[0])
+        c = c.inner if isinstance(c, OrNone) else c
+        kw: dict = {}
+        if isinstance(c, StrOptions):
+            kw["choices"] = c.options
+        elif isinstance(c, Boolean):
+            kw["choices"] = ["on", "off"]
+        elif isinstance(c, Interval):
+            kw["type"] = int if c.kind is Integral else float
+        group.add_argument("--" + dest.replace("_", "-"), default=None, **kw,
+                           help=" ".join(f"field {name}: {summary(name)}" for name in names))
 
 
 def _budget_config(args: argparse.Namespace):
@@ -186,13 +207,12 @@ def _budget_config(args: argparse.Namespace):
             raise ConfigError("give a run configuration (dpneuro budget run.toml) or --sites and --subjects")
         cfg = RunConfig(sites=[SiteEntry(f"site-{i + 1:02d}", "") for i in range(max(args.sites, 0))], out="")
     changes = {}
-    for opt, fields in BUDGET_OVERRIDES.items():
+    for opt, names in _budget_overrides().items():
         v = getattr(args, opt)
+        if v in ("on", "off"):  # a boolean field's option
+            v = v == "on"
         if v is not None:
-            for f in (fields,) if isinstance(fields, str) else fields:
-                changes[f] = v
-    if args.ica_bias is not None:
-        changes["ica_bias"] = args.ica_bias == "on"
+            changes.update(dict.fromkeys(names, v))
     return replace(cfg, **changes).validate(data_sites=())
 
 
@@ -257,23 +277,31 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
 
 def _add_party_parsers(sub) -> None:
     """``dpneuro site`` and ``dpneuro aggregator``: one role of a run each, over a shared folder."""
-    from .config import DEFAULT_RUN_ID
+    from .config import DEFAULT_RUN_ID, summary
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="run configuration (see site_templates/run.toml and site.toml)")
     common.add_argument("--run-id", default=None,
-                        help=f"name of the run: its folder inside exchange_dir and its outputs' folder "
-                             f"<out>/<run-id>/ (default: the configuration's run_id, {DEFAULT_RUN_ID!r} unless set)")
+                        help=f"field run_id: {summary('run_id')} Default: the configuration's, {DEFAULT_RUN_ID!r} "
+                             "unless set")
     common.add_argument("--key-file", default=None,
                         help="the run's message key (hex), handed out of band; default: the aggregator "
                              "writes <exchange_dir>/<run-id>/run.key (0600)")
     common.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s = sub.add_parser("site", parents=[common],
-                       help="run one site's part of a consortium run over the shared folder exchange_dir")
+                       help="run one site's part of a consortium run over the shared folder exchange_dir",
+                       description="One site of a deployed run: reads only this site's data, checks its settings "
+                                   "against the aggregator's run manifest in exchange_dir, and sends only noised "
+                                   "or masked arrays. Its maps, time courses and privacy.json go to "
+                                   "<out>/<run-id>/<site>/.")
     s.add_argument("--site", required=True, help="this site's name (as listed in the config's sites)")
     s.set_defaults(func=_cmd_site)
     s = sub.add_parser("aggregator", parents=[common],
-                       help="run the aggregator of a consortium run over the shared folder exchange_dir")
+                       help="run the aggregator of a consortium run over the shared folder exchange_dir",
+                       description="The aggregator of a deployed run: writes the run manifest (the settings every "
+                                   "site must share) and the run key into exchange_dir, combines the sites' "
+                                   "releases, and writes the maps, privacy.json and report.html to "
+                                   "<out>/<run-id>/. It holds no data.")
     s.set_defaults(func=_cmd_aggregator)
 
 
@@ -285,12 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    from .config import DEFAULT_RUN_ID, ICA_MODELS, PCA_CONTRIBUTIONS, PLANS, REDUCTIONS, UNMIXINGS
+    from .config import DEFAULT_RUN_ID, summary
     from .config import SYNTHETIC_CONSORTIUM as SC
     from .io import SPACES
     from .synth import MODELS as SYNTH_MODELS
-    from .privacy import CALIBRATIONS
-    from .privacy.ledger import UNITS
 
     s = sub.add_parser("synth", help="write a synthetic multi-site fMRI consortium (ground truth known)",
                        description="Defaults: the consortium the demo and site_templates/run.toml are tuned for.")
@@ -326,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     s.set_defaults(func=_cmd_synth)
 
-    s = sub.add_parser("demo", help="synthesize a 4-site consortium and run the whole private analysis on it")
+    s = sub.add_parser("demo", help="synthesize a 4-site consortium and run the whole private analysis on it",
+                       description="Writes the default synthetic consortium (dpneuro synth's) into <out>/data and "
+                                   "analyses it with the library's default settings, every site simulated on this "
+                                   "machine; prints where the report, maps and privacy.json are and what each "
+                                   "site spent.")
     s.add_argument("--out", default="dpneuro_demo",
                    help="output folder, relative to the current folder (default ./dpneuro_demo)")
     s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the noise (default 0)")
@@ -335,12 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=_cmd_demo)
 
-    s = sub.add_parser("run", help="run a consortium analysis described by a TOML config")
+    s = sub.add_parser("run", help="run a consortium analysis described by a TOML config",
+                       description="Simulates a whole consortium run on this machine (every site's data must be "
+                                   "readable here) through the Pydra workflow: the settings are those of the "
+                                   "configuration (site_templates/run.toml explains each), the outputs go to "
+                                   "<out>/<run_id>/. Deployed runs use `dpneuro site` and `dpneuro aggregator`.")
     s.add_argument("config", help="run configuration (see site_templates/run.toml)")
     s.add_argument("--run-id", default=None,
-                   help=f"name of the run: outputs go to <out>/<run-id>/, so runs with other ids keep theirs "
-                        f"(default: the configuration's run_id, {DEFAULT_RUN_ID!r} unless set); the cache of "
-                        "stages (<out>/work) is shared")
+                   help=f"field run_id: {summary('run_id')} Default: the configuration's, {DEFAULT_RUN_ID!r} "
+                        "unless set; the cache of stages (<out>/work) is shared")
     s.add_argument("--plugin", default="cf", choices=["serial", "cf"],
                    help="Pydra execution plugin: cf (the default: concurrent workers, one per usable core, so the "
                         "sites load at the same time) or serial (one stage at a time; each site still decodes its "
@@ -367,32 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pca-share", type=float, default=None,
                    help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default: the split of "
                         "the configuration's settings, the tuned one unless changed)")
-    over = s.add_argument_group("overrides of configuration fields (default: the configuration's value)")
-    over.add_argument("--plan", choices=PLANS, default=None, help="noise plan (field plan)")
-    over.add_argument("--reduction", default=None, choices=REDUCTIONS, help="field reduction")
-    over.add_argument("--components", type=int, default=None, help="field n_components")
-    over.add_argument("--n-colluding", type=int, default=None, help="field n_colluding")
-    over.add_argument("--delta", type=float, default=None, help="total delta per site (field delta)")
-    over.add_argument("--pca-epsilon", type=float, default=None, help="field pca_epsilon")
-    over.add_argument("--subject-bound", type=float, default=None,
-                      help="field pca_subject_bound (public bound on a subject's normalised second moment)")
-    over.add_argument("--contribution", choices=PCA_CONTRIBUTIONS, default=None,
-                      help="field pca_contribution (what a subject adds to the PCA's second moment)")
-    over.add_argument("--ica-epsilon-i", type=float, default=None, help="field ica_epsilon_i (per ICA release)")
-    over.add_argument("--ica-delta-i", type=float, default=None, help="field ica_delta_i (per ICA release)")
-    over.add_argument("--rounds", type=int, default=None, help="ICA rounds (field ica_rounds)")
-    over.add_argument("--clip", type=float, default=None, help="ICA clipping bound (fields clip_G and clip_h)")
-    over.add_argument("--clip-unit", choices=UNITS, default=None, help="field ica_clip_unit")
-    over.add_argument("--ica-bias", choices=["on", "off"], default=None, help="release the bias gradient h too")
-    over.add_argument("--calibration", default=None, choices=CALIBRATIONS, help="field calibration")
-    over.add_argument("--ica", default=None, choices=ICA_MODELS, help="field ica (spatial or temporal)")
-    over.add_argument("--unmixing", default=None, choices=UNMIXINGS,
-                      help="field ica_unmixing (temporal ICA: capeDJICA's rounds or the cumulant ICA)")
-    over.add_argument("--cumulant-epsilon", type=float, default=None,
-                      help="field cumulant_epsilon (the cumulant unmixing's two releases together)")
-    over.add_argument("--brain-states", type=int, default=None, help="field brain_states (K states, 0: off)")
-    over.add_argument("--states-epsilon", type=float, default=None,
-                      help="field states_epsilon (each of the brain-states stage's two releases)")
+    _add_overrides(s.add_argument_group("overrides of configuration fields (default: the configuration's value)"))
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_budget)
 

@@ -6,11 +6,16 @@ import json
 import math
 import tomllib
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
 from .cape.plans import PLAN_KINDS as PLANS
+from .cleaning import AROMA_DESC, Cleaning
+from .cleaning import check as check_cleaning
+from .exchange.codec import check_name
+from .io import BIDS_FILTERS, ON_BAD_SUBJECT, SPACES
 from .privacy import CALIBRATIONS, noise_multiplier
 from .privacy.ledger import UNITS
 
@@ -44,18 +49,19 @@ SYNTHETIC_CONSORTIUM: dict[str, Any] = {
 }
 
 
-#: The tuned analysis settings (the field defaults above): measured on :data:`SYNTHETIC_CONSORTIUM` by
-#: ``benchmarks/demo_speed.py``; the demo and ``site_templates/run.toml`` use them (a test checks).
-#: Subject-level noise scales like 1/(subjects per site): a smaller consortium needs ``dpneuro budget``.
+#: The tuned analysis settings (the field defaults below): chosen on :data:`SYNTHETIC_CONSORTIUM` by
+#: ``benchmarks/demo_speed.py`` (its figures: ``benchmarks/README.md``); the demo and ``site_templates/run.toml``
+#: use them (a test checks). Subject-level noise scales like 1/(subjects per site): a smaller consortium needs
+#: ``dpneuro budget``.
 TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "pca_contribution", "ica_epsilon_i",
                 "ica_rounds", "clip_G", "clip_h", "plan", "reduction", "optimizer", "calibration", "ica_clip_unit",
                 "ica_bias", "ica_unmixing", "cumulant_epsilon")
 
 #: What a consortium of real, fMRIPrep-preprocessed data sets beyond the defaults (``site_templates/fmriprep.toml``;
 #: a test checks): a functional atlas as the features, CanICA's 6 mm smoothing and nilearn's standard confound
-#: strategy. On real fMRI, 4 x 100 subjects, eps 4, maps agree with CanICA's at 0.65 against 0.51 with coordinate
-#: parcels (benchmarks/feature_frontier.py). Not the defaults: the atlas is downloaded once per site and a
-#: confounds table is needed, while the defaults run offline on any grid, synthetic data included.
+#: strategy; ``benchmarks/feature_frontier.py`` measures them (``benchmarks/README.md``). Not the defaults: the
+#: atlas is downloaded once per site and a confounds table is needed, while the defaults run offline on any grid,
+#: synthetic data included.
 REAL_DATA_SETTINGS = {"atlas": "basc_multiscale_2015:122", "smoothing_fwhm": 6.0, "confounds": "simple"}
 
 
@@ -74,132 +80,561 @@ class SiteEntry:
     exclude: list[str] = field(default_factory=list)
 
 
+# -- what each field accepts ---------------------------------------------------------------------
+# Declarative, as scikit-learn's ``_parameter_constraints``: every field carries one constraint, which
+# validate() and from_dict() run first; validate() itself keeps only the rules that tie fields together.
+
+
+class Constraint:
+    """What one field accepts: ``check`` refuses anything else naming the field; ``describe`` says what it takes."""
+
+    def accepts(self, value) -> bool:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def check(self, name: str, value) -> None:
+        if not self.accepts(value):
+            raise ConfigError(f"config field {name!r}: {self.describe()}, got {value!r}")
+
+
+class Interval(Constraint):
+    """A number of ``kind`` (``Integral`` or ``Real``) between ``left`` and ``right`` (None: unbounded).
+
+    Booleans are refused, an integer field refuses 3.5, and a real one refuses NaN and, unless ``inf``, the
+    infinities.
+    """
+
+    def __init__(self, kind, left, right, *, closed: str = "left", inf: bool = False, why: str = ""):
+        if kind not in (Integral, Real) or closed not in ("left", "right", "both", "neither"):
+            raise ValueError(f"Interval({kind!r}, closed={closed!r})")
+        self.kind, self.left, self.right, self.closed, self.inf, self.why = kind, left, right, closed, inf, why
+
+    def accepts(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, self.kind):
+            return False
+        if self.kind is Real and (math.isnan(value) or (math.isinf(value) and not self.inf)):
+            return False
+        lo_ok = self.left is None or (value >= self.left if self.closed in ("left", "both") else value > self.left)
+        hi_ok = self.right is None or (value <= self.right if self.closed in ("right", "both") else value < self.right)
+        return lo_ok and hi_ok
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is Integral else ("a number" if self.inf else "a finite number")
+        lo = None if self.left is None else ("[" if self.closed in ("left", "both") else "(") + f"{self.left:g}"
+        hi = None if self.right is None else f"{self.right:g}" + ("]" if self.closed in ("right", "both") else ")")
+        why = f" ({self.why})" if self.why else ""
+        if lo and hi:
+            return f"{what} in {lo}, {hi}{why}"
+        if lo:
+            return f"{what} {'>=' if lo[0] == '[' else '>'} {self.left:g}{why}"
+        if hi:
+            return f"{what} {'<=' if hi[-1] == ']' else '<'} {self.right:g}{why}"
+        return what + why
+
+
+class StrOptions(Constraint):
+    """One of a set of strings; ``options`` may be a function returning them (a table another module owns)."""
+
+    def __init__(self, options):
+        self._options = options
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return tuple(self._options() if callable(self._options) else self._options)
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) and value in self.options
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(repr(o) for o in self.options)
+
+
+class Boolean(Constraint):
+    """true or false (not 0/1, not a string)."""
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, bool)
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+class Text(Constraint):
+    """Text, optionally also passing ``rule`` (a function returning what is wrong, or None)."""
+
+    def __init__(self, what: str = "text", rule=None):
+        self.what, self.rule = what, rule
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) and (self.rule is None or self.rule(value) is None)
+
+    def describe(self) -> str:
+        return self.what
+
+    def check(self, name: str, value) -> None:
+        super().check(name, value)
+        if self.rule is not None and (problem := self.rule(value)):
+            raise ConfigError(f"config field {name!r}: {problem}")
+
+
+class TextList(Constraint):
+    """Text, or a list of texts."""
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+    def describe(self) -> str:
+        return "text or a list of texts"
+
+
+class Table(Constraint):
+    """A TOML table (dict), with keys among ``keys`` when given; each value passes ``values`` when given."""
+
+    def __init__(self, keys: Collection[str] | None = None, values: Constraint | None = None):
+        self.keys, self.values = keys, values
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, dict) and (self.keys is None or not set(value) - set(self.keys))
+
+    def describe(self) -> str:
+        return "a table" + (f" with keys among {list(self.keys)}" if self.keys is not None else "")
+
+    def check(self, name: str, value) -> None:
+        super().check(name, value)
+        if self.values is not None:
+            for k, v in value.items():
+                self.values.check(f"{name}.{k}", v)
+
+
+class Label(Constraint):
+    """A BIDS entity's label: text or an integer."""
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, str) or (isinstance(value, Integral) and not isinstance(value, bool))
+
+    def describe(self) -> str:
+        return "a label (text or integer)"
+
+
+class Sites(Constraint):
+    """The [[sites]] tables: at least one (each checked by validate(): names, paths)."""
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, list) and len(value) > 0 and all(isinstance(s, SiteEntry) for s in value)
+
+    def describe(self) -> str:
+        return "at least one [[sites]] table (name and path)"
+
+
+class OrNone(Constraint):
+    """``None`` (TOML: the field left out), which means ``meaning``, or what ``inner`` accepts."""
+
+    def __init__(self, inner: Constraint, meaning: str):
+        self.inner, self.meaning = inner, meaning
+
+    def accepts(self, value) -> bool:
+        return value is None or self.inner.accepts(value)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, or left out ({self.meaning})"
+
+    def check(self, name: str, value) -> None:
+        if value is not None:
+            super().check(name, value)
+            self.inner.check(name, value)
+
+
+class Excluding(Constraint):
+    """What ``inner`` accepts except ``value``, for the reason ``why``."""
+
+    def __init__(self, inner: Constraint, value, why: str):
+        self.inner, self.value, self.why = inner, value, why
+
+    def accepts(self, value) -> bool:
+        return self.inner.accepts(value) and value != self.value
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} other than {self.value!r} ({self.why})"
+
+
+#: the pipeline stages whose outputs a field changes (``stages`` of its metadata)
+STAGES = ("space", "load", "reduce", "unmix", "states", "maps")
+#: run.toml's sections, in order (``section`` of a field's metadata)
+SECTIONS = ("run and outputs", "data grid", "data preparation",
+            "site-local cleaning (nilearn; before anything is released, no privacy cost)", "analysis", "privacy",
+            "sites")
+
+#: before the subject counts are known delta must be below this: delta >= 1/N is no privacy for a site of N
+#: subjects (each subject may be released whole with probability delta), and 0.1 already fails every site of
+#: 10 or more; once the counts are known the run applies delta < 1/N itself (:func:`check_delta`)
+DELTA_BOUND = 0.1
+
+
+def check_delta(delta: float, n_subjects: int) -> None:
+    """Refuse ``delta`` >= 1/N for the smallest site's N subjects (the meaningful bound, once N is known)."""
+    if not delta < 1 / n_subjects:
+        raise ConfigError(f"config field 'delta': {delta:g} is no privacy for a site of {n_subjects} subjects: "
+                          f"delta must be below 1/N = {1 / n_subjects:.3g} for the smallest site's N subjects "
+                          "(the usual choice is far below, e.g. 1e-5)")
+
+
+def setting(default=MISSING, *, doc: str, constraint: Constraint, section: str, agree: bool = False,
+            stages: tuple[str, ...] = (), example: tuple[str, ...] = (), template: str | None = None,
+            estimator: str | None = None, flag: str | None = None, factory=MISSING):
+    """A RunConfig field with its one description (the dataclass field's metadata).
+
+    ``doc``: what it means (its first sentence is the summary ``--help`` shows); ``agree``: every party of a
+    run must use the same value (the run manifest checks it); ``stages``: the pipeline stages it changes;
+    ``example``: TOML values the template shows commented out, ``template``: the value it sets when not the
+    default; ``estimator``: its name as an estimator
+    parameter when not the field's own; ``flag``: the ``dpneuro budget`` option overriding it.
+    """
+    if section not in SECTIONS or set(stages) - set(STAGES):
+        raise ValueError(f"section {section!r} / stages {stages!r}")
+    meta = {"doc": doc, "constraint": constraint, "agree": agree, "stages": tuple(stages), "section": section,
+            "example": tuple(example)}
+    if template is not None:
+        meta["template"] = template
+    if estimator is not None:
+        meta["estimator"] = estimator
+    if flag is not None:
+        meta["flag"] = flag
+    return field(default=default, default_factory=factory, metadata=meta)
+
+
+
+
+def _optimizers() -> tuple[str, ...]:
+    # capeDJICA's learning-rate rules; deferred: the algorithms import secagg, which imports this module
+    from .algorithms.djica import OPTIMIZERS
+
+    return tuple(OPTIMIZERS)
+
+
+def _run_id_problem(run_id: str) -> str | None:
+    try:
+        check_name("run id", run_id)
+    except ValueError as exc:
+        return f"{exc}; it names the run's output folder"
+    return None
+
+
 @dataclass
 class RunConfig:
-    """Everything a consortium run needs; see ``site_templates/run.toml`` for every field commented."""
+    """Everything a consortium run needs: each field's type, range and meaning are its metadata
+    (``docs/api.md`` and ``site_templates/run.toml`` are generated from them: ``python -m dpneuro.config``)."""
 
-    sites: list[SiteEntry]
-    out: str
-    mask: str = ""  # NIfTI mask; empty: the template at ``space``
-    space: str = "mni6mm"
-    parcels: int = 100  # data-independent parcellation of the mask (0: voxels); not used with an atlas
-    # an atlas whose regions are the features instead of coordinate parcels, at any resolution: a label image
-    # (3-D NIfTI of integer regions; nearest-neighbour onto the grid) or probabilistic maps (4-D, one volume per
-    # map; the features are coordinates on an orthonormal basis of their span); every party needs the same file.
-    # Or a name (dpneuro.atlases): "power_2011", "dosenbach_2010", "seitzman_2018" (coordinates shipped with nilearn:
-    # spheres on the grid), "schaefer_2018:100", "difumo:64", ... (nilearn downloads once into NILEARN_DATA)
-    atlas: str = ""
-    # with parcels, each site also refines the components on its own subjects' voxels: maps at the mask's resolution,
-    # computed and kept at the site, no privacy spent (benchmarks/site_maps.py)
-    site_voxel_maps: bool = True
-    # how: "guided_ica" (spatial ICA of the site's own principal subspace, guided by the dual-regression maps) or
-    # "dual_regression" (the subjects' regressions on their time courses, averaged). 4 mm networks, 4 x 100, eps 8:
-    # mean |r| with the truth 0.87 and 0.73, against 0.47 for the painted parcels
-    site_maps_method: str = "guided_ica"
-    n_components: int = 20
-    reduction: str = "capepca"
-    # spatial: the maps users know from CanICA/MELODIC/GIFT (0.73 with CanICA on the same real fMRI, temporal 0.37), and
-    # the PCA is its only release (benchmarks/real_frontier.py)
-    ica: str = "spatial"
-    plan: str = "cape"
-    n_colluding: int | None = None
-    delta: float = 1e-5  # total delta per site
-    # total eps per site in the headline sense (against the aggregator and its colluders): when set, the
-    # budget planner chooses pca_epsilon and ica_epsilon_i from the sites' subject counts before the run
-    epsilon: float | None = None
-    # the one PCA release at (pca_epsilon, delta/2): 6 gives eps 6.9 against the aggregator colluding with one of
-    # four sites; on the demo's consortium mean |r| 0.73 with the truth (0.74 without noise)
-    pca_epsilon: float = 6.0
-    # public bound c on each subject's normalised second moment ||X_m X_m^T / n_m||_F in the PCA: a subject
-    # above it is scaled down to it, and the PCA's sensitivity (so its noise) shrinks by c; 1 = no clipping.
-    # Real fMRI subjects sit at 0.28-0.35 (122 regions): 0.25 scales nearly all of them, the noise by 1/4 and
-    # the signal by ~1/1.2. Subspace contributions have norm 1/sqrt(n_components): the bound only rescales them
-    pca_subject_bound: float = 0.25
-    # what each subject adds to the PCA's second moment: "subspace" its own top-n_components principal subspace
-    # (as CanICA/MELODIC reduce each subject first; norm 1/sqrt(n_components) by construction, every subject
-    # weighs the same), "moment" its X X^T / n (the papers'). Real fMRI, 4 sites x 100, 20 components, eps 8:
-    # private maps agree with the non-private ones at 0.83 against 0.60 (benchmarks/real_frontier.py).
-    # Temporal ICA whitens with variances, which subspace contributions lack: it then also releases the k x k
-    # second moment of the data projected on the released basis (one more, small release; the PCA's eps is split
-    # between the two). [capeDJICA]'s synthetic set-up end to end (4 x 256 subjects, D = 900), PCA eps 2: qNGI
-    # 0.016 from the whitening alone, 0.29-0.36 with "moment" (benchmarks/djica_end_to_end.py).
-    # "auto": subspace for spatial and temporal ICA; "moment" with brain states (not measured with subspaces) and
-    # PD-SVD (it sums second moments)
-    pca_contribution: str = "auto"
-    # memory (GB) one site may use for the reduction: capePCA's covariance mode forms D x D matrices (about
-    # 9 D^2 doubles, so D <= ~7,700 at 4 GB) and releases one, which must fit a message (256 MB: D <= 5,792;
-    # parcels fit, the 6 mm grid's 8,735 voxels do not) and is refused before anything runs when they do not;
-    # "capepca-power" and the PCA without noise ("none", then streamed) hold O(D k)
-    max_memory_gb: float = 4.0
-    # noise of each ICA release (G and h, every round) as (eps_i, delta_i), as in [capeDJICA] Sec. V;
-    # totals over all rounds are composed exactly from the ledgers at ``delta``
-    ica_epsilon_i: float = 0.7
-    ica_delta_i: float = 1e-2
-    ica_rounds: int = 40
-    # how temporal ICA unmixes: "capedjica" (ica_rounds private gradient rounds at ica_epsilon_i each) or
-    # "cumulant" (two releases at cumulant_epsilon together: the whitening refined by the subjects' R x R second
-    # moments, then their fourth-order cumulants, separated by the aggregator). [capeDJICA]'s set-up end to end
-    # (4 x 256 subjects, D = 900), median qNGI <= 0.1 from a total eps of 3.8 with "cumulant" (0.093; 0.085 at
-    # 4.0), from 14.5 with capeDJICA (benchmarks/djica_end_to_end.py)
-    ica_unmixing: str = "capedjica"
-    # the cumulant unmixing's (eps, delta / 2), split between its two releases (0.1 of mu^2 to the refinement)
-    cumulant_epsilon: float = 6.0
-    # clipping bound of the ICA gradients; with ica_clip_unit = "subject" it bounds each subject's
-    # mean gradient ([capeDJICA] as published: "sample", B = 30, bias on)
-    clip_G: float = 0.7
-    clip_h: float = 0.7
-    ica_clip_unit: str = "subject"
-    ica_bias: bool = False
-    # power iterations of reduction = "pdsvd" (each one secure sum; no privacy noise)
-    pdsvd_iterations: int = 30
-    # brain states (capeAGN): K recurring states over the whitened time points, 0 = off; each of its two
-    # releases (second and third moments) is calibrated to (states_epsilon, delta/2) on its own. At 4 x 128
-    # subjects the planted states come back erratically at every budget: median r 0.62 at 8, 0.32 at 16, 0.72
-    # at 32 over 3 noise draws (benchmarks/states_utility.py)
-    brain_states: int = 0
-    states_epsilon: float = 16.0
-    optimizer: str = "fast"
-    calibration: str = "analytic"
-    standardize: bool = True
-    min_volumes: int = 10
-    # BIDS filters: keep only the runs whose entities match (keys task, space, session, run, res, desc); in an
-    # fMRIPrep tree without a desc filter only desc-preproc runs are read (desc-smoothAROMAnonaggr for ica_aroma)
-    bids: dict[str, str] = field(default_factory=dict)
-    # -- site-local cleaning, by nilearn, before anything is released (no privacy cost); consortium settings --
-    # confound removal: "" (off, the default: the same cleaning at every site whatever files it has, and the
-    # synthetic data have no confounds table), a nilearn strategy ("simple", "scrubbing", "compcor",
-    # "ica_aroma": load_confounds_strategy on each run's fMRIPrep confounds table; a run without one is refused),
-    # or a list of confound column names of that table
-    confounds: str | list[str] = ""
-    # keyword arguments the strategy takes in nilearn's load_confounds_strategy, e.g. {fd_threshold = 0.3} for
-    # scrubbing (others, which nilearn ignores, are refused; "ica_aroma" reads only desc-smoothAROMAnonaggr runs)
-    confounds_options: dict[str, Any] = field(default_factory=dict)
-    # per run, through nilearn.signal.clean with the run's own TR (header or sidecar RepetitionTime), together
-    # with confounds and standardize (then nilearn's zscore_sample); left at their defaults with no confounds,
-    # each voxel is only z-scored as before
-    detrend: bool = False
-    high_pass: float | None = None  # Hz, e.g. 0.01; left out: off
-    low_pass: float | None = None  # Hz, e.g. 0.1; left out: off
-    # spatial smoothing (mm FWHM) of each run on the analysis grid, nilearn.image.smooth_img; left out: off
-    smoothing_fwhm: float | None = None
-    # a subject whose files are bad (corrupt gzip, wrong shape, unreadable confounds): "stop" the site, or
-    # "skip": leave the subject out with the reason, listed in the site's record and the report
-    on_bad_subject: str = "stop"
-    # a site's own cluster for its per-subject work (decoding, masking, standardising): Pydra's Dask or SLURM
-    # worker, e.g. {worker = "dask", address = "tcp://host:8786"}; empty: threads on this machine. The result is
-    # the same either way, so it is a site's own setting, not a consortium one
-    cluster: dict[str, Any] = field(default_factory=dict)
-    seed: int | None = None  # None: OS entropy (deployments); an int: reproducible simulation
-    # a deployed party (dpneuro site / aggregator, COINSTAC) refuses a seed unless this says the run is a test
-    simulation: bool = False
-    backend: str = "inprocess"
-    exchange_dir: str = ""
-    # the run's name: its outputs go to <out>/<run_id>/ (a deployed site's to <out>/<run_id>/<site>/), so runs
-    # with different ids into the same out keep each their own; a deployed run's folder in exchange_dir too
-    run_id: str = DEFAULT_RUN_ID
-    truth: str = ""  # optional ground truth (synthetic data): folder with manifest.json
-    interactive_maps: bool = False  # embed nilearn's interactive viewer per component in the report (~0.6 MB each)
-    timeout: float = 600.0
+    sites: list[SiteEntry] = setting(
+        section="sites", constraint=Sites(), stages=("load",),
+        doc="One [[sites]] table per site, in the agreed order (it fixes the protocol's site ids). `name`: unique; "
+            "`path`: a BIDS folder (sub-*/[ses-*/]func/*_bold.nii[.gz]; anat/ and other files are skipped and "
+            "listed), a folder of 4-D NIfTI files (files named sub-<label>_... belong to subject sub-<label>, any "
+            "other file is one subject), or `files` = [...] instead. A non-BIDS folder whose files are several runs "
+            "of one person needs `subjects_tsv = \"subjects.tsv\"` (columns file, subject). `exclude` = [...]: "
+            "subjects of that site to leave out (listed in its record and the report). In a deployed run each site "
+            "needs only its own path; the others may stay empty (path = \"\").")
+    out: str = setting(
+        section="run and outputs", constraint=Text("a folder"), template='"run"',
+        doc="Output folder. `dpneuro run` and `dpneuro aggregator` write components.nii.gz, privacy.json and "
+            "report.html to <out>/<run_id>/; a site writes its own outputs to <out>/<run_id>/<name>/. Private "
+            "working files go to <out>/work (`dpneuro run`'s cache of stages, shared by its runs) or "
+            "<out>/.dpneuro/<run_id>/ (a deployed party's).")
+    mask: str = setting(
+        "", section="data grid", constraint=Text("the path of a NIfTI mask, or empty"), stages=("space",),
+        doc="Consortium-wide brain mask (NIfTI); empty: the template named by `space`. Every subject image must be "
+            "on the mask's grid (same shape and affine).")
+    space: str = setting(
+        "mni6mm", section="data grid", constraint=Text("a template name"), stages=("space",),
+        doc="Template grid when no mask is given: \"mni3mm\" (69,765 voxels), \"mni4mm\" (29,398), \"mni6mm\" "
+            "(8,735) or \"grid30\" (the papers' 30 x 30 simulation grid, 900 voxels).")
+    parcels: int = setting(
+        100, section="data grid", constraint=Interval(Integral, 0, None), stages=("space",), agree=True,
+        doc="Data-independent parcellation of the mask into this many parcels (k-means on voxel coordinates, never "
+            "on data; 0: keep voxels). Fewer features mean less noise per entry and smaller messages; maps are "
+            "painted back to voxels. Not used with an atlas.")
+    atlas: str = setting(
+        "", section="data grid", constraint=Text("the path of an atlas image or an atlas name"), stages=("space",),
+        example=('"atlas/MIST_122.nii.gz"', '"dosenbach_2010"', '"schaefer_2018:100"'),
+        doc="An atlas whose regions are the features instead of the coordinate parcels, in MNI space at any "
+            "resolution (every party needs the same one; the run manifest checks its regions on the grid). A label "
+            "image (3-D, integer regions, nearest neighbour onto the grid) weighs each region as its voxels weigh "
+            "(sum over sqrt(voxels)); probabilistic maps (4-D, e.g. DiFuMo) give the coordinates on an orthonormal "
+            "basis of their span. Or a name (dpneuro.atlases): \"power_2011\", \"dosenbach_2010\", "
+            "\"seitzman_2018\" (MNI coordinates shipped with nilearn, no download: a 5 mm sphere of labels around "
+            "each; \"power_2011:8mm\" for another radius), or one nilearn downloads once into its data folder "
+            "(NILEARN_DATA, default ~/nilearn_data): \"schaefer_2018:100\", \"difumo:64\", "
+            "\"basc_multiscale_2015:122\", \"msdl\", \"harvard_oxford:cort-maxprob-thr25-2mm\", "
+            "\"smith_2009:rsn20\", \"allen_rsn_2011\". A site without internet fetches it elsewhere "
+            "(`python -m dpneuro.atlases NAME`) and copies that folder, or gives the file's path. The maps come "
+            "back at voxel resolution.")
+    site_voxel_maps: bool = setting(
+        True, section="data grid", constraint=Boolean(), stages=("maps",),
+        doc="With parcels, each site also writes its own maps at the mask's voxel resolution. They are computed at "
+            "the site from its own data, never sent, and spend no privacy (site_maps.nii.gz in the site's outputs).")
+    site_maps_method: str = setting(
+        "guided_ica", section="data grid", constraint=StrOptions(SITE_MAPS_METHODS), stages=("maps",),
+        doc="How a site makes its own voxel maps: \"guided_ica\" runs the spatial ICA on the site's own principal "
+            "subspace over voxels, started from the components' dual-regression maps and paired with them one to "
+            "one (as GIFT's GIG-ICA); \"dual_regression\" keeps its subjects' voxels regressed on their time "
+            "courses, averaged. Their agreement with the truth is measured in benchmarks/README.md.")
+    n_components: int = setting(
+        20, section="analysis", constraint=Interval(Integral, 2, None), stages=("reduce",), agree=True,
+        flag="components",
+        doc="Number of independent components R, also the PCA dimension k. 20 is the usual choice for "
+            "resting-state networks; the synthetic consortium of `dpneuro synth` has 8 networks (the demo uses 8). "
+            "At most the number of features D (parcels, atlas regions or voxels).")
+    reduction: str = setting(
+        "capepca", section="analysis", constraint=StrOptions(REDUCTIONS), stages=("reduce",), agree=True,
+        flag="reduction",
+        doc="Dimension reduction: \"capepca\", \"capepca-power\", \"none\" or \"pdsvd\". \"capepca\": one noisy "
+            "D x D release per site; \"capepca-power\": noisy subspace iteration, D x k releases; \"none\": "
+            "non-private PCA, only for simulations; \"pdsvd\" (PD-SVD: "
+            "secure sums that hide the iterations' singular values, NO differential privacy: the report says what "
+            "it reveals and to whom).")
+    ica: str = setting(
+        "spatial", section="analysis", constraint=StrOptions(ICA_MODELS), stages=("reduce", "unmix"), agree=True,
+        flag="ica",
+        doc="Group ICA model: \"spatial\" or \"temporal\". \"spatial\": independent maps, the model of CanICA, "
+            "MELODIC and GIFT: FastICA on the released PCA basis, which is post-processing (the PCA is the only "
+            "release; the ICA settings are unused); each site fits its own time courses on the maps, locally. "
+            "\"temporal\": independent time courses (capeDJICA; every round is a private release of its own).")
+    plan: str = setting(
+        "cape", section="privacy", constraint=StrOptions(PLANS), stages=("reduce", "unmix", "states", "maps"),
+        agree=True, flag="plan",
+        doc="Noise plan: \"cape\", \"conv\" or \"none\". \"cape\": correlated noise, each site's release carries the "
+            "noise its own budget needs and the average carries the pooled-data noise (needs >= 3 sites); "
+            "\"conv\": independent noise at every site; \"none\": NOT private.")
+    n_colluding: int | None = setting(
+        None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "ceil(S/3) - 1"),
+        stages=("reduce", "unmix", "states", "maps"), agree=True, flag="n-colluding", example=("1",),
+        doc="How many sites may collude with the aggregator. Left out: ceil(S/3) - 1 for S sites, the most CAPE "
+            "allows; larger values are refused.")
+    delta: float = setting(
+        1e-5, section="privacy", constraint=Interval(Real, 0, DELTA_BOUND, closed="neither",
+                                                     why="delta >= 1/N is no privacy for a site of N subjects"),
+        stages=("reduce", "states", "maps"), agree=True, flag="delta",
+        doc="Total delta per site: the delta at which every site's total epsilon is reported (half of it "
+            "calibrates the PCA release). It must be below 1/N for the smallest site's N subjects: the "
+            "configuration refuses 0.1 and above, the run refuses 1/N and above once it knows the counts.")
+    epsilon: float | None = setting(
+        None, section="privacy", constraint=OrNone(Interval(Real, 0, None, closed="neither"),
+                                                   "the per-release settings are used as they are"),
+        example=("8.0",),
+        doc="Total epsilon per site in the headline sense, against the aggregator and its colluders. When set, "
+            "`dpneuro run` plans pca_epsilon and ica_epsilon_i from the sites' subject counts (as "
+            "`dpneuro budget --target-epsilon` does) and those fields are ignored. A deployed party cannot see "
+            "every site's counts: plan with `dpneuro budget run.toml --target-epsilon E` and write the proposed "
+            "values into the configuration instead.")
+    pca_epsilon: float = setting(
+        6.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
+        agree=True, flag="pca-epsilon",
+        doc="Privacy budget of the one capePCA release (at delta / 2). With spatial ICA it is the whole run's "
+            "budget; `dpneuro budget` prints the total per site. With ica = \"temporal\", plan a total budget "
+            "(`epsilon`) instead.")
+    pca_subject_bound: float = setting(
+        0.25, section="privacy", constraint=Interval(Real, 0, 1, closed="right"), stages=("reduce",), agree=True,
+        flag="subject-bound",
+        doc="Public bound c in (0, 1] on each subject's normalised second moment ||X_m X_m^T / n_m||_F in the PCA. "
+            "A subject above c is scaled down to it, and the PCA's noise shrinks by the factor c; 1 = no clipping "
+            "(time points have unit norm, so the moment is at most 1). Subspace contributions have their norm "
+            "1/sqrt(n_components) by construction: for them the bound changes only the scale.")
+    pca_contribution: str = setting(
+        "auto", section="privacy", constraint=StrOptions(PCA_CONTRIBUTIONS), stages=("reduce",), agree=True,
+        flag="contribution",
+        doc="What each subject adds to the PCA's second moment. \"subspace\": the projector on its own top "
+            "n_components principal directions (as CanICA and MELODIC reduce each subject first), so every subject "
+            "weighs the same; \"moment\": its normalised second moment X X^T / n (the papers'). Temporal ICA "
+            "whitens with variances, which subspaces do not carry: with \"subspace\" the PCA then adds one small "
+            "release (the n_components x n_components second moment in the released basis; the PCA's epsilon is "
+            "split between the two). \"auto\": subspace, except with brain states or PD-SVD (\"moment\").")
+    max_memory_gb: float = setting(
+        4.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
+        agree=True,
+        doc="Memory (GB) one site may use for the reduction. capePCA's covariance mode forms D x D matrices (about "
+            "9 D^2 doubles) and releases one, which must fit a message (256 MB: D <= 5,792; 10 MB on COINSTAC): "
+            "parcels fit, voxels do not. It is refused before anything runs when they do not fit; reduction = "
+            "\"capepca-power\" and \"none\" need O(D k).")
+    ica_epsilon_i: float = setting(
+        0.7, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("unmix",),
+        agree=True, flag="ica-epsilon-i",
+        doc="Epsilon of each single ICA release (G and h, every round). As in [capeDJICA] Sec. V; the totals over "
+            "all rounds are composed exactly from the ledgers at `delta`.")
+    ica_delta_i: float = setting(
+        1e-2, section="privacy", constraint=Interval(Real, 0, 1, closed="neither"), stages=("unmix",), agree=True,
+        flag="ica-delta-i",
+        doc="Delta of each single ICA release, with ica_epsilon_i. It sets the release's noise only: the totals "
+            "are reported at `delta`.")
+    ica_rounds: int = setting(
+        40, section="analysis", constraint=Interval(Integral, 1, None), stages=("unmix",), agree=True,
+        flag="rounds",
+        doc="capeDJICA round limit J. Each round every site releases one noisy gradient G (R x R) and one bias "
+            "gradient h (R); the ledger composes all of them.")
+    ica_unmixing: str = setting(
+        "capedjica", section="analysis", constraint=StrOptions(UNMIXINGS), stages=("unmix",), agree=True,
+        flag="unmixing",
+        doc="How temporal ICA unmixes (with ica = \"temporal\"). \"capedjica\": ica_rounds private gradient rounds; "
+            "\"cumulant\": two releases at cumulant_epsilon together (the subjects' second moments of the whitened "
+            "data refine the whitening, then their fourth-order cumulants, which the aggregator separates). Their "
+            "accuracy per budget is measured in benchmarks/README.md.")
+    cumulant_epsilon: float = setting(
+        6.0, section="analysis", constraint=Interval(Real, 0, None, closed="neither"), stages=("unmix",),
+        agree=True, flag="cumulant-epsilon",
+        doc="Privacy budget of the cumulant unmixing's two releases together (at delta / 2). A tenth of its mu^2 "
+            "goes to the refined whitening.")
+    clip_G: float = setting(
+        0.7, section="analysis", constraint=Interval(Real, 0, None, closed="neither"), stages=("unmix",),
+        agree=True, flag="clip",
+        doc="Clipping bound B_G of the ICA gradients G. It sets the sensitivity of each release: 2 B / M_s for M_s "
+            "subjects at the site.")
+    clip_h: float = setting(
+        0.7, section="analysis", constraint=Interval(Real, 0, None, closed="neither"), stages=("unmix",),
+        agree=True, flag="clip",
+        doc="Clipping bound B_h of the ICA bias gradients h. It sets the sensitivity of each release: 2 B / M_s "
+            "for M_s subjects at the site.")
+    ica_clip_unit: str = setting(
+        "subject", section="analysis", constraint=StrOptions(UNITS), stages=("unmix",), agree=True,
+        flag="clip-unit",
+        doc="What the ICA clips: \"subject\" or \"sample\". \"subject\": each subject's mean gradient (the same "
+            "sensitivity with a bound about 10x smaller, so less noise); \"sample\": every time point's gradient, "
+            "as published in [capeDJICA] (use a clip of 30 then).")
+    ica_bias: bool = setting(
+        False, section="analysis", constraint=Boolean(), stages=("unmix",), agree=True, flag="ica-bias",
+        doc="Release the bias gradient h every round too (as in [capeDJICA]). Whitened data are centred, so false "
+            "halves the releases per round.")
+    pdsvd_iterations: int = setting(
+        30, section="analysis", constraint=Interval(Integral, 1, None), stages=("reduce",), agree=True,
+        doc="Power iterations of reduction = \"pdsvd\". Each one is a secure sum; PD-SVD adds no privacy noise.")
+    brain_states: int = setting(
+        0, section="analysis", stages=("reduce", "states"), agree=True, flag="brain-states",
+        constraint=Excluding(Interval(Integral, 0, None), 1, "one state is the mean of all time points; 0: off"),
+        doc="Brain states (capeAGN): K recurring states over the whitened time points, 0 = off. The states are "
+            "co-activation patterns; their maps and each subject's fraction of time in each (computed at its own "
+            "site) are written. Needs 2 <= K < n_components. Each of the stage's two releases (second and third "
+            "moments) is calibrated to (states_epsilon, delta / 2). States need many subjects: what the synthetic "
+            "consortia recover is measured in benchmarks/README.md.")
+    states_epsilon: float = setting(
+        16.0, section="analysis", constraint=Interval(Real, 0, None, closed="neither"), stages=("states",),
+        agree=True, flag="states-epsilon",
+        doc="Privacy budget of each of the brain-states stage's two releases (at delta / 2). The totals compose "
+            "every stage.")
+    optimizer: str = setting(
+        "fast", section="analysis", constraint=StrOptions(_optimizers), stages=("unmix",), agree=True,
+        doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "
+            "\"paper\": the reference djICA rules of Baker et al. / [capeDJICA] Sec. V.")
+    calibration: str = setting(
+        "analytic", section="privacy", constraint=StrOptions(CALIBRATIONS), stages=("unmix",), agree=True,
+        flag="calibration",
+        doc="Gaussian calibration of the noise: \"analytic\" or \"classic\". \"analytic\": Balle & Wang 2018, any "
+            "epsilon; \"classic\": sigma = Delta "
+            "sqrt(2 ln(1.25/delta)) / eps, valid for eps < 1.")
+    standardize: bool = setting(
+        True, section="data preparation", constraint=Boolean(), stages=("load",), agree=True,
+        doc="Detrend and standardise every voxel time course of every subject. With confounds, detrend or filters "
+            "it is nilearn's \"zscore_sample\".")
+    min_volumes: int = setting(
+        10, section="data preparation", constraint=Interval(Integral, 1, None), stages=("load",), agree=True,
+        doc="Runs with fewer volumes are refused (with the file named).")
+    bids: dict[str, str] = setting(
+        section="data preparation", constraint=Table(BIDS_FILTERS, Label()), stages=("load",), factory=dict,
+        example=('{ task = "rest", space = "MNI152NLin2009cAsym", res = "2" }',),
+        doc="BIDS filters: keep only the runs whose file-name entities match (keys task, space, session, run, res, "
+            "desc). The privacy unit is the person: every run and session of one BIDS subject (sub-<label>) counts "
+            "as one subject. fMRIPrep derivatives are read as they are: *_space-<MNI space>[_res-<r>]_desc-preproc_"
+            "bold (desc-preproc unless you filter desc; desc-smoothAROMAnonaggr for confounds = \"ica_aroma\"), "
+            "with the run's brain mask, JSON sidecar (TR) and confounds table beside it; anat/, figures/, surface "
+            "and CIFTI outputs and every file not used are listed on the site's console and in its record. Runs on "
+            "another MNI grid are resampled to the analysis grid by nilearn (once, at the site); native-space runs "
+            "(space-T1w) are refused by name; one run in two spaces or resolutions needs a space/res filter.")
+    confounds: str | list[str] = setting(
+        "", section="site-local cleaning (nilearn; before anything is released, no privacy cost)",
+        constraint=TextList(), stages=("load",), agree=True,
+        example=('"simple"', '["trans_x", "trans_y", "trans_z", "rot_x", "rot_y", "rot_z", "csf", "white_matter"]'),
+        doc="Confound removal from each run's fMRIPrep confounds table: \"\" (off, the default: the same cleaning "
+            "at every site whatever files it holds; synthetic data have no table), a nilearn strategy (\"simple\", "
+            "\"scrubbing\", \"compcor\", \"ica_aroma\": nilearn.interfaces.fmriprep.load_confounds_strategy; a run "
+            "without its table is refused; \"ica_aroma\" cleans the ICA-AROMA denoised desc-smoothAROMAnonaggr "
+            "runs of fMRIPrep --use-aroma, and refuses others), or a list of column names of the table.")
+    confounds_options: dict[str, Any] = setting(
+        section="site-local cleaning (nilearn; before anything is released, no privacy cost)", constraint=Table(),
+        stages=("load",), agree=True, factory=dict, example=("{ fd_threshold = 0.3, std_dvars_threshold = 1.5 }",),
+        doc="Keyword arguments the confounds strategy takes in nilearn's load_confounds_strategy. Others, which "
+            "nilearn would ignore, are refused (and so is ica_aroma's option: nilearn always uses the "
+            "non-aggressive outputs).")
+    detrend: bool = setting(
+        False, section="site-local cleaning (nilearn; before anything is released, no privacy cost)",
+        constraint=Boolean(), stages=("load",), agree=True,
+        doc="Detrend each run with nilearn.signal.clean. With confounds, detrend or filters every run goes through "
+            "nilearn.signal.clean with its own TR (header, or the sidecar's RepetitionTime).")
+    high_pass: float | None = setting(
+        None, section="site-local cleaning (nilearn; before anything is released, no privacy cost)",
+        constraint=OrNone(Interval(Real, 0, None, closed="neither"), "off"), stages=("load",), agree=True,
+        example=("0.01",),
+        doc="High-pass filter (Hz) of nilearn.signal.clean; left out: off.")
+    low_pass: float | None = setting(
+        None, section="site-local cleaning (nilearn; before anything is released, no privacy cost)",
+        constraint=OrNone(Interval(Real, 0, None, closed="neither"), "off"), stages=("load",), agree=True,
+        example=("0.1",),
+        doc="Low-pass filter (Hz) of nilearn.signal.clean, above high_pass; left out: off.")
+    smoothing_fwhm: float | None = setting(
+        None, section="site-local cleaning (nilearn; before anything is released, no privacy cost)",
+        constraint=OrNone(Interval(Real, 0, None, closed="neither"), "off"), stages=("load",), agree=True,
+        example=("6.0",),
+        doc="Spatial smoothing (mm FWHM, nilearn.image.smooth_img) of each run on the analysis grid, before "
+            "masking; left out: off.")
+    on_bad_subject: str = setting(
+        "stop", section="data preparation", constraint=StrOptions(ON_BAD_SUBJECT), stages=("load",),
+        doc="A subject whose files are bad (a truncated gzip, NaNs, a missing confounds table): \"stop\" or "
+            "\"skip\". \"stop\" (the default) stops the site naming the file; \"skip\" leaves the subject out with "
+            "the reason, listed in the site's record and the report. To leave a known subject out, list it in its "
+            "site's table: exclude = [\"sub-07\"].")
+    cluster: dict[str, Any] = setting(
+        section="data preparation", constraint=Table(CLUSTER_KEYS), factory=dict,
+        example=('{ worker = "dask", address = "tcp://10.0.0.5:8786", subjects_per_task = 8 }',
+                 '{ worker = "slurm", sbatch_args = "--mem=8G --time=01:00:00 --cpus-per-task=4" }'),
+        doc="A site's own cluster for its per-subject work (decoding, masking, standardising); empty: threads on "
+            f"this machine. Batches of `subjects_per_task` subjects (default {SUBJECTS_PER_TASK}) run by Pydra's "
+            "Dask worker (`address` of your scheduler) or SLURM worker (`sbatch_args`, one job per batch). `out` "
+            "must be on storage every node shares; the site matrix is the same either way, so this is each site's "
+            "own choice. Needs `pip install 'dpneuro[cluster]'` for Dask.")
+    seed: int | None = setting(
+        None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "noise from OS entropy"),
+        stages=("reduce", "unmix", "states", "maps"), agree=True, estimator="random_state", example=("0",),
+        doc="Noise seed: left out (the default), every party draws from OS entropy, as a deployment must. An "
+            "integer makes a `dpneuro run` simulation reproducible; the report then says so. `dpneuro site` / "
+            "`dpneuro aggregator` refuse a seed (anyone who reads the configuration could regenerate a site's "
+            "noise) unless `simulation = true` says the run is a test.")
+    simulation: bool = setting(
+        False, section="privacy", constraint=Boolean(), agree=True,
+        doc="True only for tests and simulations of a deployment: lets the deployed parties keep a fixed `seed`. "
+            "Never set it in a real run.")
+    backend: str = setting(
+        "inprocess", section="run and outputs", constraint=StrOptions(BACKENDS),
+        doc="Exchange backend of the run: \"inprocess\" (all parties as threads of one process) or \"directory\" "
+            "(messages through exchange_dir, which it then requires). `dpneuro run` simulates in-process; "
+            "`dpneuro site` and `dpneuro aggregator` always use the directory exchange at exchange_dir.")
+    exchange_dir: str = setting(
+        "", section="run and outputs", constraint=Text("a folder, or empty"), template='"shared"',
+        doc="Shared folder of a deployed run (`dpneuro site` / `dpneuro aggregator`); every party must see the "
+            "same folder (NFS, SMB, ...). Unused by `dpneuro run`.")
+    run_id: str = setting(
+        DEFAULT_RUN_ID, section="run and outputs", constraint=Text("a run id", rule=_run_id_problem),
+        doc="The run's name: its outputs' folder inside out, and a deployed run's folder inside exchange_dir. A "
+            "run with another id (here or `--run-id` on the command line) keeps its own outputs beside this one's; "
+            "the same id again overwrites them (a deployed party resumes it).")
+    truth: str = setting(
+        "", section="run and outputs", constraint=Text("a folder, or empty"), stages=("maps",),
+        doc="Optional ground truth: a synthetic consortium's folder with manifest.json. It adds "
+            "agreement-with-truth metrics to the report; empty for real data.")
+    interactive_maps: bool = setting(
+        False, section="run and outputs", constraint=Boolean(),
+        doc="Embed an interactive viewer (nilearn's view_img, works offline) for every component in report.html, "
+            "about 0.6 MB each.")
+    timeout: float = setting(
+        600.0, section="run and outputs", constraint=Interval(Real, 0, None, closed="neither"),
+        doc="Seconds any party waits for one message (or for the run manifest) before it gives up with an error "
+            "naming who is missing.")
 
     # -- derived -------------------------------------------------------------------------
     @classmethod
@@ -225,10 +660,8 @@ class RunConfig:
         """Whether temporal ICA unmixes by the cumulant ICA (``ica_unmixing``; spatial ICA has no unmixing stage)."""
         return self.ica == "temporal" and self.ica_unmixing == "cumulant"
 
-    def cleaning(self):
+    def cleaning(self) -> Cleaning:
         """The site-local cleaning every party applies (:class:`dpneuro.cleaning.Cleaning`)."""
-        from .cleaning import Cleaning
-
         return Cleaning.from_config(self)
 
     @property
@@ -307,9 +740,17 @@ class RunConfig:
         return self
 
     # -- validation ----------------------------------------------------------------------
+    def check_fields(self) -> RunConfig:
+        """Check each field against its own constraint (type and range), in declaration order."""
+        for f in fields(self):
+            f.metadata["constraint"].check(f.name, getattr(self, f.name))
+        return self
+
     def validate(self, *, data_sites: Collection[str] | None = None) -> RunConfig:
         """Check every field; raise :class:`ConfigError` naming the first bad one.
 
+        Each field's own constraint first (:meth:`check_fields`), then the rules
+        that tie fields together, the inputs' existence and the sites.
         ``data_sites``: names of the sites whose data must be readable here
         (default: all). One party of a distributed run (``dpneuro site`` /
         ``dpneuro aggregator``) holds at most its own site's data and passes
@@ -318,14 +759,15 @@ class RunConfig:
         def bad(fieldname: str, why: str):
             raise ConfigError(f"config field {fieldname!r}: {why}")
 
-        if not self.sites:
-            bad("sites", "at least one site is needed")
+        self.check_fields()
         names = [s.name for s in self.sites]
         if len(set(names)) != len(names):
             bad("sites", f"site names must be unique, got {names}")
         for i, s in enumerate(self.sites):
             if not s.name:
                 bad(f"sites[{i}].name", "empty")
+            if not isinstance(s.exclude, list) or not all(isinstance(x, str) and x for x in s.exclude):
+                bad(f"sites[{i}].exclude ({s.name})", f"a list of subject ids (e.g. [\"sub-07\"]), got {s.exclude!r}")
             if data_sites is not None and s.name not in data_sites:
                 continue  # another party's data: not on this machine
             if not s.files and not s.path:
@@ -337,154 +779,49 @@ class RunConfig:
                 bad(f"sites[{i}].subjects_tsv ({s.name})", f"{s.subjects_tsv} does not exist")
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
-        if not isinstance(self.atlas, str):
-            bad("atlas", f"the path of a label image or an atlas name, got {self.atlas!r}")
-        from .atlases import check as check_atlas
+        if self.truth and not (Path(self.truth) / "manifest.json").exists():
+            bad("truth", f"{self.truth} has no manifest.json")
+        from .atlases import check as check_atlas  # atlases imports this module
 
         if problem := check_atlas(self.atlas):
             bad("atlas", problem)
-        from .io import SPACES
-
         if not self.mask and self.space not in SPACES:
             bad("space", f"unknown template {self.space!r} ({', '.join(SPACES)}) and no mask given")
-        if self.parcels < 0:
-            bad("parcels", "must be >= 0")
-        from .io import BIDS_FILTERS
-
-        if not isinstance(self.bids, dict) or set(self.bids) - set(BIDS_FILTERS):
-            bad("bids", f"a table with keys among {list(BIDS_FILTERS)}, got {self.bids!r}")
-        for k, v in self.bids.items():
-            if isinstance(v, bool) or not isinstance(v, (str, int)):
-                bad(f"bids.{k}", f"a label (text or integer), got {v!r}")
-        for i, s in enumerate(self.sites):
-            if not isinstance(s.exclude, list) or not all(isinstance(x, str) and x for x in s.exclude):
-                bad(f"sites[{i}].exclude ({s.name})", f"a list of subject ids (e.g. [\"sub-07\"]), got {s.exclude!r}")
-        from .cleaning import check as check_cleaning
-        from .io import ON_BAD_SUBJECT
-
         for name, why in check_cleaning(self.cleaning()):
             bad(name, why)
-        from .cleaning import AROMA_DESC
-
         if self.cleaning().strategy == "ica_aroma" and str(self.bids.get("desc", AROMA_DESC)) != AROMA_DESC:
             bad("bids.desc", f"confounds = 'ica_aroma' reads the ICA-AROMA denoised runs (desc-{AROMA_DESC}), "
                 f"not desc-{self.bids['desc']}; leave desc out or use another strategy")
-        if self.on_bad_subject not in ON_BAD_SUBJECT:
-            bad("on_bad_subject", f"one of {ON_BAD_SUBJECT}, got {self.on_bad_subject!r}")
         if self.cluster and (self.cleaning().temporal or self.smoothing_fwhm):
             bad("cluster", "a site's cluster decodes runs without cleaning; confounds, detrend, filters and "
                 "smoothing run in the site's own process (leave cluster out)")
         self._check_cluster(bad, check_here=data_sites is None or bool(data_sites))
-        if self.n_components < 2:
-            bad("n_components", "must be >= 2")
-        if self.reduction not in REDUCTIONS:
-            bad("reduction", f"one of {REDUCTIONS}")
-        if isinstance(self.pdsvd_iterations, bool) or not isinstance(self.pdsvd_iterations, int) \
-                or self.pdsvd_iterations < 1:
-            bad("pdsvd_iterations", f"a positive integer, got {self.pdsvd_iterations!r}")
-        if isinstance(self.brain_states, bool) or not isinstance(self.brain_states, int) or self.brain_states < 0:
-            bad("brain_states", f"a number of states >= 0 (0: off), got {self.brain_states!r}")
-        if self.brain_states == 1:
-            bad("brain_states", "one state is the mean of all time points; ask for 2 or more, or 0 for none")
+        if self.parcels and not self.atlas and self.n_components > self.parcels:
+            bad("n_components", f"{self.n_components} components need at least as many features D; the "
+                f"features are the {self.parcels} parcels (field parcels)")
         if self.brain_states and self.brain_states >= self.n_components:
             bad("brain_states", f"{self.brain_states} states need more components: capeAGN's mixture model "
                 f"separates fewer states than dimensions (n_components = {self.n_components})")
-        if self.brain_states and self.plan != "none" and not (
-                isinstance(self.states_epsilon, (int, float)) and not isinstance(self.states_epsilon, bool)
-                and self.states_epsilon > 0 and math.isfinite(self.states_epsilon)):
-            bad("states_epsilon", f"must be a positive number, got {self.states_epsilon!r}")
-        from .algorithms.pca import check_subject_bound
-
-        try:
-            check_subject_bound(self.pca_subject_bound)
-        except ValueError as exc:
-            bad("pca_subject_bound", str(exc))
-        if isinstance(self.max_memory_gb, bool) or not isinstance(self.max_memory_gb, (int, float)) \
-                or not (0 < self.max_memory_gb < math.inf):
-            bad("max_memory_gb", f"a positive number of GB, got {self.max_memory_gb!r}")
-        if self.pca_contribution not in PCA_CONTRIBUTIONS:
-            bad("pca_contribution", f"one of {PCA_CONTRIBUTIONS}, got {self.pca_contribution!r}")
-        elif self.pca_contribution == "subspace" and self.reduction == "pdsvd":
+        if self.pca_contribution == "subspace" and self.reduction == "pdsvd":
             bad("pca_contribution", "PD-SVD sums the data's second moment; 'subspace' is capePCA's (use 'auto')")
-        if self.ica not in ICA_MODELS:
-            bad("ica", f"one of {ICA_MODELS}: 'spatial' (independent maps, as CanICA/MELODIC/GIFT; no release "
-                "after the PCA) or 'temporal' (capeDJICA)")
-        if self.plan not in PLANS:
-            bad("plan", f"one of {PLANS}")
         if self.plan == "cape" and len(self.sites) < 3:
             bad("plan", f"CAPE needs at least 3 sites, got {len(self.sites)}; use 'conv'")
-        if self.backend not in BACKENDS:
-            bad("backend", f"one of {BACKENDS}")
-        from .exchange.codec import check_name
-
-        try:
-            check_name("run id", self.run_id)
-        except ValueError as exc:
-            bad("run_id", f"{exc}; it names the run's output folder")
         if self.backend == "directory" and not self.exchange_dir:
             bad("exchange_dir", "the directory backend needs a shared folder")
-        if not 0 < self.delta < 1:
-            bad("delta", "must be in (0, 1)")
-        if self.epsilon is not None:
-            if isinstance(self.epsilon, bool) or not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0
-                                                       and math.isfinite(self.epsilon)):
-                bad("epsilon", f"a finite number > 0 (total per site), or left out, got {self.epsilon!r}")
-            if self.plan == "none" or self.reduction in ("none", "pdsvd"):
-                bad("epsilon", f"plan {self.plan!r} / reduction {self.reduction!r}: the reduction adds no noise, so "
-                    "the run has no differential-privacy budget to plan")
+        if self.epsilon is not None and (self.plan == "none" or self.reduction in ("none", "pdsvd")):
+            bad("epsilon", f"plan {self.plan!r} / reduction {self.reduction!r}: the reduction adds no noise, so "
+                "the run has no differential-privacy budget to plan")
         if self.plan != "none":
-            for name in ("pca_epsilon", "ica_epsilon_i"):
-                v = getattr(self, name)
-                if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                    bad(name, f"must be a positive number, got {v!r}")
-            if not 0 < self.ica_delta_i < 1:
-                bad("ica_delta_i", "must be in (0, 1)")
             if self.calibration == "classic" and self.ica_epsilon_i >= 1:
                 bad("ica_epsilon_i", "the classic Gaussian formula needs eps < 1; use calibration = 'analytic'")
-            if self.calibration not in CALIBRATIONS:
-                bad("calibration", f"one of {CALIBRATIONS}, got {self.calibration!r}")
             try:
                 noise_multiplier(self.ica_epsilon_i, self.ica_delta_i, method=self.calibration)
             except ValueError as exc:
                 bad("calibration", str(exc))
-        if self.ica_rounds < 1:
-            bad("ica_rounds", "must be >= 1")
-        if self.ica_unmixing not in UNMIXINGS:
-            bad("ica_unmixing", f"one of {UNMIXINGS}, got {self.ica_unmixing!r}")
-        elif self.ica_unmixing == "cumulant" and self.plan != "none" and not (
-                isinstance(self.cumulant_epsilon, (int, float)) and not isinstance(self.cumulant_epsilon, bool)
-                and 0 < self.cumulant_epsilon < math.inf):
-            bad("cumulant_epsilon", f"must be a positive number, got {self.cumulant_epsilon!r}")
-        if self.ica_clip_unit not in UNITS:
-            bad("ica_clip_unit", "'sample' (as published in [capeDJICA]) or 'subject'")
-        if not isinstance(self.ica_bias, bool):
-            bad("ica_bias", "true or false")
-        if not isinstance(self.simulation, bool):
-            bad("simulation", "true or false")
-        if not isinstance(self.site_voxel_maps, bool):
-            bad("site_voxel_maps", "true or false")
-        if self.site_maps_method not in SITE_MAPS_METHODS:
-            bad("site_maps_method", f"one of {SITE_MAPS_METHODS}, got {self.site_maps_method!r}")
-        if not isinstance(self.interactive_maps, bool):
-            bad("interactive_maps", "true or false")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad("seed", f"an integer (or left out for OS entropy), got {self.seed!r}")
-        for name in ("clip_G", "clip_h"):
-            if not getattr(self, name) > 0:
-                bad(name, "must be > 0")
-        from .algorithms.djica import OPTIMIZERS
-
-        if self.optimizer not in OPTIMIZERS:
-            bad("optimizer", f"one of {tuple(OPTIMIZERS)}")
-        if self.truth and not (Path(self.truth) / "manifest.json").exists():
-            bad("truth", f"{self.truth} has no manifest.json")
         return self
 
     def _check_cluster(self, bad, *, check_here: bool) -> None:
-        c = self.cluster
-        if not isinstance(c, dict) or set(c) - set(CLUSTER_KEYS):
-            bad("cluster", f"a table with keys among {list(CLUSTER_KEYS)} (or empty: threads on this machine), "
-                f"got {c!r}")
+        c = self.cluster  # a table with known keys (its constraint)
         if not c:
             return
         worker = c.get("worker")
@@ -522,10 +859,15 @@ class RunConfig:
             raise ConfigError("config field 'sites': missing")
         if "out" not in d:
             raise ConfigError("config field 'out': missing")
+        for key, value in d.items():  # each field's type and range, before anything is built from it
+            if key != "sites":  # a list of tables here, of SiteEntry once built (checked by validate)
+                cls.__dataclass_fields__[key].metadata["constraint"].check(key, value)
 
         def rel(p: str) -> str:
             return str((base / p).resolve()) if base is not None and p and not Path(p).is_absolute() else p
 
+        if not isinstance(d["sites"], list):
+            raise ConfigError(f"config field 'sites': {Sites().describe()}, got {d['sites']!r}")
         sites = []
         for i, s in enumerate(d.pop("sites")):
             if not isinstance(s, dict):
@@ -542,10 +884,6 @@ class RunConfig:
         for key in cls.PATH_FIELDS:
             if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))
-        for key, typ in (("parcels", int), ("n_components", int), ("ica_rounds", int), ("min_volumes", int),
-                         ("pdsvd_iterations", int), ("brain_states", int)):
-            if key in d and (not isinstance(d[key], int) or isinstance(d[key], bool)):
-                raise ConfigError(f"config field {key!r}: must be an integer, got {d[key]!r}")
         try:
             return cls(sites=sites, **d)
         except TypeError as exc:
@@ -567,3 +905,157 @@ class RunConfig:
     def load(cls, path) -> RunConfig:
         """Parse and validate a TOML config and every input it names."""
         return cls.read(path).validate()
+
+
+# -- the fields' descriptions, as every consumer reads them ---------------------------------------
+
+def consortium_fields() -> tuple[str, ...]:
+    """The fields every party of a run must share (the run manifest compares them)."""
+    return tuple(f.name for f in fields(RunConfig) if f.metadata["agree"])
+
+
+def stage_fields(stage: str) -> tuple[str, ...]:
+    """The fields the pipeline stage ``stage`` depends on (a change re-runs it and what follows)."""
+    return tuple(f.name for f in fields(RunConfig) if stage in f.metadata["stages"])
+
+
+def estimator_name(name: str) -> str:
+    """The estimators' parameter for the field ``name`` (the field's own name but for ``seed``)."""
+    return RunConfig.__dataclass_fields__[name].metadata.get("estimator", name)
+
+
+def constraint(name: str) -> Constraint:
+    """What the field ``name`` accepts."""
+    return RunConfig.__dataclass_fields__[name].metadata["constraint"]
+
+
+def summary(name: str) -> str:
+    """The first sentence of the field's documentation (``--help``)."""
+    doc = RunConfig.__dataclass_fields__[name].metadata["doc"]
+    head, dot, _ = doc.partition(". ")
+    return head + "." if dot else doc
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict) and not value:
+        return "{}"
+    return json.dumps(value)
+
+
+def _default(f) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def settings_markdown() -> str:
+    """The settings table of ``docs/api.md``: every field, from its metadata."""
+    rows = ["| field | default | accepts | all parties agree | stages | what |", "|---|---|---|---|---|---|"]
+    for f in fields(RunConfig):
+        m = f.metadata
+        default = "required" if f.default is MISSING and f.default_factory is MISSING else f"`{_toml(_default(f))}`"
+        if _default(f) is None:
+            default = "left out"
+        doc = m["doc"].replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")  # Markdown, not HTML
+        rows.append(f"| `{f.name}` | {default} | {m['constraint'].describe()} | {'yes' if m['agree'] else ''} | "
+                    f"{', '.join(m['stages'])} | {doc} |")
+    return "\n".join(rows) + "\n"
+
+
+TEMPLATE_HEADER = """\
+# dpneuro consortium run configuration (every field, commented).
+# Generated from the fields' descriptions (dpneuro/config.py): python -m dpneuro.config --template
+#
+# One file describes one run. The coordinator keeps this file; every party of a
+# deployed run (`dpneuro aggregator`, `dpneuro site`) uses a copy with the same
+# settings (see site.toml): the aggregator writes the settings that matter into
+# a run manifest and a site refuses to start if its copy disagrees.
+#   simulate everything on one machine:  dpneuro run run.toml
+#   deployed, on the aggregator:         dpneuro aggregator run.toml
+#   deployed, on each site:              dpneuro site site.toml --site site-01
+# Relative paths are relative to this file. TOML has no "null": a field whose
+# default is "none" (n_colluding, seed, ...) is left out to get that default.
+# `dpneuro budget run.toml` prints what this configuration spends per site
+# (read from the sites' file headers) before anything runs.
+#
+# The analysis settings below are the library's defaults, which the demo also
+# uses (dpneuro.config.TUNED_FIELDS). Noise scales like 1/(subjects per site):
+# with fewer subjects, or more components or features, expect noise maps
+# unless the budget grows; `dpneuro budget` and the run's warnings say so. What
+# they give on the demo's and on real data: the README's "What to expect".
+"""
+
+TEMPLATE_SITES = """\
+[[sites]]
+name = "site-01"
+path = "data/site-01"
+# exclude = ["sub-07"]
+
+[[sites]]
+name = "site-02"
+path = "data/site-02"
+
+[[sites]]
+name = "site-03"
+path = "data/site-03"
+
+[[sites]]
+name = "site-04"
+path = "data/site-04"
+"""
+
+
+def run_template() -> str:
+    """``site_templates/run.toml``: every field under its section, its documentation as the comment."""
+    import textwrap
+
+    out = [TEMPLATE_HEADER]
+    for section in SECTIONS:
+        out.append(f"\n# -- {section} " + "-" * max(3, 94 - len(section)) + "\n")
+        for f in fields(RunConfig):
+            m = f.metadata
+            if m["section"] != section:
+                continue
+            out.append("\n" + textwrap.fill(m["doc"], 78, initial_indent="# ", subsequent_indent="# ",
+                                             break_on_hyphens=False) + "\n")
+            if f.name == "sites":
+                out.append(TEMPLATE_SITES)
+                continue
+            if "template" in m or _default(f) is not None:
+                out.append(f"{f.name} = {m.get('template') or _toml(_default(f))}\n")
+            out.extend(f"# {f.name} = {e}\n" for e in m["example"])
+    return "".join(out)
+
+
+SETTINGS_BEGIN = "<!-- settings: generated by `python -m dpneuro.config --markdown`; edit dpneuro/config.py, not this table -->"
+SETTINGS_END = "<!-- end settings -->"
+
+
+def with_settings(api_md: str) -> str:
+    """``docs/api.md``'s text with its settings table replaced by :func:`settings_markdown`."""
+    head, _, rest = api_md.partition(SETTINGS_BEGIN + "\n")
+    _, _, tail = rest.partition(SETTINGS_END)
+    return f"{head}{SETTINGS_BEGIN}\n{settings_markdown()}{SETTINGS_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the settings table of docs/api.md or the run.toml template, or write both into the repository."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m dpneuro.config", description=main.__doc__)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--markdown", action="store_true", help="print the settings table of docs/api.md")
+    g.add_argument("--template", action="store_true", help="print site_templates/run.toml")
+    g.add_argument("--write", metavar="REPO", help="write both into the repository checked out at REPO")
+    args = p.parse_args(argv)
+    if args.write:
+        api, template = Path(args.write) / "docs" / "api.md", Path(args.write) / "site_templates" / "run.toml"
+        api.write_text(with_settings(api.read_text()))
+        template.write_text(run_template())
+    else:
+        print(settings_markdown() if args.markdown else run_template(), end="")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
