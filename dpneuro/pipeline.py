@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import stages
-from .config import RunConfig
+from .config import RunConfig, check_delta, stage_fields
 from .io import describe_site_inputs, private_dir, site_data_summary, write_json
 from .timings import label, timed
 
@@ -80,25 +80,10 @@ def _read_json(path) -> dict:
 
 # -- mask and parcels ------------------------------------------------------------------------
 
-#: configuration fields each stage depends on (a change re-runs that stage and what follows)
-STAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "space": ("mask", "space", "parcels", "atlas"),
-    "load": ("sites", "standardize", "min_volumes", "bids", "confounds", "confounds_options", "detrend", "high_pass",
-             "low_pass", "smoothing_fwhm", "on_bad_subject"),
-    "reduce": ("n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
-               "pca_contribution", "ica", "brain_states", "delta", "seed", "pdsvd_iterations", "max_memory_gb"),
-    "unmix": ("ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
-              "ica_clip_unit", "ica_bias", "optimizer", "calibration", "ica_unmixing", "cumulant_epsilon", "seed"),
-    "states": ("brain_states", "states_epsilon", "plan", "n_colluding", "delta", "seed"),
-    "maps": ("delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps", "site_maps_method"),
-    "report": (),
-}
-
-
 def stage_key(cfg: RunConfig, stage: str) -> str:
     """Digest of the fields ``stage`` depends on (Pydra's cache key); ``report``, and a stage that names none,
     on all of them."""
-    fields = STAGE_FIELDS.get(stage) or tuple(cfg.to_json())
+    fields = stage_fields(stage) or tuple(cfg.to_json())
     return cfg.digest(*fields)
 
 
@@ -282,6 +267,7 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
     earlier = _chain(previous_json)
     record: dict[str, Any] = {"stage": stage, "chain": {**earlier, stage: str(out)}, "public": None, "ledgers": {}, "seconds": 0.0}
     if rel.active(cfg):
+        check_delta(cfg.delta, min(int(s["n_subjects"]) for s in sites))  # before anything is released
         t0 = time.perf_counter()
         public = public_results(earlier)
         inputs = [rel.site_input(cfg, s["X"], public) for s in sites]

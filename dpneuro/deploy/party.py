@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig, check_delta, consortium_fields
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
 from ..exchange.inprocess import DEFAULT_MAX_BYTES
@@ -63,17 +63,9 @@ __all__ = [
 MANIFEST_FORMAT = "dpneuro-run-manifest"
 MANIFEST_VERSION = 1
 
-#: settings every party must share: privacy budget, collusion assumption, data
-#: preparation and everything else that changes what is computed or released
-CONSORTIUM_FIELDS = (
-    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb",
-    "ica_epsilon_i", "ica_delta_i", "ica_rounds", "ica_unmixing", "cumulant_epsilon",
-    "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
-    "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
-    "seed", "simulation",
-    # the site-local cleaning (what the data are before anything is released)
-    "confounds", "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
-)
+#: settings every party must share: privacy budget, collusion assumption, data preparation and everything else
+#: that changes what is computed or released (each field says so in its description)
+CONSORTIUM_FIELDS = consortium_fields()
 
 
 class ManifestMismatch(ConfigError):
@@ -352,6 +344,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     if done.exists():
         return json.loads(done.read_text())
     info = load_site_data(ctx)
+    check_delta(cfg.delta, int(info["n_subjects"]))  # each site its own N: the smallest site refuses
     X = info["X"]  # the .npy path: read subject by subject, never mapped whole
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
