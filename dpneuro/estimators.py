@@ -34,7 +34,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from .config import ConfigError, RunConfig, SiteEntry
+from .config import ConfigError, RunConfig, estimator_name, SiteEntry
 from .io import private_dir
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
@@ -49,8 +49,7 @@ _SETTINGS = tuple(f for f in dataclasses.fields(RunConfig) if f.name != "sites")
 
 def _param_name(f: dataclasses.Field) -> str:
     """The estimator's name for a RunConfig field (the field's own, except where its metadata names another)."""
-    # the seed takes scikit-learn's name; the fallback goes once config.py's field metadata says so itself
-    return f.metadata.get("estimator", "random_state" if f.name == "seed" else f.name)
+    return estimator_name(f.name)
 
 
 #: estimator parameter name -> RunConfig field
