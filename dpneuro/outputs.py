@@ -14,9 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from .algorithms.djica import spatial_maps
 from .analysis import SCALING_NOTE
 from .config import RunConfig
-from .privacy import PrivacyLedger
+from .maps import render_components, states_figure, write_components, zscore_columns
+from .parcellation import space_parcels
+from .privacy import PrivacyLedger, privacy_report
+from .report import report_headline
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
            "write_states"]
@@ -24,11 +28,6 @@ __all__ = ["component_maps", "consortium_privacy", "headline", "states_section",
 
 def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
     """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
-    from .algorithms.djica import spatial_maps
-    from .maps import zscore_columns
-
-    from .parcellation import space_parcels
-
     maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
     parcels = space_parcels(space)
     covered = None if parcels is None else parcels.covered
@@ -42,16 +41,12 @@ def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
 
 def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
     """Feature values (rows) painted back to the mask's voxels: parcels expanded, voxels as they are."""
-    from .parcellation import space_parcels
-
     parcels = space_parcels(space)
     return parcels.expand(A) if parcels is not None else A
 
 
 def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
     """``components.nii.gz`` (one volume per component on the mask's grid) and the voxel maps written."""
-    from .maps import write_components
-
     maps = component_maps(space, basis, eigenvalues, W)
     return write_components(maps, space["mask"], path), maps
 
@@ -63,8 +58,6 @@ def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tu
     sign kept (a state's sign is meaningful); the activation is W c_k + b, each
     state in component units (R x K). Returns the two paths and the voxel patterns.
     """
-    from .maps import write_components
-
     folder = Path(folder)
     V, lam = np.asarray(basis, np.float64), np.asarray(eigenvalues, np.float64)
     C = np.asarray(centroids, np.float64)
@@ -79,8 +72,6 @@ def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tu
 def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
     """The report's brain-states section: ``states`` has the paths of :func:`write_states`, the consortium's
     ``occupancy`` and optionally ``truth`` (matched correlations with a synthetic truth)."""
-    from .maps import render_components, states_figure
-
     entries, note, _ = render_components(states["patterns"], mask, figs, problem=problem, kind="state")
     truth = states.get("truth")
     if truth:
@@ -93,8 +84,6 @@ def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
 def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,
                        assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
     """``privacy.json``: every site's ledger composed and summarised, with the run's assumptions in words."""
-    from .privacy import privacy_report
-
     for name, led in ledgers.items():
         led.owner = name
     priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
@@ -106,8 +95,6 @@ def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subj
 def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, warnings: list[str],
              ica: str = "") -> list[str]:
     """The box at the top of the consortium's report: what ran, the privacy headline, the warnings."""
-    from .report import report_headline
-
     what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
             + (f"; {ica}" if ica else "") + ".")
     return report_headline(what, priv, warnings)

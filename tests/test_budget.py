@@ -302,7 +302,7 @@ def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances
     with pytest.raises(ConfigError, match="pca_contribution"):
         cfg(pca_contribution="projector").validate(data_sites=[])
     # the run uses what the field resolves to
-    from dpneuro.analysis import pca_algorithm
+    from dpneuro.build import pca_algorithm
 
     spatial, temporal = pca_algorithm(cfg(parcels=100), dim=100), pca_algorithm(cfg(ica="temporal", parcels=100), dim=100)
     assert (spatial.contribution, spatial.variances, spatial.max_rounds) == ("subspace", False, 1)

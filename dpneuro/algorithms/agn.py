@@ -389,11 +389,16 @@ class _Stage:
 
     max_rounds = 1
 
+    #: the ledger's stage names of the stage's release
+    ledger_stages: tuple[str, ...] = ()
+
     def __init__(self, model: str, noise_multiplier: float, unit: str, groups: list[int],
-                 seed: int | None, stage_id: int, scale: float | None, symmetric_noise: str = "symmetrized"):
+                 seed: int | None, stage_id: int, scale: float | None, symmetric_noise: str = "symmetrized",
+                 budget: privacy.GaussianBudget | None = None):
         self.model, self.z, self.unit, self.groups = model, noise_multiplier, unit, groups
         self.seed, self.stage_id, self.scale = seed, stage_id, scale
         self.symmetric_noise = check_symmetric_noise(symmetric_noise)
+        self.budget = budget  # the (eps, delta) the noise multiplier was calibrated to, for a planner
 
     #: brain states clip about half of the time points on purpose (a tight public bound): no warning then
     quiet_clipping = False
@@ -425,6 +430,7 @@ class _M2Stage(_Stage):
     """Stage 1: sites release E[x x^T] (or sym E[t1 t2^T]); the aggregator broadcasts W and sigma^2."""
 
     name = "capeagn-m2"
+    ledger_stages = ("agn-m2",)
 
     def __init__(self, *args, k: int, sigma2: float | None, **kw):
         super().__init__(*args, **kw)
@@ -433,7 +439,7 @@ class _M2Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         d2, _ = sensitivities(self.model, state["D"], state["n"], 0.0, state["group"])
         return {"m2": ReleaseSpec((state["D"], state["D"]), d2, self.z, symmetric=True,
-                                  unit=self.unit, stage="agn-m2", symmetric_noise=self.symmetric_noise)}
+                                  unit=self.unit, stage=self.ledger_stages[0], symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m2": _second_moment(state["_data"])}
@@ -450,6 +456,7 @@ class _M3Stage(_Stage):
     """Stage 2: sites release (M3_s + symmetric noise)(W, W, W)."""
 
     name = "capeagn-m3"
+    ledger_stages = ("agn-m3",)
 
     def __init__(self, *args, W: np.ndarray, sigma2: float, **kw):
         super().__init__(*args, **kw)
@@ -458,8 +465,8 @@ class _M3Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         D = state["D"]
         _, d3 = sensitivities(self.model, D, state["n"], self.sigma2, state["group"])
-        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit, stage="agn-m3",
-                                  symmetric_noise=self.symmetric_noise)}
+        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit,
+                                  stage=self.ledger_stages[0], symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m3": _third_moment(state["_data"], self.sigma2)}
@@ -500,16 +507,18 @@ class _OccupancyStage(_Stage):
 
 
 def moment_stage(order: int, n_components: int, noise_multiplier: float, groups, *, scale: float,
-                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None):
+                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None,
+                 budget: privacy.GaussianBudget | None = None):
     """One capeAGN release on MOG samples as a CAPE algorithm: ``order`` 2 (M2, then W and sigma^2) or 3.
 
     For the product's brain-states stage, run by every entry point through the
     driver: ``groups`` maps each site id to the samples one subject owns there
     (subject-level privacy); a deployed site needs only its own entry. Stage 3
     needs the public ``W`` and ``sigma2`` of stage 2's broadcast (in the
-    scaled units).
+    scaled units). ``budget``: the (eps, delta) ``noise_multiplier`` was calibrated to, which the stage
+    reports to a planner.
     """
-    common = dict(unit="subject", groups=groups, seed=seed, scale=scale)
+    common = dict(unit="subject", groups=groups, seed=seed, scale=scale, budget=budget)
     if order == 2:
         stage = _M2Stage("mog", noise_multiplier, stage_id=1, k=n_components, sigma2=None, **common)
     elif order == 3:

@@ -761,6 +761,16 @@ class CapePCA:
         self.tol = _check_tol(tol, mode, self.z)
 
     @property
+    def budget(self) -> privacy.GaussianBudget:
+        """The run's (eps, delta) at each site and its calibration (what a planner rescales)."""
+        return privacy.GaussianBudget(self.epsilon, self.delta, self.calibration)
+
+    @property
+    def ledger_stages(self) -> tuple[str, ...]:
+        """The ledger's stage names of this algorithm's releases (basis, power rounds, variances)."""
+        return self.name, f"{self.name}-power", f"{self.name}-variances"
+
+    @property
     def block(self) -> int:
         return self.k + self.oversample
 

@@ -71,11 +71,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import analysis
+from ..cleaning import STRATEGIES
 from ..config import ConfigError, RunConfig, SiteEntry
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
 from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
 from ..driver import RunOptions
+from ..io import BIDS_FILTERS
 from .party import (
     AggregatorContext,
     SiteContext,
@@ -166,8 +168,6 @@ def _coerce(name: str, typ: type, v: Any) -> Any:
 
 def _parse_confounds(text: str) -> str | list[str]:
     """"" (off), a nilearn strategy, or confound columns separated by commas or spaces."""
-    from ..cleaning import STRATEGIES
-
     words = [w for w in re.split(r"[\s,]+", text.strip()) if w]
     return text.strip() if len(words) <= 1 and (not words or words[0] in STRATEGIES) else words
 
@@ -197,8 +197,6 @@ def _format_options(d: dict[str, Any]) -> str:
 def _parse_bids(text: str) -> dict[str, str]:
     """BIDS filters written as in file names, e.g. "task-rest space-MNI152NLin2009cAsym res-2" ("ses" or
     "session" for the session)."""
-    from ..io import BIDS_FILTERS
-
     out = {}
     for word in (w for w in re.split(r"[\s,]+", text.strip()) if w):
         key, sep, label = word.partition("-")
