@@ -482,10 +482,3 @@ def convergence_figure(history: dict, out_png) -> Path:
     fig.savefig(out_png, dpi=80)
     plt.close(fig)
     return Path(out_png)
-
-
-def png_bytes(path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-

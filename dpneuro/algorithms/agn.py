@@ -608,7 +608,6 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     AGNResult
         Components, weights, per-site merged ledgers (both stages).
     """
-    k = n_components  # the papers' k
     _check_model(model)
     _check_privacy(epsilon, delta)
     eps_split = _check_split(split, 2)
@@ -619,7 +618,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     nplan.check(len(sites))
     groups = _groups(samples_per_unit, unit, len(sites))
     D = sites[0].D
-    k = _check_k(k, D, sum(sd.n for sd in sites), model, sigma2)
+    k = _check_k(n_components, D, sum(sd.n for sd in sites), model, sigma2)  # the papers' k
     sc = sites[0].scale
     s2_scaled = None if sigma2 is None else float(sigma2) / sc**2
     (e1, e2), (d1, d2) = _stage_budget(epsilon, delta, eps_split)
@@ -669,7 +668,6 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
              split, sigma2, scale, seed, n_restarts, n_iter, simplex, unit, samples_per_unit,
              owner: str, symmetric_noise: str = "symmetrized") -> AGNResult:
     """AGN / AVN / non-private OTD on one party's data (pooled or one site)."""
-    k = n_components  # the papers' k
     _check_model(model)
     _check_sigma2(sigma2, model)
     _check_tpm(n_restarts, n_iter, simplex)
@@ -681,7 +679,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
     sd = prepare_site(data, model, scale=scale, site=owner)
     group = _groups(samples_per_unit, unit, 1)[0]
     D, n = sd.D, sd.n
-    k = _check_k(k, D, n, model, sigma2)
+    k = _check_k(n_components, D, n, model, sigma2)  # the papers' k
     sc = sd.scale
     s2_in = None if sigma2 is None else float(sigma2) / sc**2
     rng = np.random.default_rng(seed)
@@ -744,8 +742,7 @@ def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
     """
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
+    return _central(samples, n_components, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
@@ -761,8 +758,7 @@ def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
     The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
     """
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
+    return _central(samples, n_components, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
@@ -773,8 +769,7 @@ def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None 
         seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
         simplex: str = "euclidean") -> AGNResult:
     """Non-private method-of-moments OTD (Anandkumar et al. 2014) on one dataset. Not private."""
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="none", epsilon=None, delta=None, split=None,
+    return _central(samples, n_components, model=model, mechanism="none", epsilon=None, delta=None, split=None,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit="sample", samples_per_unit=1, owner="pooled")
 
@@ -782,13 +777,12 @@ def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None 
 def local_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: float, *, site: int = 0,
               **kwargs) -> AGNResult:
     """AGN on one site's data alone (the papers' "local" baseline); kwargs as :func:`agn`."""
-    k = n_components  # the papers' k
     if not isinstance(site_samples, Sequence) or isinstance(site_samples, np.ndarray):
         raise ValueError("site_samples must be a list with one data array per site")
     if not 0 <= site < len(site_samples):
         raise ValueError(f"site {site} out of range for {len(site_samples)} sites")
     kwargs.setdefault("owner", f"site-{site}")
-    return agn(site_samples[site], k, epsilon, delta, **kwargs)
+    return agn(site_samples[site], n_components, epsilon, delta, **kwargs)
 
 
 # -- brain states --------------------------------------------------------------------------
@@ -849,7 +843,6 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
         Public norm bound for time points; default 2 sqrt(R), suited to
         whitened data (E||z||^2 = R). Points beyond it are projected onto it.
     """
-    k = n_components  # the papers' k
     if occupancy not in ("weights", "release"):
         raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
     n_parts = 3 if occupancy == "release" else 2
@@ -868,7 +861,7 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
     nplan.check(len(sites))
     groups_l = _groups(groups, unit, len(sites))
     otd_share = sum(parts[:2])
-    res = cape_agn(sites, k, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
+    res = cape_agn(sites, n_components, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
                    split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale, seed=seed,
                    n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
     leds = res.ledgers
@@ -882,7 +875,7 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
         occ = np.clip(r3.aggregator["occupancy"], 0.0, None)
         leds = [a.merge(b) if (a is not None and b is not None) else (a or b)
                 for a, b in zip(leds, cape_ledgers(r3))]
-    occ = occ / occ.sum() if occ.sum() > 0 else np.full(k, 1.0 / k)
+    occ = occ / occ.sum() if occ.sum() > 0 else np.full(n_components, 1.0 / n_components)
     if unit == "sample":
         for led in leds:
             if led is not None:

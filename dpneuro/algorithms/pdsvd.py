@@ -628,8 +628,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
     -------
     PDSVDResult
     """
-    k = n_components  # the papers' k
-    k = _check_k(k)
+    k = _check_k(n_components)  # the papers' k
     srcs = _sources(X_sites, k)
     if group_secret and site_secret is not None:
         raise ValueError("group_secret=True agrees the sites' secret inside the run; do not give site_secret")
@@ -652,8 +651,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
 
 def pd_pca(X_sites, n_components: int, n_iter: int, **kw) -> PDSVDResult:
     """PD-PCA ([PD-ML-Lite] App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
-    k = n_components  # the papers' k
-    return pd_svd(X_sites, k, n_iter, center=True, **kw)
+    return pd_svd(X_sites, n_components, n_iter, center=True, **kw)
 
 
 # -- KS distributional privacy ([PD-ML-Lite] Sec. 4, Alg. 5) -------------------------------------------
