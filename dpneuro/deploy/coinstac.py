@@ -70,7 +70,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import analysis
+from ..build import check_reduction_fits
 from ..cleaning import STRATEGIES
 from ..config import ConfigError, RunConfig, SiteEntry
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
@@ -398,7 +398,7 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     manifest = run_manifest(cfg, RUN_ID)
     grid = manifest["grid"]
     dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
-    analysis.check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
+    check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
     write_json(sd / "settings.json", first)
     write_json(sd / "limits.json", {"max_stalled_iterations": min(int(outs[c].get("max_stalled_iterations")
                                                                       or MAX_STALLED_ITERATIONS) for c in sites)})
