@@ -287,6 +287,64 @@ class SimulationResult:
     exchange: Exchange | None = None
 
 
+def run_parties(
+    n_sites: int,
+    site: Callable[[int, Exchange, float | None], Any],
+    aggregator: Callable[[Exchange], Any],
+    exchange: Exchange,
+    *,
+    timeout: float | None = None,
+) -> tuple[Any, list[Any]]:
+    """Every party of one exchange in this process: ``site(s, exchange, timeout)`` in a thread per site,
+    ``aggregator(exchange)`` here; returns the aggregator's result and each site's (None for a site that
+    dropped). Any party's exception stops the run and is re-raised here."""
+    results: list[Any] = [None] * n_sites
+    errors: list[BaseException] = []
+
+    def worker(s: int) -> None:
+        try:
+            # a site waits for the aggregator, which may itself wait out a slow site
+            results[s] = site(s, exchange, None if timeout is None else 3 * timeout)
+        except (SimulatedDropout, SiteDropped):
+            pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+            exchange.close()
+
+    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n_sites)]
+    # S site threads each running a multi-threaded BLAS oversubscribe the cores many times over
+    limits = threadpool_limits(limits=1, user_api="blas") if n_sites > 1 else None
+    for t in threads:
+        t.start()
+    try:
+        agg = aggregator(exchange)
+    except BaseException as exc:
+        if limits is not None:
+            limits.restore_original_limits()
+        exchange.close()
+        for t in threads:
+            t.join(timeout=5)
+        # whoever failed first closed the exchange; the others then fail with
+        # ExchangeError, so the first error of another kind is the cause
+        causes = [e for e in errors if not isinstance(e, ExchangeError)]
+        if causes and isinstance(exc, ExchangeError):
+            raise causes[0] from None
+        raise
+    for t in threads:
+        t.join(timeout=5)
+    if limits is not None:
+        limits.restore_original_limits()
+    if any(t.is_alive() for t in threads):
+        # a site the aggregator no longer waits for: wake it so the run can end
+        exchange.close()
+        for t in threads:
+            t.join(timeout=30)
+        errors = [e for e in errors if not isinstance(e, ExchangeError)]
+    if errors:
+        raise errors[0]
+    return agg, results
+
+
 def simulate(
     protocol: PhasedProtocol,
     site_data: Sequence[Any],
@@ -295,7 +353,7 @@ def simulate(
     options: RunOptions | None = None,
     checkpoint_dir=None,
 ) -> SimulationResult:
-    """Run every party of ``protocol`` in this process: one thread per site.
+    """Run every party of ``protocol`` in this process: one thread per site (:func:`run_parties`).
 
     ``exchange`` defaults to a fresh :class:`~dpneuro.exchange.InProcessExchange`.
     With ``checkpoint_dir`` every party keeps a checkpoint there
@@ -312,49 +370,7 @@ def simulate(
     if ex.n_sites != n:
         raise ValueError(f"exchange is for {ex.n_sites} sites but {n} sites' data were given")
     opts = options or RunOptions()
-    results: list[State | None] = [None] * n
-    errors: list[BaseException] = []
-
-    def worker(s: int) -> None:
-        try:
-            # a site waits for the aggregator, which may itself wait out a slow site
-            site_timeout = None if opts.timeout is None else 3 * opts.timeout
-            results[s] = run_site(protocol, s, site_data[s], ex, timeout=site_timeout, checkpoint=ckpt(f"site-{s:03d}"))
-        except (SimulatedDropout, SiteDropped):
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-            ex.close()
-
-    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n)]
-    # S site threads each running a multi-threaded BLAS oversubscribe the cores many times over
-    limits = threadpool_limits(limits=1, user_api="blas") if n > 1 else None
-    for t in threads:
-        t.start()
-    try:
-        agg = run_aggregator(protocol, ex, options=opts, checkpoint=ckpt("aggregator"))
-    except BaseException as exc:
-        if limits is not None:
-            limits.restore_original_limits()
-        ex.close()
-        for t in threads:
-            t.join(timeout=5)
-        # whoever failed first closed the exchange; the others then fail with
-        # ExchangeError, so the first error of another kind is the cause
-        causes = [e for e in errors if not isinstance(e, ExchangeError)]
-        if causes and isinstance(exc, ExchangeError):
-            raise causes[0] from None
-        raise
-    for t in threads:
-        t.join(timeout=5)
-    if limits is not None:
-        limits.restore_original_limits()
-    if any(t.is_alive() for t in threads):
-        # a site the aggregator no longer waits for: wake it so the run can end
-        ex.close()
-        for t in threads:
-            t.join(timeout=30)
-        errors = [e for e in errors if not isinstance(e, ExchangeError)]
-    if errors:
-        raise errors[0]
-    return SimulationResult(aggregator=agg, sites=results, exchange=ex)
+    agg, sites = run_parties(
+        n, lambda s, e, t: run_site(protocol, s, site_data[s], e, timeout=t, checkpoint=ckpt(f"site-{s:03d}")),
+        lambda e: run_aggregator(protocol, e, options=opts, checkpoint=ckpt("aggregator")), ex, timeout=opts.timeout)
+    return SimulationResult(aggregator=agg, sites=sites, exchange=ex)

@@ -437,13 +437,16 @@ class DecentralizedICA(_Decentralized):
     def _read_outputs(self, outputs: dict) -> None:
         from .maps import read_timecourses
 
+        from .pipeline import public_results
+
         mp = _read_json(outputs["maps"])
-        red, unm = _read_json(outputs["reduce"]), _read_json(outputs["unmix"])
+        public = public_results(mp["chain"])
+        red, unm = public["reduce"], public["unmix"]
         self._read_space(outputs["space"])
         self.components_img_ = _in_memory(mp["components"])
         self.components_ = np.asarray(self.components_img_.dataobj)[self._mask].T.astype(np.float64)
-        self.basis_, self.eigenvalues_ = np.load(red["basis"]), np.load(red["eigenvalues"])
-        self.unmixing_, self.bias_ = np.load(unm["W"]), np.load(unm["b"])
+        self.basis_, self.eigenvalues_ = red["basis"], red["eigenvalues"]
+        self.unmixing_, self.bias_ = unm["W"], unm["b"]
         self.n_iter_ = int(unm["rounds"])
         self.timecourses_ = {}
         for site, path in mp["timecourses"].items():
@@ -452,7 +455,7 @@ class DecentralizedICA(_Decentralized):
         self.site_maps_imgs_ = {site: _in_memory(p) for site, p in mp.get("site_maps", {}).items()}
         self.privacy_ = PrivacySummary(_read_json(mp["privacy"]))
         self.report_ = Report(outputs["report"])
-        self._read_states(mp.get("states"), _read_json(outputs["states"]))
+        self._read_states(mp.get("states"), public.get("states", {}))
         self.metrics_ = (mp.get("truth") or {}).get("metrics")
         self.warnings_ = list(mp.get("warnings", []))
 
@@ -463,7 +466,7 @@ class DecentralizedICA(_Decentralized):
             return
         self.states_ = np.load(st["activation"]).T
         self.states_img_ = _in_memory(st["patterns"])
-        self.states_centroids_ = np.load(rec["centroids"]).T
+        self.states_centroids_ = np.asarray(rec["centroids"]).T
         self.states_occupancy_consortium_ = np.asarray(st["occupancy"])
         self.state_occupancy_ = {site: _read_occupancy(p) for site, p in st["occupancy_sites"].items()}
 
@@ -585,15 +588,16 @@ class DecentralizedPCA(_Decentralized):
     def _read_outputs(self, outputs: dict) -> None:
         from .io import mask_to_image
         from .outputs import to_voxels
-        from .pipeline import stage_privacy
+        from .pipeline import public_results, run_privacy
 
-        red = _read_json(outputs["reduce"])
+        chain = _read_json(outputs["reduce"])["chain"]
+        red = public_results(chain)["reduce"]
         self._read_space(outputs["space"])
-        self.basis_, self.explained_variance_ = np.load(red["basis"]), np.load(red["eigenvalues"])
+        self.basis_, self.explained_variance_ = red["basis"], red["eigenvalues"]
         vox = to_voxels(self._space, self.basis_)
         self.components_ = np.ascontiguousarray(vox.T)
         self.components_img_ = mask_to_image(vox, self._space["mask"])
-        self.privacy_ = PrivacySummary(stage_privacy(self.config_, [_read_json(p) for p in outputs["load"]], red))
+        self.privacy_ = PrivacySummary(run_privacy(self.config_, [_read_json(p) for p in outputs["load"]], chain))
 
 
 def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None = None, timepoints: int = 150,

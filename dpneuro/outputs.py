@@ -98,3 +98,83 @@ def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, 
     what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
             + (f"; {ica}" if ica else "") + ".")
     return report_headline(what, priv, warnings)
+
+
+def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],
+                             n_subjects: dict[str, int], n_samples: dict[str, int], out: Path, *,
+                             assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The consortium's files in ``out`` from the stages' public results (:mod:`dpneuro.stages`) and every
+    site's ledger: ``components.nii.gz``, ``privacy.json``, the brain states' patterns; and the run's warnings.
+
+    The simulation's maps stage and the deployed aggregator both write them here. Returns the paths, the
+    voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
+    with brain states, ``states`` (paths and the consortium's occupancy) and their voxel ``patterns``.
+    """
+    from .budget import run_warnings
+    from .io import write_json
+    from .maps import template_problem
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
+    W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
+    comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
+    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=assumptions)
+    warnings = run_warnings(cfg, n_samples, int(V.shape[0]), priv)
+    problem = template_problem(space["mask"])
+    if problem:
+        warnings.append(f"WARNING: {problem}")
+    if np.any(lam <= 0):
+        warnings.append(f"WARNING: {int(np.sum(lam <= 0))} of the {lam.size} released eigenvalues are <= 0: the "
+                        "noise exceeds the signal in those directions, so their components are noise (whitened with "
+                        "a floor). Ask for fewer components or spend more budget (dpneuro budget says how many it "
+                        "supports).")
+    result: dict[str, Any] = {"components": str(comp_path), "maps": maps,
+                              "privacy": str(write_json(out / "privacy.json", priv)), "priv": priv,
+                              "warnings": warnings, "template_problem": problem, "states": None, "patterns": None}
+    states = public.get("states", {})
+    if "centroids" in states:
+        from .analysis import StatesResult
+
+        C = np.asarray(states["centroids"])
+        paths, result["patterns"] = write_states(space, V, lam, W, b, C, out)
+        occupancy = StatesResult(C, np.asarray(states["weights"])).occupancy
+        result["states"] = {**paths, "occupancy": [float(x) for x in occupancy]}
+    return result
+
+
+def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input,
+                       states_input=None, timer, progress: bool = False) -> dict[str, Any]:
+    """A site's own files in ``out``, computed at the site from the public results and its own data:
+    ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
+    them) and ``states.tsv`` (its subjects' brain-state occupancy, with brain states). Nothing here is released.
+
+    ``info`` is the site's loader record; ``unmix_input`` / ``states_input`` its inputs of those stages;
+    ``timer(name)`` a context manager that times each part. The simulation's maps stage writes every site's,
+    a deployed site its own.
+    """
+    from .algorithms.djica import time_courses
+    from .analysis import state_occupancy
+    from .maps import write_occupancy, write_timecourses
+    from .site_maps import made, write_site_maps
+    from .timings import label
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    site = info["site"]
+    with timer(label(cfg, "timecourses", site)):
+        S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
+        result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
+                                  "site_maps": None, "site_maps_values": None, "states_occupancy": None}
+    if made(cfg, space):
+        with timer(label(cfg, "site_maps", site)):
+            path, result["site_maps_values"] = write_site_maps(cfg, info, space, S, out / "site_maps.nii.gz",
+                                                               progress=progress)
+            result["site_maps"] = str(path)
+    C = public.get("states", {}).get("centroids")
+    if C is not None:
+        with timer(label(cfg, "occupancy", site)):
+            lengths = [b - a for a, b in info["boundaries"]]
+            result["states_occupancy"] = str(write_occupancy(state_occupancy(states_input, lengths, C),
+                                                             info["subject_ids"], out / "states.tsv"))
+    return result

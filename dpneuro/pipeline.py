@@ -6,8 +6,10 @@ in the same place (Pydra's cache in ``workflows/`` decides what to skip) and
 different inputs never overwrite each other. ``workflows/`` wraps these
 functions as Pydra tasks; they never import Pydra themselves.
 
-load (per site) -> reduce (capePCA or PD-SVD) -> unmix (capeDJICA or spatial ICA)
--> states (capeAGN brain states, when asked for) -> maps -> report
+space -> load (per site) -> the releases of :data:`dpneuro.stages.RELEASES` (reduce: capePCA or PD-SVD;
+unmix: spatial ICA, capeDJICA or the cumulant ICA; states: capeAGN brain states, when asked for) -> maps
+-> report. Each release's record names the records before it (``chain``), so the maps and the report read
+every stage's result from the last one.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from . import stages
 from .config import RunConfig
-from .analysis import site_whiten, unmixing_input
 from .io import describe_site_inputs, private_dir, site_data_summary, write_json
-from .timings import label, reduction_name, timed, unmixing_name
+from .timings import label, timed
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -94,8 +96,9 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def stage_key(cfg: RunConfig, stage: str) -> str:
-    """Digest of the fields ``stage`` depends on; ``report`` depends on all of them."""
-    fields = STAGE_FIELDS[stage] or tuple(cfg.to_json())
+    """Digest of the fields ``stage`` depends on (Pydra's cache key); ``report``, and a stage that names none,
+    on all of them."""
+    fields = STAGE_FIELDS.get(stage) or tuple(cfg.to_json())
     return cfg.digest(*fields)
 
 
@@ -116,7 +119,7 @@ def feature_labels(cfg: RunConfig, mask: np.ndarray, affine: np.ndarray) -> tupl
     return None, ""
 
 
-def stage_space(cfg_json: str, key: str = "") -> str:
+def stage_space(cfg_json: str, cache_key: str = "") -> str:
     """The mask (given, or the template's) and the optional data-independent parcellation or atlas."""
     from .io import load_mask, mask_to_image
 
@@ -159,7 +162,7 @@ def stage_space(cfg_json: str, key: str = "") -> str:
 
 # -- per site: load and validate ----------------------------------------------------------------
 
-def stage_load(cfg_json: str, site_name: str, space_json: str, key: str = "") -> str:
+def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = "") -> str:
     """One site's subjects: validated, masked, standardised, (parcel-averaged) into a D x N .npy."""
     from .io import load_site
     from .site_maps import made
@@ -234,81 +237,68 @@ def _ledgers_json(ledgers, names) -> dict:
     return {n: (led.to_dict() if led is not None else None) for n, led in zip(names, ledgers)}
 
 
-# -- reduction ---------------------------------------------------------------------------------
+# -- the releasing stages (capePCA, the unmixing, the brain states): one function for all ---------
 
-def stage_reduce(cfg_json: str, site_jsons: list[str], key: str = "") -> str:
-    """capePCA (or a baseline) over all sites: basis, eigenvalues and every site's ledger."""
-    # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
-    from .analysis import reduce_inprocess
+def _chain(previous_json: str) -> dict[str, str]:
+    """Every earlier stage's record by name, from the record before (the space's record starts the chain)."""
+    return dict(_read_json(previous_json).get("chain", {"space": previous_json}))
 
-    cfg, sites, d = _open_stage(cfg_json, site_jsons, "reduce", site_jsons)
-    out = d / "reduce.json"
+
+def _save_public(d: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """A stage's public result as a record: arrays as .npy files beside it, the rest as JSON values."""
+    arrays, values = {}, {}
+    for k, v in result.items():
+        if isinstance(v, np.ndarray):
+            np.save(d / f"{k}.npy", v)
+            arrays[k] = str(d / f"{k}.npy")
+        else:
+            values[k] = v
+    return {"arrays": arrays, "values": values}
+
+
+def public_results(chain: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The public results of every releasing stage in ``chain`` that ran: stage -> name -> value."""
+    out = {}
+    for name, path in chain.items():
+        rec = _read_json(path)
+        if rec.get("public") is not None:
+            out[name] = {**rec["public"]["values"], **{k: np.load(p) for k, p in rec["public"]["arrays"].items()}}
+    return out
+
+
+def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_json: str, cache_key: str = "") -> str:
+    """One releasing stage of :data:`dpneuro.stages.RELEASES` with every party in this process: its public
+    result, every site's ledger, and the chain of records before it (a record with no result when the
+    configuration has no such stage).
+
+    ``previous_json`` is the record of the stage before (the space's for the first); ``cache_key`` only names
+    Pydra's cache entry.
+    """
+    rel = stages.release(stage)
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, stage, previous_json)
+    out = d / f"{stage}.json"
     if out.exists():
         return str(out)
-    t0 = time.perf_counter()
-    res = reduce_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
-                           options=_options(reduction_name(cfg)))
-    np.save(d / "basis.npy", res.basis)
-    np.save(d / "eigenvalues.npy", res.eigenvalues)
-    return _write_json(out, {"basis": str(d / "basis.npy"), "eigenvalues": str(d / "eigenvalues.npy"),
-                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
-                             "rounds": res.rounds, "seconds": time.perf_counter() - t0})
-
-
-# -- unmixing ----------------------------------------------------------------------------------
-
-def stage_unmix(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
-    """capeDJICA on every site's whitened data (each site whitens locally with the public basis)."""
-    # the same site and aggregator roles that dpneuro site/aggregator and COINSTAC run
-    from .analysis import unmix_inprocess
-
-    cfg, sites, d = _open_stage(cfg_json, site_jsons, "unmix", reduce_json)
-    red = _read_json(reduce_json)
-    out = d / "unmix.json"
-    if out.exists():
-        return str(out)
-    t0 = time.perf_counter()
-    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    res = unmix_inprocess(cfg, [s["X"] for s in sites], [_lengths(s) for s in sites],
-                          V, lam, options=_options(unmixing_name(cfg)))
-    np.save(d / "W.npy", res.W)
-    np.save(d / "b.npy", res.b)
-    hist = {k: [float(x) for x in v] for k, v in res.history.items()}
-    return _write_json(out, {"W": str(d / "W.npy"), "b": str(d / "b.npy"), "history": hist,
-                             "rounds": res.rounds, "status": res.status,
-                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
-                             "seconds": time.perf_counter() - t0})
-
-
-# -- brain states ------------------------------------------------------------------------------
-
-def stage_states(cfg_json: str, site_jsons: list[str], reduce_json: str, key: str = "") -> str:
-    """capeAGN brain states on every site's whitened time points (a record with no states when off)."""
-    from .analysis import states_inprocess
-
-    cfg, sites, d = _open_stage(cfg_json, site_jsons, "states", reduce_json)
-    out = d / "states.json"
-    if out.exists():
-        return str(out)
-    if not cfg.brain_states:
-        return _write_json(out, {"n_states": 0, "ledgers": {}, "seconds": 0.0})
-    t0 = time.perf_counter()
-    red = _read_json(reduce_json)
-    V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-    Z = [site_whiten(s["X"], V, lam) for s in sites]
-    res = states_inprocess(cfg, Z, [_lengths(s) for s in sites], options=_options("capeAGN brain states"))
-    np.save(d / "centroids.npy", res.centroids)
-    return _write_json(out, {"n_states": cfg.brain_states, "centroids": str(d / "centroids.npy"),
-                             "weights": [float(w) for w in res.weights],
-                             "occupancy": [float(x) for x in res.occupancy],
-                             "ledgers": _ledgers_json(res.ledgers, [s["site"] for s in sites]),
-                             "seconds": time.perf_counter() - t0})
+    earlier = _chain(previous_json)
+    record: dict[str, Any] = {"stage": stage, "chain": {**earlier, stage: str(out)}, "public": None, "ledgers": {}, "seconds": 0.0}
+    if rel.active(cfg):
+        t0 = time.perf_counter()
+        public = public_results(earlier)
+        inputs = [rel.site_input(cfg, s["X"], public) for s in sites]
+        result, ledgers = stages.run_inprocess(rel, cfg, inputs, [_lengths(s) for s in sites],
+                                               dim=int(sites[0]["n_features"]), public=public,
+                                               options=_options(label(cfg, stage)))
+        record.update(public=_save_public(d, result), ledgers=_ledgers_json(ledgers, [s["site"] for s in sites]),
+                      seconds=time.perf_counter() - t0)
+    return _write_json(out, record)
 
 
 # -- the whole run, one stage after another ------------------------------------------------------
 
-#: the stages in run order (``workflows/`` builds the same graph as Pydra nodes)
-STAGES = ("space", "load", "reduce", "unmix", "states", "maps", "report")
+def run_order() -> tuple[str, ...]:
+    """Every stage of a run in order: the space, the sites' data, the releases of
+    :data:`dpneuro.stages.RELEASES`, the maps, the report (``workflows/`` builds the same graph as Pydra nodes)."""
+    return ("space", "load", *(r.name for r in stages.RELEASES), "maps", "report")
 
 
 def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
@@ -320,9 +310,10 @@ def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
     """
     from .budget import RELEASING_STAGES, apply_target
 
-    if until not in STAGES:
-        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
-    reached = tuple(s for s in RELEASING_STAGES if STAGES.index(s) <= STAGES.index(until))
+    order = run_order()
+    if until not in order:
+        raise ValueError(f"until must be one of {order}, got {until!r}")
+    reached = tuple(s for s in RELEASING_STAGES if order.index(s) <= order.index(until))
     cfg = cfg.resolved().validate()
     from .analysis import check_reduction_fits
 
@@ -348,25 +339,21 @@ def run_stages(cfg: RunConfig, *, until: str = "report") -> dict[str, Any]:
     functions with the same inputs, so both give the same files (and, with a
     seed, the same numbers).
     """
-    if until not in STAGES:
-        raise ValueError(f"until must be one of {STAGES}, got {until!r}")
-    stop = STAGES.index(until)
+    order = run_order()
+    if until not in order:
+        raise ValueError(f"until must be one of {order}, got {until!r}")
+    reached = order[:order.index(until) + 1]
     cfg_json = write_config(cfg)
-    key = {stage: stage_key(cfg, stage) for stage in STAGE_FIELDS}
-    out: dict[str, Any] = {"space": stage_space(cfg_json, key["space"])}
-    out["load"] = [stage_load(cfg_json, s.name, out["space"], key["load"]) for s in cfg.sites]
-    if stop >= STAGES.index("reduce"):
-        out["reduce"] = stage_reduce(cfg_json, out["load"], key["reduce"])
-    if stop >= STAGES.index("unmix"):
-        out["unmix"] = stage_unmix(cfg_json, out["load"], out["reduce"], key["unmix"])
-    if stop >= STAGES.index("states"):
-        out["states"] = stage_states(cfg_json, out["load"], out["reduce"], key["states"])
-    if stop >= STAGES.index("maps"):
-        out["maps"] = stage_maps(cfg_json, out["load"], out["space"], out["reduce"], out["unmix"], out["states"],
-                                 key["maps"])
-    if stop >= STAGES.index("report"):
-        out["report"] = stage_report(cfg_json, out["load"], out["maps"], out["reduce"], out["unmix"], out["states"],
-                                     key["report"])
+    out: dict[str, Any] = {"space": stage_space(cfg_json, stage_key(cfg, "space"))}
+    out["load"] = [stage_load(cfg_json, s.name, out["space"], stage_key(cfg, "load")) for s in cfg.sites]
+    last = out["space"]
+    for rel in stages.RELEASES:
+        if rel.name in reached:
+            last = out[rel.name] = stage_release(cfg_json, out["load"], rel.name, last, stage_key(cfg, rel.name))
+    if "maps" in reached:
+        out["maps"] = stage_maps(cfg_json, out["load"], last, stage_key(cfg, "maps"))
+    if "report" in reached:
+        out["report"] = stage_report(cfg_json, out["load"], out["maps"], stage_key(cfg, "report"))
     return out
 
 
@@ -378,16 +365,6 @@ def _truth(cfg: RunConfig) -> dict | None:
     from .synth import load_manifest
 
     return load_manifest(cfg.truth)
-
-
-def stage_privacy(cfg: RunConfig, sites: list[dict], *stages: dict) -> dict:
-    """privacy.json of a simulated run: every site's releases in the outputs of ``stages`` (reduce, unmix, states)."""
-    from .outputs import consortium_privacy
-    from .privacy import PrivacyLedger
-
-    ledgers = {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(x["ledgers"][s["site"]]) for x in stages
-                                                   if x["ledgers"].get(s["site"])]) for s in sites}
-    return consortium_privacy(cfg, ledgers, {s["site"]: s["n_subjects"] for s in sites})
 
 
 def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict | None:
@@ -404,93 +381,76 @@ def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict
             "mean r with truth": float(np.mean(corr))}
 
 
-def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_json: str, unmix_json: str,
-               states_json: str, key: str = "") -> str:
-    """Spatial maps in voxels (NIfTI), each site's own time courses, privacy.json, agreement with truth.
+def _site_ledgers(sites: list[dict], chain: dict[str, str]) -> dict[str, Any]:
+    """Every site's ledger over the releasing stages in ``chain``."""
+    from .privacy import PrivacyLedger
 
-    With brain states: their patterns in voxels (``states.nii.gz``) and each
-    site's own subjects' occupancy (a TSV per site, like its time courses).
-    """
-    from .algorithms.djica import time_courses
-    from .budget import run_warnings
-    from .io import load_mask
-    from .analysis import state_occupancy
-    from .maps import template_problem, write_occupancy, write_timecourses
+    records = [_read_json(p) for name, p in chain.items() if name != "space"]
+    return {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(r["ledgers"][s["site"]]) for r in records
+                                                if r["ledgers"].get(s["site"])]) for s in sites}
+
+
+def run_privacy(cfg: RunConfig, sites: list[dict], chain: dict[str, str]) -> dict:
+    """privacy.json of a simulated run up to the last stage of ``chain``: every site's releases composed."""
+    from .outputs import consortium_privacy
+
+    return consortium_privacy(cfg, _site_ledgers(sites, chain), {s["site"]: s["n_subjects"] for s in sites})
+
+
+def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: str = "") -> str:
+    """The consortium's outputs (:func:`dpneuro.outputs.write_consortium_outputs`) and every site's own
+    (:func:`~dpneuro.outputs.write_site_outputs`, as each site does on its own machine), agreement with a
+    synthetic truth. ``last_json`` is the last releasing stage's record (its chain names the others)."""
+    from .algorithms.djica import usable_eigenvalues
     from .metrics import match_components, md_index, qngi
-    from .outputs import write_maps, write_states
+    from .outputs import write_consortium_outputs, write_site_outputs
     from .parcellation import space_parcels
-    from .site_maps import write_site_maps
 
-    cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", unmix_json, states_json, space_json)
-    space, red, unm = _read_json(space_json), _read_json(reduce_json), _read_json(unmix_json)
-    sts = _read_json(states_json)
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", last_json)
     out = d / "maps.json"
     if out.exists():
         return str(out)
+    chain = _chain(last_json)
+    space, public = _read_json(chain["space"]), public_results(chain)
     # every part of this stage timed on its own: a site's voxel maps can take most of a run
     timings: dict[str, float] = {}
     with timed(timings, label(cfg, "maps")):
-        V, lam = np.load(red["basis"]), np.load(red["eigenvalues"])
-        W, b = np.load(unm["W"]), np.load(unm["b"])
-        comp_path, maps = write_maps(space, V, lam, W, d / "components.nii.gz")
-    parcels = space_parcels(space)
-
-    C = np.load(sts["centroids"]) if sts["n_states"] else None
-    tcs, occ, site_maps = {}, {}, {}
+        cons = write_consortium_outputs(cfg, space, public, _site_ledgers(sites, chain),
+                                        {s["site"]: s["n_subjects"] for s in sites},
+                                        {s["site"]: s["n_samples"] for s in sites}, d)
+    site_out = {}
     for s in sites:  # in a deployment each site does this on its own machine
-        with timed(timings, label(cfg, "timecourses", s["site"])):
-            Zu = unmixing_input(cfg, s["X"], V, lam)
-            S = time_courses(W, Zu, b)
-            tcs[s["site"]] = str(write_timecourses(S, d / f"timecourses_{s['site']}.tsv", s))
-        with timed(timings, label(cfg, "site_maps", s["site"])):
-            vm = write_site_maps(cfg, s, space, S, d / f"site_maps_{s['site']}.nii.gz", progress=_progress())
-        if vm is not None:
-            site_maps[s["site"]] = vm
-        else:  # none made (no parcels, or turned off): not a stage of this run
-            timings.pop(label(cfg, "site_maps", s["site"]))
-        if C is not None:
-            with timed(timings, label(cfg, "occupancy", s["site"])):
-                Z = site_whiten(s["X"], V, lam) if cfg.cumulant_unmixing else Zu  # the states' unit-norm time points
-                occ[s["site"]] = str(write_occupancy(state_occupancy(Z, _lengths(s), C), s["subject_ids"],
-                                                     d / f"states_{s['site']}.tsv"))
+        inputs = {rel.name: rel.site_input(cfg, s["X"], public) for rel in stages.RELEASES
+                  if rel.name in ("unmix", "states") and rel.name in public}
+        site_out[s["site"]] = write_site_outputs(
+            cfg, s, space, public, d / "sites" / s["site"], unmix_input=inputs["unmix"],
+            states_input=inputs.get("states"), timer=lambda name: timed(timings, name), progress=_progress())
 
-    t0 = time.perf_counter()  # the rest (privacy record, warnings, states' maps, truth metrics) counts as maps
-    priv = stage_privacy(cfg, sites, red, unm, sts)
-    priv_path = _write_json(d / "privacy.json", priv)
-    warnings = run_warnings(cfg, {s["site"]: s["n_samples"] for s in sites}, int(V.shape[0]), priv)
-    problem = template_problem(space["mask"])
-    if problem:
-        warnings.append(f"WARNING: {problem}")
-    if np.any(lam <= 0):
-        warnings.append(f"WARNING: {int(np.sum(lam <= 0))} of the {lam.size} released eigenvalues are <= 0: the "
-                        "noise exceeds the signal in those directions, so their components are noise (whitened with "
-                        "a floor). Ask for fewer components or spend more budget (dpneuro budget says how many it "
-                        "supports).")
-
-    result = {"components": str(comp_path), "timecourses": tcs, "privacy": priv_path, "space": space_json,
-              "n_components": int(W.shape[0]), "truth": None, "warnings": warnings, "template_problem": problem,
-              "states": None, "site_maps": {site: str(p) for site, (p, _) in site_maps.items()}}
+    t0 = time.perf_counter()  # the truth metrics count as maps
+    result = {"chain": chain, "components": cons["components"], "privacy": cons["privacy"], "space": chain["space"],
+              "n_components": int(public["unmix"]["W"].shape[0]), "truth": None, "warnings": cons["warnings"],
+              "template_problem": cons["template_problem"], "states": None,
+              "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
+              "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]}}
     truth = _truth(cfg)
-    if C is not None:
-        paths, patterns = write_states(space, V, lam, W, b, C, d)
-        result["states"] = {**paths, "occupancy": sts["occupancy"], "occupancy_sites": occ,
-                            "truth": _states_truth(truth, patterns, space)}
+    if cons["states"] is not None:
+        result["states"] = {**cons["states"], "truth": _states_truth(truth, cons["patterns"], space),
+                            "occupancy_sites": {site: o["states_occupancy"] for site, o in site_out.items()}}
     if truth is not None:
-        A_true = np.load(truth["truth"]["A"]).astype(np.float64)
-        mask, _ = load_mask(space["mask"])
+        A_true, maps = np.load(truth["truth"]["A"]).astype(np.float64), cons["maps"]
+        V, lam, W = public["reduce"]["basis"], public["reduce"]["eigenvalues"], public["unmix"]["W"]
         if A_true.shape[0] == maps.shape[0]:
+            parcels = space_parcels(space)
             perm, corr = match_components(maps, A_true)
             A_true_red = parcels.reduce(A_true) if parcels is not None else A_true
             metrics = {"mean |r| with truth": float(np.mean(np.abs(corr))),
                        "min |r| with truth": float(np.min(np.abs(corr)))}
             if A_true.shape[1] == W.shape[0] and cfg.ica == "temporal":  # the truth's sources are temporal
-                from .algorithms.djica import usable_eigenvalues
-
                 A_white = (V / np.sqrt(usable_eigenvalues(lam))).T @ A_true_red  # as the sites whitened
                 metrics["qNGI"] = qngi(W @ A_white)
                 metrics["MD index"] = md_index(W, A_white)
-            site_r = {site: float(np.mean(np.abs(match_components(m, A_true)[1])))
-                      for site, (_, m) in site_maps.items()}
+            site_r = {site: float(np.mean(np.abs(match_components(o["site_maps_values"], A_true)[1])))
+                      for site, o in site_out.items() if o["site_maps"]}
             if site_r:  # each site's own voxel maps, averaged over the sites
                 metrics["site voxel maps: mean |r| with truth"] = float(np.mean(list(site_r.values())))
             result["truth"] = {"maps": truth["truth"]["maps"], "perm": [int(p) for p in perm],
@@ -500,19 +460,19 @@ def stage_maps(cfg_json: str, site_jsons: list[str], space_json: str, reduce_jso
     return _write_json(out, result)
 
 
-def run_timings(cfg: RunConfig, space: dict, sites: list[dict], reduce: dict, unmix: dict, states: dict,
-                maps: dict) -> dict[str, float]:
+def run_timings(cfg: RunConfig, sites: list[dict], chain: dict[str, str], maps: dict) -> dict[str, float]:
     """Seconds of every stage the run performed, in run order, from the stages' records (``report`` is added
     by :func:`stage_report` when it is done)."""
     timings: dict[str, float] = {}
+    space = _read_json(chain["space"])
     if "seconds" in space:
         timings[label(cfg, "space")] = space["seconds"]
     for s in sites:
         timings[label(cfg, "load", s["site"])] = s["seconds"]
-    timings[label(cfg, "reduce")] = reduce["seconds"]
-    timings[label(cfg, "unmix")] = unmix["seconds"]
-    if states.get("n_states"):
-        timings[label(cfg, "states")] = states["seconds"]
+    for name, path in chain.items():
+        rec = _read_json(path)
+        if name != "space" and rec.get("public") is not None:
+            timings[label(cfg, name)] = rec["seconds"]
     per_site = maps.get("timings", {})
     timings[label(cfg, "maps")] = per_site.get(label(cfg, "maps"), 0.0)
     for stage in ("timecourses", "site_maps", "occupancy"):  # each site's own passes, grouped by kind
@@ -523,8 +483,7 @@ def run_timings(cfg: RunConfig, space: dict, sites: list[dict], reduce: dict, un
     return timings
 
 
-def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_json: str, unmix_json: str,
-                 states_json: str, key: str = "") -> str:
+def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key: str = "") -> str:
     """report.html (self-contained) plus the final outputs copied to the run's folder ``<out>/<run_id>``."""
     import shutil
 
@@ -538,8 +497,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
     t0 = time.perf_counter()
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)
-    mp, unm = _read_json(maps_json), _read_json(unmix_json)
+    mp = _read_json(maps_json)
     space = _read_json(mp["space"])
+    unm = public_results(mp["chain"])["unmix"]
     out = cfg.run_dir  # the run's own folder: another run id into the same out keeps its outputs
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
@@ -581,8 +541,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, reduce_js
         for site, p in st["occupancy_sites"].items():  # each site's own subjects, beside its time courses
             shutil.copyfile(p, tc_dir / f"{site}_states.tsv")
         states = states_section(st, space["mask"], figs, mp["template_problem"])
-    np.save(out / "W.npy", np.load(unm["W"]))
-    timings = run_timings(cfg, space, sites, _read_json(reduce_json), unm, _read_json(states_json), mp)
+    np.save(out / "W.npy", unm["W"])
+    timings = run_timings(cfg, sites, mp["chain"], mp)
     # everything above is the report's work; writing run.json and the HTML below takes milliseconds
     timings[label(cfg, "report")] = time.perf_counter() - t0
     record = write_json(out / "run.json", {

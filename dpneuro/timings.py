@@ -59,7 +59,7 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
         "occupancy": f"brain-state occupancy{at}",
         "report": "report (figures, HTML)",
     }
-    return names[stage]
+    return names.get(stage, f"{stage}{at}")  # a stage without a longer name goes by its own
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro import pipeline
+from dpneuro import pipeline, stages
 from dpneuro.config import RunConfig
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.synth import make_consortium
@@ -43,17 +43,19 @@ def reference(cfg: RunConfig) -> dict:
     cj.write_text(json.dumps(cfg.to_json(), default=str))
     space = pipeline.stage_space(str(cj))
     sites = [pipeline.stage_load(str(cj), s.name, space) for s in cfg.sites]
-    red_json = pipeline.stage_reduce(str(cj), sites)
-    red = json.loads(Path(red_json).read_text())
-    unm = json.loads(Path(pipeline.stage_unmix(str(cj), sites, red_json)).read_text())
-    sts = json.loads(Path(pipeline.stage_states(str(cj), sites, red_json)).read_text())
+    last = space
+    for rel in stages.RELEASES:
+        last = pipeline.stage_release(str(cj), sites, rel.name, last)
+    chain = json.loads(Path(last).read_text())["chain"]
+    public = pipeline.public_results(chain)
     ledgers = {}
     for s in cfg.sites:
-        parts = [PrivacyLedger.from_dict(x["ledgers"][s.name]) for x in (red, unm, sts) if s.name in x["ledgers"]]
+        recs = [json.loads(Path(p).read_text()) for name, p in chain.items() if name != "space"]
+        parts = [PrivacyLedger.from_dict(x["ledgers"][s.name]) for x in recs if s.name in x["ledgers"]]
         ledgers[s.name] = PrivacyLedger.merge_all(parts).to_dict()
-    return {"basis": np.load(red["basis"]), "eigenvalues": np.load(red["eigenvalues"]), "W": np.load(unm["W"]),
-            "b": np.load(unm["b"]), "rounds": unm["rounds"], "ledgers": ledgers,
-            "centroids": np.load(sts["centroids"]) if sts["n_states"] else None}
+    return {"basis": public["reduce"]["basis"], "eigenvalues": public["reduce"]["eigenvalues"],
+            "W": public["unmix"]["W"], "b": public["unmix"]["b"], "rounds": public["unmix"]["rounds"],
+            "ledgers": ledgers, "centroids": public.get("states", {}).get("centroids")}
 
 
 def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:

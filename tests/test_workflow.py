@@ -99,7 +99,8 @@ def test_brain_states_node_equals_the_stages_and_reruns_alone(consortium):
                                           states_epsilon=30.0))
     ref = pipeline.run_stages(ref_cfg)
     got, want = (json.loads(Path(r["states"]).read_text()) for r in (res, ref))
-    np.testing.assert_array_equal(np.load(got["centroids"]), np.load(want["centroids"]))
+    np.testing.assert_array_equal(np.load(got["public"]["arrays"]["centroids"]),
+                                  np.load(want["public"]["arrays"]["centroids"]))
     assert got["ledgers"] == want["ledgers"]
     out = cfg.run_dir
     assert nib.load(out / "states.nii.gz").shape == (30, 30, 1, 2)

@@ -1,4 +1,4 @@
-"""The consortium workflow: load (split over sites) -> reduce -> unmix -> states -> maps -> report.
+"""The consortium workflow: space -> load (split over sites) -> each release of the stage table -> maps -> report.
 
 Every node wraps one function of :mod:`dpneuro.pipeline` and passes file paths
 (JSON/NPY/NIfTI), never arrays, so Pydra hashes strings, not data. Each node
@@ -17,7 +17,7 @@ os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs second
 
 import pydra  # noqa: E402
 
-from dpneuro import pipeline  # noqa: E402
+from dpneuro import pipeline, stages  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
 
 
@@ -48,69 +48,54 @@ def _guard(stage, cfg_json: str, *args):
 
 
 @pydra.mark.task
-def space_task(cfg_json: str, key: str) -> str:
-    return _guard(pipeline.stage_space, cfg_json, key)
+def space_task(cfg_json: str, cache_key: str) -> str:
+    return _guard(pipeline.stage_space, cfg_json, cache_key)
 
 
 @pydra.mark.task
-def load_task(cfg_json: str, site_name: str, space_json: str, key: str) -> str:
-    return _guard(pipeline.stage_load, cfg_json, site_name, space_json, key)
+def load_task(cfg_json: str, site_name: str, space_json: str, cache_key: str) -> str:
+    return _guard(pipeline.stage_load, cfg_json, site_name, space_json, cache_key)
 
 
 @pydra.mark.task
-def reduce_task(cfg_json: str, site_jsons: ty.List[str], key: str) -> str:
-    return _guard(pipeline.stage_reduce, cfg_json, list(site_jsons), key)
+def release_task(cfg_json: str, site_jsons: ty.List[str], stage: str, previous_json: str, cache_key: str) -> str:
+    return _guard(pipeline.stage_release, cfg_json, list(site_jsons), stage, previous_json, cache_key)
 
 
 @pydra.mark.task
-def unmix_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: str) -> str:
-    return _guard(pipeline.stage_unmix, cfg_json, list(site_jsons), reduce_json, key)
+def maps_task(cfg_json: str, site_jsons: ty.List[str], last_json: str, cache_key: str) -> str:
+    return _guard(pipeline.stage_maps, cfg_json, list(site_jsons), last_json, cache_key)
 
 
 @pydra.mark.task
-def states_task(cfg_json: str, site_jsons: ty.List[str], reduce_json: str, key: str) -> str:
-    return _guard(pipeline.stage_states, cfg_json, list(site_jsons), reduce_json, key)
-
-
-@pydra.mark.task
-def maps_task(cfg_json: str, site_jsons: ty.List[str], space_json: str, reduce_json: str, unmix_json: str,
-              states_json: str, key: str) -> str:
-    return _guard(pipeline.stage_maps, cfg_json, list(site_jsons), space_json, reduce_json, unmix_json, states_json,
-                  key)
-
-
-@pydra.mark.task
-def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, reduce_json: str, unmix_json: str,
-                states_json: str, key: str) -> str:
-    return _guard(pipeline.stage_report, cfg_json, list(site_jsons), maps_json, reduce_json, unmix_json,
-                  states_json, key)
+def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, cache_key: str) -> str:
+    return _guard(pipeline.stage_report, cfg_json, list(site_jsons), maps_json, cache_key)
 
 
 def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
-    """The Pydra workflow of one consortium run (all roles in this process)."""
+    """The Pydra workflow of one consortium run (all roles in this process): a node per stage of
+    :func:`dpneuro.pipeline.run_order`, each release from :data:`dpneuro.stages.RELEASES` reading the record
+    of the one before."""
     cfg_json = pipeline.write_config(cfg)
     cache_dir = str(cache_dir or Path(cfg.out) / "work" / "pydra-cache")
-    key = {stage: pipeline.stage_key(cfg, stage) for stage in pipeline.STAGE_FIELDS}
+    key = {stage: pipeline.stage_key(cfg, stage) for stage in pipeline.run_order()}
     wf = pydra.Workflow(name="dpneuro", input_spec=["cfg_json"], cache_dir=cache_dir, cfg_json=cfg_json)
-    wf.add(space_task(name="space", cfg_json=wf.lzin.cfg_json, key=key["space"]))
+    wf.add(space_task(name="space", cfg_json=wf.lzin.cfg_json, cache_key=key["space"]))
     wf.add(load_task(name="load", cfg_json=wf.lzin.cfg_json, space_json=wf.space.lzout.out,
-                     key=key["load"]).split("site_name", site_name=[s.name for s in cfg.sites])
+                     cache_key=key["load"]).split("site_name", site_name=[s.name for s in cfg.sites])
            .combine("site_name"))
-    wf.add(reduce_task(name="reduction", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
-                       key=key["reduce"]))
-    wf.add(unmix_task(name="unmix", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
-                      reduce_json=wf.reduction.lzout.out, key=key["unmix"]))
-    wf.add(states_task(name="states", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
-                       reduce_json=wf.reduction.lzout.out, key=key["states"]))
-    wf.add(maps_task(name="maps", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
-                     space_json=wf.space.lzout.out, reduce_json=wf.reduction.lzout.out,
-                     unmix_json=wf.unmix.lzout.out, states_json=wf.states.lzout.out, key=key["maps"]))
+    last = wf.space.lzout.out
+    for rel in stages.RELEASES:
+        wf.add(release_task(name=f"release_{rel.name}", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
+                            stage=rel.name, previous_json=last, cache_key=key[rel.name]))
+        last = getattr(wf, f"release_{rel.name}").lzout.out
+    wf.add(maps_task(name="maps", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out, last_json=last,
+                     cache_key=key["maps"]))
     wf.add(report_task(name="report", cfg_json=wf.lzin.cfg_json, site_jsons=wf.load.lzout.out,
-                       maps_json=wf.maps.lzout.out, reduce_json=wf.reduction.lzout.out,
-                       unmix_json=wf.unmix.lzout.out, states_json=wf.states.lzout.out, key=key["report"]))
-    wf.set_output([("space", wf.space.lzout.out), ("load", wf.load.lzout.out), ("reduce", wf.reduction.lzout.out),
-                   ("unmix", wf.unmix.lzout.out), ("states", wf.states.lzout.out), ("maps", wf.maps.lzout.out),
-                   ("report", wf.report.lzout.out)])
+                       maps_json=wf.maps.lzout.out, cache_key=key["report"]))
+    wf.set_output([("space", wf.space.lzout.out), ("load", wf.load.lzout.out),
+                   *((r.name, getattr(wf, f"release_{r.name}").lzout.out) for r in stages.RELEASES),
+                   ("maps", wf.maps.lzout.out), ("report", wf.report.lzout.out)])
     return wf
 
 
@@ -152,7 +137,7 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
     res = wf.result(return_inputs=False)
     if res.errored:
         raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")
-    out = {name: getattr(res.output, name) for name in pipeline.STAGES}
+    out = {name: getattr(res.output, name) for name in pipeline.run_order()}
     out["load"] = list(out["load"])
     errors = [x for v in out.values() for x in (v if isinstance(v, list) else [v]) if str(x).startswith(ERROR)]
     if errors:

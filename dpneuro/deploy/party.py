@@ -45,7 +45,7 @@ from ..io import private_dir, write_json
 from ..privacy import PrivacyLedger
 from ..driver import RunOptions
 from .. import analysis
-from ..site_maps import made as site_maps_made
+from ..stages import Release, active_releases, from_reply, sites_reply
 from ..timings import label
 
 __all__ = [
@@ -326,6 +326,19 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
     return info
 
 
+def _site_input(ctx: SiteContext, rel: Release, X: str, public: dict, clock: _Clock):
+    """This site's input of ``rel``, kept in its working folder (a restarted site does not compute it again);
+    its time counts as the stage's, as in the simulation."""
+    path = ctx.work / f"{rel.name}.input.npy"
+    if not path.exists():
+        with clock.timed(label(ctx.cfg, rel.name)):
+            data = rel.site_input(ctx.cfg, X, public)
+            if not isinstance(data, np.ndarray):  # the site's data file itself
+                return data
+            _save_npy(path, data)
+    return np.load(path, mmap_mode="r")
+
+
 def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     """This site's whole part of the run; returns what it wrote (see module notes).
 
@@ -343,38 +356,22 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
     clock = _Clock(work)
+    public: dict[str, dict[str, Any]] = {}
+    inputs: dict[str, Any] = {}
+    leds = []
+    for rel in active_releases(cfg):
+        data = inputs[rel.name] = _site_input(ctx, rel, X, public, clock)
+        previous: dict[str, Any] | None = None
+        public[rel.name] = {}
+        for step in rel.steps(cfg):
+            def compute(rel: Release = rel, step: str = step, data: Any = data,
+                        previous: dict | None = previous) -> dict[str, Any]:
+                return rel.site(cfg, step, i, data, lengths, ctx.exchange(step), n_sites=n, dim=dim,
+                                previous=previous, checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
 
-    def reduce() -> dict[str, Any]:
-        r = analysis.reduce_site(cfg, i, X, lengths, ctx.exchange("reduce"), n_sites=n, dim=dim,
-                              checkpoint=ctx.checkpoint("reduce"), timeout=ctx.timeout)
-        return {"basis": r.basis, "eigenvalues": r.eigenvalues, "ledger": r.ledgers[0]}
-
-    red = _cached(work / "reduce.result.npz", reduce, clock, label(cfg, "reduce"))
-    z_path, zu_path = work / "Z.npy", _unmixing_input_path(ctx)
-    if not zu_path.exists():  # the whitening counts as unmixing, as in the simulation's unmix stage
-        with clock.timed(label(cfg, "unmix")):
-            _save_npy(zu_path, analysis.unmixing_input(cfg, X, red["basis"], red["eigenvalues"]))
-    if cfg.brain_states and not z_path.exists():  # the states read unit-norm time points (Z.npy unless linear)
-        with clock.timed(label(cfg, "states")):
-            _save_npy(z_path, analysis.site_whiten(X, red["basis"], red["eigenvalues"]))
-    Zu = np.load(zu_path, mmap_mode="r")
-    Z = np.load(z_path, mmap_mode="r") if cfg.brain_states else None
-
-    def unmix() -> dict[str, Any]:
-        led = analysis.unmix_site(cfg, i, Zu, lengths, ctx.exchange("unmix"), n_sites=n,
-                               checkpoint=ctx.checkpoint("unmix"), timeout=ctx.timeout)
-        return {"ledger": led}
-
-    ica = _cached(work / "unmix.result.npz", unmix, clock, label(cfg, "unmix"))
-    leds = [red["ledger"], ica["ledger"]]
-    moments = None
-    for step in analysis.STATES_STEPS if cfg.brain_states else ():
-        def states(step: str = step, moments: dict | None = moments) -> dict[str, Any]:
-            return analysis.states_site(cfg, step, i, Z, lengths, ctx.exchange(step), n_sites=n, moments=moments,
-                                        checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
-
-        moments = _cached(work / f"{step}.result.npz", states, clock, label(cfg, "states"))
-        leds.append(moments["ledger"])
+            previous = _cached(work / f"{step}.result.npz", compute, clock, label(cfg, rel.name))
+            leds.append(previous["ledger"])
+            public[rel.name].update({k: v for k, v in previous.items() if k != "ledger"})
     ledger = PrivacyLedger.merge_all(leds)
     ledger.owner = ctx.site
     declared = {"site": ctx.site, "n_subjects": int(info["n_subjects"]), "n_samples": int(info["n_samples"]),
@@ -382,66 +379,46 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 
     def summary() -> dict[str, Any]:
         reply = analysis.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
-                                   timeout=ctx.timeout)
-        return dict(reply.arrays)  # W, b and, with brain states, their centroids
+                                      timeout=ctx.timeout)
+        return dict(reply.arrays)  # what every stage sends the sites (stages.sites_reply)
 
-    summ = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
-    result = _write_site_outputs(ctx, info, red, summ, ledger, clock)
+    for name, values in from_reply(_cached(work / "summary.result.npz", summary, clock,
+                                           label(cfg, "summary"))).items():
+        public.setdefault(name, {}).update(values)
+    result = _write_site_outputs(ctx, info, public, inputs, ledger, clock)
     write_json(done, result)
     return result
 
 
-def _unmixing_input_path(ctx: SiteContext) -> Path:
-    """Where the site keeps its unmixing's whitened data: Z.npy itself unless it is linearly scaled."""
-    return ctx.work / ("Z_linear.npy" if ctx.cfg.cumulant_unmixing else "Z.npy")
-
-
-def _write_site_outputs(ctx: SiteContext, info: dict, red: dict, summ: dict, ledger: PrivacyLedger,
+def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict, ledger: PrivacyLedger,
                         clock: _Clock) -> dict:
-    from ..algorithms.djica import time_courses
-    from ..maps import write_timecourses
-    from ..outputs import write_maps
-    from ..site_maps import write_site_maps
+    from ..outputs import write_maps, write_site_outputs, write_states
 
     cfg, out = ctx.cfg, ctx.out
-    out.mkdir(parents=True, exist_ok=True)
-    W, b = np.asarray(summ["W"]), np.asarray(summ["b"])
-    with clock.timed(label(cfg, "timecourses", ctx.site)):
-        S = time_courses(W, np.load(_unmixing_input_path(ctx), mmap_mode="r"), b)
-        tc = write_timecourses(S, out / "timecourses.tsv", info)
-    if site_maps_made(cfg, info["space"]):
-        with clock.timed(label(cfg, "site_maps", ctx.site)):
-            vm = write_site_maps(cfg, info, info["space"], S, out / "site_maps.nii.gz")
-    else:
-        vm = None
-    site_maps = None if vm is None else vm[0]
+    own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
+                             states_input=inputs.get("states"), timer=clock.timed)
+    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
+    W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
     with clock.timed(label(cfg, "maps")):
-        comp, _ = write_maps(info["space"], red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
+        comp, _ = write_maps(info["space"], V, lam, W, out / "components.nii.gz")
         np.save(out / "W.npy", W)
     states = None
-    if "centroids" in summ:  # this site's own subjects' occupancy: computed here, never sent
-        from ..maps import write_occupancy
-        from ..outputs import write_states
-
+    if "centroids" in public.get("states", {}):
         with clock.timed(label(cfg, "occupancy", ctx.site)):
-            Z = np.load(ctx.work / "Z.npy", mmap_mode="r")
-            write_occupancy(analysis.state_occupancy(Z, [b_ - a for a, b_ in info["boundaries"]],
-                                                     summ["centroids"]), info["subject_ids"], out / "states.tsv")
-            states = write_states(info["space"], red["basis"], red["eigenvalues"], W, b, summ["centroids"],
-                                  out)[0]["patterns"]
+            states = write_states(info["space"], V, lam, W, b, public["states"]["centroids"], out)[0]["patterns"]
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
-    report, timings = _write_site_report(ctx, info, comp, tc, ledger, site_maps, clock)
+    site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
+    report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock)
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
-    return {"site": ctx.site, "components": str(comp), "timecourses": str(tc), "privacy": str(priv_path),
+    return {"site": ctx.site, "components": str(comp), "timecourses": own["timecourses"], "privacy": str(priv_path),
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
-            "states": None if states is None else str(states),
-            "states_occupancy": None if states is None else str(out / "states.tsv"),
-            "site_maps": None if site_maps is None else str(site_maps), "timings_s": timings}
+            "states": None if states is None else str(states), "states_occupancy": own["states_occupancy"],
+            "site_maps": own["site_maps"], "timings_s": timings}
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
@@ -522,59 +499,40 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     clock = _Clock(work)
     _, space = _space(cfg, work)
     dim = _dim(space)
+    public: dict[str, dict[str, Any]] = {}
+    for rel in active_releases(cfg):
+        previous: dict[str, Any] | None = None
+        public[rel.name] = {}
+        for step in rel.steps(cfg):
+            def compute(rel: Release = rel, step: str = step, previous: dict | None = previous) -> dict[str, Any]:
+                return rel.aggregator(cfg, step, ctx.exchange(step), n_sites=n, dim=dim, public=public,
+                                      previous=previous, checkpoint=ctx.checkpoint(step), options=ctx.options)
 
-    def reduce() -> dict[str, Any]:
-        r = analysis.reduce_aggregator(cfg, ctx.exchange("reduce"), n_sites=n, dim=dim,
-                                    checkpoint=ctx.checkpoint("reduce"), options=ctx.options)
-        return {"basis": r.basis, "eigenvalues": r.eigenvalues}
-
-    red = _cached(work / "reduce.result.npz", reduce, clock, label(cfg, "reduce"))
-
-    def unmix() -> dict[str, Any]:
-        r = analysis.unmix_aggregator(cfg, ctx.exchange("unmix"), n_sites=n, checkpoint=ctx.checkpoint("unmix"),
-                                   options=ctx.options, basis=red["basis"], eigenvalues=red["eigenvalues"])
-        return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
-
-    ica = _cached(work / "unmix.result.npz", unmix, clock, label(cfg, "unmix"))
-    moments: dict[str, Any] | None = None
-    for step in analysis.STATES_STEPS if cfg.brain_states else ():
-        def states(step: str = step, moments: dict | None = moments) -> dict[str, Any]:
-            return analysis.states_aggregator(cfg, step, ctx.exchange(step), n_sites=n, moments=moments,
-                                              checkpoint=ctx.checkpoint(step), options=ctx.options)
-
-        moments = _cached(work / f"{step}.result.npz", states, clock, label(cfg, "states"))
+            previous = _cached(work / f"{step}.result.npz", compute, clock, label(cfg, rel.name))
+            public[rel.name].update(previous)
 
     def summary() -> dict[str, Any]:
-        arrays = {"W": np.asarray(ica["W"]), "b": np.asarray(ica["b"])}
-        if moments is not None:
-            arrays["centroids"] = np.asarray(moments["centroids"])
-        reply = Payload(arrays)
+        reply = Payload({k: np.asarray(v) for k, v in sites_reply(public).items()})
         return {"sites": analysis.summary_aggregator(reply, ctx.exchange("summary"),
-                                                  checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
+                                                     checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
     summ = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
-    result = _write_aggregator_outputs(ctx, space, red, ica, moments, summ["sites"], clock)
+    result = _write_aggregator_outputs(ctx, space, public, summ["sites"], clock)
     write_json(done, result)
     return result
 
 
-def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ica: dict, states: dict | None,
-                              declared: dict, clock: _Clock) -> dict[str, Any]:
-    from ..budget import run_warnings
+def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict, declared: dict,
+                              clock: _Clock) -> dict[str, Any]:
     from ..maps import convergence_figure, render_components
-    from ..outputs import consortium_privacy, headline as consortium_headline, write_maps
+    from ..outputs import headline as consortium_headline
+    from ..outputs import states_section, write_consortium_outputs
     from ..report import write_report
     from ..site_maps import consortium_section
 
     cfg, out = ctx.cfg, ctx.out
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     names = [s.name for s in cfg.sites]
-    W, b = np.asarray(ica["W"]), np.asarray(ica["b"])
-    comp_path, _ = write_maps(space, red["basis"], red["eigenvalues"], W, out / "components.nii.gz")
-    for name, a in (("W", W), ("b", b), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
-        np.save(out / f"{name}.npy", np.asarray(a))
-
     ledgers, n_subjects, n_samples = {}, {}, {}
     for s, name in enumerate(names):
         d = declared.get(s) or declared.get(str(s)) or {}
@@ -582,23 +540,27 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
             raise ValueError(f"site {s} declared itself as {d.get('site')!r}, the run expects {name!r}")
         led = PrivacyLedger.from_dict(d["ledger"])
         ledgers[name], n_subjects[name], n_samples[name] = led, int(d["n_subjects"]), int(d["n_samples"])
-    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(
+    cons = write_consortium_outputs(cfg, space, public, ledgers, n_subjects, n_samples, out, assumptions=(
         "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
         "set-up that every site calibrated the same releases (CAPE set-up phase).",
         *((ctx.transport,) if ctx.transport else ())))
+    priv = cons["priv"]
     if ctx.transport:
         priv["transport"] = ctx.transport
-    priv_path = write_json(out / "privacy.json", priv)
+        write_json(out / "privacy.json", priv)
+    ica, red = public["unmix"], public["reduce"]
+    W = np.asarray(ica["W"])
+    for name, a in (("W", W), ("b", ica["b"]), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
+        np.save(out / f"{name}.npy", np.asarray(a))
     clock.add(label(cfg, "maps"), time.perf_counter() - t0)
 
     t0 = time.perf_counter()
     figs = out / "figures"
-    comps, maps_note, map_warnings = render_components(comp_path, space["mask"], figs,
-                                                       interactive=cfg.interactive_maps)
+    comps, maps_note, _ = render_components(cons["components"], space["mask"], figs,
+                                            interactive=cfg.interactive_maps, problem=cons["template_problem"])
     conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
                               figs / "convergence.png") if int(ica["rounds"]) else None
-    eps = dict(priv["epsilon"])
-    warnings = run_warnings(cfg, n_samples, int(np.asarray(red["basis"]).shape[0]), priv) + map_warnings
+    warnings = cons["warnings"]
     headline = consortium_headline(cfg, priv, n_components=W.shape[0], n_subjects=sum(n_subjects.values()),
                                    warnings=warnings,
                                    ica=analysis.describe_unmixing(cfg, int(ica["rounds"]), str(ica["status"])))
@@ -607,14 +569,8 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
     if cfg.seed is not None:
         notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
     states_part = None
-    if states is not None:
-        from ..maps import template_problem
-        from ..outputs import states_section, write_states
-
-        paths, _ = write_states(space, red["basis"], red["eigenvalues"], W, b, states["centroids"], out)
-        occupancy = analysis.StatesResult(np.asarray(states["centroids"]), np.asarray(states["weights"])).occupancy
-        states_part = states_section({**paths, "occupancy": [float(x) for x in occupancy]}, space["mask"], figs,
-                                     template_problem(space["mask"]))
+    if cons["states"] is not None:
+        states_part = states_section(cons["states"], space["mask"], figs, cons["template_problem"])
     clock.add(label(cfg, "report"), time.perf_counter() - t0)
     timings = {**_records_timings(cfg, space), **clock.timings()}
     notes.append("Stage times are the aggregator's wall time, waiting for the sites included; each site's "
@@ -624,8 +580,8 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, red: dict, ic
                           timings=timings, run=cfg.to_json(), notes=notes, states=states_part,
                           site_maps=consortium_section(cfg, space),
                           data={"cleaning": cfg.cleaning().describe(), "features": space.get("features", "")})
-    return {"components": str(comp_path), "privacy": str(priv_path), "report": str(report),
+    return {"components": cons["components"], "privacy": cons["privacy"], "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
-            "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": eps,
+            "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),
             "states": None if states_part is None else str(out / "states.nii.gz"),
             "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings}

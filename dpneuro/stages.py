@@ -1,0 +1,202 @@
+"""The run's releasing stages as one table: what a site does and what the aggregator does, stage by stage.
+
+A run is: the space (mask and features) and each site's data, then the
+releases of :data:`RELEASES` in order (capePCA or PD-SVD, the unmixing, the
+brain states), then the outputs. Every entry point reads this table:
+
+- the simulation (:func:`dpneuro.pipeline.run_stages`) and the Pydra workflow
+  (``workflows/consortium.py``) run each entry with every party in this
+  process (:func:`run_inprocess`);
+- a deployed site and the aggregator (:mod:`dpneuro.deploy.party`, hence
+  ``dpneuro site`` / ``dpneuro aggregator`` and COINSTAC) run its site step
+  or its aggregator step over their exchange, one exchange topic per step.
+
+So a new stage is one new :class:`Release` in :data:`RELEASES`.
+
+A stage's *public result* is what its aggregator step returns (the
+aggregator's view) and what its site step returns besides the ledger (the
+final broadcast as a site sees it). Later stages read earlier public results
+by stage name: ``public["reduce"]["basis"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import analysis
+from .algorithms.pca import as_source, check_sources
+from .config import RunConfig
+from .driver import RunOptions, run_parties
+from .exchange.inprocess import InProcessExchange
+from .privacy import PrivacyLedger
+
+__all__ = ["RELEASES", "Release", "active_releases", "from_reply", "release", "run_inprocess", "sites_reply"]
+
+Public = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Release:
+    """One releasing stage.
+
+    Attributes
+    ----------
+    name : str
+        The stage's name (its folder, its timing label, its configuration
+        digest in :func:`dpneuro.config.stage_fields`).
+    steps : callable
+        ``steps(cfg)``: the stage's releases in order, each run over its own
+        exchange topic; empty when the run has no such stage.
+    site_input : callable
+        ``site_input(cfg, X, public)``: what the site's steps read, from its
+        data matrix (the ``.npy`` path) and the earlier public results. A
+        deployed site keeps it in its working folder.
+    site : callable
+        ``site(cfg, step, site, data, lengths, exchange, *, n_sites, dim,
+        previous, checkpoint, timeout)``: one site's part of ``step``; returns
+        its ledger under ``"ledger"`` and the step's public result as the site
+        sees it. ``previous`` is the site's result of the stage's previous step.
+    aggregator : callable
+        ``aggregator(cfg, step, exchange, *, n_sites, dim, public, previous,
+        checkpoint, options)``: the aggregator's part of ``step``; returns the
+        step's public result.
+    to_sites : tuple of str
+        Public results the aggregator sends every site at the end of a
+        deployed run (what the sites need for their own outputs).
+    check : callable or None
+        ``check(cfg, inputs, lengths)``: a simulation's test of every site's
+        input before anything is released.
+    """
+
+    name: str
+    steps: Callable[[RunConfig], tuple[str, ...]]
+    site_input: Callable[[RunConfig, Any, Public], Any]
+    site: Callable[..., dict[str, Any]]
+    aggregator: Callable[..., dict[str, Any]]
+    to_sites: tuple[str, ...] = ()
+    check: Callable[[RunConfig, Sequence[Any], Sequence[Sequence[int]]], None] | None = None
+
+    def active(self, cfg: RunConfig) -> bool:
+        return bool(self.steps(cfg))
+
+
+# -- reduce: capePCA or PD-SVD ------------------------------------------------------------------
+
+def _reduce_check(cfg, inputs, lengths):
+    """Finite values, one D, k <= min(D, N) over every site: a simulation refuses before any site releases."""
+    check_sources([as_source(X, [int(n) for n in ln]).validate(f"site {s}")
+                   for s, (X, ln) in enumerate(zip(inputs, lengths, strict=True))], cfg.n_components)
+
+
+def _reduce_site(cfg, step, site, X, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    r = analysis.reduce_site(cfg, site, X, lengths, exchange, n_sites=n_sites, dim=dim, checkpoint=checkpoint,
+                             timeout=timeout)
+    return {"ledger": r.ledgers[0], "basis": r.basis, "eigenvalues": r.eigenvalues}
+
+
+def _reduce_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    r = analysis.reduce_aggregator(cfg, exchange, n_sites=n_sites, dim=dim, checkpoint=checkpoint, options=options)
+    return {"basis": r.basis, "eigenvalues": r.eigenvalues, "rounds": r.rounds}
+
+
+# -- unmix: spatial ICA of the basis, capeDJICA or the cumulant ICA -------------------------------
+
+def _unmix_input(cfg, X, public):
+    return analysis.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+
+
+def _unmix_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    return {"ledger": analysis.unmix_site(cfg, site, Z, lengths, exchange, n_sites=n_sites, checkpoint=checkpoint,
+                                          timeout=timeout)}
+
+
+def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    r = analysis.unmix_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options,
+                                  basis=public["reduce"]["basis"], eigenvalues=public["reduce"]["eigenvalues"])
+    return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
+
+
+# -- states: capeAGN brain states ------------------------------------------------------------------
+
+def _states_steps(cfg: RunConfig) -> tuple[str, ...]:
+    return analysis.STATES_STEPS if cfg.brain_states else ()
+
+
+def _states_input(cfg, X, public):
+    return analysis.site_whiten(X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+
+
+def _states_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    return analysis.states_site(cfg, step, site, Z, lengths, exchange, n_sites=n_sites, moments=previous,
+                                checkpoint=checkpoint, timeout=timeout)
+
+
+def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    return analysis.states_aggregator(cfg, step, exchange, n_sites=n_sites, moments=previous, checkpoint=checkpoint,
+                                      options=options)
+
+
+#: the run's releasing stages, in run order
+RELEASES: tuple[Release, ...] = (
+    Release("reduce", lambda cfg: ("reduce",), lambda cfg, X, public: X, _reduce_site, _reduce_aggregator,
+            check=_reduce_check),
+    Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b")),
+    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",)),
+)
+
+
+def release(name: str) -> Release:
+    """The entry of :data:`RELEASES` called ``name``."""
+    for r in RELEASES:
+        if r.name == name:
+            return r
+    raise KeyError(f"no releasing stage {name!r}; stages: {[r.name for r in RELEASES]}")
+
+
+def active_releases(cfg: RunConfig) -> tuple[Release, ...]:
+    """The stages this configuration runs, in order."""
+    return tuple(r for r in RELEASES if r.active(cfg))
+
+
+def sites_reply(public: Public) -> dict[str, Any]:
+    """What the aggregator sends every site at the end of a deployed run: each stage's ``to_sites``."""
+    return {k: public[r.name][k] for r in RELEASES if r.name in public for k in r.to_sites if k in public[r.name]}
+
+
+def from_reply(reply: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """What a site received at the end of a deployed run (:func:`sites_reply`), by stage."""
+    return {r.name: {k: reply[k] for k in r.to_sites if k in reply} for r in RELEASES
+            if any(k in reply for k in r.to_sites)}
+
+
+def run_inprocess(stage: Release, cfg: RunConfig, inputs: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                  dim: int, public: Public, options: RunOptions | None = None
+                  ) -> tuple[dict[str, Any], list[PrivacyLedger]]:
+    """Every party of ``stage`` in this process (a thread per site, one in-process exchange per step).
+
+    Returns the stage's public result (the aggregator's) and each site's ledger.
+    """
+    n, opts = len(inputs), options or RunOptions()
+    if stage.check is not None:
+        stage.check(cfg, inputs, lengths)
+    result: dict[str, Any] = {}
+    site_prev: list[Any] = [None] * n
+    agg_prev: Any = None
+    ledgers: list[list[PrivacyLedger]] = [[] for _ in range(n)]
+    for step in stage.steps(cfg):
+        def site(s: int, exchange, timeout, step: str = step) -> dict[str, Any]:
+            return stage.site(cfg, step, s, inputs[s], [int(x) for x in lengths[s]], exchange, n_sites=n, dim=dim,
+                              previous=site_prev[s], checkpoint=None, timeout=timeout)
+
+        def aggregator(exchange, step: str = step) -> dict[str, Any]:
+            return stage.aggregator(cfg, step, exchange, n_sites=n, dim=dim, public=public, previous=agg_prev,
+                                    checkpoint=None, options=opts)
+
+        agg_prev, site_prev = run_parties(n, site, aggregator, InProcessExchange(n_sites=n), timeout=opts.timeout)
+        result.update(agg_prev)
+        for s, r in enumerate(site_prev):
+            if r is not None:
+                ledgers[s].append(r["ledger"])
+    return result, [PrivacyLedger.merge_all(led) for led in ledgers]
