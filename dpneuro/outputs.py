@@ -14,13 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from .algorithms.djica import spatial_maps
-from .analysis import SCALING_NOTE
+from .algorithms.djica import spatial_maps, time_courses
+from .analysis import SCALING_NOTE, StatesResult, state_occupancy
+from .budget import run_warnings
 from .config import RunConfig
-from .maps import render_components, states_figure, write_components, zscore_columns
+from .io import write_json
+from .maps import (render_components, states_figure, template_problem, write_components, write_occupancy,
+                   write_timecourses, zscore_columns)
 from .parcellation import space_parcels
 from .privacy import PrivacyLedger, privacy_report
 from .report import report_headline
+from .site_maps import made, write_site_maps
+from .timings import label
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
            "write_states"]
@@ -110,10 +115,6 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
     with brain states, ``states`` (paths and the consortium's occupancy) and their voxel ``patterns``.
     """
-    from .budget import run_warnings
-    from .io import write_json
-    from .maps import template_problem
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
@@ -134,8 +135,6 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
                               "warnings": warnings, "template_problem": problem, "states": None, "patterns": None}
     states = public.get("states", {})
     if "centroids" in states:
-        from .analysis import StatesResult
-
         C = np.asarray(states["centroids"])
         paths, result["patterns"] = write_states(space, V, lam, W, b, C, out)
         occupancy = StatesResult(C, np.asarray(states["weights"])).occupancy
@@ -153,12 +152,6 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
     ``timer(name)`` a context manager that times each part. The simulation's maps stage writes every site's,
     a deployed site its own.
     """
-    from .algorithms.djica import time_courses
-    from .analysis import state_occupancy
-    from .maps import write_occupancy, write_timecourses
-    from .site_maps import made, write_site_maps
-    from .timings import label
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     site = info["site"]
