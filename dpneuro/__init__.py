@@ -5,6 +5,8 @@ The notebook API: :class:`DecentralizedICA`, :class:`DecentralizedPCA` and
 Pydra workflow run the same stages.
 """
 
+import importlib
+
 __version__ = "0.2.0"
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "RunConfig", "plan_budget", "__version__"]
@@ -16,7 +18,5 @@ _LAZY = {"DecentralizedICA": "estimators", "DecentralizedPCA": "estimators", "pl
 def __getattr__(name: str):
     # imported on first use, so that `import dpneuro` (and the CLI's --help) stays fast
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'dpneuro' has no attribute {name!r}")

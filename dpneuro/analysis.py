@@ -1,11 +1,12 @@
 """The analysis stages split by role: what a site runs, what the aggregator runs.
 
-capePCA (reduce) and capeDJICA (unmix) are :class:`~dpneuro.cape.CapeAlgorithm`
-objects. This module builds them from a :class:`~dpneuro.config.RunConfig` in
-exactly one place and wraps them with :func:`dpneuro.cape.cape_protocol`; each
-stage then has a *site role* (``*_site``: :func:`dpneuro.driver.run_site`)
-and an *aggregator role* (``*_aggregator``: :func:`dpneuro.driver.run_aggregator`)
-that run over whatever exchange they are given. Three callers share them:
+The stages' algorithms (capePCA or PD-SVD to reduce, spatial ICA of the basis
+or a temporal unmixing, capeAGN's brain states) are built from a
+:class:`~dpneuro.config.RunConfig` in exactly one place (:mod:`dpneuro.build`)
+and wrapped with :func:`dpneuro.cape.cape_protocol`; each stage then has a
+*site role* (``*_site``: :func:`dpneuro.driver.run_site`) and an *aggregator
+role* (``*_aggregator``: :func:`dpneuro.driver.run_aggregator`) that run over
+whatever exchange they are given. Three callers share them:
 
 - the simulation, every party in one process (:func:`reduce_inprocess`,
   :func:`unmix_inprocess`, called by :func:`dpneuro.pipeline.stage_reduce` /
@@ -30,30 +31,40 @@ from typing import Any
 
 import numpy as np
 
-from .config import REDUCTIONS, ConfigError, RunConfig
-from .exchange.base import Exchange, Payload
-from .exchange.inprocess import DEFAULT_MAX_BYTES
-from .privacy import PrivacyLedger
+from .algorithms.agn import finish_moments
+from .algorithms.djica import reported_unmixing, whitening_matrix
+from .algorithms.pca import as_source, check_sources
+from .algorithms.spatial_ica import spatial_ica
+from .build import (  # noqa: F401 - check_reduction_fits, pca_mode: callers not yet moved to .build read them here
+    STATES_STEPS,
+    check_reduction_fits,
+    ica_algorithm,
+    pca_algorithm,
+    pca_mode,
+    pdsvd_protocol,
+    reduce_plan,
+    stage_seed,
+    states_algorithm,
+    states_scale,
+)
+from .cape import cape_protocol
+from .config import RunConfig
 from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
+from .exchange.base import Exchange, Payload
+from .io import column_blocks, scale_columns, site_matrix
+from .privacy import PrivacyLedger
 
 __all__ = [
-    "DEPLOYABLE_REDUCTIONS",
     "ReduceResult",
-    "PDSVD_THREAT_MODEL",
     "SCALING_NOTE",
-    "STATES_STEPS",
     "StatesResult",
     "SummaryProtocol",
     "UnmixResult",
-    "ica_algorithm",
-    "pca_algorithm",
     "reduce_aggregator",
     "reduce_inprocess",
-    "reduce_plan",
     "reduce_protocol",
     "reduce_site",
     "site_whiten",
-    "stage_seed",
     "state_occupancy",
     "states_aggregator",
     "states_inprocess",
@@ -81,140 +92,19 @@ def unit_columns(X: np.ndarray) -> np.ndarray:
     The same scaling capePCA applies inside its site step (``scale="unit"``): one implementation,
     :func:`dpneuro.io.scale_columns`.
     """
-    from .io import scale_columns
-
     return scale_columns(X, "unit")
 
 
-#: reductions that run as a CAPE protocol (and so can be deployed): all a configuration accepts
-DEPLOYABLE_REDUCTIONS = REDUCTIONS
-
-
-def stage_seed(cfg: RunConfig, stage: int) -> int | None:
-    """The seed of stage ``stage`` (1 reduce, 2 unmix); None (OS entropy) when the config has none."""
-    return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
-
-
-# -- reduce: capePCA -----------------------------------------------------------------------
-
-def reduce_plan(cfg: RunConfig) -> str:
-    """Noise plan of the reduction: ``reduction = "none"`` runs the PCA without noise (PD-SVD adds none)."""
-    return "none" if cfg.reduction in ("none", "pdsvd") else cfg.plan
-
-
-#: what PD-SVD as the reduction reveals, and to whom (the report's privacy box and every ledger carry it)
-PDSVD_THREAT_MODEL = (
-    "Reduction PD-SVD: no differential privacy. The basis comes from secure sums of every site's products "
-    "S_s V (secure aggregation: no single site's input is seen); each power iteration's column sums are "
-    "blinded by factors derived from a secret the sites agree on through secure aggregation's keys, so the "
-    "aggregator learns the directions (the basis every party gets) but not the iterates' singular values. "
-    "The final k eigenvalues are revealed to every party, because whitening and the maps need them, and so "
-    "is the total number of time points; with the final eigenvalues the aggregator can undo the run's fixed "
-    "blinding factor, so the earlier iterates' norms stay hidden only within each round's fresh factor (up "
-    "to 2^5). The aggregator colluding with any one site learns the secret and with it every iterate's "
-    "singular values; honest-but-curious parties only. What it leaks on given data is measured, not "
-    "bounded: dpneuro.algorithms.pdsvd.ks_privacy.")
-
-
-#: the PCA without noise, streamed (D too large for D x D): k extra columns (rate lambda_2k / lambda_k per
-#: iteration), stopped once every top-k Ritz pair's residual is below STREAMED_PCA_TOL * lambda_1
-#: (benchmarks/scale.py measures the rounds), at most STREAMED_PCA_ITERATIONS passes over the data
-STREAMED_PCA_ITERATIONS = 30
-STREAMED_PCA_TOL = 1e-4
-
-
-def pca_mode(cfg: RunConfig, dim: int, message_limit: int = DEFAULT_MAX_BYTES) -> str:
-    """"covariance" (one D x D release) or "power" (D x k per round) for a run on ``dim`` features.
-
-    ``capepca-power`` always streams. The covariance mode must fit ``max_memory_gb``, and its D x D release
-    one message of the exchange (``message_limit`` bytes of arrays): the PCA without noise then streams
-    instead (no privacy changes), and capePCA is refused before anything runs.
-    """
-    from .algorithms.pca import covariance_bytes, covariance_release_bytes
-
-    if cfg.reduction == "capepca-power":
-        return "power"
-    need, limit = covariance_bytes(dim), cfg.max_memory_gb * 2**30
-    message = covariance_release_bytes(dim)
-    if need <= limit and message <= message_limit:
-        return "covariance"
-    if cfg.reduction == "none":
-        return "power"
-    if need > limit:
-        why = (f"D = {dim} features need about {need / 2**30:.1f} GB per site, more than max_memory_gb = "
-               f"{cfg.max_memory_gb:g}")
-        more = ", or raise max_memory_gb if every site has the memory"
-    else:
-        why = (f"its D x D release (D = {dim} features) is a message of {message / 2**20:.0f} MB, more than the "
-               f"exchange carries ({message_limit / 2**20:.0f} MB)")
-        more = ""
-    raise ConfigError(
-        f"config field 'reduction': capePCA's covariance mode forms D x D matrices, and {why}. Use reduction = "
-        f"'capepca-power' (releases D x k per round, O(D k) memory) or fewer features (parcels){more}. "
-        "Nothing was released")
-
-
-def check_reduction_fits(cfg: RunConfig, dim: int | None = None, message_limit: int = DEFAULT_MAX_BYTES) -> None:
-    """Refuse, before any data are read, a reduction that cannot fit (:func:`pca_mode`; PD-SVD holds D x k), and a
-    cumulant unmixing whose R^2 x R^2 release is larger than one message."""
-    if cfg.reduction != "pdsvd":
-        from .budget import features
-
-        pca_mode(cfg, features(cfg, dim), message_limit)
-    if cfg.cumulant_unmixing:
-        from .algorithms.cumulant_ica import release_bytes
-
-        size = release_bytes(cfg.n_components)
-        if size > message_limit:
-            raise ConfigError(
-                f"config field 'n_components': the cumulant unmixing releases an R^2 x R^2 matrix, and R = "
-                f"{cfg.n_components} makes a message of {size / 2**20:.0f} MB, more than the exchange carries "
-                f"({message_limit / 2**20:.0f} MB). Use fewer components or ica_unmixing = 'capedjica'. "
-                "Nothing was released")
-
-
-def pca_algorithm(cfg: RunConfig, dim: int | None = None):
-    """The capePCA algorithm of a run (``dim``: D if known, checked against every site; default: the run's grid)."""
-    from .algorithms.pca import CapePCA
-    from .budget import features
-
-    if cfg.reduction not in DEPLOYABLE_REDUCTIONS:
-        raise ConfigError(f"config field 'reduction': {cfg.reduction!r} is not a CAPE protocol; "
-                          f"use one of {DEPLOYABLE_REDUCTIONS}")
-    mode = pca_mode(cfg, features(cfg, dim))
-    power, eps = {}, cfg.pca_epsilon
-    if mode == "power" and cfg.reduction == "none":
-        # no noise: the data may decide when to stop (not when a planned variance round follows)
-        power = {"n_iter": STREAMED_PCA_ITERATIONS, "oversample": cfg.n_components,
-                 "tol": None if cfg.pca_variances else STREAMED_PCA_TOL}
-        eps = None
-    # every time point scaled to unit norm at its site (SCALING_NOTE)
-    return CapePCA(cfg.n_components, eps, cfg.pca_delta, mode=mode, scale="unit",
-                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound,
-                   contribution=cfg.contribution, variances=cfg.pca_variances, **power)
-
-
-def pdsvd_protocol(cfg: RunConfig, n_sites: int):
-    """PD-SVD as the reduction: unit-norm time points, a group secret from secure aggregation, eigenvalues."""
-    from .algorithms.pdsvd import PDSVD
-
-    return PDSVD(cfg.n_components, cfg.pdsvd_iterations, n_sites=n_sites, seed=stage_seed(cfg, 1),
-                 norm_bound=1.0, scale="unit", group_secret=True, eigenvalues=True,
-                 privacy_note=PDSVD_THREAT_MODEL)
-
+# -- reduce: capePCA or PD-SVD ------------------------------------------------------------
 
 def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
     """The run's reduction as driver phases: capePCA under the run's noise plan, or PD-SVD."""
     if cfg.reduction == "pdsvd":
         return pdsvd_protocol(cfg, n_sites)
-    from .cape import cape_protocol
-
     return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
 
 
 def _pca_source(X, lengths: Sequence[int]):
-    from .algorithms.pca import as_source
-
     return as_source(X, [int(n) for n in lengths])
 
 
@@ -257,8 +147,6 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
     before anything is released.
     """
     srcs = [_pca_source(X, n).validate(f"site {s}") for s, (X, n) in enumerate(zip(X_sites, lengths, strict=True))]
-    from .algorithms.pca import check_sources
-
     check_sources(srcs, cfg.n_components)
     sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
     agg = sim.aggregator
@@ -266,7 +154,7 @@ def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[S
                         [s["ledger"] if s is not None else None for s in sim.sites], int(agg.get("rounds", 0)))
 
 
-# -- unmix: capeDJICA ----------------------------------------------------------------------
+# -- unmix: spatial ICA, or capeDJICA / the cumulant ICA --------------------------------
 
 def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
     """A site's whitened data Z = Lambda^{-1/2} V^T x for its unit-norm time points (float32).
@@ -282,9 +170,6 @@ def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
     site in different layouts (from ``np.load`` of a Fortran-ordered file in
     a simulation, from a decoded message in a deployment).
     """
-    from .algorithms.djica import whitening_matrix
-    from .io import column_blocks, site_matrix
-
     V = np.ascontiguousarray(basis, dtype=np.float64)
     lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
     X = site_matrix(X)
@@ -300,33 +185,13 @@ def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
 
 def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
     """The whitened data a run's unmixing and time courses use: unit-norm time points, or with the cumulant
-    unmixing the linear scaling (on [capeDJICA]'s set-up, PCA eps 1.5 and cumulant eps 3.4: median qNGI 0.084
-    against 0.239 with unit-norm time points, 3 seeds). Its releases clip each subject's whole term, so no
-    time point needs a norm bound."""
+    unmixing the linear scaling, which keeps the amplitude fluctuations its cumulants read (unit-norm time points
+    flatten them). Its releases clip each subject's whole term, so no time point needs a norm bound."""
     return site_whiten(X, basis, eigenvalues, linear=cfg.cumulant_unmixing)
 
 
-def ica_algorithm(cfg: RunConfig):
-    """The temporal unmixing of a run (R = n_components): capeDJICA, or the cumulant ICA (``ica_unmixing``)."""
-    from .algorithms.djica import OPTIMIZERS, CapeDJICA
-
-    if cfg.cumulant_unmixing:
-        from .algorithms.cumulant_ica import CapeCumulantICA
-
-        return CapeCumulantICA(cfg.n_components, None if cfg.plan == "none" else cfg.cumulant_epsilon,
-                               cfg.pca_delta, seed=stage_seed(cfg, 2))
-    if cfg.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
-    return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
-                     clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer], plan=cfg.plan,
-                     calibration=cfg.calibration, seed=stage_seed(cfg, 2), clip_unit=cfg.ica_clip_unit,
-                     bias=cfg.ica_bias)
-
-
 def unmix_protocol(cfg: RunConfig, n_sites: int):
-    """capeDJICA under the run's noise plan, as driver phases."""
-    from .cape import cape_protocol
-
+    """The run's temporal unmixing under its noise plan, as driver phases."""
     return cape_protocol(ica_algorithm(cfg), cfg.plan, n_sites=n_sites)
 
 
@@ -343,8 +208,6 @@ class UnmixResult:
 
 
 def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
-    from .algorithms.djica import reported_unmixing
-
     if "ica" not in agg:  # the cumulant ICA: its two releases, then W
         W = np.asarray(agg["W"])
         return UnmixResult(W, np.zeros(W.shape[0]), {}, 2 if "P" in agg else 1, "separated", ledgers)
@@ -355,8 +218,6 @@ def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
 
 
 def _spatial_result(basis, eigenvalues, ledgers: list) -> UnmixResult:
-    from .algorithms.spatial_ica import spatial_ica
-
     r = spatial_ica(basis, eigenvalues)
     return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status, ledgers)
 
@@ -372,7 +233,7 @@ def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
 
 def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
                checkpoint: Checkpoint | None = None, timeout: float | None = None) -> PrivacyLedger:
-    """One site's part of capeDJICA on its whitened data Z (R x N); returns its ledger.
+    """One site's part of the temporal unmixing on its whitened data Z (R x N); returns its ledger.
 
     Spatial ICA is the aggregator's post-processing of the released basis: the
     site sends nothing and its ledger stays empty.
@@ -386,7 +247,7 @@ def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: E
 
 def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
                      options: RunOptions | None = None, basis=None, eigenvalues=None) -> UnmixResult:
-    """The aggregator's part of capeDJICA: averages the noisy gradients, updates W and b.
+    """The aggregator's part of the temporal unmixing (capeDJICA: averages the noisy gradients, updates W and b).
 
     With spatial ICA it unmixes the released ``basis`` and ``eigenvalues`` alone (no messages).
     """
@@ -398,7 +259,7 @@ def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkp
 
 def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], basis, eigenvalues,
                     *, options: RunOptions | None = None) -> UnmixResult:
-    """capeDJICA with every party in this process; each site whitens its data with the public basis.
+    """The temporal unmixing with every party in this process; each site whitens its data with the public basis.
 
     Every site's whitened data are validated before anything is released.
     With spatial ICA no site takes part: the maps come from the released basis alone.
@@ -410,57 +271,13 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     alg = ica_algorithm(cfg)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)
-    from .cape import cape_protocol
-
     sim = simulate(cape_protocol(alg, cfg.plan, n_sites=len(site_data)), site_data, options=options)
     return _unmix_result(sim.aggregator, [s["ledger"] if s is not None else None for s in sim.sites])
 
 
 # -- states: capeAGN brain states ---------------------------------------------------------
 
-#: the two releases of the brain-states stage, in order (each its own CAPE protocol and exchange topic)
-STATES_STEPS = ("states-m2", "states-m3")
-
-
-def states_scale(cfg: RunConfig) -> float:
-    """Public norm bound of a whitened time point for capeAGN: sqrt(R), the points' RMS norm.
-
-    Points beyond it are projected onto it (about half of them). The third
-    moment's signal grows as 1/scale^3 at a fixed sensitivity, so a tight
-    bound wins: on a 3-state mixture (R = 6, 4 sites x 40 subjects, eps 8 per
-    release) the states' mean correlation with the truth is 0.97 at sqrt(R)
-    (0.6 sqrt(R) to sqrt(R) alike) against 0.87 at 1.5 sqrt(R) and 0.59 at 2 sqrt(R).
-    """
-    return math.sqrt(cfg.n_components)
-
-
-def states_noise_multiplier(cfg: RunConfig) -> float:
-    """Noise multiplier of each brain-states release: (``states_epsilon``, delta/2), analytic calibration."""
-    from .privacy import noise_multiplier
-
-    return noise_multiplier(cfg.states_epsilon, cfg.pca_delta)
-
-
-def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
-    """One capeAGN release of the brain-states stage (``step`` in :data:`STATES_STEPS`).
-
-    ``groups``: site id -> time points of the site's longest subject (the
-    privacy unit is the subject); each release is calibrated to
-    (``states_epsilon``, delta/2) on its own, like the PCA release.
-    """
-    from .algorithms.agn import moment_stage
-
-    if not cfg.brain_states:
-        raise ConfigError("config field 'brain_states': 0, the run has no brain-states stage")
-    z = states_noise_multiplier(cfg) if cfg.plan != "none" else 0.0
-    order = STATES_STEPS.index(step) + 2
-    return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), seed=stage_seed(cfg, 3),
-                        W=W, sigma2=sigma2)
-
-
 def states_protocol(cfg: RunConfig, step: str, groups, n_sites: int, *, W=None, sigma2=None):
-    from .cape import cape_protocol
-
     return cape_protocol(states_algorithm(cfg, step, groups, W=W, sigma2=sigma2), cfg.plan, n_sites=n_sites)
 
 
@@ -487,8 +304,6 @@ class StatesResult:
 
 def states_finish(cfg: RunConfig, m3w, W) -> tuple[np.ndarray, np.ndarray]:
     """The aggregator's tensor power method on the averaged third moment (post-processing)."""
-    from .algorithms.agn import finish_moments
-
     return finish_moments(m3w, W, cfg.brain_states, scale=states_scale(cfg), seed=stage_seed(cfg, 3))
 
 

@@ -22,11 +22,16 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nibabel as nib
+from nibabel.affines import apply_affine
+from scipy.spatial import cKDTree
 
 from .config import ConfigError
 
@@ -148,7 +153,7 @@ def check(atlas: str) -> str | None:
 def cache_folder(name: str) -> Path:
     """Where nilearn keeps (or would download) a fetched atlas: its first data folder (``NILEARN_SHARED_DATA``,
     ``NILEARN_DATA``, then ``~/nilearn_data``) and the dataset's folder."""
-    from nilearn.datasets import get_data_dirs
+    from nilearn.datasets import get_data_dirs  # deferred: nilearn is slow to load
 
     return Path(get_data_dirs()[0]) / FETCHED[name].folder
 
@@ -164,7 +169,7 @@ def fetch(atlas: str):
 
 @functools.lru_cache(maxsize=8)
 def _fetch(name: str, param: Any, dirs: tuple) -> Any:  # dirs: so that a changed data folder fetches again
-    import nilearn.datasets
+    import nilearn.datasets  # deferred: nilearn is slow to load
 
     spec = FETCHED[name]
     try:
@@ -184,9 +189,7 @@ def _fetch(name: str, param: Any, dirs: tuple) -> Any:  # dirs: so that a change
 def coordinates(name: str) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """A coordinate atlas's MNI centres (n x 3, mm), its own per-ROI radii (None: none given) and a name per ROI
     (with its network where nilearn has one), in nilearn's order."""
-    import warnings
-
-    import nilearn.datasets
+    import nilearn.datasets  # deferred: nilearn is slow to load
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nilearn's notes on its legacy outputs
@@ -215,9 +218,6 @@ def sphere_labels(centres: np.ndarray, radius, mask: np.ndarray, affine: np.ndar
     unless it was that sphere's only voxel; a centre outside the mask gets
     nothing and so drops out of the features.
     """
-    from nibabel.affines import apply_affine
-    from scipy.spatial import cKDTree
-
     centres = np.asarray(centres, dtype=np.float64).reshape(-1, 3)
     radii = np.broadcast_to(np.asarray(radius, dtype=np.float64), (len(centres),))
     mask = np.asarray(mask, bool)
@@ -259,8 +259,6 @@ def atlas_image(atlas, mask: np.ndarray, affine: np.ndarray):
     name, param = parse(atlas)
     if name in FETCHED:
         return fetch(atlas)
-    import nibabel as nib
-
     centres, own, _ = coordinates(name)
     radius = own if param is None else param
     labels = sphere_labels(centres, radius, mask, affine)
@@ -273,8 +271,6 @@ def atlas_image(atlas, mask: np.ndarray, affine: np.ndarray):
 def main(argv: list[str] | None = None) -> int:
     """``python -m dpneuro.atlases NAME ...``: fetch atlases into nilearn's data folder (on a machine that is online)
     and print where they are."""
-    import sys
-
     names = sys.argv[1:] if argv is None else argv
     if not names:
         print(f"usage: python -m dpneuro.atlases NAME ...; names: {accepted()}")

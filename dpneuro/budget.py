@@ -2,12 +2,14 @@
 
 The planner never models releases on its own: it builds every stage's
 algorithm from the run configuration exactly as the run does
-(:mod:`dpneuro.analysis`), asks it for each site's releases from the
+(:mod:`dpneuro.build`), asks it for each site's releases from the
 site's public counts, and records them with the function the CAPE protocol
 records real releases with (:func:`dpneuro.cape.planned_ledgers`). So the
 planned ledgers are the ones the run fills (for a run that uses all its
 ICA rounds; one that stops early spends less), and the headline is the
-same: eps against the aggregator colluding with the assumed sites.
+same: eps against the aggregator colluding with the assumed sites. To
+spend a target it rescales each releasing stage's noise multiplier, which
+the stage's algorithms report with the setting's calibration (``budget``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from .build import PDSVD_THREAT_MODEL, STATES_STEPS, epsilon_field, ica_algorithm, pca_algorithm, reduce_plan, \
+    stage_algorithms, states_algorithm
+from .cape import ReleaseSpec, planned_ledgers as cape_planned
+from .cleaning import CleaningError, run_confounds
 from .config import ConfigError, RunConfig
-from .privacy import PrivacyLedger, epsilon_for_multiplier, gdp_epsilon, gdp_mu, noise_multiplier
+from .grid import features
+from .io import DataValidationError, _load_image, find_subjects
+from .privacy import PrivacyLedger, gdp_epsilon, gdp_mu
 from .privacy.summary import headline_lines, privacy_report, privacy_warnings
+from .rmt import detection_threshold, eigenvector_overlap, wigner_edge
 
 
 @dataclass(frozen=True)
@@ -47,9 +56,6 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
         if subjects < 1 or (timepoints or 1) < 1:
             raise ConfigError("--subjects and --timepoints must be >= 1")
         return [SiteShape(s.name, (int(timepoints or 150),) * int(subjects)) for s in cfg.sites]
-    from .cleaning import CleaningError, run_confounds
-    from .io import DataValidationError, _load_image, find_subjects
-
     cleaning = cfg.cleaning()
 
     def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
@@ -74,23 +80,6 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
     return out
 
 
-def features(cfg: RunConfig, given: int | None = None) -> int:
-    """Features D after reduction: ``given``, else the atlas's regions, the parcels or the voxels of the run's grid."""
-    if given is not None:
-        return int(given)
-    mask, affine = cfg.grid()
-    if cfg.atlas:
-        from .atlases import atlas_image
-        from .parcellation import atlas_basis, atlas_labels, is_probabilistic
-
-        atlas = atlas_image(cfg.atlas, mask, affine)
-        if is_probabilistic(atlas):
-            return int(atlas_basis(atlas, mask, affine).shape[1])
-        return len(atlas_labels(atlas, mask, affine)[1])
-    n_vox = int(mask.sum())
-    return min(cfg.parcels, n_vox) if cfg.parcels else n_vox
-
-
 #: the stages that release (``planned_ledgers(stages=...)``): a whole run, or the PCA alone
 RELEASING_STAGES = ("reduce", "unmix", "states")
 
@@ -109,12 +98,7 @@ def releases_in(cfg: RunConfig, stage: str) -> bool:
 
 
 def _reduce_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> list[PrivacyLedger]:
-    from .cape import planned_ledgers as cape_planned
-    from .analysis import pca_algorithm, reduce_plan
-
     if not releases_in(cfg, "reduce"):
-        from .analysis import PDSVD_THREAT_MODEL
-
         leds = [PrivacyLedger(owner=f"site-{i}") for i in range(len(shapes))]
         for led in leds:
             led.mark_not_private(PDSVD_THREAT_MODEL)
@@ -125,9 +109,6 @@ def _reduce_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> list[P
 
 
 def _states_ledgers(cfg: RunConfig, shapes: list[SiteShape]) -> list[PrivacyLedger]:
-    from .cape import planned_ledgers as cape_planned
-    from .analysis import STATES_STEPS, states_algorithm
-
     groups = {i: max(s.lengths) for i, s in enumerate(shapes)}
     R = cfg.n_components
     per_step = []
@@ -141,9 +122,6 @@ def _states_ledgers(cfg: RunConfig, shapes: list[SiteShape]) -> list[PrivacyLedg
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
                     stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
     """Every site's ledger of a run of ``cfg`` (its ``stages``) on sites of these shapes (no data needed)."""
-    from .cape import planned_ledgers as cape_planned
-    from .analysis import ica_algorithm
-
     red = _reduce_ledgers(cfg, shapes, dim)
     unm = [None] * len(shapes)
     if "unmix" in stages and releases_in(cfg, "unmix"):
@@ -167,8 +145,6 @@ def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy:
     Under CAPE the zero-sum parts cancel in the N_s-weighted average, which keeps the local parts
     (variance tau_s^2 / S); under 'conv' every site's full noise stays.
     """
-    from .cape import ReleaseSpec
-
     n = dict(n_samples)
     N, S = sum(n.values()), len(n)
     share = 1.0 / S if cfg.plan == "cape" else 1.0
@@ -245,8 +221,6 @@ def random_matrix_line(noise_std: float, dim: int, spectrum, n_components: int) 
     """The planner's random-matrix summary for covariance noise of off-diagonal std ``noise_std``
     (:mod:`dpneuro.rmt`): the edge, how many reference eigenvalues are detectable (BBP), and the squared
     eigenvector overlap expected for the ``n_components``-th."""
-    from .rmt import detection_threshold, eigenvector_overlap, wigner_edge
-
     spec = np.asarray(spectrum, np.float64)
     detectable = int(np.sum(spec > detection_threshold(noise_std, dim)))
     kth = spec[min(n_components, len(spec)) - 1]
@@ -383,49 +357,13 @@ def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int,
     return BudgetPlan(cfg, shapes, dim, priv)
 
 
-def _pca_noise_multiplier(cfg: RunConfig) -> float:
-    return noise_multiplier(cfg.pca_epsilon, cfg.pca_delta)
-
-
-def _ica_noise_multiplier(cfg: RunConfig) -> float:
-    return noise_multiplier(cfg.ica_epsilon_i, cfg.ica_delta_i, method=cfg.calibration)
-
-
-def _cumulant_noise_multiplier(cfg: RunConfig) -> float:
-    return noise_multiplier(cfg.cumulant_epsilon, cfg.pca_delta)
-
-
-def _states_noise_multiplier(cfg: RunConfig) -> float:
-    from .analysis import states_noise_multiplier  # the run's own calibration of the states releases
-
-    return states_noise_multiplier(cfg)
-
-
-#: the settings the planner rescales, per stage: (field, its delta, its noise multiplier, the ledger's stage names,
-#: its calibration)
-_STAGE_SETTINGS = {
-    "reduce": ("pca_epsilon", "pca_delta", _pca_noise_multiplier, ("capepca", "capepca-power", "capepca-variances"),
-               "analytic"),
-    "unmix": ("ica_epsilon_i", "ica_delta_i", _ica_noise_multiplier, ("ica",), None),
-    "states": ("states_epsilon", "pca_delta", _states_noise_multiplier, ("agn-m2", "agn-m3"), "analytic"),
-}
-_CUMULANT_SETTINGS = ("cumulant_epsilon", "pca_delta", _cumulant_noise_multiplier, ("cumulant-ica",), "analytic")
-
-
-def _stage_settings(cfg: RunConfig, stage: str) -> tuple:
-    """:data:`_STAGE_SETTINGS` of ``stage`` for a run of ``cfg`` (the unmixing's depend on ``ica_unmixing``)."""
-    if stage == "unmix" and cfg.cumulant_unmixing:
-        return _CUMULANT_SETTINGS
-    return _STAGE_SETTINGS[stage]
-
-
-def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
-    """``cfg`` with the per-stage settings that give these noise multipliers (stage -> z)."""
+def _with_multipliers(cfg: RunConfig, z: dict[str, float], budgets: dict) -> RunConfig:
+    """``cfg`` with the per-stage settings that give these noise multipliers (stage -> z), each found by the
+    calibration of its stage's algorithms (``budgets``: stage -> :class:`~dpneuro.privacy.GaussianBudget`)."""
     changes = {}
     for stage, zs in z.items():
-        name, delta_field, _, _, calibration = _stage_settings(cfg, stage)
-        delta = getattr(cfg, delta_field)
-        v = epsilon_for_multiplier(zs, delta, method=calibration or cfg.calibration)
+        name, delta = epsilon_field(cfg, stage), budgets[stage].delta
+        v = budgets[stage].epsilon_for(zs)
         if not v > 0:
             raise ConfigError(f"the target needs a noise multiplier the setting {name!r} cannot express at delta "
                               f"{delta:g} (eps would be 0); raise the target, lower "
@@ -435,12 +373,11 @@ def _with_multipliers(cfg: RunConfig, z: dict[str, float]) -> RunConfig:
 
 
 #: share of mu^2 the planner gives the PCA of a temporal-ICA run: what pca_epsilon 16 with the tuned capeDJICA
-#: settings (40 rounds at eps_i 0.7) gives; on the demo's consortium at eps 30 it gave mean |r| 0.57 with the
-#: truth, a 25 % share 0.40
+#: settings (40 rounds at eps_i 0.7) gives; it did better than a 25 % share on the demo's consortium, and the
+#: frontier benchmarks plan at it (benchmarks/README.md)
 TEMPORAL_PCA_SHARE = 0.55
-#: the same with the cumulant unmixing: on [capeDJICA]'s set-up (4 x 256 subjects, 10 seeds) PCA eps 1.5 with
-#: cumulant eps 3.2 and 3.35 (shares 0.20, 0.19) gave median qNGI 0.093 and 0.085 at totals of 3.8 and 4.0; 1.75
-#: with 3.2 (0.25) 0.091 at 4.0, 1.25 with 3.35 (0.14) 0.120 at 3.9 (benchmarks/djica_end_to_end.py)
+#: the same with the cumulant unmixing: the split of the cumulant rows of benchmarks/djica_end_to_end.py that
+#: reach its goal (benchmarks/README.md, "Temporal ICA end to end")
 CUMULANT_PCA_SHARE = 0.2
 
 
@@ -467,9 +404,11 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     mu_t = gdp_mu(target_epsilon, cfg.delta)
     base = spend(cfg, shapes, dim, stages)
     active = [st for st in RELEASING_STAGES if st in stages and releases_in(cfg, st)]
+    algorithms = {st: stage_algorithms(cfg, st, dim) for st in active}
+    budgets = {st: algs[0].budget for st, algs in algorithms.items()}  # a stage's algorithms share one setting
+    names = {st: {n for alg in algs for n in alg.ledger_stages} for st, algs in algorithms.items()}
     stage_mu = [s["by_stage_mu"] for s in base.privacy["sites"].values()]
-    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in _stage_settings(cfg, st)[3]))
-              for by in stage_mu)
+    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in names[st])) for by in stage_mu)
           for st in active}
     total = sum(v**2 for v in mu.values())
     share = {st: mu[st] ** 2 / total for st in active}
@@ -480,10 +419,10 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     elif not later:
         share = {"reduce": 1.0}  # the PCA alone: the other settings stay as they are (unused)
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
-    z0 = {st: _stage_settings(cfg, st)[2](cfg) * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
+    z0 = {st: budgets[st].noise_multiplier * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
 
     def scaled(f: float) -> RunConfig:
-        return _with_multipliers(cfg, {st: z * f for st, z in z0.items()})
+        return _with_multipliers(cfg, {st: z * f for st, z in z0.items()}, budgets)
 
     trial = spend(scaled(1.0), shapes, dim, stages)
     mu_max = max(s["mu"] for s in trial.privacy["sites"].values())

@@ -22,11 +22,14 @@ the same matrix as before.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .bids import bids_entities, confounds_name
 
 #: nilearn's preset denoising strategies (``load_confounds_strategy``)
 STRATEGIES = ("simple", "scrubbing", "compcor", "ica_aroma")
@@ -149,11 +152,10 @@ def check(cleaning: Cleaning) -> list[tuple[str, str]]:
 def strategy_options(strategy: str) -> set[str]:
     """The ``load_confounds_strategy`` keywords a preset strategy takes (nilearn warns about and ignores others)."""
     try:
+        # deferred: nilearn is slow to load
         from nilearn.interfaces.fmriprep.load_confounds_strategy import preset_strategies as presets
     except ImportError:  # another layout: every load_confounds keyword
-        import inspect
-
-        from nilearn.interfaces.fmriprep import load_confounds
+        from nilearn.interfaces.fmriprep import load_confounds  # deferred: nilearn is slow to load
 
         return set(inspect.signature(load_confounds).parameters) - {"img_files", "strategy"}
     return set(presets[strategy]) - {"strategy", "ica_aroma"}
@@ -165,8 +167,6 @@ def strategy_options(strategy: str) -> set[str]:
 
 def confounds_table(bold: Path) -> Path | None:
     """The run's fMRIPrep confounds table beside it (``..._desc-confounds_timeseries.tsv``), if any."""
-    from .io import confounds_name
-
     for suffix in ("timeseries", "regressors"):  # fMRIPrep < 20.2 wrote "regressors"
         p = bold.with_name(confounds_name(bold, suffix))
         if p.is_file():
@@ -180,13 +180,9 @@ def run_confounds(bold: Path, cleaning: Cleaning, n_volumes: int) -> tuple[np.nd
     Raises :class:`CleaningError` naming the run when confounds were asked for and its table is missing or
     lacks what the strategy needs.
     """
-    from .io import confounds_name
-
     if not cleaning.confounds:
         return None, None
     if cleaning.strategy == "ica_aroma":
-        from .io import bids_entities
-
         desc = bids_entities(bold).get("desc")
         if desc != AROMA_DESC:
             raise CleaningError(f"{bold}: confounds = 'ica_aroma' cleans the ICA-AROMA denoised copy of each run "
@@ -199,12 +195,12 @@ def run_confounds(bold: Path, cleaning: Cleaning, n_volumes: int) -> tuple[np.nd
                             "was asked for. Leave confounds out (\"\") for data without one")
     try:
         if cleaning.strategy:
-            from nilearn.interfaces.fmriprep import load_confounds_strategy
+            from nilearn.interfaces.fmriprep import load_confounds_strategy  # deferred: nilearn is slow to load
 
             conf, sample_mask = load_confounds_strategy(str(bold), denoise_strategy=cleaning.strategy,
                                                         **cleaning.confounds_options)
         else:
-            import pandas as pd
+            import pandas as pd  # deferred: slow to load, only a table of named confounds needs it
 
             df = pd.read_csv(table, sep="\t")
             missing = [c for c in cleaning.confounds if c not in df.columns]
@@ -237,7 +233,7 @@ def run_confounds(bold: Path, cleaning: Cleaning, n_volumes: int) -> tuple[np.nd
 def clean_block(block: np.ndarray, *, tr: float | None, cleaning: Cleaning, confounds=None,
                 sample_mask=None) -> np.ndarray:
     """A run's masked D x T block cleaned by ``nilearn.signal.clean``: D x T' float32 (T' = kept volumes)."""
-    from nilearn import signal
+    from nilearn import signal  # deferred: nilearn is slow to load
 
     if (cleaning.high_pass or cleaning.low_pass) and not tr:
         raise CleaningError("temporal filters need the run's TR (header or JSON sidecar RepetitionTime)")

@@ -37,11 +37,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol as TypingProtocol
 
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from .exchange import DirectoryCheckpoint, InProcessExchange
 from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
 
 State = dict[str, Any]
@@ -359,9 +361,6 @@ def simulate(
     folder and a persistent exchange resumes without releasing anything twice.
     Any party's exception stops the run and is re-raised here.
     """
-    from pathlib import Path
-
-    from .exchange import DirectoryCheckpoint, InProcessExchange
 
     def ckpt(name: str):
         return None if checkpoint_dir is None else DirectoryCheckpoint(Path(checkpoint_dir) / f"{name}.npz")

@@ -16,21 +16,28 @@ values can only be found while reading and are reported the same way.
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 import gzip
 import json
+import logging
 import os
 import struct
 import threading
 import warnings
-import logging
 import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import nibabel as nib
 import numpy as np
+from tqdm.auto import tqdm
+
+from .bids import NIFTI_SUFFIXES, VERSION_KEYS, bids_entities, confounds_name, split_name
+from .cleaning import CleaningError, clean_block, run_confounds
 
 __all__ = [
     "DataValidationError",
@@ -47,7 +54,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-_NIFTI_SUFFIXES = (".nii", ".nii.gz")
 _AFFINE_ATOL = 1e-3
 _TR_RTOL = 1e-3
 _TIME_UNIT_SECONDS = {"sec": 1.0, "msec": 1e-3, "usec": 1e-6}
@@ -298,9 +304,6 @@ def ordered_map(fn, items, *, workers: int = 1):
         for x in items:
             yield fn(x)
         return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(workers, thread_name_prefix="dpneuro") as pool:
         pending: deque = deque()
         todo = iter(items)
@@ -562,7 +565,7 @@ def _load_space_cached(space: str) -> tuple[np.ndarray, np.ndarray]:
     if space not in SPACES:
         raise ValueError(f"unknown space {space!r}; choose one of {', '.join(SPACES)}")
     res = int(space[3])
-    from nilearn import datasets, image  # slow import; only needed here
+    from nilearn import datasets, image  # deferred: nilearn is slow to load and only the templates need it
 
     img = datasets.load_mni152_brain_mask(resolution=res)
     if not np.allclose(img.header.get_zooms()[:3], res):
@@ -589,7 +592,7 @@ def _load_space_cached(space: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _is_nifti(p: Path) -> bool:
-    return p.is_file() and not p.name.startswith(".") and p.name.endswith(_NIFTI_SUFFIXES)
+    return p.is_file() and not p.name.startswith(".") and p.name.endswith(NIFTI_SUFFIXES)
 
 
 def find_nifti(paths_or_dir) -> list[Path]:
@@ -607,19 +610,7 @@ def find_nifti(paths_or_dir) -> list[Path]:
 BIDS_FILTERS = ("task", "space", "session", "run", "res", "desc")
 _BIDS_KEYS = {"task": "task", "space": "space", "session": "ses", "run": "run", "res": "res", "desc": "desc"}
 
-#: entities that name a version of a run (its space, resolution, processing), not which run it is: two kept
-#: files that differ only in these are the same run twice
-_VERSION_KEYS = ("space", "res", "den", "cohort", "desc")
 _SURFACE_SUFFIXES = (".func.gii", ".surf.gii", ".shape.gii", ".dtseries.nii", ".dscalar.nii", ".ptseries.nii")
-
-
-def _split_name(path) -> tuple[list[str], str, str]:
-    """A BIDS file name as (its key-value parts, its suffix, its extension): ``..._bold.nii.gz`` ->
-    ``([...], "bold", ".nii.gz")``."""
-    name = Path(path).name
-    stem, dot, ext = name.partition(".")
-    parts = stem.split("_")
-    return parts[:-1], parts[-1], dot + ext
 
 
 def is_mni_space(space: str) -> bool:
@@ -627,16 +618,9 @@ def is_mni_space(space: str) -> bool:
     return space.upper().startswith("MNI")
 
 
-def confounds_name(bold, suffix: str = "timeseries") -> str:
-    """File name of an fMRIPrep run's confounds table: the run's entities without space/res/desc."""
-    parts, _, _ = _split_name(bold)
-    keep = [x for x in parts if x.partition("-")[0] not in _VERSION_KEYS]
-    return "_".join(keep + ["desc-confounds", suffix]) + ".tsv"
-
-
 def companion_names(bold) -> dict[str, str]:
     """The files fMRIPrep writes beside a run, by role: its brain mask, boldref, JSON sidecar, confounds table."""
-    parts, _, ext = _split_name(bold)
+    parts, _, ext = split_name(bold)
     nodesc = [x for x in parts if not x.startswith("desc-")]
     stem = Path(bold).name[: -len(ext)]
     return {"mask": "_".join(nodesc + ["desc-brain", "mask"]) + ext, "boldref": "_".join(nodesc + ["boldref"]) + ext,
@@ -647,8 +631,8 @@ def companion_names(bold) -> dict[str, str]:
 
 
 def _run_identity(path) -> tuple[str, ...]:
-    parts, suffix, _ = _split_name(path)
-    return tuple(x for x in parts if x.partition("-")[0] not in _VERSION_KEYS) + (suffix,)
+    parts, suffix, _ = split_name(path)
+    return tuple(x for x in parts if x.partition("-")[0] not in VERSION_KEYS) + (suffix,)
 
 
 def _outside_func_reason(f: Path, rel: Path) -> str:
@@ -656,21 +640,6 @@ def _outside_func_reason(f: Path, rel: Path) -> str:
     kind = {"anat": "anatomical output", "figures": "report figure", "fmap": "field map", "dwi": "diffusion data",
             "log": "log"}.get(where)
     return f"not a functional run (outside sub-*/[ses-*/]func/{': ' + where + '/, ' + kind if where else ''})"
-
-
-def bids_entities(path) -> dict[str, str]:
-    """The ``key-value`` entities of a BIDS file name (``sub-01_ses-1_task-rest_run-2_bold.nii.gz``)."""
-    name = Path(path).name
-    for suffix in _NIFTI_SUFFIXES[::-1]:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    out = {}
-    for part in name.split("_"):
-        key, sep, value = part.partition("-")
-        if sep and key and value:
-            out[key] = value
-    return out
 
 
 def _same_label(have: str | None, want: str) -> bool:
@@ -701,8 +670,6 @@ def _is_bids_folder(p: Path) -> bool:
 
 def _read_subject_map(path) -> dict[str, str]:
     """file -> subject id from a TSV with columns ``file`` and ``subject``."""
-    import csv
-
     path = Path(path)
     if not path.is_file():
         raise DataValidationError(f"{path}: subject mapping file not found")
@@ -767,7 +734,7 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None, exc
                         skipped.append((str(f), f"{kind} output: not a volume on the analysis grid"))
                     elif f.parent.name != "func":
                         skipped.append((str(f), _outside_func_reason(f, rel)))
-                    elif (f.name.endswith(_NIFTI_SUFFIXES) and bids_entities(f)
+                    elif (f.name.endswith(NIFTI_SUFFIXES) and bids_entities(f)
                           and f.name.split(".")[0].endswith("_bold")):
                         files.append(f)
                     else:
@@ -1072,7 +1039,7 @@ def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
     """Fraction of the analysis mask's voxels inside a run's own brain mask (fMRIPrep ``desc-brain_mask``)."""
     img = _load_image(Path(run_mask), "brain mask")
     if img.shape[:3] != mask.shape or np.abs(img.affine - target.affine).max() > _AFFINE_ATOL:
-        from nilearn.image import resample_to_img
+        from nilearn.image import resample_to_img  # deferred: nilearn is slow to load, only resampling needs it
 
         img = resample_to_img(img, target, interpolation="nearest", force_resample=True, copy_header=True)
     return float((np.asarray(img.dataobj).reshape(mask.shape)[mask] > 0).mean())
@@ -1097,7 +1064,7 @@ def resampled_block(path, mask: np.ndarray, *, target=None, smoothing_fwhm: floa
     Volumes are read, resampled and smoothed ``chunk`` at a time (None: all at once); both act on each
     volume alone, so the block is the same as the whole run's. float32 data stay float32, others float64.
     """
-    from nilearn.image import resample_to_img, smooth_img
+    from nilearn.image import resample_to_img, smooth_img  # deferred: nilearn is slow to load
 
     img = nib.load(str(path), keep_file_open=True)  # a .nii.gz is then decompressed once, chunk after chunk
     n = img.shape[3]
@@ -1164,8 +1131,6 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
             f"{path}: non-finite values (NaN/inf) in {n_bad} mask voxel(s)"
         )
     if cleaning is not None and cleaning.temporal:
-        from .cleaning import CleaningError, clean_block
-
         try:
             return clean_block(block, tr=tr, cleaning=cleaning, confounds=confounds, sample_mask=sample_mask)
         except CleaningError as exc:
@@ -1226,7 +1191,7 @@ def preprocess(block: np.ndarray, *, standardize: bool = True, detrend: bool = F
         return np.asarray(block).astype(np.float32, copy=False)
     y = np.asarray(block).astype(np.float64)
     if detrend:
-        from scipy.signal import detrend as _detrend
+        from scipy.signal import detrend as _detrend  # deferred: scipy.signal takes about 0.3 s to load
 
         y = _detrend(y, axis=1, type="linear")
     if standardize:
@@ -1456,8 +1421,6 @@ def _plan_run(path: Path, sid: str, companions: dict, mask: np.ndarray, mask_aff
     pl = RunPlan(path=path, subject=sid, n_volumes=n, tr=_sidecar_tr(path, header_tr, companions.get("sidecar")),
                  resample_from=resample_from, companions=companions)
     if cleaning is not None:
-        from .cleaning import CleaningError, run_confounds
-
         try:
             pl.confounds, pl.sample_mask = run_confounds(path, cleaning, n)
         except CleaningError as exc:
@@ -1495,8 +1458,6 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
         X = None
     else:
         X = np.empty((D, N), dtype=np.float32, order="F")
-
-    from tqdm.auto import tqdm
 
     if decoder is not None:
         blocks = decoder([[str(pl.path) for pl in ps] for _, ps in subjects])

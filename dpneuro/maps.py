@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import warnings
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 
-from .io import mask_to_image, resolve_workers
+from .io import bids_entities, load_mask, mask_to_image, resolve_workers
 
 
 def zscore_columns(A: np.ndarray) -> np.ndarray:
@@ -42,8 +44,6 @@ def timecourse_rows(site: dict) -> list[tuple]:
     keeps); onset is volume x the run's TR in seconds ("n/a" without a TR).
     Without run records (a matrix given in memory) each subject is one run.
     """
-    from .io import bids_entities
-
     runs = site.get("run_records") or []
     tr_site = site.get("tr")
     rows: list[tuple] = []
@@ -125,7 +125,7 @@ MAP_THRESHOLD = 2.0
 
 def render_component(img3d, out_png, **kw) -> Path:
     """:func:`component_figure` as a PNG at ``out_png``."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     fig = component_figure(img3d, **kw)
     out_png = Path(out_png)
@@ -152,7 +152,7 @@ def render_many(jobs: list[tuple], workers: int | None = None) -> list[Path]:
     and are shut down on return: kept alive, they held a Pydra worker for
     their 300 s idle timeout.
     """
-    from joblib.externals.loky import ProcessPoolExecutor
+    from joblib.externals.loky import ProcessPoolExecutor  # deferred: only the figures' process pool needs it
 
     packed = [(np.asarray(img.dataobj), img.affine, str(out), kw) for img, out, kw in jobs]
     workers = min(resolve_workers(workers), len(jobs) // (PARALLEL_FIGURES // 2))
@@ -175,7 +175,7 @@ def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = ""
     (inches at 100 dpi) of a 3-D figure: a narrower one keeps its labels
     readable where two are shown side by side.
     """
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     data = np.asarray(img3d.dataobj, dtype=np.float64)
     if _is_2d(data.shape):
@@ -187,7 +187,7 @@ def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = ""
         cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
         cb.set_label("z-score", fontsize=8)
     else:
-        from nilearn import plotting
+        from nilearn import plotting  # deferred: nilearn is slow to load
 
         fig = plt.figure(figsize=(width, width * 3.2 / 9.0))
         bg = (bg_img if bg_img is not None else _template()) if on_template else False
@@ -228,9 +228,7 @@ def template_problem(mask_img) -> str | None:
     affines: native-space data (another head position, scanner coordinates)
     land largely outside it.
     """
-    from nilearn import datasets
-
-    from .io import load_mask
+    from nilearn import datasets  # deferred: nilearn is slow to load
 
     m, affine = load_mask(mask_img)
     if _is_2d(m.shape):
@@ -251,10 +249,7 @@ def template_problem(mask_img) -> str | None:
 
 def interactive_view(img3d, *, threshold: float = MAP_THRESHOLD, on_template: bool = True) -> str:
     """nilearn's interactive viewer (view_img) as a self-contained HTML page (no network access)."""
-    import re
-    import warnings
-
-    from nilearn import plotting
+    from nilearn import plotting  # deferred: nilearn is slow to load
 
     with warnings.catch_warnings():  # numpy's note on nilearn's masked-array percentile
         warnings.filterwarnings("ignore", message=".*partition.*will ignore the 'mask'")
@@ -279,8 +274,6 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     the caller has it already. ``kind``: ``"component"`` (labels IC01, ...)
     or ``"state"`` (brain-state patterns, labels state 1, ...).
     """
-    from .io import load_mask
-
     figs = Path(figs)
     figs.mkdir(parents=True, exist_ok=True)
     img = nib.load(str(components_path))
@@ -333,8 +326,6 @@ def render_site_maps(entries: list[dict], site_maps: dict[str, str], components_
     the sign that agrees with it; ``r`` is their correlation over the mask's
     voxels (how far the site's own voxels moved the map from the painted parcels).
     """
-    from .io import load_mask
-
     figs = Path(figs)
     figs.mkdir(parents=True, exist_ok=True)
     if problem is _CHECK:
@@ -363,7 +354,7 @@ def render_site_maps(entries: list[dict], site_maps: dict[str, str], components_
 @functools.lru_cache(maxsize=1)
 def _template():
     # loaded once: reading it took ~0.6 s of every ~0.9 s map figure
-    from nilearn import datasets
+    from nilearn import datasets  # deferred: nilearn is slow to load
 
     return datasets.load_mni152_template(resolution=2)
 
@@ -378,7 +369,7 @@ def peak_mm(img3d) -> tuple[float, float, float]:
 
 def timecourse_figure(S: np.ndarray, tr: float | None, out_png, **kw) -> Path:
     """:func:`timecourse_plot` as a PNG at ``out_png``."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     fig = timecourse_plot(S, tr, **kw)
     fig.savefig(out_png, dpi=80)
@@ -393,9 +384,9 @@ def timecourse_plot(S: np.ndarray, tr: float | None, *, n_show: int | None = Non
     so "z" is the one unit that means something), and its spectrum is in Hz
     from ``tr`` (seconds); without a TR the axes count volumes.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-    from scipy import signal
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
+    from matplotlib.ticker import MaxNLocator  # deferred: matplotlib is slow to load; only figures need it
+    from scipy import signal  # deferred: scipy.signal is slow to load
 
     S = np.asarray(S, np.float64)
     R = S.shape[0] if n_show is None else min(n_show, S.shape[0])
@@ -449,7 +440,7 @@ def write_occupancy(occupancy: np.ndarray, subject_ids: list[str], path) -> Path
 
 def states_figure(activation: np.ndarray, occupancy, out_png) -> Path:
     """Brain states in component units (components x states heat map) and the consortium's occupancy."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     A = np.asarray(activation, float)
     R, K = A.shape
@@ -472,7 +463,7 @@ def states_figure(activation: np.ndarray, occupancy, out_png) -> Path:
 
 def convergence_figure(history: dict, out_png) -> Path:
     """Unmixing convergence: ||dW||^2 (and qNGI against the truth when known) per round."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     fig, ax = plt.subplots(figsize=(6, 2.6))
     dw = np.asarray(history.get("dW2", []), float)
@@ -491,10 +482,3 @@ def convergence_figure(history: dict, out_png) -> Path:
     fig.savefig(out_png, dpi=80)
     plt.close(fig)
     return Path(out_png)
-
-
-def png_bytes(path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-

@@ -14,9 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import SCALING_NOTE
+from .algorithms.djica import spatial_maps, time_courses
+from .analysis import SCALING_NOTE, StatesResult, state_occupancy
+from .budget import run_warnings
 from .config import RunConfig
-from .privacy import PrivacyLedger
+from .io import write_json
+from .maps import (render_components, states_figure, template_problem, write_components, write_occupancy,
+                   write_timecourses, zscore_columns)
+from .parcellation import space_parcels
+from .privacy import PrivacyLedger, privacy_report
+from .report import report_headline
+from .site_maps import made, write_site_maps
+from .timings import label
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
            "write_states"]
@@ -24,11 +33,6 @@ __all__ = ["component_maps", "consortium_privacy", "headline", "states_section",
 
 def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
     """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
-    from .algorithms.djica import spatial_maps
-    from .maps import zscore_columns
-
-    from .parcellation import space_parcels
-
     maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
     parcels = space_parcels(space)
     covered = None if parcels is None else parcels.covered
@@ -42,16 +46,12 @@ def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
 
 def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
     """Feature values (rows) painted back to the mask's voxels: parcels expanded, voxels as they are."""
-    from .parcellation import space_parcels
-
     parcels = space_parcels(space)
     return parcels.expand(A) if parcels is not None else A
 
 
 def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
     """``components.nii.gz`` (one volume per component on the mask's grid) and the voxel maps written."""
-    from .maps import write_components
-
     maps = component_maps(space, basis, eigenvalues, W)
     return write_components(maps, space["mask"], path), maps
 
@@ -63,8 +63,6 @@ def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tu
     sign kept (a state's sign is meaningful); the activation is W c_k + b, each
     state in component units (R x K). Returns the two paths and the voxel patterns.
     """
-    from .maps import write_components
-
     folder = Path(folder)
     V, lam = np.asarray(basis, np.float64), np.asarray(eigenvalues, np.float64)
     C = np.asarray(centroids, np.float64)
@@ -79,8 +77,6 @@ def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tu
 def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
     """The report's brain-states section: ``states`` has the paths of :func:`write_states`, the consortium's
     ``occupancy`` and optionally ``truth`` (matched correlations with a synthetic truth)."""
-    from .maps import render_components, states_figure
-
     entries, note, _ = render_components(states["patterns"], mask, figs, problem=problem, kind="state")
     truth = states.get("truth")
     if truth:
@@ -93,8 +89,6 @@ def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
 def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,
                        assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
     """``privacy.json``: every site's ledger composed and summarised, with the run's assumptions in words."""
-    from .privacy import privacy_report
-
     for name, led in ledgers.items():
         led.owner = name
     priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
@@ -106,8 +100,6 @@ def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subj
 def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, warnings: list[str],
              ica: str = "") -> list[str]:
     """The box at the top of the consortium's report: what ran, the privacy headline, the warnings."""
-    from .report import report_headline
-
     what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
             + (f"; {ica}" if ica else "") + ".")
     return report_headline(what, priv, warnings)
@@ -123,10 +115,6 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
     with brain states, ``states`` (paths and the consortium's occupancy) and their voxel ``patterns``.
     """
-    from .budget import run_warnings
-    from .io import write_json
-    from .maps import template_problem
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
@@ -147,8 +135,6 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
                               "warnings": warnings, "template_problem": problem, "states": None, "patterns": None}
     states = public.get("states", {})
     if "centroids" in states:
-        from .analysis import StatesResult
-
         C = np.asarray(states["centroids"])
         paths, result["patterns"] = write_states(space, V, lam, W, b, C, out)
         occupancy = StatesResult(C, np.asarray(states["weights"])).occupancy
@@ -166,12 +152,6 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
     ``timer(name)`` a context manager that times each part. The simulation's maps stage writes every site's,
     a deployed site its own.
     """
-    from .algorithms.djica import time_courses
-    from .analysis import state_occupancy
-    from .maps import write_occupancy, write_timecourses
-    from .site_maps import made, write_site_maps
-    from .timings import label
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     site = info["site"]

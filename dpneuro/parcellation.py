@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import nibabel as nib
 from scipy.cluster.vq import kmeans2
 
 
@@ -46,8 +47,6 @@ def coordinate_parcels(mask: np.ndarray, n_parcels: int, *, seed: int = 0) -> np
 
 
 def _atlas_image(atlas):
-    import nibabel as nib
-
     img = nib.load(str(atlas)) if isinstance(atlas, (str, Path)) else atlas
     if len(img.shape) not in (3, 4):
         raise ValueError(f"atlas {atlas}: a 3-D label image or 4-D probabilistic maps are needed, got shape "
@@ -69,7 +68,7 @@ def atlas_labels(atlas, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarra
     analysis grid by nilearn's nearest-neighbour resampling (labels are not
     interpolated). Regions that cover no voxel of the mask are dropped.
     """
-    from nilearn.image import resample_img
+    from nilearn.image import resample_img  # deferred: nilearn is slow to load
 
     img = _atlas_image(atlas)
     if len(img.shape) == 4:
@@ -91,7 +90,7 @@ def atlas_labels(atlas, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarra
 def atlas_maps(atlas, mask: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """Probabilistic atlas maps on the analysis grid: in-mask voxels x maps (continuous resampling by nilearn);
     maps that vanish on the mask are dropped."""
-    from nilearn.image import resample_img
+    from nilearn.image import resample_img  # deferred: nilearn is slow to load
 
     img = _atlas_image(atlas)
     if len(img.shape) != 4:

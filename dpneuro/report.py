@@ -8,6 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .io import site_data_summary
+from .privacy import gdp_epsilon
+from .privacy.summary import headline_lines, plain_reading, privacy_warnings, strength, threat_model
+from .timings import total
+
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
@@ -110,8 +115,6 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def privacy_section(privacy: dict) -> str:
     """Per-site totals, per-stage table and the assumptions, all from the ledgers."""
-    from .privacy.summary import threat_model
-
     delta = privacy["delta"]
     rows = []
     for site, s in privacy["sites"].items():
@@ -123,8 +126,6 @@ def privacy_section(privacy: dict) -> str:
            f"{html.escape(privacy.get('neighbour_text', ''))}.</p>",
            _table(["site", "subjects", "ε (exact GDP)", "ε (RDP)", "μ (GDP)",
                    "ε of one site's releases alone, at most (secondary)", "releases"], rows)]
-    from .privacy import gdp_epsilon
-
     per_stage = []
     for site, s in privacy["sites"].items():
         for stage, mu in s.get("by_stage_mu", {}).items():
@@ -148,16 +149,12 @@ def privacy_section(privacy: dict) -> str:
 
 def report_headline(what: str, privacy: dict, warnings: list[str] | None = None) -> list[str]:
     """The box at the top of a report: what ran, the privacy headline and the run's warnings."""
-    from .privacy.summary import headline_lines, privacy_warnings
-
     # the first headline line names every site's eps; the privacy box below says what it means
     return [what, headline_lines(privacy)[0], *(privacy_warnings(privacy) if warnings is None else warnings)]
 
 
 def privacy_box(privacy: dict) -> str:
     """What the headline eps protects against, and whether it is strong, moderate or weak, in plain words."""
-    from .privacy.summary import plain_reading, strength, threat_model
-
     eps = privacy.get("epsilon") or {n: s["epsilon"] for n, s in privacy["sites"].items()}
     worst = max(eps.values()) if eps else 0.0
     label = strength(worst)
@@ -196,8 +193,6 @@ def states_html(states: dict) -> str:
 
 def data_section(data: dict) -> str:
     """How the data were read and cleaned at each site (from the sites' load records)."""
-    from .io import site_data_summary
-
     parts = ["<h2>Data</h2>"]
     if data.get("features"):
         parts.append(f'<p class="small">Features the sites released statistics of: '
@@ -224,8 +219,6 @@ def data_section(data: dict) -> str:
 
 def timings_section(timings: dict[str, float]) -> str:
     """Seconds per stage, in the order the run performed them, and their total."""
-    from .timings import total
-
     rows = [[k, round(float(v), 2)] for k, v in timings.items()] + [["total", round(total(timings), 2)]]
     return ("<h2>Timings</h2><p class='small'>Wall time of every stage (seconds), as the run recorded it; a stage "
             "found finished from an earlier run keeps the time it took then.</p>"

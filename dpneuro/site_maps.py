@@ -36,8 +36,14 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from .algorithms.pca import subspace_factor
+from .algorithms.spatial_ica import guided_ica
+from .analysis import unit_columns
 from .config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
+from .io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers, voxel_decoder
+from .maps import write_components, zscore_columns
 
 __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
            "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
@@ -115,9 +121,6 @@ class SiteSubspace:
 
     def add(self, Y: np.ndarray) -> None:
         """Add one subject's voxel time series ``Y`` (voxels x T)."""
-        from .algorithms.pca import subspace_factor
-        from .analysis import unit_columns
-
         B = unit_columns(np.asarray(Y, np.float64))
         U = B @ subspace_factor(B, self.k)
         self._parts.append(U)
@@ -127,8 +130,6 @@ class SiteSubspace:
             self._merge(self.keep)
 
     def _merge(self, keep: int) -> None:
-        from .algorithms.pca import subspace_factor
-
         C = np.concatenate(self._parts, axis=1)
         # C L = U with L = E / s from the small Gram matrix (an SVD of the tall C is ~100x slower: 30 s at
         # 29,398 x 320); U s = C E = C L / ||L||, since E's columns are unit vectors
@@ -172,11 +173,6 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         ``decode(path)`` -> the run's voxels x volumes as the site's matrix has them
         (:func:`dpneuro.io.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
     """
-    from tqdm.auto import tqdm
-
-    from .algorithms.spatial_ica import guided_ica
-    from .io import DataValidationError, decode_run, ordered_map, resolve_workers
-    from .maps import zscore_columns
 
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -245,9 +241,6 @@ def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progre
     parcels the consortium's maps are at voxel resolution already, and
     ``cfg.site_voxel_maps = false`` turns them off.
     """
-    from .io import load_mask, voxel_decoder
-    from .maps import write_components
-
     if not made(cfg, space):
         return None
     mask, _ = load_mask(space["mask"])

@@ -190,13 +190,20 @@ import json
 import struct
 import warnings
 import zlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import nibabel as nib
 import numpy as np
+from nibabel.arraywriters import get_slope_inter, make_array_writer
+from scipy.fft import next_fast_len
+from scipy.ndimage import gaussian_filter
+from scipy.spatial import cKDTree
+from tqdm.auto import tqdm
 
+from .algorithms.djica import whiten
 from .io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
 
 __all__ = [
@@ -483,7 +490,7 @@ def canonical_hrf(tr: float, length: float = _HRF_LENGTH) -> np.ndarray:
     -------
     ndarray, shape (ceil(length / tr),), float64
     """
-    from scipy.stats import gamma
+    from scipy.stats import gamma  # deferred: scipy.stats takes about 0.3 s to load
 
     tr = _check_tr(tr)
     n = max(1, int(np.ceil(length / tr)))
@@ -509,8 +516,6 @@ def _standardise_rows(Y: np.ndarray) -> np.ndarray:
 
 def _mirror_index(coords_mm: np.ndarray, midline_x: float) -> np.ndarray:
     """For every in-mask voxel the in-mask voxel nearest to its mirror image across x = midline_x."""
-    from scipy.spatial import cKDTree
-
     mirrored = coords_mm.copy()
     mirrored[:, 0] = 2.0 * midline_x - mirrored[:, 0]
     return cKDTree(coords_mm).query(mirrored)[1].astype(np.int64)
@@ -589,8 +594,6 @@ def _smooth_fields(rng: np.random.Generator, mask: np.ndarray, sigma_vox: np.nda
 
     `sigma_vox` is n x 3: the smoothing sd of each field along each axis, in voxels.
     """
-    from scipy.ndimage import gaussian_filter
-
     n = len(sigma_vox)
     vol = rng.standard_normal((n,) + mask.shape, dtype=np.float32)
     out = np.empty((int(mask.sum()), n), dtype=np.float32)
@@ -665,8 +668,6 @@ class NetworkModel:
         """FFT length, the BOLD filter (1/f^(beta/2) x HRF) and the 1/f^(beta/2) filter, cached per (T, tr)."""
         key = (T, tr)
         if key not in self._filters:
-            from scipy.fft import next_fast_len
-
             hrf = canonical_hrf(tr)
             n = next_fast_len(2 * T + hrf.size)
             f = np.fft.rfftfreq(n, d=tr)
@@ -1090,8 +1091,6 @@ class _SubjectWriter:
 
     def _encode(self, X: np.ndarray) -> tuple[bytes, np.ndarray]:
         """The NIfTI header (padded to the data offset) and the data, a C-ordered (T, z, y, x) array."""
-        from nibabel.arraywriters import get_slope_inter, make_array_writer
-
         out = np.dtype(self.dtype)
         if out == X.dtype:  # float32 kept as is: no scaling
             writer = make_array_writer(X.reshape(-1), out, True, True)
@@ -1127,9 +1126,6 @@ def _write_subjects(writer: _SubjectWriter, jobs: list[_SubjectJob], workers: in
     Threads, not processes: numpy's random generators, BLAS, nibabel's scaling and zlib release the GIL,
     so two threads ran as fast as two processes (measured), without copying the model to each process.
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from tqdm.auto import tqdm
 
     workers = min(workers, len(jobs))
     if isinstance(writer.model, NetworkModel):
@@ -1543,8 +1539,6 @@ def paper_ica_data(M: int, rng: np.random.Generator, *, R: int = 20, T: int = 25
     per-site data ``Z`` (float32, the paper whitens non-privately), the truth in
     that whitened space ``Aw``, ``subjects`` per site and ``T``.
     """
-    from .algorithms.djica import whiten
-
     A = grid_maps(R, rng)
     alpha = rng.uniform(0.1, 0.2, R)
     beta = np.minimum(rng.uniform(0.7, 0.8, R), 0.97 - alpha)

@@ -12,7 +12,7 @@ import pytest
 from scipy.linalg import subspace_angles
 
 from dpneuro.analysis import reduce_inprocess
-from dpneuro.budget import features
+from dpneuro.grid import features
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import load_space, preprocess
 from dpneuro.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels, atlas_maps

@@ -15,7 +15,7 @@ from sklearn.utils import Bunch
 
 import dpneuro.atlases as atlases
 from dpneuro.atlases import atlas_image, coordinates, sphere_labels
-from dpneuro.budget import features
+from dpneuro.grid import features
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import load_space
 from dpneuro.parcellation import atlas_labels, is_probabilistic
@@ -238,7 +238,7 @@ def test_a_fetched_atlas_resolves_once_with_nilearns_data_folder_and_reaches_the
     assert calls == [{"data_dir": None, "verbose": 0, "n_rois": 200, "yeo_networks": 7, "resolution_mm": 2}]
     assert features(cfg) == 12
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
-    from dpneuro.pipeline import feature_labels
+    from dpneuro.grid import feature_labels
 
     labels, weighting = feature_labels(cfg, mask, affine)
     assert weighting == "orthonormal" and labels.max() + 1 == 12

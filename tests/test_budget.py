@@ -302,7 +302,7 @@ def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances
     with pytest.raises(ConfigError, match="pca_contribution"):
         cfg(pca_contribution="projector").validate(data_sites=[])
     # the run uses what the field resolves to
-    from dpneuro.analysis import pca_algorithm
+    from dpneuro.build import pca_algorithm
 
     spatial, temporal = pca_algorithm(cfg(parcels=100), dim=100), pca_algorithm(cfg(ica="temporal", parcels=100), dim=100)
     assert (spatial.contribution, spatial.variances, spatial.max_rounds) == ("subspace", False, 1)
@@ -340,3 +340,43 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
         # the run says why the sites' eps differ, and which one binds
         assert any(a.startswith("Sites differ in subjects or scan lengths") and "site-03, whose subjects" in a
                    for a in ica.privacy_.report["assumptions"])
+
+
+STAGE_CASES = {
+    "temporal ICA": ({"ica": "temporal"}, {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i"}),
+    "classic calibration": ({"ica": "temporal", "calibration": "classic", "ica_epsilon_i": 0.8},
+                            {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i"}),
+    "cumulant unmixing": ({"ica": "temporal", "ica_unmixing": "cumulant"},
+                          {"reduce": "pca_epsilon", "unmix": "cumulant_epsilon"}),
+    "brain states, power mode": ({"brain_states": 2, "reduction": "capepca-power", "pca_epsilon": 500.0},
+                                 {"reduce": "pca_epsilon", "states": "states_epsilon"}),
+}
+
+
+@pytest.mark.parametrize("case", list(STAGE_CASES))
+def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp_path, case):
+    """The planner finds a target through what a stage's algorithms report: the setting's eps, delta and
+    calibration, and the ledger's names of their releases; every release a run records belongs to one stage."""
+    from dpneuro.budget import SiteShape, releases_in
+    from dpneuro.build import epsilon_field, stage_algorithms
+    from dpneuro.config import RunConfig
+
+    kw, fields = STAGE_CASES[case]
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
+                               "out": str(tmp_path / "o"), "parcels": 100, **kw})
+    shapes = [SiteShape(f"s{i}", (150 + 10 * i,) * (20 + 5 * i)) for i in range(4)]
+    recorded = {r["stage"] for s in spend(cfg, shapes, 100).privacy["sites"].values() for r in s["ledger"]["releases"]}
+    active = [st for st in ("reduce", "unmix", "states") if releases_in(cfg, st)]
+    assert {st: epsilon_field(cfg, st) for st in active} == fields
+    named = {}
+    for st in active:
+        algs = stage_algorithms(cfg, st, 100)
+        assert len({a.budget for a in algs}) == 1  # one setting per stage
+        b = algs[0].budget
+        delta = cfg.ica_delta_i if fields[st] == "ica_epsilon_i" else cfg.pca_delta
+        calibration = cfg.calibration if fields[st] == "ica_epsilon_i" else "analytic"
+        assert (b.epsilon, b.delta, b.calibration) == (getattr(cfg, fields[st]), delta, calibration)
+        assert b.epsilon_for(b.noise_multiplier) == pytest.approx(b.epsilon, rel=1e-9)
+        named[st] = {n for a in algs for n in a.ledger_stages}
+    assert sum(len(v) for v in named.values()) == len(set().union(*named.values()))  # no name in two stages
+    assert recorded and recorded <= set().union(*named.values())

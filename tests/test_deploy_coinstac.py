@@ -16,7 +16,7 @@ import pytest
 
 import cape_workers as cw
 import deploy_common as dc
-from dpneuro.analysis import check_reduction_fits
+from dpneuro.build import check_reduction_fits
 from dpneuro.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc

@@ -389,11 +389,16 @@ class _Stage:
 
     max_rounds = 1
 
+    #: the ledger's stage names of the stage's release
+    ledger_stages: tuple[str, ...] = ()
+
     def __init__(self, model: str, noise_multiplier: float, unit: str, groups: list[int],
-                 seed: int | None, stage_id: int, scale: float | None, symmetric_noise: str = "symmetrized"):
+                 seed: int | None, stage_id: int, scale: float | None, symmetric_noise: str = "symmetrized",
+                 budget: privacy.GaussianBudget | None = None):
         self.model, self.z, self.unit, self.groups = model, noise_multiplier, unit, groups
         self.seed, self.stage_id, self.scale = seed, stage_id, scale
         self.symmetric_noise = check_symmetric_noise(symmetric_noise)
+        self.budget = budget  # the (eps, delta) the noise multiplier was calibrated to, for a planner
 
     #: brain states clip about half of the time points on purpose (a tight public bound): no warning then
     quiet_clipping = False
@@ -425,6 +430,7 @@ class _M2Stage(_Stage):
     """Stage 1: sites release E[x x^T] (or sym E[t1 t2^T]); the aggregator broadcasts W and sigma^2."""
 
     name = "capeagn-m2"
+    ledger_stages = ("agn-m2",)
 
     def __init__(self, *args, k: int, sigma2: float | None, **kw):
         super().__init__(*args, **kw)
@@ -433,7 +439,7 @@ class _M2Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         d2, _ = sensitivities(self.model, state["D"], state["n"], 0.0, state["group"])
         return {"m2": ReleaseSpec((state["D"], state["D"]), d2, self.z, symmetric=True,
-                                  unit=self.unit, stage="agn-m2", symmetric_noise=self.symmetric_noise)}
+                                  unit=self.unit, stage=self.ledger_stages[0], symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m2": _second_moment(state["_data"])}
@@ -450,6 +456,7 @@ class _M3Stage(_Stage):
     """Stage 2: sites release (M3_s + symmetric noise)(W, W, W)."""
 
     name = "capeagn-m3"
+    ledger_stages = ("agn-m3",)
 
     def __init__(self, *args, W: np.ndarray, sigma2: float, **kw):
         super().__init__(*args, **kw)
@@ -458,8 +465,8 @@ class _M3Stage(_Stage):
     def site_releases(self, state) -> dict[str, ReleaseSpec]:
         D = state["D"]
         _, d3 = sensitivities(self.model, D, state["n"], self.sigma2, state["group"])
-        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit, stage="agn-m3",
-                                  symmetric_noise=self.symmetric_noise)}
+        return {"m3": ReleaseSpec((D, D, D), d3, self.z, symmetric=True, unit=self.unit,
+                                  stage=self.ledger_stages[0], symmetric_noise=self.symmetric_noise)}
 
     def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
         return {"m3": _third_moment(state["_data"], self.sigma2)}
@@ -500,16 +507,18 @@ class _OccupancyStage(_Stage):
 
 
 def moment_stage(order: int, n_components: int, noise_multiplier: float, groups, *, scale: float,
-                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None):
+                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None,
+                 budget: privacy.GaussianBudget | None = None):
     """One capeAGN release on MOG samples as a CAPE algorithm: ``order`` 2 (M2, then W and sigma^2) or 3.
 
     For the product's brain-states stage, run by every entry point through the
     driver: ``groups`` maps each site id to the samples one subject owns there
     (subject-level privacy); a deployed site needs only its own entry. Stage 3
     needs the public ``W`` and ``sigma2`` of stage 2's broadcast (in the
-    scaled units).
+    scaled units). ``budget``: the (eps, delta) ``noise_multiplier`` was calibrated to, which the stage
+    reports to a planner.
     """
-    common = dict(unit="subject", groups=groups, seed=seed, scale=scale)
+    common = dict(unit="subject", groups=groups, seed=seed, scale=scale, budget=budget)
     if order == 2:
         stage = _M2Stage("mog", noise_multiplier, stage_id=1, k=n_components, sigma2=None, **common)
     elif order == 3:
@@ -599,7 +608,6 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     AGNResult
         Components, weights, per-site merged ledgers (both stages).
     """
-    k = n_components  # the papers' k
     _check_model(model)
     _check_privacy(epsilon, delta)
     eps_split = _check_split(split, 2)
@@ -610,7 +618,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     nplan.check(len(sites))
     groups = _groups(samples_per_unit, unit, len(sites))
     D = sites[0].D
-    k = _check_k(k, D, sum(sd.n for sd in sites), model, sigma2)
+    k = _check_k(n_components, D, sum(sd.n for sd in sites), model, sigma2)  # the papers' k
     sc = sites[0].scale
     s2_scaled = None if sigma2 is None else float(sigma2) / sc**2
     (e1, e2), (d1, d2) = _stage_budget(epsilon, delta, eps_split)
@@ -660,7 +668,6 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
              split, sigma2, scale, seed, n_restarts, n_iter, simplex, unit, samples_per_unit,
              owner: str, symmetric_noise: str = "symmetrized") -> AGNResult:
     """AGN / AVN / non-private OTD on one party's data (pooled or one site)."""
-    k = n_components  # the papers' k
     _check_model(model)
     _check_sigma2(sigma2, model)
     _check_tpm(n_restarts, n_iter, simplex)
@@ -672,7 +679,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
     sd = prepare_site(data, model, scale=scale, site=owner)
     group = _groups(samples_per_unit, unit, 1)[0]
     D, n = sd.D, sd.n
-    k = _check_k(k, D, n, model, sigma2)
+    k = _check_k(n_components, D, n, model, sigma2)  # the papers' k
     sc = sd.scale
     s2_in = None if sigma2 is None else float(sigma2) / sc**2
     rng = np.random.default_rng(seed)
@@ -735,8 +742,7 @@ def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
     """
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
+    return _central(samples, n_components, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
@@ -752,8 +758,7 @@ def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     beta = eps_2 / Delta_3, pure eps_2-DP; stage 1 is Gaussian at (eps_1, delta).
     The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
     """
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
+    return _central(samples, n_components, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
@@ -764,8 +769,7 @@ def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None 
         seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
         simplex: str = "euclidean") -> AGNResult:
     """Non-private method-of-moments OTD (Anandkumar et al. 2014) on one dataset. Not private."""
-    k = n_components  # the papers' k
-    return _central(samples, k, model=model, mechanism="none", epsilon=None, delta=None, split=None,
+    return _central(samples, n_components, model=model, mechanism="none", epsilon=None, delta=None, split=None,
                     sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit="sample", samples_per_unit=1, owner="pooled")
 
@@ -773,13 +777,12 @@ def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None 
 def local_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: float, *, site: int = 0,
               **kwargs) -> AGNResult:
     """AGN on one site's data alone (the papers' "local" baseline); kwargs as :func:`agn`."""
-    k = n_components  # the papers' k
     if not isinstance(site_samples, Sequence) or isinstance(site_samples, np.ndarray):
         raise ValueError("site_samples must be a list with one data array per site")
     if not 0 <= site < len(site_samples):
         raise ValueError(f"site {site} out of range for {len(site_samples)} sites")
     kwargs.setdefault("owner", f"site-{site}")
-    return agn(site_samples[site], k, epsilon, delta, **kwargs)
+    return agn(site_samples[site], n_components, epsilon, delta, **kwargs)
 
 
 # -- brain states --------------------------------------------------------------------------
@@ -840,7 +843,6 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
         Public norm bound for time points; default 2 sqrt(R), suited to
         whitened data (E||z||^2 = R). Points beyond it are projected onto it.
     """
-    k = n_components  # the papers' k
     if occupancy not in ("weights", "release"):
         raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
     n_parts = 3 if occupancy == "release" else 2
@@ -859,7 +861,7 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
     nplan.check(len(sites))
     groups_l = _groups(groups, unit, len(sites))
     otd_share = sum(parts[:2])
-    res = cape_agn(sites, k, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
+    res = cape_agn(sites, n_components, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
                    split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale, seed=seed,
                    n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
     leds = res.ledgers
@@ -873,7 +875,7 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
         occ = np.clip(r3.aggregator["occupancy"], 0.0, None)
         leds = [a.merge(b) if (a is not None and b is not None) else (a or b)
                 for a, b in zip(leds, cape_ledgers(r3))]
-    occ = occ / occ.sum() if occ.sum() > 0 else np.full(k, 1.0 / k)
+    occ = occ / occ.sum() if occ.sum() > 0 else np.full(n_components, 1.0 / n_components)
     if unit == "sample":
         for led in leds:
             if led is not None:

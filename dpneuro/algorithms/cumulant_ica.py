@@ -271,6 +271,15 @@ class CapeCumulantICA:
         self.refines = self.refine_share > 0
         self.max_rounds = 2 if self.refines else 1
 
+    @property
+    def budget(self) -> privacy.GaussianBudget:
+        """The stage's (eps, delta), both releases together (what a planner rescales)."""
+        return privacy.GaussianBudget(self.epsilon, self.delta)
+
+    @property
+    def ledger_stages(self) -> tuple[str, ...]:
+        return (self.name,)
+
     def _clips(self, lengths: Sequence[int]) -> tuple[float, float]:
         c, b = default_clips(self.R, int(np.median(lengths)))
         return (self.refine_clip or c), (self.clip or b)

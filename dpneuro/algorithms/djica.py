@@ -91,7 +91,8 @@ from ..driver import (
     SimulationResult,
     simulate,
 )
-from ..io import subject_ranges
+from ..io import SiteData, subject_ranges
+from ..metrics import qngi
 
 __all__ = [
     "DJICAResult",
@@ -639,10 +640,16 @@ class CapeDJICA:
                 raise ValueError(f"truth must be the {self.R} x {self.R} mixing matrix of the whitened data")
         self.max_rounds = self.rounds
 
+    #: the ledger's stage name of every release (G, h)
+    ledger_stages = ("ica",)
+
+    @property
+    def budget(self) -> privacy.GaussianBudget:
+        """Each release's (eps_i, delta_i) and its calibration (what a planner rescales)."""
+        return privacy.GaussianBudget(self.epsilon_i, self.delta_i, self.calibration)
+
     # -- sites ---------------------------------------------------------------------------
     def site_init(self, site: int, data) -> dict:
-        from ..io import SiteData
-
         if isinstance(data, SiteData):
             data = (data.X, data.lengths)
         try:
@@ -685,9 +692,10 @@ class CapeDJICA:
             dG = dh = z = 0.0
         else:
             (dG, dh), z = self.sensitivity(state), self.z
-        out = {"G": ReleaseSpec((R, R), dG, z, stage="ica")}
+        stage = self.ledger_stages[0]
+        out = {"G": ReleaseSpec((R, R), dG, z, stage=stage)}
         if self.bias:
-            out["h"] = ReleaseSpec((R,), dh, z, stage="ica")
+            out["h"] = ReleaseSpec((R,), dh, z, stage=stage)
         return out
 
     def site_weight(self, state) -> float:
@@ -823,8 +831,6 @@ def reported_unmixing(st: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _qngi(W: np.ndarray, A: np.ndarray) -> float:
-    from ..metrics import qngi
-
     P = W @ A
     if not np.all(np.isfinite(P)):
         return math.nan
@@ -897,8 +903,6 @@ class DJICAResult:
 
 
 def _prepare(Z_sites, subjects_per_site) -> tuple[list, int]:
-    from ..io import SiteData
-
     if isinstance(Z_sites, np.ndarray):
         raise ValueError("Z_sites must be a list with one R x N_s array (or SiteData) per site")
     Z_sites = list(Z_sites)

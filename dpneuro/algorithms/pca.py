@@ -761,6 +761,16 @@ class CapePCA:
         self.tol = _check_tol(tol, mode, self.z)
 
     @property
+    def budget(self) -> privacy.GaussianBudget:
+        """The run's (eps, delta) at each site and its calibration (what a planner rescales)."""
+        return privacy.GaussianBudget(self.epsilon, self.delta, self.calibration)
+
+    @property
+    def ledger_stages(self) -> tuple[str, ...]:
+        """The ledger's stage names of this algorithm's releases (basis, power rounds, variances)."""
+        return self.name, f"{self.name}-power", f"{self.name}-variances"
+
+    @property
     def block(self) -> int:
         return self.k + self.oversample
 
@@ -1099,10 +1109,9 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     -------
     PCAResult
     """
-    k = n_components  # the papers' k
     plan = NoisePlan.coerce(plan)
     _check_privacy(epsilon, delta, plan.kind)
-    k = _check_k(k)
+    k = _check_k(n_components)  # the papers' k
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
@@ -1124,8 +1133,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
 
 
 def _single(X, n_components, epsilon, delta, method: str, owner: str, subjects=None, **kw) -> PCAResult:
-    k = n_components  # the papers' k
-    res = cape_pca([X], k, epsilon, delta, plan="conv", subjects=None if subjects is None else [subjects],
+    res = cape_pca([X], n_components, epsilon, delta, plan="conv", subjects=None if subjects is None else [subjects],
                    method=method, **kw)
     for led in res.ledgers:
         if led is not None:
@@ -1140,14 +1148,12 @@ def pooled_dp_pca(X_all, n_components: int, epsilon, delta, *, subjects=None, **
     ledger (owner "pooled") records that release. Same code path as
     :func:`cape_pca` with one site under plan "conv". Keywords as for :func:`cape_pca`.
     """
-    k = n_components  # the papers' k
-    return _single(X_all, k, epsilon, delta, "pooled-dp", "pooled", subjects, **kw)
+    return _single(X_all, n_components, epsilon, delta, "pooled-dp", "pooled", subjects, **kw)
 
 
 def local_pca(X_site, n_components: int, epsilon, delta, *, subjects=None, **kw) -> PCAResult:
     """Analyze Gauss on one site's data alone (sensitivity 1/N_s): what a site gets without the consortium."""
-    k = n_components  # the papers' k
-    return _single(X_site, k, epsilon, delta, "local", "local", subjects, **kw)
+    return _single(X_site, n_components, epsilon, delta, "local", "local", subjects, **kw)
 
 
 def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *,
@@ -1160,9 +1166,8 @@ def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *
     Each site's ledger records one release of A_s with conventional noise
     (the ``P_s`` it sends is post-processing of that release).
     """
-    k = n_components  # the papers' k
     _check_privacy(epsilon, delta, "conv")
-    k = _check_k(k)
+    k = _check_k(n_components)  # the papers' k
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
                      seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), dim=srcs[0].dim,

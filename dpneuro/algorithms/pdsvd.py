@@ -143,8 +143,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from .. import secagg
 from ..exchange import Payload
 from ..io import column_norms, scale_factors
 from ..privacy import PrivacyLedger
@@ -278,8 +278,6 @@ class PDSVD:
         self.nonce = nonce
         self.privacy_note = privacy_note
         if self.secure:
-            from .. import secagg
-
             self._secagg = secagg
             self.cfg = secagg_config or secagg.SecAggConfig(n_sites=self.n_sites)
             value_range = self.cfg.value_range
@@ -630,8 +628,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
     -------
     PDSVDResult
     """
-    k = n_components  # the papers' k
-    k = _check_k(k)
+    k = _check_k(n_components)  # the papers' k
     srcs = _sources(X_sites, k)
     if group_secret and site_secret is not None:
         raise ValueError("group_secret=True agrees the sites' secret inside the run; do not give site_secret")
@@ -654,8 +651,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
 
 def pd_pca(X_sites, n_components: int, n_iter: int, **kw) -> PDSVDResult:
     """PD-PCA ([PD-ML-Lite] App. D, Alg. 6): securely centre on the global mean, then PD-SVD."""
-    k = n_components  # the papers' k
-    return pd_svd(X_sites, k, n_iter, center=True, **kw)
+    return pd_svd(X_sites, n_components, n_iter, center=True, **kw)
 
 
 # -- KS distributional privacy ([PD-ML-Lite] Sec. 4, Alg. 5) -------------------------------------------
@@ -744,6 +740,8 @@ def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mecha
     -------
     KSPrivacyResult
     """
+    from scipy import stats  # deferred: scipy.stats takes about 0.3 s to load and only this measurement needs it
+
     stats_fns = statistic_fn if isinstance(statistic_fn, dict) else {"statistic": statistic_fn}
     if not stats_fns or not all(callable(f) for f in stats_fns.values()):
         raise ValueError("statistic_fn must be a callable or a dict of callables")

@@ -44,6 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics import match_components
+from .djica import _check_basis
+
 __all__ = ["GuidedICAResult", "SPATIAL_ICA_RESTARTS", "SpatialICAResult", "guided_ica", "spatial_ica"]
 
 #: FastICA starts of the spatial ICA (public seeds init_seed, init_seed + 1, ...); 1 is a single run
@@ -119,8 +122,6 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
         (FastICA's own objective). Scores within 1e-6 (relative) of the best count as ties and go to the
         earliest start.
     """
-    from .djica import _check_basis
-
     if int(n_init) != n_init or n_init < 1:
         raise ValueError(f"n_init must be an integer >= 1, got {n_init!r}")
     if select not in SELECTIONS:
@@ -150,7 +151,7 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
 
 def _run(Z: np.ndarray, seed: int, max_iter: int, tol: float):
     """One FastICA run from the public start ``seed``: (unmixing, standardised maps, converged, iterations)."""
-    from sklearn.decomposition import FastICA
+    from sklearn.decomposition import FastICA  # deferred: sklearn is slow to load; only FastICA needs it
 
     ica = FastICA(whiten=False, fun="logcosh", max_iter=max_iter, tol=tol, random_state=int(seed))
     converged = _fit(ica, Z)
@@ -192,7 +193,7 @@ def _whiten(V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _fit(ica, Z: np.ndarray) -> bool:
     """Fit ``ica`` on ``Z``; whether it converged within its iteration limit."""
-    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.exceptions import ConvergenceWarning  # deferred: sklearn is slow to load; only FastICA needs it
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
@@ -244,9 +245,7 @@ def guided_ica(basis, references, *, max_iter: int = 2000, tol: float = 1e-10) -
         One reference map per column, R <= K.
     max_iter, tol : FastICA's iteration limit and tolerance.
     """
-    from sklearn.decomposition import FastICA
-
-    from ..metrics import match_components
+    from sklearn.decomposition import FastICA  # deferred: sklearn is slow to load; only FastICA needs it
 
     V = np.asarray(basis, np.float64)
     ref = np.asarray(references, np.float64)

@@ -24,6 +24,8 @@ from itertools import permutations
 
 import numpy as np
 
+from ..privacy.noise import SYMMETRIC_NOISE, check_symmetric_noise  # noqa: F401 - the shapes' names, read here
+
 
 @lru_cache(maxsize=32)
 def unique_indices(n: int, order: int) -> tuple[np.ndarray, ...]:
@@ -37,15 +39,6 @@ def unique_indices(n: int, order: int) -> tuple[np.ndarray, ...]:
         keep = (i <= j) & (j <= k)
         return i[keep], j[keep], k[keep]
     raise ValueError(f"symmetric packing supports order 1-3, got {order}")
-
-
-SYMMETRIC_NOISE = ("symmetrized", "mirrored")
-
-
-def check_symmetric_noise(how: str) -> str:
-    if how not in SYMMETRIC_NOISE:
-        raise ValueError(f"symmetric_noise must be one of {SYMMETRIC_NOISE}, got {how!r}")
-    return how
 
 
 @lru_cache(maxsize=32)

@@ -27,7 +27,7 @@ from typing import Any, Protocol as TypingProtocol
 
 import numpy as np
 
-from .. import privacy
+from .. import privacy, secagg
 from ..exchange.base import Payload
 from ..privacy import PrivacyLedger, max_colluding
 from ..driver import Phase, RunOptions, SimulationResult, State, simulate
@@ -135,8 +135,6 @@ class _CapeProtocol:
         self._setup = [Phase("cape-setup", self._site_setup, self._agg_setup)]
         self._round: list[Phase] = []
         if plan.kind == "cape":
-            from .. import secagg
-
             self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
             masked, unmask = secagg.sum_phases(secagg_config, "zs", self._zero_sum_input, self._agg_zero_sum)
             self._round += [self._wrap(masked), self._wrap(unmask)]
@@ -398,9 +396,7 @@ def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n
     plan = NoisePlan.coerce(plan)
     plan.check(n_sites)
     if plan.kind == "cape" and secagg_config is None:
-        from ..secagg import SecAggConfig
-
-        secagg_config = SecAggConfig(n_sites=n_sites)
+        secagg_config = secagg.SecAggConfig(n_sites=n_sites)
     return _CapeProtocol(algorithm, plan, secagg_config)
 
 

@@ -70,12 +70,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import analysis
+from ..build import check_reduction_fits
+from ..cleaning import STRATEGIES
 from ..config import ConfigError, RunConfig, SiteEntry
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
 from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
 from ..driver import RunOptions
+from ..io import BIDS_FILTERS
 from .party import (
     AggregatorContext,
     SiteContext,
@@ -166,8 +168,6 @@ def _coerce(name: str, typ: type, v: Any) -> Any:
 
 def _parse_confounds(text: str) -> str | list[str]:
     """"" (off), a nilearn strategy, or confound columns separated by commas or spaces."""
-    from ..cleaning import STRATEGIES
-
     words = [w for w in re.split(r"[\s,]+", text.strip()) if w]
     return text.strip() if len(words) <= 1 and (not words or words[0] in STRATEGIES) else words
 
@@ -197,8 +197,6 @@ def _format_options(d: dict[str, Any]) -> str:
 def _parse_bids(text: str) -> dict[str, str]:
     """BIDS filters written as in file names, e.g. "task-rest space-MNI152NLin2009cAsym res-2" ("ses" or
     "session" for the session)."""
-    from ..io import BIDS_FILTERS
-
     out = {}
     for word in (w for w in re.split(r"[\s,]+", text.strip()) if w):
         key, sep, label = word.partition("-")
@@ -400,7 +398,7 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     manifest = run_manifest(cfg, RUN_ID)
     grid = manifest["grid"]
     dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
-    analysis.check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
+    check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
     write_json(sd / "settings.json", first)
     write_json(sd / "limits.json", {"max_stalled_iterations": min(int(outs[c].get("max_stalled_iterations")
                                                                       or MAX_STALLED_ITERATIONS) for c in sites)})

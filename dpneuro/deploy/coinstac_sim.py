@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -165,7 +166,7 @@ class CoinstacService:
 
 async def _call(url: str, mode: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One request as COINSTAC's pipeline sends it (compspec v2) and the reply's ``data``."""
-    import websockets
+    import websockets  # deferred: an optional extra (coinstac)
 
     try:
         async with websockets.connect(url, open_timeout=timeout, close_timeout=5, max_size=2**30) as ws:
@@ -382,9 +383,7 @@ def _serve(entry: str, host: str, max_requests: int | None = None) -> None:
     that COINSTAC's Singularity service starts for one iteration and never
     calls again (connections closed before a request do not count).
     """
-    import runpy
-
-    import websockets
+    import websockets  # deferred: an optional extra (coinstac)
 
     real = websockets.serve
 

@@ -42,12 +42,14 @@ import os
 import secrets
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..config import DEFAULT_RUN_ID, ConfigError, RunConfig
-from ..exchange import DirectoryExchange
+from ..exchange import DirectoryExchange, PartyFailed
 from ..exchange.codec import check_name
+from ..exchange.directory import check_failure_notices, clear_failure_notice, write_failure_notice
 from ..driver import RunOptions
 from .party import (
     AggregatorContext,
@@ -121,8 +123,6 @@ def _create_key(path: Path) -> bytes:
 
 
 def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: str) -> None:
-    from ..exchange.directory import check_failure_notices
-
     deadline = None if timeout is None else time.monotonic() + timeout
     if not path.exists():  # a site started before its aggregator says what it waits for, once
         limit = "without a time limit" if timeout is None else f"for up to {timeout:g} s"
@@ -168,8 +168,6 @@ def _exchange_factory(folder: Path, cfg: RunConfig, key: bytes):
 
 def _with_run_id(cfg: RunConfig, run_id: str | None) -> tuple[RunConfig, str]:
     """``cfg`` with absolute paths and the run id (``run_id``, else the configuration's) it runs under."""
-    from dataclasses import replace
-
     cfg = cfg.resolved()
     if run_id is not None and run_id != cfg.run_id:
         cfg = replace(cfg, run_id=check_name("run id", run_id))
@@ -183,9 +181,6 @@ def _party_work(cfg: RunConfig, run_id: str, party: str) -> Path:
 
 def _reporting(folder: Path, party: str, run):
     """Run ``run()``; if it fails, leave a notice so that the other parties stop at once, naming ``party``."""
-    from ..exchange import PartyFailed
-    from ..exchange.directory import clear_failure_notice, write_failure_notice
-
     folder.mkdir(parents=True, exist_ok=True)
     clear_failure_notice(folder, party)  # a restarted party is alive again
     try:

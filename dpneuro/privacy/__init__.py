@@ -12,6 +12,7 @@ from .cape_delta import (
 )
 from .gaussian import (
     CALIBRATIONS,
+    GaussianBudget,
     epsilon_for_multiplier,
     noise_multiplier,
     gaussian_epsilon,
@@ -38,6 +39,7 @@ __all__ = [
     "default_rng",
     "delta_from_mu_z",
     "CALIBRATIONS",
+    "GaussianBudget",
     "epsilon_for_multiplier",
     "noise_multiplier",
     "gaussian",

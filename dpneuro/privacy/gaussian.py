@@ -11,23 +11,17 @@ Composition of Gaussians is exact in GDP: ``mu^2 = sum_i (Delta_i/sigma_i)^2``.
 This is the one place where a privacy target becomes noise:
 :func:`noise_multiplier` (eps, delta, number of releases, method -> std per
 unit sensitivity) and its inverse :func:`epsilon_for_multiplier`. Every
-algorithm, the configuration check and the budget planner call these two.
+algorithm, the configuration check and the budget planner call these two;
+an algorithm reports what it spends as a :class:`GaussianBudget`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
-
-
-def _brentq(f, lo: float, hi: float, **tol) -> float:
-    # scipy.optimize is imported on first use: it doubles the start-up time of a party's process, which
-    # COINSTAC may start afresh every iteration
-    from scipy import optimize
-
-    return float(optimize.brentq(f, lo, hi, **tol))
+from scipy import optimize, special
 
 
 def _log_ndtr(x: float) -> float:
@@ -61,7 +55,7 @@ def gdp_epsilon(delta: float, mu: float) -> float:
         lo, hi = hi, hi * 2
     log_d = math.log(delta)
     f = lambda e: math.log(max(gdp_delta(e, mu), 1e-300)) - log_d  # noqa: E731
-    return _brentq(f, lo, hi, xtol=1e-12, rtol=1e-12)
+    return float(optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -73,7 +67,7 @@ def gdp_mu(epsilon: float, delta: float) -> float:
     while gdp_delta(epsilon, hi) < delta:
         lo, hi = hi, hi * 2
     f = lambda m: math.log(max(gdp_delta(epsilon, m), 1e-300)) - log_d  # noqa: E731
-    return _brentq(f, lo, hi, xtol=1e-14, rtol=1e-13)
+    return float(optimize.brentq(f, lo, hi, xtol=1e-14, rtol=1e-13))
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0, method: str = "analytic") -> float:
@@ -132,6 +126,29 @@ def epsilon_for_multiplier(z: float, delta: float, releases: int = 1, method: st
     if method not in CALIBRATIONS:
         raise ValueError(f"unknown calibration {method!r}; use one of {CALIBRATIONS}")
     return gdp_epsilon(delta, math.sqrt(releases) / z)
+
+
+@dataclass(frozen=True)
+class GaussianBudget:
+    """What an algorithm spends, as a planner sees it: its (eps, delta) and how eps becomes its noise multiplier.
+
+    A planner that looks for the settings spending a target scales :attr:`noise_multiplier` and asks for the
+    eps that gives it (:meth:`epsilon_for`), as dp-accounting's ``calibrate_dp_mechanism`` searches a
+    mechanism's parameter.
+    """
+
+    epsilon: float | None
+    delta: float
+    calibration: str = "analytic"
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The multiplier of one Gaussian release at (eps, delta) (:func:`noise_multiplier`)."""
+        return noise_multiplier(self.epsilon, self.delta, method=self.calibration)
+
+    def epsilon_for(self, z: float) -> float:
+        """The eps whose :attr:`noise_multiplier` is ``z`` at this delta (:func:`epsilon_for_multiplier`)."""
+        return epsilon_for_multiplier(z, self.delta, method=self.calibration)
 
 
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:

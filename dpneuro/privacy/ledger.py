@@ -138,7 +138,7 @@ class PrivacyLedger:
         return self._dp_accounting(method).get_epsilon(delta)
 
     def _dp_accounting(self, method: str, collusion: bool = False):
-        import dp_accounting
+        import dp_accounting  # deferred: a large library; only this cross-check needs it
 
         if method == "rdp":
             acc = dp_accounting.rdp.RdpAccountant()

@@ -8,9 +8,21 @@ entropy (:func:`default_rng`); fixed seeds are for tests and simulations.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import numpy as np
 
 from .ledger import PrivacyLedger
+
+#: how a symmetric release's noise is shaped from draws on its unique entries (:mod:`dpneuro.cape.packing`)
+SYMMETRIC_NOISE = ("symmetrized", "mirrored")
+
+
+def check_symmetric_noise(how: str) -> str:
+    if how not in SYMMETRIC_NOISE:
+        raise ValueError(f"symmetric_noise must be one of {SYMMETRIC_NOISE}, got {how!r}")
+    return how
 
 
 def default_rng(seed: int | np.random.SeedSequence | None = None) -> np.random.Generator:
@@ -41,9 +53,6 @@ def resolve_random_state(random_state=None, *, seed=None, rng=None):
 
 def accepts_random_state(fn):
     """Let ``fn`` (which seeds with ``seed=``) take scikit-learn's ``random_state`` as well, resolved as above."""
-    import functools
-    import inspect
-
     @functools.wraps(fn)
     def wrapper(*args, random_state=None, **kwargs):
         if random_state is not None:
@@ -77,8 +86,6 @@ def gaussian(
     if not symmetric:
         ledger.draws += 1
         return (rng.standard_normal(shape) * std).astype(dtype, copy=False)
-    from ..cape.packing import check_symmetric_noise, multiplicity
-
     check_symmetric_noise(symmetric_noise)
     if len(shape) < 2 or shape[-1] != shape[-2]:
         raise ValueError(f"symmetric noise needs a square trailing shape, got {shape}")
@@ -87,8 +94,8 @@ def gaussian(
     iu = np.triu_indices(n)
     batch = shape[:-2]
     vals = rng.standard_normal(batch + (len(iu[0]),)) * std
-    if symmetric_noise == "symmetrized":
-        vals /= np.sqrt(multiplicity(n, 2))
+    if symmetric_noise == "symmetrized":  # an entry off the diagonal stands for 2 (dpneuro.cape.packing.multiplicity)
+        vals /= np.sqrt(np.where(iu[0] == iu[1], 1.0, 2.0))
     out = np.zeros(shape, dtype=np.float64)
     out[..., iu[0], iu[1]] = vals
     out[..., iu[1], iu[0]] = vals

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 
@@ -96,11 +95,6 @@ class SecAggConfig:
     def quantum(self) -> float:
         """Fixed-point resolution ``2**-frac_bits``."""
         return math.ldexp(1.0, -self.frac_bits)
-
-    @property
-    def max_abs_encoded(self) -> int:
-        """Largest integer magnitude an in-range value can encode to."""
-        return math.ceil(Fraction(self.value_range) * 2**self.frac_bits)
 
     def encode(self, x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Encode floats into the ring; see :func:`dpneuro.secagg.fixedpoint.encode`."""

@@ -21,8 +21,6 @@ from fractions import Fraction
 
 import numpy as np
 
-RING_BITS = 64
-
 
 def check_no_wrap(n_sites: int, value_range: float, frac_bits: int) -> None:
     """Refuse parameters for which a sum of ``n_sites`` encoded values could wrap.
