@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from .build import PDSVD_THREAT_MODEL, STATES_STEPS, epsilon_field, ica_algorithm, pca_algorithm, reduce_plan, \
-    stage_algorithms, states_algorithm
-from .cape import ReleaseSpec, planned_ledgers as cape_planned
+from .build import epsilon_field
+from .cape import ReleaseSpec
 from .cleaning import CleaningError, run_confounds
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, check_delta
 from .grid import features
 from .io import DataValidationError, _load_image, find_subjects
 from .privacy import PrivacyLedger, gdp_epsilon, gdp_mu
 from .privacy.summary import headline_lines, privacy_report, privacy_warnings
 from .rmt import detection_threshold, eigenvector_overlap, wigner_edge
+from .stages import RELEASES, release
 
 
 @dataclass(frozen=True)
@@ -81,58 +81,25 @@ def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int 
 
 
 #: the stages that release (``planned_ledgers(stages=...)``): a whole run, or the PCA alone
-RELEASING_STAGES = ("reduce", "unmix", "states")
+RELEASING_STAGES = tuple(r.name for r in RELEASES)
 
 
 def releases_in(cfg: RunConfig, stage: str) -> bool:
-    """Whether ``stage`` spends privacy in a run of ``cfg``.
-
-    Spatial ICA is post-processing of the basis; PD-SVD adds no noise (its
-    ledger says the run is not differentially private); brain states only when asked for.
-    """
-    if stage == "reduce":
-        return cfg.reduction != "pdsvd"
-    if stage == "unmix":
-        return cfg.ica == "temporal"
-    return stage == "states" and cfg.brain_states > 0
-
-
-def _reduce_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int) -> list[PrivacyLedger]:
-    if not releases_in(cfg, "reduce"):
-        leds = [PrivacyLedger(owner=f"site-{i}") for i in range(len(shapes))]
-        for led in leds:
-            led.mark_not_private(PDSVD_THREAT_MODEL)
-        return leds
-    pca = pca_algorithm(cfg, dim)
-    return cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
-                                                for i, s in enumerate(shapes)])
-
-
-def _states_ledgers(cfg: RunConfig, shapes: list[SiteShape]) -> list[PrivacyLedger]:
-    groups = {i: max(s.lengths) for i, s in enumerate(shapes)}
-    R = cfg.n_components
-    per_step = []
-    for step in STATES_STEPS:  # W's value does not change what is released, only its shape
-        alg = states_algorithm(cfg, step, groups, W=np.zeros((R, cfg.brain_states)))
-        per_step.append(cape_planned(alg, cfg.plan, [alg.public_state(i, s.lengths, R)
-                                                     for i, s in enumerate(shapes)]))
-    return [PrivacyLedger.merge_all(x) for x in zip(*per_step)]
+    """Whether ``stage`` spends privacy in a run of ``cfg`` (each stage of :data:`dpneuro.stages.RELEASES`
+    says so: spatial ICA is post-processing of the basis, PD-SVD adds no noise, brain states only when asked
+    for)."""
+    return release(stage).spends(cfg)
 
 
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
                     stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
-    """Every site's ledger of a run of ``cfg`` (its ``stages``) on sites of these shapes (no data needed)."""
-    red = _reduce_ledgers(cfg, shapes, dim)
-    unm = [None] * len(shapes)
-    if "unmix" in stages and releases_in(cfg, "unmix"):
-        ica = ica_algorithm(cfg)
-        unm = cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
-    sts = [None] * len(shapes)
-    if "states" in stages and releases_in(cfg, "states"):
-        sts = _states_ledgers(cfg, shapes)
+    """Every site's ledger of a run of ``cfg`` (its ``stages``; the reduction always) on sites of these shapes
+    (no data needed): each stage's own prediction (:attr:`dpneuro.stages.Release.planned`)."""
+    per_stage = [rel.planned(cfg, shapes, dim) for rel in RELEASES if rel.planned is not None
+                 and (rel.name == "reduce" or (rel.name in stages and rel.spends(cfg)))]
     out = {}
-    for s, a, b, c in zip(shapes, red, unm, sts):
-        led = PrivacyLedger.merge_all([x for x in (a, b, c) if x is not None])
+    for i, s in enumerate(shapes):
+        led = PrivacyLedger.merge_all([leds[i] for leds in per_stage if leds[i] is not None])
         led.owner = s.name
         out[s.name] = led
     return out
@@ -351,6 +318,7 @@ def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int,
           stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
     """What a run of ``cfg`` (its ``stages``) spends per site (refuses what the run refuses)."""
     cfg.validate(data_sites=())
+    check_delta(cfg.delta, min(len(s.lengths) for s in shapes))  # as the run does once it has counted
     leds = planned_ledgers(cfg, shapes, dim, stages)
     priv = privacy_report(leds, delta=cfg.delta, n_subjects={s.name: len(s.lengths) for s in shapes},
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
@@ -404,7 +372,7 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     mu_t = gdp_mu(target_epsilon, cfg.delta)
     base = spend(cfg, shapes, dim, stages)
     active = [st for st in RELEASING_STAGES if st in stages and releases_in(cfg, st)]
-    algorithms = {st: stage_algorithms(cfg, st, dim) for st in active}
+    algorithms = {st: release(st).algorithms(cfg, dim) for st in active}
     budgets = {st: algs[0].budget for st, algs in algorithms.items()}  # a stage's algorithms share one setting
     names = {st: {n for alg in algs for n in alg.ledger_stages} for st, algs in algorithms.items()}
     stage_mu = [s["by_stage_mu"] for s in base.privacy["sites"].values()]

@@ -6,8 +6,9 @@ refusals of what cannot fit. The roles that run them (:mod:`dpneuro.analysis`)
 and the planner that predicts what they spend (:mod:`dpneuro.budget`) both
 build them here. Each algorithm reports what it spends
 (``budget``: a :class:`~dpneuro.privacy.GaussianBudget`) and the ledger's
-names of its releases (``ledger_stages``); :func:`stage_algorithms` and
-:func:`epsilon_field` say which algorithms and which setting a releasing stage has.
+names of its releases (``ledger_stages``); each stage of
+:data:`dpneuro.stages.RELEASES` lists its algorithms, and :func:`epsilon_field`
+says which setting a releasing stage's budget is.
 """
 
 from __future__ import annotations
@@ -187,15 +188,3 @@ def epsilon_field(cfg: RunConfig, stage: str) -> str:
     if stage == "unmix":
         return "cumulant_epsilon" if cfg.cumulant_unmixing else "ica_epsilon_i"
     return {"reduce": "pca_epsilon", "states": "states_epsilon"}[stage]
-
-
-def stage_algorithms(cfg: RunConfig, stage: str, dim: int) -> list:
-    """The algorithms of releasing ``stage`` ("reduce", "unmix" or "states") on ``dim`` features; they share one
-    setting (:func:`epsilon_field`), so one ``budget``."""
-    if stage == "reduce":
-        return [pca_algorithm(cfg, dim)]
-    if stage == "unmix":
-        return [ica_algorithm(cfg)]
-    # W's value does not change what is released, only its shape
-    W = np.zeros((cfg.n_components, cfg.brain_states))
-    return [states_algorithm(cfg, step, {}, W=W) for step in STATES_STEPS]

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Protocol as TypingProtocol
 
 from threadpoolctl import threadpool_limits
-from tqdm.auto import tqdm
 
 from .exchange import DirectoryCheckpoint, InProcessExchange
 from .exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
+from .progressbar import progress_bar
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None
@@ -233,7 +233,7 @@ def run_aggregator(
         if record.get("done"):
             return state
 
-    bar = tqdm(total=protocol.max_rounds, initial=rnd, disable=not opts.progress,
+    bar = progress_bar(total=protocol.max_rounds, initial=rnd, enabled=opts.progress,
                desc=opts.description or protocol.name, unit="round", leave=False)
     try:
         while rnd < protocol.max_rounds:

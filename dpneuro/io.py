@@ -34,10 +34,10 @@ from typing import Iterator
 
 import nibabel as nib
 import numpy as np
-from tqdm.auto import tqdm
 
 from .bids import NIFTI_SUFFIXES, VERSION_KEYS, bids_entities, confounds_name, split_name
 from .cleaning import CleaningError, clean_block, run_confounds
+from .progressbar import progress_bar
 
 __all__ = [
     "DataValidationError",
@@ -1473,8 +1473,8 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
                 as vox:
             a = 0
             # the blocks first: zip then runs a decoder to its end (which cleans up after itself)
-            for block, pl in zip(tqdm(blocks, total=len(plans), desc="load", unit="run", disable=not progress),
-                                 plans):
+            bar = progress_bar(blocks, total=len(plans), desc="load", unit="run", enabled=progress)
+            for block, pl in zip(bar, plans):
                 if vox is not None:
                     vox.write(block)
                     block = parcels.reduce(block)

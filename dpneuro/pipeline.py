@@ -17,17 +17,38 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import shutil
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import nibabel as nib
 import numpy as np
 
 from . import stages
+from .algorithms.djica import usable_eigenvalues
+from .analysis import describe_unmixing
+from .budget import RELEASING_STAGES, apply_target
+from .build import check_reduction_fits
 from .config import RunConfig, check_delta, stage_fields
-from .io import describe_site_inputs, private_dir, site_data_summary, write_json
+from .driver import RunOptions
+from .grid import feature_labels
+from .io import (describe_site_inputs, load_mask, load_site, load_space, mask_to_image, private_dir,
+                 site_data_summary, write_json)
+from .maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
+from .metrics import match_components, md_index, qngi
+from .outputs import consortium_privacy, headline as consortium_headline, states_section, write_consortium_outputs, \
+    write_site_outputs
+from .parcellation import space_parcels
+from .privacy import PrivacyLedger
+from .report import write_report
+from .site_maps import consortium_section, made
+from .synth import load_manifest
 from .timings import label, timed
+
 
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
@@ -46,8 +67,6 @@ def _write_json(path: Path, obj: Any) -> str:
 
 def _progress() -> bool:
     """Progress bars on (see :func:`progress`; Pydra runs stages in-process, so they read the environment)."""
-    import os
-
     return os.environ.get("DPNEURO_PROGRESS", "") == "1"
 
 
@@ -55,8 +74,6 @@ def _progress() -> bool:
 def progress(enabled: bool):
     """Progress bars on or off for the stages run inside; restored afterwards, so that one call's setting
     never leaks into the next (a notebook, the test suite)."""
-    import os
-
     before = os.environ.get("DPNEURO_PROGRESS")
     os.environ["DPNEURO_PROGRESS"] = "1" if enabled else "0"
     try:
@@ -69,8 +86,6 @@ def progress(enabled: bool):
 
 
 def _options(desc: str):
-    from .driver import RunOptions
-
     return RunOptions(progress=_progress(), description=desc)
 
 
@@ -87,27 +102,8 @@ def stage_key(cfg: RunConfig, stage: str) -> str:
     return cfg.digest(*fields)
 
 
-def feature_labels(cfg: RunConfig, mask: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """The run's features on its grid and how voxels become them: a label atlas's regions (labels,
-    "orthonormal"), a probabilistic atlas's maps (an orthonormal basis of their span, "basis"), coordinate parcels
-    (labels, "mean"), or voxels (None)."""
-    from .atlases import atlas_image
-    from .parcellation import atlas_basis, atlas_labels, coordinate_parcels, is_probabilistic
-
-    if cfg.atlas:
-        atlas = atlas_image(cfg.atlas, mask, affine)
-        if is_probabilistic(atlas):
-            return atlas_basis(atlas, mask, affine), "basis"
-        return atlas_labels(atlas, mask, affine)[0], "orthonormal"
-    if cfg.parcels:
-        return coordinate_parcels(mask, cfg.parcels, seed=0), "mean"
-    return None, ""
-
-
 def stage_space(cfg_json: str, cache_key: str = "") -> str:
     """The mask (given, or the template's) and the optional data-independent parcellation or atlas."""
-    from .io import load_mask, mask_to_image
-
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     d = _stage_dir(cfg, "space", cfg.mask, cfg.space, cfg.parcels, cfg.atlas)
     out = d / "space.json"
@@ -116,10 +112,7 @@ def stage_space(cfg_json: str, cache_key: str = "") -> str:
     if cfg.mask:
         mask_path = cfg.mask
     else:
-        from .io import load_space
-
         m, aff = load_space(cfg.space)
-        import nibabel as nib
 
         mask_path = str(d / "mask.nii.gz")
         nib.Nifti1Image(m.astype(np.uint8), aff).to_filename(mask_path)
@@ -149,10 +142,6 @@ def stage_space(cfg_json: str, cache_key: str = "") -> str:
 
 def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = "") -> str:
     """One site's subjects: validated, masked, standardised, (parcel-averaged) into a D x N .npy."""
-    from .io import load_site
-    from .site_maps import made
-    from .parcellation import space_parcels
-
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     site = next(s for s in cfg.sites if s.name == site_name)
     space = _read_json(space_json)
@@ -167,6 +156,7 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = 
     parcels = space_parcels(space)
     decoder = None
     if cfg.cluster:  # the site's own cluster decodes its subjects (same matrix as the threads here)
+        # deferred: it loads Pydra and its Dask/SLURM workers, and the workflows package imports this module
         from .workflows.cluster import cluster_decoder
 
         decoder = cluster_decoder(cfg.cluster, space_json=space_json, standardize=cfg.standardize, work=d / "cluster")
@@ -203,8 +193,6 @@ def _sites(site_jsons: list[str]) -> list[dict]:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for pkg in ("dpneuro", "numpy", "scipy", "nibabel", "nilearn", "pydra", "dp-accounting", "cryptography"):
         try:
@@ -294,14 +282,11 @@ def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
     to ``until`` reaches. Returns the configuration to run and the budget plan
     (None unless ``cfg.epsilon`` is set).
     """
-    from .budget import RELEASING_STAGES, apply_target
-
     order = run_order()
     if until not in order:
         raise ValueError(f"until must be one of {order}, got {until!r}")
     reached = tuple(s for s in RELEASING_STAGES if order.index(s) <= order.index(until))
     cfg = cfg.resolved().validate()
-    from .analysis import check_reduction_fits
 
     check_reduction_fits(cfg)
     return apply_target(cfg, stages=reached)
@@ -348,7 +333,6 @@ def run_stages(cfg: RunConfig, *, until: str = "report") -> dict[str, Any]:
 def _truth(cfg: RunConfig) -> dict | None:
     if not cfg.truth:
         return None
-    from .synth import load_manifest
 
     return load_manifest(cfg.truth)
 
@@ -357,7 +341,6 @@ def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict
     """Matched correlation of the states' voxel patterns with the generator's (synthetic data only)."""
     if truth is None or not truth["truth"].get("state_patterns"):
         return None
-    from .metrics import match_components
 
     true = np.load(truth["truth"]["state_patterns"]).astype(np.float64).T  # voxels x K
     if true.shape != patterns.shape:
@@ -369,8 +352,6 @@ def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict
 
 def _site_ledgers(sites: list[dict], chain: dict[str, str]) -> dict[str, Any]:
     """Every site's ledger over the releasing stages in ``chain``."""
-    from .privacy import PrivacyLedger
-
     records = [_read_json(p) for name, p in chain.items() if name != "space"]
     return {s["site"]: PrivacyLedger.merge_all([PrivacyLedger.from_dict(r["ledgers"][s["site"]]) for r in records
                                                 if r["ledgers"].get(s["site"])]) for s in sites}
@@ -378,8 +359,6 @@ def _site_ledgers(sites: list[dict], chain: dict[str, str]) -> dict[str, Any]:
 
 def run_privacy(cfg: RunConfig, sites: list[dict], chain: dict[str, str]) -> dict:
     """privacy.json of a simulated run up to the last stage of ``chain``: every site's releases composed."""
-    from .outputs import consortium_privacy
-
     return consortium_privacy(cfg, _site_ledgers(sites, chain), {s["site"]: s["n_subjects"] for s in sites})
 
 
@@ -387,11 +366,6 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
     """The consortium's outputs (:func:`dpneuro.outputs.write_consortium_outputs`) and every site's own
     (:func:`~dpneuro.outputs.write_site_outputs`, as each site does on its own machine), agreement with a
     synthetic truth. ``last_json`` is the last releasing stage's record (its chain names the others)."""
-    from .algorithms.djica import usable_eigenvalues
-    from .metrics import match_components, md_index, qngi
-    from .outputs import write_consortium_outputs, write_site_outputs
-    from .parcellation import space_parcels
-
     cfg, sites, d = _open_stage(cfg_json, site_jsons, "maps", last_json)
     out = d / "maps.json"
     if out.exists():
@@ -471,15 +445,6 @@ def run_timings(cfg: RunConfig, sites: list[dict], chain: dict[str, str], maps: 
 
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key: str = "") -> str:
     """report.html (self-contained) plus the final outputs copied to the run's folder ``<out>/<run_id>``."""
-    import shutil
-
-    from .analysis import describe_unmixing
-    from .maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
-    from .outputs import headline as consortium_headline
-    from .outputs import states_section
-    from .report import write_report
-    from .site_maps import consortium_section
-
     t0 = time.perf_counter()
     cfg = RunConfig.from_dict(_read_json(cfg_json))
     sites = _sites(site_jsons)

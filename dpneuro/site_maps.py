@@ -36,7 +36,6 @@ import functools
 from collections.abc import Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from .algorithms.pca import subspace_factor
 from .algorithms.spatial_ica import guided_ica
@@ -44,6 +43,7 @@ from .analysis import unit_columns
 from .config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
 from .io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers, voxel_decoder
 from .maps import write_components, zscore_columns
+from .progressbar import progress_bar
 
 __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
            "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
@@ -191,8 +191,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
     subspace = SiteSubspace(SUBSPACE_FACTOR * R) if method == "guided_ica" else None
     pending: list[np.ndarray] = []
     try:
-        for k, block in enumerate(tqdm(blocks, total=len(files), desc="voxel maps", unit="run",
-                                       disable=not progress)):
+        for k, block in enumerate(progress_bar(blocks, total=len(files), desc="voxel maps", unit="run",
+                                               enabled=progress)):
             pending.append(block)
             i = owner[k]
             if k + 1 < len(files) and owner[k + 1] == i:

@@ -25,8 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from . import analysis
 from .algorithms.pca import as_source, check_sources
+from .build import PDSVD_THREAT_MODEL, STATES_STEPS, ica_algorithm, pca_algorithm, reduce_plan, states_algorithm
+from .cape import planned_ledgers as cape_planned
 from .config import RunConfig
 from .driver import RunOptions, run_parties
 from .exchange.inprocess import InProcessExchange
@@ -68,6 +72,17 @@ class Release:
     check : callable or None
         ``check(cfg, inputs, lengths)``: a simulation's test of every site's
         input before anything is released.
+    spends : callable
+        ``spends(cfg)``: whether the stage adds privacy noise in this
+        configuration (the planner splits a total epsilon over those that do).
+    algorithms : callable or None
+        ``algorithms(cfg, dim)``: the stage's algorithms, which report the
+        budget setting they are calibrated from (``.budget``) and the ledger
+        names of their releases (``.ledger_stages``).
+    planned : callable or None
+        ``planned(cfg, shapes, dim)``: each site's ledger of the stage on sites
+        of these shapes (``.lengths``, ``.n_samples``), without data: what the
+        planner predicts and the run then records.
     """
 
     name: str
@@ -77,6 +92,9 @@ class Release:
     aggregator: Callable[..., dict[str, Any]]
     to_sites: tuple[str, ...] = ()
     check: Callable[[RunConfig, Sequence[Any], Sequence[Sequence[int]]], None] | None = None
+    spends: Callable[[RunConfig], bool] = lambda cfg: False
+    algorithms: Callable[[RunConfig, int], list] | None = None
+    planned: Callable[[RunConfig, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
 
     def active(self, cfg: RunConfig) -> bool:
         return bool(self.steps(cfg))
@@ -88,6 +106,17 @@ def _reduce_check(cfg, inputs, lengths):
     """Finite values, one D, k <= min(D, N) over every site: a simulation refuses before any site releases."""
     check_sources([as_source(X, [int(n) for n in ln]).validate(f"site {s}")
                    for s, (X, ln) in enumerate(zip(inputs, lengths, strict=True))], cfg.n_components)
+
+
+def _reduce_planned(cfg, shapes, dim):
+    if cfg.reduction == "pdsvd":  # secure sums, no noise: every ledger says so
+        leds = [PrivacyLedger(owner=f"site-{i}") for i in range(len(shapes))]
+        for led in leds:
+            led.mark_not_private(PDSVD_THREAT_MODEL)
+        return leds
+    pca = pca_algorithm(cfg, dim)
+    return cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
+                                                for i, s in enumerate(shapes)])
 
 
 def _reduce_site(cfg, step, site, X, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
@@ -107,6 +136,11 @@ def _unmix_input(cfg, X, public):
     return analysis.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
 
 
+def _unmix_planned(cfg, shapes, dim):
+    ica = ica_algorithm(cfg)
+    return cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+
+
 def _unmix_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
     return {"ledger": analysis.unmix_site(cfg, site, Z, lengths, exchange, n_sites=n_sites, checkpoint=checkpoint,
                                           timeout=timeout)}
@@ -121,11 +155,24 @@ def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, ch
 # -- states: capeAGN brain states ------------------------------------------------------------------
 
 def _states_steps(cfg: RunConfig) -> tuple[str, ...]:
-    return analysis.STATES_STEPS if cfg.brain_states else ()
+    return STATES_STEPS if cfg.brain_states else ()
 
 
 def _states_input(cfg, X, public):
     return analysis.site_whiten(X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+
+
+def _states_algorithms(cfg, dim, groups=None):
+    # W's value does not change what is released, only its shape
+    W = np.zeros((cfg.n_components, cfg.brain_states))
+    return [states_algorithm(cfg, step, groups or {}, W=W) for step in STATES_STEPS]
+
+
+def _states_planned(cfg, shapes, dim):
+    algs = _states_algorithms(cfg, dim, {i: max(s.lengths) for i, s in enumerate(shapes)})
+    per_step = [cape_planned(alg, cfg.plan, [alg.public_state(i, s.lengths, cfg.n_components)
+                                             for i, s in enumerate(shapes)]) for alg in algs]
+    return [PrivacyLedger.merge_all(x) for x in zip(*per_step)]
 
 
 def _states_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
@@ -141,9 +188,14 @@ def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, c
 #: the run's releasing stages, in run order
 RELEASES: tuple[Release, ...] = (
     Release("reduce", lambda cfg: ("reduce",), lambda cfg, X, public: X, _reduce_site, _reduce_aggregator,
-            check=_reduce_check),
-    Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b")),
-    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",)),
+            check=_reduce_check, spends=lambda cfg: cfg.reduction != "pdsvd",
+            algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
+    # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
+    Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
+            spends=lambda cfg: cfg.ica == "temporal", algorithms=lambda cfg, dim: [ica_algorithm(cfg)],
+            planned=_unmix_planned),
+    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",),
+            spends=lambda cfg: cfg.brain_states > 0, algorithms=_states_algorithms, planned=_states_planned),
 )
 
 

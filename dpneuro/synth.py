@@ -201,10 +201,10 @@ from nibabel.arraywriters import get_slope_inter, make_array_writer
 from scipy.fft import next_fast_len
 from scipy.ndimage import gaussian_filter
 from scipy.spatial import cKDTree
-from tqdm.auto import tqdm
 
 from .algorithms.djica import whiten
 from .io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
+from .progressbar import progress_bar
 
 __all__ = [
     "make_consortium", "load_manifest", "garch_sources", "state_centroids", "state_sequence",
@@ -1131,7 +1131,7 @@ def _write_subjects(writer: _SubjectWriter, jobs: list[_SubjectJob], workers: in
     if isinstance(writer.model, NetworkModel):
         for T in sorted({job.timepoints for job in jobs}):  # fill the filter cache before threads share it
             writer.model._spectra(T, writer.tr)
-    with tqdm(total=len(jobs), desc="synth", unit="subject", disable=not progress) as bar:
+    with progress_bar(total=len(jobs), desc="synth", unit="subject", enabled=progress) as bar:
         if workers <= 1:
             for job in jobs:
                 writer(job)

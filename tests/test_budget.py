@@ -358,7 +358,8 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
     """The planner finds a target through what a stage's algorithms report: the setting's eps, delta and
     calibration, and the ledger's names of their releases; every release a run records belongs to one stage."""
     from dpneuro.budget import SiteShape, releases_in
-    from dpneuro.build import epsilon_field, stage_algorithms
+    from dpneuro.build import epsilon_field
+    from dpneuro.stages import release
     from dpneuro.config import RunConfig
 
     kw, fields = STAGE_CASES[case]
@@ -370,7 +371,7 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
     assert {st: epsilon_field(cfg, st) for st in active} == fields
     named = {}
     for st in active:
-        algs = stage_algorithms(cfg, st, 100)
+        algs = release(st).algorithms(cfg, 100)
         assert len({a.budget for a in algs}) == 1  # one setting per stage
         b = algs[0].budget
         delta = cfg.ica_delta_i if fields[st] == "ica_epsilon_i" else cfg.pca_delta

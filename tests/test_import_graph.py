@@ -28,6 +28,8 @@ DEFERRED = {
     "scipy.stats": "the synthetic HRF and PD-SVD's measured leak only; about 0.3 s to load",
     "websockets": "COINSTAC's simulator only; an optional extra (coinstac, test)",
     "dp_accounting": "the RDP cross-check of a ledger only; a large accounting library",
+    "dpneuro.workflows.cluster": "a site's own cluster only: it loads Pydra and its Dask/SLURM workers, and the "
+                                 "workflows package it belongs to imports dpneuro.pipeline (a cycle if loaded there)",
 }
 
 #: files another change converts to module-level imports: rule (b) skips them until then
@@ -35,11 +37,6 @@ PENDING = {
     "dpneuro/config.py",
     "dpneuro/cli.py",
     "dpneuro/estimators.py",
-    "dpneuro/pipeline.py",
-    "dpneuro/deploy/party.py",
-    "workflows/__init__.py",
-    "workflows/cluster.py",
-    "workflows/consortium.py",
 }
 
 

@@ -12,6 +12,7 @@ matrix and deletes them. The matrix is the one the threads of
 the cluster is the site's own.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -25,7 +26,8 @@ import numpy as np  # noqa: E402
 import pydra  # noqa: E402
 
 from dpneuro.config import SUBJECTS_PER_TASK  # noqa: E402
-from dpneuro.io import DataValidationError  # noqa: E402
+from dpneuro.io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers  # noqa: E402
+from dpneuro.parcellation import space_parcels  # noqa: E402
 
 __all__ = ["cluster_decoder", "decode_batch"]
 
@@ -33,11 +35,6 @@ __all__ = ["cluster_decoder", "decode_batch"]
 def decode_batch(runs: list[str], batch: int, space_json: str, standardize: bool, detrend: bool,
                  out_dir: str) -> str:
     """Decode ``runs`` (threads on this node) into ``out_dir``; JSON: the blocks' files, or the data error."""
-    import functools
-
-    from dpneuro.io import decode_run, load_mask, ordered_map, resolve_workers
-    from dpneuro.parcellation import space_parcels
-
     space = json.loads(Path(space_json).read_text())
     mask, _ = load_mask(space["mask"])
     decode = functools.partial(decode_run, mask=mask, standardize=standardize, detrend=detrend,

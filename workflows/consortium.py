@@ -10,6 +10,7 @@ budget re-runs only the stages downstream of it.
 
 import os
 import shutil
+import traceback
 import typing as ty
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pydra  # noqa: E402
 
 from dpneuro import pipeline, stages  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
+from dpneuro.io import resolve_workers  # noqa: E402
 
 
 #: a stage's error travels through the remaining tasks as this prefix and its message (see :func:`_guard`)
@@ -40,8 +42,6 @@ def _guard(stage, cfg_json: str, *args):
     try:
         return stage(cfg_json, *args)
     except Exception as exc:  # noqa: BLE001 - carried to run_workflow, which raises it
-        import traceback
-
         crash = Path(cfg_json).parent / f"error-{stage.__name__}.txt"
         crash.write_text(traceback.format_exc())
         return f"{ERROR}{' '.join(str(exc).split()) or type(exc).__name__} (traceback: {crash})"
@@ -126,8 +126,6 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
         cfg, _ = pipeline.prepare(cfg)
     wf = build_workflow(cfg, cache_dir)
     if plugin == "cf":
-        from dpneuro.io import resolve_workers
-
         plugin_args.setdefault("n_procs", resolve_workers())  # the sites load in parallel, one per core
     try:
         with pydra.Submitter(plugin=plugin, **plugin_args) as sub:

@@ -37,14 +37,23 @@ from typing import Any
 
 import numpy as np
 
+from .. import analysis
+from ..atlases import atlas_image
+from ..build import check_reduction_fits
 from ..config import ConfigError, RunConfig, check_delta, consortium_fields
+from ..driver import RunOptions
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
 from ..exchange.inprocess import DEFAULT_MAX_BYTES
 from ..io import private_dir, write_json
-from ..privacy import PrivacyLedger
-from ..driver import RunOptions
-from .. import analysis
+from ..maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
+from ..outputs import headline as consortium_headline
+from ..outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs, write_states
+from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
+from ..pipeline import stage_load, stage_space
+from ..privacy import PrivacyLedger, privacy_report
+from ..report import report_headline, write_report
+from ..site_maps import consortium_section, site_note
 from ..stages import Release, active_releases, from_reply, sites_reply
 from ..timings import label
 
@@ -83,8 +92,6 @@ def grid_fingerprint(cfg: RunConfig) -> dict[str, Any]:
     mask = np.asarray(mask, bool)
     atlas = ""
     if cfg.atlas:  # each party holds its own copy of the atlas: its regions or maps on the grid must agree
-        from ..atlases import atlas_image
-        from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
 
         img = atlas_image(cfg.atlas, mask, affine)  # a name: what it resolves to here (the atlas's version)
         on_grid = (np.round(atlas_maps(img, mask, affine), 6) if is_probabilistic(img)
@@ -245,8 +252,6 @@ def _pipeline_config(cfg: RunConfig, work: Path) -> str:
 
 
 def _space(cfg: RunConfig, work: Path) -> tuple[str, dict]:
-    from ..pipeline import stage_space
-
     space_json = stage_space(_pipeline_config(cfg, work))
     return space_json, json.loads(Path(space_json).read_text())
 
@@ -308,11 +313,9 @@ class SiteContext:
 
 def load_site_data(ctx: SiteContext) -> dict[str, Any]:
     """Validate and load this site's subjects (once); the loader's JSON record plus ``"space"``."""
-    from ..pipeline import stage_load
-
     private_dir(ctx.work)  # the site's un-noised data: its owner only
     space_json, space = _space(ctx.cfg, ctx.work)
-    analysis.check_reduction_fits(ctx.cfg, _dim(space), ctx.message_limit)
+    check_reduction_fits(ctx.cfg, _dim(space), ctx.message_limit)
     info = json.loads(Path(stage_load(_pipeline_config(ctx.cfg, ctx.work), ctx.site, space_json)).read_text())
     info["space"] = space
     return info
@@ -385,8 +388,6 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 
 def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict, ledger: PrivacyLedger,
                         clock: _Clock) -> dict:
-    from ..outputs import write_maps, write_site_outputs, write_states
-
     cfg, out = ctx.cfg, ctx.out
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
                              states_input=inputs.get("states"), timer=clock.timed)
@@ -421,11 +422,6 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
 
     It stays at the site (it shows the site's un-noised time courses and maps).
     """
-    from ..maps import render_components, render_site_maps, site_timecourse_figure
-    from ..privacy import privacy_report
-    from ..report import report_headline, write_report
-    from ..site_maps import site_note
-
     t0 = time.perf_counter()
     cfg, out = ctx.cfg, ctx.out
     figs = out / "figures"
@@ -517,12 +513,6 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict, declared: dict,
                               clock: _Clock) -> dict[str, Any]:
-    from ..maps import convergence_figure, render_components
-    from ..outputs import headline as consortium_headline
-    from ..outputs import states_section, write_consortium_outputs
-    from ..report import write_report
-    from ..site_maps import consortium_section
-
     cfg, out = ctx.cfg, ctx.out
     t0 = time.perf_counter()
     names = [s.name for s in cfg.sites]
