@@ -178,6 +178,9 @@ VARIANCE_FLOOR = 0.2
 NEIGHBOURS = ("replace", "add-remove")
 _NORM_TOL = 1e-6  # relative slack when checking ||x|| <= 1 on already-scaled data
 
+#: what D and N are in a refusal of too many components (users meet them as parcels and time points)
+_DN = "D is the number of features (parcels, atlas regions or voxels), N the time points of all sites"
+
 
 # -- linear algebra helpers ------------------------------------------------------------------
 
@@ -891,7 +894,8 @@ class CapePCA:
         D = self._public_dim(state)
         weights = np.asarray(state.get("cape", {}).get("weights", []), dtype=float)
         if weights.size and self.k > min(D, weights.sum()):
-            raise ValueError(f"k = {self.k} exceeds min(D, N) = {min(D, int(weights.sum()))}")
+            raise ValueError(f"k = {self.k} components exceeds min(D, N) = min({D}, {int(weights.sum())}): "
+                             f"{_DN}; ask for at most {min(D, int(weights.sum()))}")
         if self.mode == "covariance":
             return Payload()
         # V_0: random and data-independent, so it costs no privacy
@@ -1067,7 +1071,8 @@ def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
         raise ValueError(f"all sites must have the same number of features D; got {dims}")
     n_total = sum(src.n_samples for src in srcs)
     if k > min(dims[0], n_total):
-        raise ValueError(f"k = {k} exceeds min(D, N) = min({dims[0]}, {n_total})")
+        raise ValueError(f"k = {k} components exceeds min(D, N) = min({dims[0]}, {n_total}): {_DN}; ask for at "
+                         f"most {min(dims[0], n_total)}")
     return srcs
 
 
