@@ -79,7 +79,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
-from dpneuro.analysis import unmix_inprocess  # noqa: E402
+from dpneuro.stages import unmix_inprocess  # noqa: E402
 from dpneuro.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

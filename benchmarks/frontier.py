@@ -14,7 +14,7 @@ parcel-level result can exceed it.
 
 Per cell (subjects per site x total eps x ICA model x parcels x subject bound
 x noise seed) the run's own stage functions run in memory
-(``dpneuro.analysis.reduce_inprocess`` and ``unmix_inprocess``, the functions
+(``dpneuro.stages.reduce_inprocess`` and ``unmix_inprocess``, the functions
 the pipeline and the deployed parties call), with the budget planner choosing
 the per-stage settings for the total eps (headline sense: against the
 aggregator and its colluders, every stage, delta 1e-5). The maps (painted back
@@ -111,7 +111,7 @@ def run_maps(cfg, X_sites, lengths, parcels=None, *, spatial_options=None, with_
     ICA, post-processing of the same release); ``with_release``: also return the reduction's result.
     """
     from dpneuro.algorithms.djica import spatial_maps
-    from dpneuro.analysis import reduce_inprocess, unmix_inprocess
+    from dpneuro.stages import reduce_inprocess, unmix_inprocess
 
     red = reduce_inprocess(cfg, X_sites, lengths)
     if spatial_options is not None and cfg.ica == "spatial":

@@ -33,7 +33,7 @@ import numpy as np
 
 from .algorithms.agn import finish_moments
 from .algorithms.djica import reported_unmixing, whitening_matrix
-from .algorithms.pca import as_source, check_sources
+from .algorithms.pca import SiteSource, as_source
 from .algorithms.spatial_ica import spatial_ica
 from .build import (  # noqa: F401 - check_reduction_fits, pca_mode: callers not yet moved to .build read them here
     STATES_STEPS,
@@ -49,7 +49,7 @@ from .build import (  # noqa: F401 - check_reduction_fits, pca_mode: callers not
 )
 from .cape import cape_protocol
 from .config import RunConfig
-from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site, simulate
+from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
 from .exchange.base import Exchange, Payload
 from .io import column_blocks, scale_columns, site_matrix
 from .privacy import PrivacyLedger
@@ -61,19 +61,17 @@ __all__ = [
     "SummaryProtocol",
     "UnmixResult",
     "reduce_aggregator",
-    "reduce_inprocess",
     "reduce_protocol",
+    "pca_source",
     "reduce_site",
     "site_whiten",
     "state_occupancy",
     "states_aggregator",
-    "states_inprocess",
     "states_site",
     "summary_aggregator",
     "summary_site",
     "describe_unmixing",
     "unmix_aggregator",
-    "unmix_inprocess",
     "unmix_protocol",
     "unmix_site",
     "unit_columns",
@@ -104,8 +102,9 @@ def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
     return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
 
 
-def _pca_source(X, lengths: Sequence[int]):
-    return as_source(X, [int(n) for n in lengths])
+def pca_source(X, lengths: Sequence[int]):
+    """A site's data for capePCA; a source the caller validated already is used as it is (read once)."""
+    return X if isinstance(X, SiteSource) else as_source(X, [int(n) for n in lengths])
 
 
 @dataclass
@@ -126,7 +125,7 @@ def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: 
     Returns the public basis and eigenvalues (the aggregator's final
     broadcast) and this site's ledger (``ledgers[0]``).
     """
-    st = run_site(reduce_protocol(cfg, n_sites, dim), site, _pca_source(X, lengths), exchange,
+    st = run_site(reduce_protocol(cfg, n_sites, dim), site, pca_source(X, lengths), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     final = st["final"]
     return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
@@ -137,21 +136,6 @@ def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: 
     """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
     st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
     return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]), rounds=int(st.get("rounds", 0)))
-
-
-def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
-                     options: RunOptions | None = None) -> ReduceResult:
-    """capePCA with every party in this process (the simulation path of :mod:`dpneuro.pipeline`).
-
-    Every site's data are validated (finite values, common D, k <= min(D, N))
-    before anything is released.
-    """
-    srcs = [_pca_source(X, n).validate(f"site {s}") for s, (X, n) in enumerate(zip(X_sites, lengths, strict=True))]
-    check_sources(srcs, cfg.n_components)
-    sim = simulate(reduce_protocol(cfg, len(srcs), srcs[0].dim), srcs, options=options)
-    agg = sim.aggregator
-    return ReduceResult(np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"]),
-                        [s["ledger"] if s is not None else None for s in sim.sites], int(agg.get("rounds", 0)))
 
 
 # -- unmix: spatial ICA, or capeDJICA / the cumulant ICA --------------------------------
@@ -257,24 +241,6 @@ def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkp
     return _unmix_result(st, [])
 
 
-def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], basis, eigenvalues,
-                    *, options: RunOptions | None = None) -> UnmixResult:
-    """The temporal unmixing with every party in this process; each site whitens its data with the public basis.
-
-    Every site's whitened data are validated before anything is released.
-    With spatial ICA no site takes part: the maps come from the released basis alone.
-    """
-    if cfg.ica == "spatial":
-        return _spatial_result(basis, eigenvalues, [PrivacyLedger() for _ in X_sites])
-    site_data = [(unmixing_input(cfg, X, basis, eigenvalues), [int(n) for n in ln])
-                 for X, ln in zip(X_sites, lengths, strict=True)]
-    alg = ica_algorithm(cfg)
-    for s, data in enumerate(site_data):
-        alg.site_init(s, data)
-    sim = simulate(cape_protocol(alg, cfg.plan, n_sites=len(site_data)), site_data, options=options)
-    return _unmix_result(sim.aggregator, [s["ledger"] if s is not None else None for s in sim.sites])
-
-
 # -- states: capeAGN brain states ---------------------------------------------------------
 
 def states_protocol(cfg: RunConfig, step: str, groups, n_sites: int, *, W=None, sigma2=None):
@@ -334,20 +300,6 @@ def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites:
         return {"W": W, "sigma2": s2}
     C, w = states_finish(cfg, st["m3w"], W)
     return {"centroids": C, "weights": w}
-
-
-def states_inprocess(cfg: RunConfig, Z_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
-                     options: RunOptions | None = None) -> StatesResult:
-    """Both brain-states releases with every party in this process, on the sites' whitened data."""
-    groups = {s: max(int(n) for n in ln) for s, ln in enumerate(lengths)}
-    data = [np.asarray(Z) for Z in Z_sites]
-    sim2 = simulate(states_protocol(cfg, STATES_STEPS[0], groups, len(data)), data, options=options)
-    W, s2 = _moments_broadcast(sim2.aggregator)
-    sim3 = simulate(states_protocol(cfg, STATES_STEPS[1], groups, len(data), W=W, sigma2=s2), data,
-                    options=options)
-    C, w = states_finish(cfg, sim3.aggregator["m3w"], W)
-    leds = [PrivacyLedger.merge_all([a["ledger"], b["ledger"]]) for a, b in zip(sim2.sites, sim3.sites)]
-    return StatesResult(C, w, leds)
 
 
 def state_occupancy(Z, lengths: Sequence[int], centroids) -> np.ndarray:

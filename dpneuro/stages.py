@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import analysis
-from .algorithms.pca import as_source, check_sources
+from .algorithms.pca import check_sources
 from .build import PDSVD_THREAT_MODEL, STATES_STEPS, ica_algorithm, pca_algorithm, reduce_plan, states_algorithm
 from .cape import planned_ledgers as cape_planned
 from .config import RunConfig
@@ -36,7 +36,8 @@ from .driver import RunOptions, run_parties
 from .exchange.inprocess import InProcessExchange
 from .privacy import PrivacyLedger
 
-__all__ = ["RELEASES", "Release", "active_releases", "from_reply", "release", "run_inprocess", "sites_reply"]
+__all__ = ["RELEASES", "Release", "active_releases", "from_reply", "reduce_inprocess", "release", "run_inprocess",
+           "sites_reply", "states_inprocess", "unmix_inprocess"]
 
 Public = Mapping[str, Mapping[str, Any]]
 
@@ -71,7 +72,7 @@ class Release:
         deployed run (what the sites need for their own outputs).
     check : callable or None
         ``check(cfg, inputs, lengths)``: a simulation's test of every site's
-        input before anything is released.
+        input before anything is released; returns the inputs to run on.
     spends : callable
         ``spends(cfg)``: whether the stage adds privacy noise in this
         configuration (the planner splits a total epsilon over those that do).
@@ -91,7 +92,7 @@ class Release:
     site: Callable[..., dict[str, Any]]
     aggregator: Callable[..., dict[str, Any]]
     to_sites: tuple[str, ...] = ()
-    check: Callable[[RunConfig, Sequence[Any], Sequence[Sequence[int]]], None] | None = None
+    check: Callable[[RunConfig, Sequence[Any], Sequence[Sequence[int]]], Sequence[Any]] | None = None
     spends: Callable[[RunConfig], bool] = lambda cfg: False
     algorithms: Callable[[RunConfig, int], list] | None = None
     planned: Callable[[RunConfig, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
@@ -103,9 +104,10 @@ class Release:
 # -- reduce: capePCA or PD-SVD ------------------------------------------------------------------
 
 def _reduce_check(cfg, inputs, lengths):
-    """Finite values, one D, k <= min(D, N) over every site: a simulation refuses before any site releases."""
-    check_sources([as_source(X, [int(n) for n in ln]).validate(f"site {s}")
-                   for s, (X, ln) in enumerate(zip(inputs, lengths, strict=True))], cfg.n_components)
+    """Finite values, one D, k <= min(D, N) over every site: a simulation refuses before any site releases.
+    Returns the validated sources, which the sites then read (each matrix is read once to validate)."""
+    return check_sources([analysis.pca_source(X, ln).validate(f"site {s}")
+                          for s, (X, ln) in enumerate(zip(inputs, lengths, strict=True))], cfg.n_components)
 
 
 def _reduce_planned(cfg, shapes, dim):
@@ -139,6 +141,15 @@ def _unmix_input(cfg, X, public):
 def _unmix_planned(cfg, shapes, dim):
     ica = ica_algorithm(cfg)
     return cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+
+
+def _unmix_check(cfg, inputs, lengths):
+    """Every site's whitened data accepted by the unmixing (a simulation refuses before any site releases)."""
+    if cfg.ica == "temporal":
+        alg = ica_algorithm(cfg)
+        for s, (Z, ln) in enumerate(zip(inputs, lengths, strict=True)):
+            alg.site_init(s, (Z, [int(n) for n in ln]))
+    return inputs
 
 
 def _unmix_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
@@ -192,7 +203,7 @@ RELEASES: tuple[Release, ...] = (
             algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
     # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
     Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
-            spends=lambda cfg: cfg.ica == "temporal", algorithms=lambda cfg, dim: [ica_algorithm(cfg)],
+            check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal", algorithms=lambda cfg, dim: [ica_algorithm(cfg)],
             planned=_unmix_planned),
     Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",),
             spends=lambda cfg: cfg.brain_states > 0, algorithms=_states_algorithms, planned=_states_planned),
@@ -232,7 +243,7 @@ def run_inprocess(stage: Release, cfg: RunConfig, inputs: Sequence[Any], lengths
     """
     n, opts = len(inputs), options or RunOptions()
     if stage.check is not None:
-        stage.check(cfg, inputs, lengths)
+        inputs = stage.check(cfg, inputs, lengths)
     result: dict[str, Any] = {}
     site_prev: list[Any] = [None] * n
     agg_prev: Any = None
@@ -252,3 +263,34 @@ def run_inprocess(stage: Release, cfg: RunConfig, inputs: Sequence[Any], lengths
             if r is not None:
                 ledgers[s].append(r["ledger"])
     return result, [PrivacyLedger.merge_all(led) for led in ledgers]
+
+
+# -- one stage in this process, for notebooks, tests and benchmarks -------------------------------
+
+def reduce_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                     options: RunOptions | None = None) -> analysis.ReduceResult:
+    """The run's reduction (capePCA or PD-SVD) with every party in this process, as the simulation runs it.
+
+    Every site's data are validated (finite values, common D, k <= min(D, N)) before anything is released.
+    """
+    srcs = _reduce_check(cfg, X_sites, lengths)
+    res, leds = run_inprocess(release("reduce"), cfg, srcs, lengths, dim=srcs[0].dim, public={}, options=options)
+    return analysis.ReduceResult(res["basis"], res["eigenvalues"], leds, int(res.get("rounds", 0)))
+
+
+def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Sequence[int]], basis, eigenvalues,
+                    *, options: RunOptions | None = None) -> analysis.UnmixResult:
+    """The run's unmixing with every party in this process; each site whitens its data with the public basis
+    (with spatial ICA no site takes part: the maps come from the released basis alone)."""
+    rel, public = release("unmix"), {"reduce": {"basis": np.asarray(basis), "eigenvalues": np.asarray(eigenvalues)}}
+    inputs = [rel.site_input(cfg, X, public) for X in X_sites]
+    res, leds = run_inprocess(rel, cfg, inputs, lengths, dim=int(np.shape(basis)[0]), public=public, options=options)
+    return analysis.UnmixResult(res["W"], res["b"], res["history"], res["rounds"], res["status"], leds)
+
+
+def states_inprocess(cfg: RunConfig, Z_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                     options: RunOptions | None = None) -> analysis.StatesResult:
+    """Both brain-states releases with every party in this process, on the sites' whitened data."""
+    res, leds = run_inprocess(release("states"), cfg, Z_sites, lengths, dim=cfg.n_components, public={},
+                              options=options)
+    return analysis.StatesResult(res["centroids"], res["weights"], leds)

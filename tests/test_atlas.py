@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
-from dpneuro.analysis import reduce_inprocess
+from dpneuro.stages import reduce_inprocess
 from dpneuro.grid import features
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import load_space, preprocess

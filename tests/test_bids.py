@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.analysis import reduce_inprocess
+from dpneuro.stages import reduce_inprocess
 from dpneuro.io import DataValidationError, find_subjects, load_site
 
 SHAPE = (5, 4, 3)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro import analysis
+from dpneuro import analysis, stages
 from dpneuro.algorithms.agn import prepare_site, sensitivities
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.metrics import match_components
@@ -40,7 +40,7 @@ def _mixture(seed: int, *, subjects: int = 40, T: int = 60, sites: int = 4):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_non_private_states_recover_the_centroids_and_weights(seed):
     mu, Z, lengths, labels = _mixture(seed)
-    res = analysis.states_inprocess(_cfg(plan="none"), Z, lengths)
+    res = stages.states_inprocess(_cfg(plan="none"), Z, lengths)
     perm, corr = match_components(res.centroids, mu)
     # signed: a state's sign is meaningful; magnitudes shrink (points beyond the public bound are projected)
     assert np.all(corr > 0.97), corr
@@ -55,7 +55,7 @@ def test_private_states_degrade_with_the_budget_and_spend_two_releases():
         cfg = _cfg(states_epsilon=eps)
         errs = []
         for s in range(4):
-            res = analysis.states_inprocess(cfg.__class__(**{**cfg.__dict__, "seed": 100 + s}), Z, lengths)
+            res = stages.states_inprocess(cfg.__class__(**{**cfg.__dict__, "seed": 100 + s}), Z, lengths)
             perm, corr = match_components(res.centroids, mu)
             errs.append(np.mean(corr))
         err[eps] = np.median(errs)

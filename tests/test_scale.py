@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dpneuro import pipeline
-from dpneuro.analysis import reduce_inprocess, site_whiten
+from dpneuro.analysis import site_whiten
+from dpneuro.stages import reduce_inprocess
 from dpneuro.build import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
