@@ -15,6 +15,7 @@ the stage's algorithms report with the setting's calibration (``budget``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,17 +46,29 @@ class SiteShape:
         return int(sum(self.lengths))
 
 
-def site_shapes(cfg: RunConfig, *, subjects: int | None = None, timepoints: int | None = None) -> list[SiteShape]:
-    """Each site's subject lengths, or ``subjects`` x ``timepoints``.
+def _per_site(value, n_sites: int, flag: str) -> list[int]:
+    """One count per site from a number (every site) or a sequence (one entry per site, in the sites' order)."""
+    values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * n_sites
+    if len(values) != n_sites:
+        raise ConfigError(f"{flag}: {len(values)} numbers for {n_sites} sites; give one, or one per site")
+    if min(values) < 1:
+        raise ConfigError(f"{flag} must be >= 1, got {values}")
+    return values
+
+
+def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
+                timepoints: int | Sequence[int] | None = None) -> list[SiteShape]:
+    """Each site's subject lengths, or ``subjects`` x ``timepoints`` (a number for every site, or one per site:
+    unequal sites are planned without their data).
 
     Read as the site reads its data: the same discovery (BIDS filters, fMRIPrep's default desc, ``exclude``),
     each run's volumes from its header and, when scrubbing, the volumes its confounds keep (no image data read).
     A subject that ``on_bad_subject = "skip"`` leaves out at load time is still counted here.
     """
     if subjects is not None:
-        if subjects < 1 or (timepoints or 1) < 1:
-            raise ConfigError("--subjects and --timepoints must be >= 1")
-        return [SiteShape(s.name, (int(timepoints or 150),) * int(subjects)) for s in cfg.sites]
+        n = len(cfg.sites)
+        counts, lengths = _per_site(subjects, n, "--subjects"), _per_site(timepoints or 150, n, "--timepoints")
+        return [SiteShape(s.name, (t,) * c) for s, c, t in zip(cfg.sites, counts, lengths)]
     cleaning = cfg.cleaning()
 
     def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
@@ -410,3 +423,34 @@ def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES) -> 
         return cfg, None
     plan = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon, stages=stages)
     return replace(plan.config, epsilon=cfg.epsilon), plan
+
+
+def components_supported(plan: BudgetPlan) -> int | None:
+    """How many components of typical region-level fMRI stand above the covariance noise of ``plan``
+    (None where the reference spectrum does not apply: fewer than 50 or more than 400 features)."""
+    spec = plan.noise().get("covariance spectral norm")
+    cfg = plan.config
+    return None if spec is None else supported_components(spec, plan.dim, cfg.contribution, cfg.n_components)
+
+
+def subjects_needed(cfg: RunConfig, dim: int, target_epsilon: float, *, timepoints: int = 150,
+                    max_subjects: int = 20000) -> int | None:
+    """The fewest subjects per site (equal sites of ``timepoints`` volumes each) at which a run of ``cfg``
+    spending ``target_epsilon`` keeps all ``cfg.n_components`` components above its covariance noise
+    (:func:`components_supported`, the planner's own warning); None where the reference does not apply or
+    ``max_subjects`` is not enough.
+    """
+    def enough(n: int) -> bool | None:
+        shapes = site_shapes(cfg, subjects=n, timepoints=timepoints)
+        supported = components_supported(plan_for_target(cfg, shapes, dim, target_epsilon))
+        return None if supported is None else supported >= cfg.n_components
+
+    if not enough(max_subjects):
+        return None
+    if enough(1):
+        return 1
+    lo, hi = 1, max_subjects  # not enough(lo), enough(hi); the noise only falls as subjects are added
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi

@@ -381,3 +381,26 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
         named[st] = {n for a in algs for n in a.ledger_stages}
     assert sum(len(v) for v in named.values()) == len(set().union(*named.values()))  # no name in two stages
     assert recorded and recorded <= set().union(*named.values())
+
+
+def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise(tmp_path):
+    """At the answer every component stands above the planned covariance noise, one subject fewer it does not;
+    a larger budget needs fewer subjects; unequal sites are planned from counts alone."""
+    from dpneuro.budget import components_supported, subjects_needed
+    from dpneuro.config import ConfigError, RunConfig
+
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
+                               "out": str(tmp_path / "o"), "parcels": 100, "n_components": 20})
+
+    def supported(n, eps):
+        return components_supported(plan_for_target(cfg, site_shapes(cfg, subjects=n), 100, eps))
+
+    needed = {eps: subjects_needed(cfg, 100, eps) for eps in (1.0, 2.0, 4.0)}
+    for eps, n in needed.items():
+        assert supported(n, eps) >= 20 > supported(n - 1, eps)
+    assert needed[1.0] > needed[2.0] > needed[4.0] > 1
+    assert subjects_needed(cfg, 1000, 4.0) is None  # outside the reference spectrum's 50-400 features
+    shapes = site_shapes(cfg, subjects=[30, 60, 90, 120], timepoints=[150, 150, 200, 200])
+    assert [len(s.lengths) for s in shapes] == [30, 60, 90, 120] and shapes[3].n_samples == 120 * 200
+    with pytest.raises(ConfigError, match="--subjects: 3 numbers for 4 sites"):
+        site_shapes(cfg, subjects=[30, 60, 90])
