@@ -1,4 +1,6 @@
+import io
 import os
+import sys
 import tempfile
 
 import pytest
@@ -19,3 +21,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture()
+def terminal(monkeypatch):
+    """``terminal()`` in a test makes stderr a terminal, where progress bars are drawn (in a log they stay
+    silent), and returns it; set in the test itself, after pytest's capture has taken stderr."""
+    def start() -> io.StringIO:
+        term = _Terminal()
+        monkeypatch.setattr(sys, "stderr", term)
+        return term
+
+    return start

@@ -171,9 +171,15 @@ def test_list_input_keeps_order_and_single_file(grid):
     assert one.subject_ids == ["sub-0004"] and one.X.shape == (900, 30)
 
 
-def test_progress_bar(grid, capsys):
+def test_progress_bar(grid, terminal):
+    term = terminal()
     load_site(grid["sites"][0]["path"], grid["mask"], progress=True)
-    assert "2/2" in capsys.readouterr().err
+    assert "2/2" in term.getvalue()
+
+
+def test_progress_bar_stays_out_of_a_log(grid, capsys):
+    load_site(grid["sites"][0]["path"], grid["mask"], progress=True)  # stderr is not a terminal here
+    assert "\r" not in capsys.readouterr().err
 
 
 def test_detrend_removes_linear_trend(tmp_path):

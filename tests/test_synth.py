@@ -271,12 +271,15 @@ def test_bad_arguments(tmp_path, kwargs, msg):
     assert not (tmp_path / "x").exists()  # nothing written on bad input
 
 
-def test_progress_bar(tmp_path, capsys):
-    make_consortium(tmp_path, 1, 2, n_components=2, n_timepoints=5,
-                    space="grid30", progress=True)
-    assert "2/2" in capsys.readouterr().err
+def test_progress_bar(tmp_path, terminal, capsys):
+    make_consortium(tmp_path, 1, 2, n_components=2, n_timepoints=5, space="grid30", progress=True)
+    assert capsys.readouterr().err == ""  # a log (stderr is not a terminal): asked for, and still silent
+    term = terminal()
+    make_consortium(tmp_path, 1, 2, n_components=2, n_timepoints=5, space="grid30", progress=True)
+    assert "2/2" in term.getvalue()
+    before = term.getvalue()
     make_consortium(tmp_path, 1, 2, n_components=2, n_timepoints=5, space="grid30")
-    assert capsys.readouterr().err == ""
+    assert term.getvalue() == before
 
 
 def test_load_manifest_errors(tmp_path):
@@ -459,9 +462,10 @@ def test_mni3mm_consortium(tmp_path, model):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_progress_bar_with_workers(tmp_path, capsys, workers):
+def test_progress_bar_with_workers(tmp_path, terminal, workers):
+    term = terminal()
     make_consortium(tmp_path, 2, 3, n_components=2, n_timepoints=5, space="grid30", progress=True, workers=workers)
-    assert "6/6" in capsys.readouterr().err
+    assert "6/6" in term.getvalue()
 
 
 def test_a_failing_subject_stops_the_run(tmp_path, monkeypatch):
