@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: where each package's source lives (workflows/ ships as dpneuro.workflows, pyproject.toml)
 PACKAGES = {"dpneuro": ROOT / "dpneuro", "dpneuro.workflows": ROOT / "workflows"}
 
-#: third-party modules (and their submodules) a function may import, and why: each is slow to load and needed by
-#: few paths, so that loading dpneuro's modules stays fast
+#: modules (and their submodules) a function may import, and why: each is slow to load, or loads a third-party
+#: module that is, and is needed by few paths, so that loading dpneuro's modules stays fast
 DEFERRED = {
     "matplotlib": "figures only; pyplot takes about a second to load",
     "nilearn": "templates, resampling, atlases, confounds and plotting only; it loads sklearn, pandas and more",
@@ -28,13 +28,12 @@ DEFERRED = {
     "scipy.stats": "the synthetic HRF and PD-SVD's measured leak only; about 0.3 s to load",
     "websockets": "COINSTAC's simulator only; an optional extra (coinstac, test)",
     "dp_accounting": "the RDP cross-check of a ledger only; a large accounting library",
+    "dpneuro.estimators": "the demo and run commands only; it loads scikit-learn (BaseEstimator)",
+    "dpneuro.workflows": "the Pydra engine and cluster workers only; it loads pydra, about 0.2 s",
 }
 
 #: files another change converts to module-level imports: rule (b) skips them until then
 PENDING = {
-    "dpneuro/config.py",
-    "dpneuro/cli.py",
-    "dpneuro/estimators.py",
     "dpneuro/pipeline.py",
     "dpneuro/deploy/party.py",
     "workflows/__init__.py",
