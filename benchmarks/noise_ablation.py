@@ -58,7 +58,8 @@ def private_maps(cfg, X_sites, lengths, z: float, how: str, c: float, pca_epsilo
     variance ``c``."""
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.analysis import _pca_source, pca_algorithm
+    from dpneuro.analysis import _pca_source
+    from dpneuro.build import pca_algorithm
     from dpneuro.cape import NoisePlan, run_cape
     from dpneuro.privacy import epsilon_for_multiplier
 

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                         parcels=parcels, n_components=R, seed=0, truth=str(Path(man["mask"]).parent),
                         reduction="none" if reduction == "none" else "capepca"))
                     if reduction == "private":
-                        from dpneuro.analysis import pca_mode
+                        from dpneuro.build import pca_mode
                         from dpneuro.config import ConfigError
 
                         try:

@@ -79,9 +79,9 @@ def maps_by(rule, V, lam) -> np.ndarray:
 def main(argv=None) -> int:
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
+    from dpneuro.budget import SiteShape, plan_for_target
     from dpneuro.build import pca_mode
     from dpneuro.stages import reduce_inprocess
-    from dpneuro.budget import SiteShape, plan_for_target
     from dpneuro.rmt import components_above_edge, debias_eigenvalues, wigner_edge
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

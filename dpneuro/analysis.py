@@ -35,12 +35,10 @@ from .algorithms.agn import finish_moments
 from .algorithms.djica import reported_unmixing, whitening_matrix
 from .algorithms.pca import SiteSource, as_source
 from .algorithms.spatial_ica import spatial_ica
-from .build import (  # noqa: F401 - check_reduction_fits, pca_mode: callers not yet moved to .build read them here
+from .build import (
     STATES_STEPS,
-    check_reduction_fits,
     ica_algorithm,
     pca_algorithm,
-    pca_mode,
     pdsvd_protocol,
     reduce_plan,
     stage_seed,

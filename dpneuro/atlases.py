@@ -33,7 +33,7 @@ import nibabel as nib
 from nibabel.affines import apply_affine
 from scipy.spatial import cKDTree
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _HO = tuple(f"{part}-{kind}-{res}mm" for part in ("cort", "cortl", "sub")
             for kind in ("maxprob-thr0", "maxprob-thr25", "maxprob-thr50", "prob") for res in (1, 2))

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
+import time
+from dataclasses import fields, replace
+from numbers import Integral
 from pathlib import Path
 
 from . import __version__
+from .budget import plan_for_target, site_shapes, spend
+from .config import SYNTHETIC_CONSORTIUM as SC
+from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
+                     constraint, summary)
+from .deploy.sharedfs import aggregator_main, load_party_config, site_main
+from .grid import features
+from .io import SPACES
+from .pipeline import progress
+from .privacy.summary import headline_lines, privacy_warnings
+from .synth import MODELS as SYNTH_MODELS
+from .synth import make_consortium
+from .timings import lines as timing_lines
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import make_consortium
-
     subjects = [int(s) for s in str(args.subjects).split(",")]
     per_site = subjects[0] if len(subjects) == 1 else subjects
     manifest = make_consortium(
@@ -41,11 +56,9 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 def _demo_settings() -> dict:
     """The demo: the default synthetic consortium analysed with the recommended settings."""
-    from .config import SYNTHETIC_CONSORTIUM, RunConfig
-
     rec = RunConfig.recommended()
     # the number of components is the data's (the synthetic consortium has this many networks)
-    return {**SYNTHETIC_CONSORTIUM, **rec, "n_components": SYNTHETIC_CONSORTIUM["components"], "clip": rec["clip_G"]}
+    return {**SC, **rec, "n_components": SC["components"], "clip": rec["clip_G"]}
 
 
 #: the demo's consortium and budget (read by benchmarks/centralized_tools.py)
@@ -54,7 +67,7 @@ DEMO = _demo_settings()
 
 def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
     """The demo's analysis: the library's defaults, with the synthetic consortium's number of networks."""
-    from .estimators import DecentralizedICA
+    from .estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
                             random_state=args.seed, out=out, run_id="run", engine="pydra-cf",
@@ -63,8 +76,6 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
 
 def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
     """The privacy headline of a run (from privacy.json), its warnings (default: the privacy ones) to stderr."""
-    from .privacy.summary import headline_lines, privacy_warnings
-
     for line in headline_lines(priv):
         print(line)
     for name, s in priv["sites"].items():
@@ -87,21 +98,13 @@ def _print_summary(est, seconds: float) -> None:
     _print_privacy(est.privacy_.report, est.warnings_)
     run_json = out / "run.json"
     if run_json.exists():  # the stages' times as the run recorded them (also in the report)
-        import json
-
-        from .timings import lines
-
         print("stages:")
-        for line in lines(json.loads(run_json.read_text()).get("timings_s", {})):
+        for line in timing_lines(json.loads(run_json.read_text()).get("timings_s", {})):
             print(f"  {line}")
     print(f"wall time:  {seconds:.1f} s")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    import time
-
-    from .synth import make_consortium
-
     t0 = time.perf_counter()
     out = Path(args.out).resolve()
     d = DEMO
@@ -121,8 +124,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         _print_warnings(est)
     if not args.keep_work:
-        import shutil
-
         shutil.rmtree(out / "work", ignore_errors=True)  # intermediate files: ~as large as the data
     if not args.quiet:
         print(f"disk:       {_du(out) / 2**20:.0f} MB in {out} (synthetic data {_du(out / 'data') / 2**20:.0f} MB)")
@@ -134,10 +135,7 @@ def _du(path: Path) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import time
-
-    from .config import RunConfig
-    from .estimators import DecentralizedICA
+    from .estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
 
     t0 = time.perf_counter()
     cfg = RunConfig.read(args.config)
@@ -161,10 +159,6 @@ def _print_warnings(est) -> None:
 
 def _budget_overrides() -> dict[str, tuple[str, ...]]:
     """``dpneuro budget``'s overriding options (argparse dest) -> the fields each sets (the fields' ``flag``)."""
-    from dataclasses import fields
-
-    from .config import RunConfig
-
     out: dict[str, tuple[str, ...]] = {}
     for f in fields(RunConfig):
         if flag := f.metadata.get("flag"):
@@ -174,10 +168,6 @@ def _budget_overrides() -> dict[str, tuple[str, ...]]:
 
 def _add_overrides(group) -> None:
     """One option per ``flag`` of the fields: type, choices and help from the fields' descriptions."""
-    from numbers import Integral
-
-    from .config import Boolean, Interval, OrNone, StrOptions, constraint, summary
-
     for dest, names in _budget_overrides().items():
         c = constraint(names[0])
         c = c.inner if isinstance(c, OrNone) else c
@@ -194,10 +184,6 @@ def _add_overrides(group) -> None:
 
 def _budget_config(args: argparse.Namespace):
     """The configuration to plan: a run.toml, or the defaults with ``--sites`` placeholder sites."""
-    from dataclasses import replace
-
-    from .config import ConfigError, RunConfig, SiteEntry
-
     if args.config:
         if args.sites is not None:
             raise ConfigError("give either a run configuration or --sites, not both")
@@ -217,11 +203,6 @@ def _budget_config(args: argparse.Namespace):
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    import json as _json
-    from dataclasses import replace
-
-    from .budget import features, plan_for_target, site_shapes, spend
-
     cfg = _budget_config(args)
     shapes = site_shapes(cfg, subjects=args.subjects, timepoints=args.timepoints)
     dim = features(cfg, args.features)
@@ -232,17 +213,13 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:
-        print(_json.dumps(plan.to_dict(), indent=1, default=str))
+        print(json.dumps(plan.to_dict(), indent=1, default=str))
     else:
         print(plan)
     return EXIT_OK
 
 
 def _cmd_site(args: argparse.Namespace) -> int:
-    import time
-
-    from .deploy.sharedfs import load_party_config, site_main
-
     t0 = time.perf_counter()
     cfg = load_party_config(args.config, site=args.site)
     res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file)
@@ -256,10 +233,6 @@ def _cmd_site(args: argparse.Namespace) -> int:
 
 
 def _cmd_aggregator(args: argparse.Namespace) -> int:
-    import time
-
-    from .deploy.sharedfs import aggregator_main, load_party_config
-
     t0 = time.perf_counter()
     cfg = load_party_config(args.config)
     res = aggregator_main(cfg, run_id=args.run_id, key_file=args.key_file, progress=not args.quiet)
@@ -269,16 +242,12 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         print(f"report:     {res['report']}")
         print(f"components: {res['components']}")
         print(f"privacy:    {res['privacy']}")
-        import json as _json
-
-        _print_privacy(_json.loads(Path(res["privacy"]).read_text()), res.get("warnings"))
+        _print_privacy(json.loads(Path(res["privacy"]).read_text()), res.get("warnings"))
     return EXIT_OK
 
 
 def _add_party_parsers(sub) -> None:
     """``dpneuro site`` and ``dpneuro aggregator``: one role of a run each, over a shared folder."""
-    from .config import DEFAULT_RUN_ID, summary
-
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="run configuration (see site_templates/run.toml and site.toml)")
     common.add_argument("--run-id", default=None,
@@ -312,12 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"dpneuro {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
-    from .config import DEFAULT_RUN_ID, summary
-    from .config import SYNTHETIC_CONSORTIUM as SC
-    from .io import SPACES
-    from .synth import MODELS as SYNTH_MODELS
-
     s = sub.add_parser("synth", help="write a synthetic multi-site fMRI consortium (ground truth known)",
                        description="Defaults: the consortium the demo and site_templates/run.toml are tuned for.")
     s.add_argument("--out", required=True, help="output folder")
@@ -409,8 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .pipeline import progress
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

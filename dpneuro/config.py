@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import importlib.util
 import json
 import math
+import shutil
+import textwrap
 import tomllib
 from collections.abc import Collection
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
+from .algorithms.djica import OPTIMIZERS
+from .atlases import check as check_atlas
+from .atlases import is_atlas_name
 from .cape.plans import PLAN_KINDS as PLANS
 from .cleaning import AROMA_DESC, Cleaning
 from .cleaning import check as check_cleaning
+from .errors import ConfigError
 from .exchange.codec import check_name
-from .io import BIDS_FILTERS, ON_BAD_SUBJECT, SPACES
+from .io import BIDS_FILTERS, ON_BAD_SUBJECT, SPACES, load_mask, load_space
 from .privacy import CALIBRATIONS, noise_multiplier
 from .privacy.ledger import UNITS
 
@@ -63,10 +72,6 @@ TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "
 #: atlas is downloaded once per site and a confounds table is needed, while the defaults run offline on any grid,
 #: synthetic data included.
 REAL_DATA_SETTINGS = {"atlas": "basc_multiscale_2015:122", "smoothing_fwhm": 6.0, "confounds": "simple"}
-
-
-class ConfigError(ValueError):
-    """A field of the run configuration is missing or invalid (the message names it)."""
 
 
 @dataclass
@@ -306,13 +311,6 @@ def setting(default=MISSING, *, doc: str, constraint: Constraint, section: str, 
 
 
 
-def _optimizers() -> tuple[str, ...]:
-    # capeDJICA's learning-rate rules; deferred: the algorithms import secagg, which imports this module
-    from .algorithms.djica import OPTIMIZERS
-
-    return tuple(OPTIMIZERS)
-
-
 def _run_id_problem(run_id: str) -> str | None:
     try:
         check_name("run id", run_id)
@@ -520,7 +518,7 @@ class RunConfig:
         doc="Privacy budget of each of the brain-states stage's two releases (at delta / 2). The totals compose "
             "every stage.")
     optimizer: str = setting(
-        "fast", section="analysis", constraint=StrOptions(_optimizers), stages=("unmix",), agree=True,
+        "fast", section="analysis", constraint=StrOptions(OPTIMIZERS), stages=("unmix",), agree=True,
         doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "
             "\"paper\": the reference djICA rules of Baker et al. / [capeDJICA] Sec. V.")
     calibration: str = setting(
@@ -678,8 +676,6 @@ class RunConfig:
         return asdict(self)
 
     def digest(self, *fields: str) -> str:
-        import hashlib
-
         d = self.to_json()
         sel = {k: d[k] for k in fields} if fields else d
         return hashlib.sha1(json.dumps(sel, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -693,8 +689,6 @@ class RunConfig:
         Every entry point calls this before anything runs, so that stages that
         run elsewhere (Pydra tasks run in their own cache folders) find the files.
         """
-        from dataclasses import replace
-
         root = Path.cwd() if base is None else Path(base)
 
         def ab(p: str) -> str:
@@ -702,8 +696,6 @@ class RunConfig:
 
         sites = [replace(s, path=ab(s.path), files=[ab(f) for f in s.files], subjects_tsv=ab(s.subjects_tsv))
                  for s in self.sites]
-        from .atlases import is_atlas_name
-
         paths = {f: ab(getattr(self, f)) for f in self.PATH_FIELDS}
         if is_atlas_name(self.atlas):
             paths["atlas"] = self.atlas  # a name nilearn resolves, not a file
@@ -712,11 +704,7 @@ class RunConfig:
     def grid(self):
         """The run's mask (boolean) and affine: the mask file, or the template named by ``space``."""
         if self.mask:
-            from .io import load_mask
-
             return load_mask(self.mask)
-        from .io import load_space
-
         return load_space(self.space)
 
     def check_deployment(self, party: str) -> RunConfig:
@@ -781,8 +769,6 @@ class RunConfig:
             bad("mask", f"{self.mask} does not exist")
         if self.truth and not (Path(self.truth) / "manifest.json").exists():
             bad("truth", f"{self.truth} has no manifest.json")
-        from .atlases import check as check_atlas  # atlases imports this module
-
         if problem := check_atlas(self.atlas):
             bad("atlas", problem)
         if not self.mask and self.space not in SPACES:
@@ -838,9 +824,6 @@ class RunConfig:
                 "'tcp://10.0.0.5:8786' (dask scheduler, or dask-jobqueue on a batch system)")
         if not check_here:  # a party without data here (the aggregator) runs no per-subject work
             return
-        import importlib.util
-        import shutil
-
         if worker == "dask" and importlib.util.find_spec("distributed") is None:
             bad("cluster.worker", "the Dask worker needs dask.distributed on this machine: "
                 "pip install 'dpneuro[cluster]'")
@@ -879,8 +862,6 @@ class RunConfig:
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
                                    exclude=s.get("exclude", [])))
-        from .atlases import is_atlas_name
-
         for key in cls.PATH_FIELDS:
             if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))
@@ -1007,8 +988,6 @@ path = "data/site-04"
 
 def run_template() -> str:
     """``site_templates/run.toml``: every field under its section, its documentation as the comment."""
-    import textwrap
-
     out = [TEMPLATE_HEADER]
     for section in SECTIONS:
         out.append(f"\n# -- {section} " + "-" * max(3, 94 - len(section)) + "\n")
@@ -1040,8 +1019,6 @@ def with_settings(api_md: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the settings table of docs/api.md or the run.toml template, or write both into the repository."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m dpneuro.config", description=main.__doc__)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--markdown", action="store_true", help="print the settings table of docs/api.md")

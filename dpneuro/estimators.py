@@ -25,17 +25,31 @@ import shutil
 import tempfile
 import textwrap
 import tomllib
+import webbrowser
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import nibabel as nib
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from .config import ConfigError, RunConfig, estimator_name, SiteEntry
-from .io import private_dir
+from . import grid, pipeline
+from .algorithms.djica import time_courses
+from .analysis import unmixing_input
+from .budget import plan_for_target, site_shapes, spend
+from .config import ConfigError, RunConfig, SiteEntry, estimator_name
+from .deploy.sharedfs import aggregator_main, site_main
+from .io import load_mask, load_site, mask_to_image, private_dir
+from .maps import read_timecourses
+from .outputs import to_voxels
+from .parcellation import space_parcels
+from .pipeline import progress, public_results, run_privacy
+from .privacy import PrivacyLedger, privacy_report
+from .privacy.cape_delta import max_colluding
+from .privacy.summary import headline_lines
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 
@@ -107,8 +121,6 @@ class Report:
         return self.get_iframe()
 
     def open_in_browser(self) -> None:
-        import webbrowser
-
         webbrowser.open(self.path.resolve().as_uri())
 
     def __repr__(self) -> str:
@@ -136,13 +148,11 @@ class PrivacySummary:
     @property
     def ledgers(self) -> dict:
         """Every site's :class:`~dpneuro.privacy.PrivacyLedger` (each release with its sensitivity and noise)."""
-        from .privacy import PrivacyLedger
-
         return {n: PrivacyLedger.from_dict(s["ledger"]) for n, s in self.report["sites"].items()}
 
     def table(self):
         """One row per site: subjects, the headline eps, its RDP bound, one site's releases alone (pandas)."""
-        import pandas as pd
+        import pandas as pd  # deferred: a table for the notebook only; pandas is slow to load
 
         rows = {n: {"subjects": s.get("n_subjects"), "epsilon": s["epsilon"], "epsilon (RDP)": s["epsilon_rdp"],
                     "epsilon, one site's releases alone": s["epsilon_single_release"],
@@ -150,8 +160,6 @@ class PrivacySummary:
         return pd.DataFrame.from_dict(rows, orient="index")
 
     def lines(self) -> list[str]:
-        from .privacy.summary import headline_lines
-
         return headline_lines(self.report)
 
     def __str__(self) -> str:
@@ -333,8 +341,6 @@ class _Decentralized(BaseEstimator):
         parties run in this process. With ``role="site"`` give only this
         party's site (``site=`` names it); with ``role="aggregator"`` give none.
         """
-        from .pipeline import progress
-
         cfg = self.to_config(sites if sites is not None or self.role != "aggregator" else {})
         with progress(bool(self.verbose)):
             if self.role == "simulation":
@@ -353,14 +359,12 @@ class _Decentralized(BaseEstimator):
         return Path(self._scratch.name)
 
     def _fit_simulation(self, cfg: RunConfig) -> None:
-        from . import pipeline
-
         cfg, self.budget_ = pipeline.prepare(cfg, until=self._until)
         if self.engine.startswith("pydra"):
             if self._until != "report":
                 raise ValueError(f"engine {self.engine!r} runs the whole workflow; {type(self).__name__} needs "
                                  "'serial'")
-            from .workflows import run_workflow
+            from .workflows import run_workflow  # deferred: it loads Pydra, which only the pydra engines need
 
             outputs = run_workflow(cfg, plugin="cf" if self.engine == "pydra-cf" else "serial", prepared=True)
         else:
@@ -375,8 +379,6 @@ class _Decentralized(BaseEstimator):
                          "is the whole ICA: use DecentralizedICA")
 
     def _read_space(self, space_json: str) -> None:
-        from .io import load_mask
-
         space = json.loads(Path(space_json).read_text())
         self._space = space
         self.mask_img_ = _in_memory(space["mask"])
@@ -385,8 +387,6 @@ class _Decentralized(BaseEstimator):
 
 
 def _in_memory(path):
-    import nibabel as nib
-
     img = nib.load(str(path))
     return nib.Nifti1Image(np.asanyarray(img.dataobj), img.affine, img.header)
 
@@ -449,10 +449,6 @@ class DecentralizedICA(_Decentralized):
     __doc__ = __doc__.replace("{parameters}", textwrap.indent(_parameters_doc(), "    ").lstrip())
 
     def _read_outputs(self, outputs: dict) -> None:
-        from .maps import read_timecourses
-
-        from .pipeline import public_results
-
         mp = _read_json(outputs["maps"])
         public = public_results(mp["chain"])
         red, unm = public["reduce"], public["unmix"]
@@ -485,9 +481,6 @@ class DecentralizedICA(_Decentralized):
         self.state_occupancy_ = {site: _read_occupancy(p) for site, p in st["occupancy_sites"].items()}
 
     def _fit_party(self, cfg: RunConfig) -> None:
-        from .deploy.sharedfs import aggregator_main, site_main
-        from .maps import read_timecourses
-
         cfg = cfg.validate(data_sites=[self.site] if self.role == "site" else ())
         cfg.check_deployment(f"the {self.role}")
         self.site_maps_imgs_ = {}
@@ -522,11 +515,6 @@ class DecentralizedICA(_Decentralized):
         same BIDS filters (task, space, res, desc, ...), cleaning, smoothing
         and resampling to the grid.
         """
-        from .algorithms.djica import time_courses
-        from .analysis import unmixing_input
-        from .io import load_site
-        from .parcellation import space_parcels
-
         check_is_fitted(self)
         if not hasattr(self, "unmixing_"):
             raise ValueError("transform needs the fitted unmixing (a simulation or the aggregator's run)")
@@ -552,9 +540,6 @@ def _read_occupancy(path) -> dict[str, np.ndarray]:
 
 def _site_privacy(cfg: RunConfig, site_priv: dict) -> dict:
     """A site's own privacy.json in the consortium's form (one site: the only ledger it holds)."""
-    from .privacy import PrivacyLedger, privacy_report
-    from .privacy.cape_delta import max_colluding
-
     n_sites = len(cfg.sites)
     colluding = cfg.n_colluding if cfg.n_colluding is not None else max_colluding(n_sites)
     rep = privacy_report({site_priv["site"]: PrivacyLedger.from_dict(site_priv["ledger"])}, delta=cfg.delta,
@@ -600,10 +585,6 @@ class DecentralizedPCA(_Decentralized):
         return cfg
 
     def _read_outputs(self, outputs: dict) -> None:
-        from .io import mask_to_image
-        from .outputs import to_voxels
-        from .pipeline import public_results, run_privacy
-
         chain = _read_json(outputs["reduce"])["chain"]
         red = public_results(chain)["reduce"]
         self._read_space(outputs["space"])
@@ -625,9 +606,6 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
     ``ica_rounds``, ...). Returns a :class:`~dpneuro.budget.BudgetPlan`, which
     prints as a table.
     """
-    from .budget import features as _features
-    from .budget import plan_for_target, site_shapes, spend
-
     if not isinstance(sites, Mapping) and subjects is None:
         raise ValueError("give subjects= (per site) with a number of sites, or a mapping of the sites' data")
     # in-memory images are written where only their headers are read, and removed with the folder
@@ -640,5 +618,5 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
                            "n_components": n_components})
         cfg.validate(data_sites=())
         shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
-        dim = _features(cfg, features)
+        dim = grid.features(cfg, features)
         return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 #: where each package's source lives (workflows/ ships as dpneuro.workflows, pyproject.toml)
 PACKAGES = {"dpneuro": ROOT / "dpneuro", "dpneuro.workflows": ROOT / "workflows"}
 
-#: third-party modules (and their submodules) a function may import, and why: each is slow to load and needed by
-#: few paths, so that loading dpneuro's modules stays fast
+#: modules (and their submodules) a function may import, and why: each is slow to load, or loads a third-party
+#: module that is, and is needed by few paths, so that loading dpneuro's modules stays fast
 DEFERRED = {
     "matplotlib": "figures only; pyplot takes about a second to load",
     "nilearn": "templates, resampling, atlases, confounds and plotting only; it loads sklearn, pandas and more",
@@ -28,17 +26,10 @@ DEFERRED = {
     "scipy.stats": "the synthetic HRF and PD-SVD's measured leak only; about 0.3 s to load",
     "websockets": "COINSTAC's simulator only; an optional extra (coinstac, test)",
     "dp_accounting": "the RDP cross-check of a ledger only; a large accounting library",
-    "dpneuro.workflows.cluster": "a site's own cluster only: it loads Pydra and its Dask/SLURM workers, and the "
-                                 "workflows package it belongs to imports dpneuro.pipeline (a cycle if loaded there)",
+    "dpneuro.estimators": "the demo and run commands only; it loads scikit-learn (BaseEstimator)",
+    "dpneuro.workflows": ("the Pydra engine and a site's cluster workers only: it loads pydra (about 0.2 s), "
+                          "and the workflows package imports dpneuro.pipeline (a cycle if loaded there)"),
 }
-
-#: files another change converts to module-level imports: rule (b) skips them until then
-PENDING = {
-    "dpneuro/config.py",
-    "dpneuro/cli.py",
-    "dpneuro/estimators.py",
-}
-
 
 def _modules() -> dict[str, Path]:
     """Every module of the package by its dotted name (a package by its own name, for its __init__.py)."""
@@ -168,14 +159,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def function_imports(pending: bool = False) -> list[tuple[str, int, str]]:
-    """(file, line, imported module) of every import inside a function, outside :data:`PENDING` unless
-    ``pending``."""
+def function_imports() -> list[tuple[str, int, str]]:
+    """(file, line, imported module) of every import inside a function."""
     out = []
     for module, tree in _trees().items():
         path = _rel(MODULES[module])
-        if path in PENDING and not pending:
-            continue
         for node in _function_imports(tree):
             # each name as module.name: "from scipy import stats" is scipy.stats, a function of nilearn.image
             # is covered by nilearn
@@ -209,10 +197,5 @@ def test_no_function_level_imports():
 
 
 def test_every_deferred_dependency_is_deferred_somewhere():
-    used = {_deferred(name) for _, _, name in function_imports(pending=True)}
+    used = {_deferred(name) for _, _, name in function_imports()}
     assert set(DEFERRED) <= used, f"DEFERRED entries no function imports: {sorted(set(DEFERRED) - used)}"
-
-
-@pytest.mark.parametrize("path", sorted(PENDING))
-def test_pending_files_exist(path):
-    assert (ROOT / path).is_file(), f"PENDING names {path}, which is not a file of the repository"
