@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import fields, replace
@@ -12,7 +13,7 @@ from numbers import Integral
 from pathlib import Path
 
 from . import __version__
-from .budget import plan_for_target, site_shapes, spend
+from .budget import plan_for_target, site_shapes, spend, subjects_needed
 from .config import SYNTHETIC_CONSORTIUM as SC
 from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
                      constraint, summary)
@@ -182,6 +183,15 @@ def _add_overrides(group) -> None:
                            help=" ".join(f"field {name}: {summary(name)}" for name in names))
 
 
+def _counts(text: str) -> int | list[int]:
+    """``--subjects`` / ``--timepoints``: one whole number, or a comma list of them (one per site)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number or a comma list of them") from None
+    return values[0] if len(values) == 1 else values
+
+
 def _budget_config(args: argparse.Namespace):
     """The configuration to plan: a run.toml, or the defaults with ``--sites`` placeholder sites."""
     if args.config:
@@ -189,9 +199,10 @@ def _budget_config(args: argparse.Namespace):
             raise ConfigError("give either a run configuration or --sites, not both")
         cfg = RunConfig.read(args.config)
     else:
-        if args.sites is None or args.subjects is None:
+        n_sites = len(args.subjects) if args.sites is None and isinstance(args.subjects, list) else args.sites
+        if n_sites is None or args.subjects is None:
             raise ConfigError("give a run configuration (dpneuro budget run.toml) or --sites and --subjects")
-        cfg = RunConfig(sites=[SiteEntry(f"site-{i + 1:02d}", "") for i in range(max(args.sites, 0))], out="")
+        cfg = RunConfig(sites=[SiteEntry(f"site-{i + 1:02d}", "") for i in range(max(n_sites, 0))], out="")
     changes = {}
     for opt, names in _budget_overrides().items():
         v = getattr(args, opt)
@@ -208,14 +219,23 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     dim = features(cfg, args.features)
     # a total epsilon in the configuration is planned as the run plans it (budget.apply_target)
     target = args.target_epsilon if args.target_epsilon is not None else cfg.epsilon
+    needed = None
     if target is not None:
         plan = plan_for_target(replace(cfg, epsilon=None), shapes, dim, target, pca_share=args.pca_share)
+        # equal sites of the median subject's length: what a consortium of this kind needs at this budget
+        volumes = int(statistics.median(n for s in shapes for n in s.lengths))
+        needed = subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes)
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1, default=str))
-    else:
-        print(plan)
+        print(json.dumps({**plan.to_dict(), "subjects_needed": needed}, indent=1, default=str))
+        return EXIT_OK
+    print(plan)
+    if target is not None:
+        print(f"Subjects per site this budget needs for all {cfg.n_components} components above the noise: "
+              + (f"{needed} ({len(shapes)} equal sites of {volumes} volumes per subject; region-level fMRI's "
+                 "reference spectrum)" if needed else "the reference spectrum of region-level fMRI does not apply "
+                 f"to D = {dim} features (it covers 50 to 400)"))
     return EXIT_OK
 
 
@@ -351,10 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "against the aggregator colluding with the assumed number of sites.")
     s.add_argument("config", nargs="?", default=None,
                    help="run configuration (run.toml); subject counts are read from the sites' file headers")
-    s.add_argument("--sites", type=int, default=None, help="without a configuration: number of sites")
-    s.add_argument("--subjects", type=int, default=None,
-                   help="subjects per site (instead of reading the data; required without a configuration)")
-    s.add_argument("--timepoints", type=int, default=None, help="volumes per subject with --subjects (default 150)")
+    s.add_argument("--sites", type=int, default=None,
+                   help="without a configuration: number of sites (default: one per --subjects entry)")
+    s.add_argument("--subjects", type=_counts, default=None,
+                   help="subjects per site instead of reading the data (required without a configuration): one "
+                        "number for every site, or one per site in the sites' order (30,60,90,120)")
+    s.add_argument("--timepoints", type=_counts, default=None,
+                   help="volumes per subject with --subjects (default 150): one number, or one per site")
     s.add_argument("--features", type=int, default=None,
                    help="features D after reduction, for the noise estimate (default: from mask/space/parcels)")
     s.add_argument("--target-epsilon", type=float, default=None,

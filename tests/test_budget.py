@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import replace
@@ -404,3 +405,18 @@ def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise
     assert [len(s.lengths) for s in shapes] == [30, 60, 90, 120] and shapes[3].n_samples == 120 * 200
     with pytest.raises(ConfigError, match="--subjects: 3 numbers for 4 sites"):
         site_shapes(cfg, subjects=[30, 60, 90])
+
+
+def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys, tmp_path):
+    from dpneuro.budget import subjects_needed
+    from dpneuro.config import RunConfig
+
+    assert main(["budget", "--subjects", "30,60,90,120", "--target-epsilon", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert sorted(s["n_subjects"] for s in plan["privacy"]["sites"].values()) == [30, 60, 90, 120]
+    cfg = RunConfig.from_dict({"sites": [{"name": f"site-{i:02d}", "path": ""} for i in range(1, 5)], "out": ""})
+    assert plan["subjects_needed"] == subjects_needed(cfg, 100, 2.0) > 120  # default features: 100 parcels
+    assert main(["budget", "--subjects", "30,60,90,120", "--target-epsilon", "2"]) == 0
+    assert f"needs for all 20 components above the noise: {plan['subjects_needed']} " in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["budget", "--subjects", "30,x"])
