@@ -153,9 +153,7 @@ def states_scale(cfg: RunConfig) -> float:
 
     Points beyond it are projected onto it (about half of them). The third
     moment's signal grows as 1/scale^3 at a fixed sensitivity, so a tight
-    bound wins: on a 3-state mixture (R = 6, 4 sites x 40 subjects, eps 8 per
-    release) the states' mean correlation with the truth is 0.97 at sqrt(R)
-    (0.6 sqrt(R) to sqrt(R) alike) against 0.87 at 1.5 sqrt(R) and 0.59 at 2 sqrt(R).
+    bound wins (``benchmarks/agn_utility.py`` measures the states).
     """
     return math.sqrt(cfg.n_components)
 

@@ -1,11 +1,15 @@
 """One party of a deployed run: the whole analysis as a site sees it, or as the aggregator does.
 
 A site: load and validate its own subjects (:func:`dpneuro.pipeline.stage_load`),
-capePCA (site role), whiten locally with the public basis, capeDJICA (site
-role), send its ledger (public), receive the reported unmixing, write its own
-outputs (time courses stay at the site). The aggregator: capePCA, capeDJICA
-and the summary (aggregator roles), then the consortium outputs: maps,
-``privacy.json`` composed from every site's ledger, ``report.html``.
+then for each releasing stage of :data:`dpneuro.stages.RELEASES` (capePCA or
+PD-SVD, the unmixing, the brain states) its input computed locally from its
+data and the public results so far, and its site step; then it sends its
+ledger (public), receives what every stage sends the sites (the unmixing,
+the states' centroids) and writes its own outputs
+(:func:`dpneuro.outputs.write_site_outputs`; time courses stay at the site).
+The aggregator runs each stage's aggregator step and the summary, then writes
+the consortium's outputs (:func:`dpneuro.outputs.write_consortium_outputs`:
+maps, ``privacy.json`` composed from every site's ledger) and ``report.html``.
 
 Both programs run over any exchange (one per stage, from a factory) and keep
 their progress in files under a private working folder: a checkpoint per
