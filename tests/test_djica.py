@@ -326,7 +326,7 @@ def test_local_dp_ica_and_reproducible_seeds():
     a, b = local_dp_ica(sites[0], 10, **kw), local_dp_ica(sites[0], 10, **kw)
     np.testing.assert_array_equal(a.W, b.W)
     assert len(a.ledgers) == 1 and a.ledgers[0].releases[0].count == 15
-    c = local_dp_ica(sites[0], 10, **{**kw, "seed": 12})
+    c = local_dp_ica(sites[0], 10, **{**kw, "random_state": 12})
     assert not np.allclose(a.W, c.W)
 
 

@@ -364,7 +364,7 @@ def test_workers_do_not_change_a_byte(tmp_path, kw):
 def test_uncompressed_nii_same_data_and_found_by_the_loaders(tmp_path):
     from dpneuro.io import find_subjects
 
-    kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", seed=2,
+    kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", random_state=2,
               dtype="int16")
     gz = make_consortium(tmp_path / "gz", **kw)
     nii = make_consortium(tmp_path / "nii", **kw, compress=False)
