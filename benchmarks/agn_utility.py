@@ -107,14 +107,14 @@ def run_config(model, D, K, N, S, epsilons, repeats, seed0=0):
             R = rng.dirichlet(np.ones(D), size=K).T
         kw = dict(model=model, symmetric_noise="mirrored")  # the papers' noise on the moments' unique entries
         q = lambda res: (q_comp(res.components, A), q_comp(res.components, A, "hungarian"))  # noqa: E731
-        nonpriv = q(otd(pooled, K, seed=rep, model=model))
+        nonpriv = q(otd(pooled, K, random_state=rep, model=model))
         rnd = (q_comp(R, A), q_comp(R, A, "hungarian"))
         for eps in epsilons:
-            rows[(eps, "capeagn")].append(q(cape_agn(sds, K, eps, DELTA, plan="cape", seed=rep, **kw)))
-            rows[(eps, "conv")].append(q(cape_agn(sds, K, eps, DELTA, plan="conv", seed=rep, **kw)))
-            rows[(eps, "local")].append(q(local_agn(sds, K, eps, DELTA, site=0, seed=rep, **kw)))
-            rows[(eps, "agn_pooled")].append(q(agn(pooled, K, eps, DELTA, seed=rep, **kw)))
-            rows[(eps, "avn_pooled")].append(q(avn(pooled, K, eps, DELTA, seed=rep, **kw)))
+            rows[(eps, "capeagn")].append(q(cape_agn(sds, K, eps, DELTA, plan="cape", random_state=rep, **kw)))
+            rows[(eps, "conv")].append(q(cape_agn(sds, K, eps, DELTA, plan="conv", random_state=rep, **kw)))
+            rows[(eps, "local")].append(q(local_agn(sds, K, eps, DELTA, site=0, random_state=rep, **kw)))
+            rows[(eps, "agn_pooled")].append(q(agn(pooled, K, eps, DELTA, random_state=rep, **kw)))
+            rows[(eps, "avn_pooled")].append(q(avn(pooled, K, eps, DELTA, random_state=rep, **kw)))
             rows[(eps, "nonprivate")].append(nonpriv)
             rows[(eps, "random")].append(rnd)
     out = []
@@ -162,10 +162,10 @@ def timings(dims, N, S, K_of):
         for rep in range(3):  # fresh sites: the run includes every site's full M3_s
             fresh = [prepare_site(x, "mog", scale=scale) for x in sites]
             t0 = time.perf_counter()
-            res = cape_agn(fresh, K, 1.0, DELTA, plan="cape", seed=rep)
+            res = cape_agn(fresh, K, 1.0, DELTA, plan="cape", random_state=rep)
             if time.perf_counter() - t0 < cape_total:
                 cape_total, cape = time.perf_counter() - t0, res
-        pooled_run = _clock(lambda: agn(pooled, K, 1.0, DELTA, seed=0), 2)
+        pooled_run = _clock(lambda: agn(pooled, K, 1.0, DELTA, random_state=0), 2)
         out.append({"D": D, "K": K, "n_sym": tz.n_sym(D), "N": N, "S": S,
                     "noise_tensor_first_call_s": cold, "noise_tensor_s": warm, "noise_contract_EWWW_s": ewww,
                     "m3_whitened_pooled_s": m3w, "m3_full_one_site_s": m3_site,

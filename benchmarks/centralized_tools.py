@@ -272,7 +272,7 @@ def main(argv=None) -> int:
     with Clock() as c_syn:
         manifest = make_consortium(work / "data", n_sites=P["sites"], subjects_per_site=P["subjects"],
                                    n_components=P["components"], n_timepoints=P["timepoints"], space=P["space"],
-                                   seed=0, noise=P["noise"])
+                                   random_state=0, noise=P["noise"])
     files = [s["path"] for site in manifest["sites"] for s in site["subjects"]]
     A_true = np.load(manifest["truth"]["A"]).astype(np.float64)
     R = P["components"]

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="dpneuro-coinstac-bench-") as tmp:
         tmp = Path(tmp)
         man = make_consortium(tmp / "data", n_sites=4, subjects_per_site=3, n_components=4, n_timepoints=60,
-                              space="grid30", seed=0)
+                              space="grid30", random_state=0)
         files = [[x["path"] for x in s["subjects"]] for s in man["sites"]]
         entry = TEMPLATES / "entry.py"
         for J in rounds:

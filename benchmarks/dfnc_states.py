@@ -75,7 +75,7 @@ def _kmedians(X, C, iters=20):
 
 def run_seed(seed: int, subjects: int, R: int, K: int, T: int, epsilons) -> list[dict]:
     t0 = time.perf_counter()
-    P = make_dfnc_consortium(4, subjects, R, K, n_timepoints=T, seed=seed)
+    P = make_dfnc_consortium(4, subjects, R, K, n_timepoints=T, random_state=seed)
     ws = [dfnc.site_windows(tc) for tc in P.timecourses]
     truth = dfnc.matrix_to_vector(P.states)
     taper = dfnc.taper(T)
@@ -100,7 +100,7 @@ def run_seed(seed: int, subjects: int, R: int, K: int, T: int, epsilons) -> list
             if name == "kmeans-15r" and eps is not None:
                 continue
             t = time.perf_counter()
-            res = dfnc.dfnc_states(ws, K, eps, DELTA, plan="none" if eps is None else "cape", seed=seed, **kw)
+            res = dfnc.dfnc_states(ws, K, eps, DELTA, plan="none" if eps is None else "cape", random_state=seed, **kw)
             secs = time.perf_counter() - t
             r, perm = _state_r(res.vectors, truth)
             metric = kw.get("metric", "correlation")

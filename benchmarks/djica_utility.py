@@ -99,7 +99,7 @@ def run_task(task: dict) -> dict:
     if task["quick"]:
         cfg["rounds"] = min(cfg["rounds"], 30)
     eps_i = task["eps_i"]
-    kw = dict(cfg, seed=task["seed"])
+    kw = dict(cfg, random_state=task["seed"])
     if task["method"] != "nonprivate":
         kw.update(epsilon_i=eps_i, delta_i=DELTA_I, calibration="classic" if eps_i < 1 else "analytic")
     t0 = time.perf_counter()

@@ -64,7 +64,7 @@ def run_task(task: dict) -> dict:
     d = data_for(task["M"], task["R"], task["T"])
     cfg = dict(CONFIGS[task["config"]])
     cfg["rounds"] = task["rounds"]
-    kw = dict(cfg, seed=task["seed"])
+    kw = dict(cfg, random_state=task["seed"])
     if task["method"] != "nonprivate":
         eps_i = task["eps_i"]
         kw.update(epsilon_i=eps_i, delta_i=DELTA_I, calibration="classic" if eps_i < 1 else "analytic")

@@ -156,7 +156,7 @@ def synthetic(args, t0: float) -> int:
     if args.quick:
         subjects_grid, epsilons, seeds, cohort = (12,), (4.0, 16.0), [0], 8
     mask, affine = load_space("mni6mm")
-    model = network_model("mni6mm", N_COMPONENTS, seed=0)
+    model = network_model("mni6mm", N_COMPONENTS, random_state=0)
     truth = model.A.astype(np.float64)
     tc = time.perf_counter()
     red = {"parcels100": Parcellation(coordinate_parcels(mask, 100, seed=0)),

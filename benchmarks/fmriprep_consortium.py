@@ -53,7 +53,7 @@ def main() -> None:
         sites = {}
         for i, tr in enumerate((2.0, 2.0, 0.8), start=1):
             sites[f"site-0{i}"] = write_fmriprep_site(tmp / f"site-0{i}", n_subjects=n_sub, n_volumes=n_vol, tr=tr,
-                                                      seed=i, corrupt=("sub-02",) if i == 3 else ())
+                                                      random_state=i, corrupt=("sub-02",) if i == 3 else ())
         cfg = RunConfig.from_dict({
             "sites": [{"name": n, "path": str(s.root)} for n, s in sites.items()], "out": str(tmp / "out"),
             "mask": str(mask), "parcels": 0, "n_components": 3, "ica": "spatial", "site_voxel_maps": False,

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         subjects_grid, epsilons, seeds, n_sites, T = SUBJECTS, EPSILONS, list(range(args.seeds)), N_SITES, \
             N_TIMEPOINTS
         runs = RUNS
-    model = network_model(SPACE, N_COMPONENTS, seed=0)
+    model = network_model(SPACE, N_COMPONENTS, random_state=0)
     A_true = model.A.astype(np.float64)
     parcellations = {P: Parcellation(coordinate_parcels(model.mask, P, seed=0)) for P in sorted({r[1] for r in runs})}
     # the best a parcel-level map can do: the true maps averaged into the parcels and painted back

@@ -105,7 +105,7 @@ def site_worker(cfg: dict) -> None:
     files = cfg["files"]
     src = SiteSource(lambda: (np.load(f) for f in files))  # one subject per block, read on demand
     alg = CapePCA(cfg["k"], cfg["epsilon"], cfg["delta"], mode="power", n_iter=cfg["n_iter"], scale="unit",
-                  seed=cfg["seed"], dim=cfg["D"])
+                  random_state=cfg["seed"], dim=cfg["D"])
     ex = DirectoryExchange(cfg["root"], cfg["S"], run_id=cfg["run_id"], key=bytes.fromhex(cfg["key"]),
                            poll_interval=0.01)
     t0, c0 = time.time(), time.process_time()
@@ -137,7 +137,7 @@ def run(plan: str, epsilon, args, sites, D: int, workdir: Path, n_iter: int | No
     root = workdir / "exchange"
     ex = DirectoryExchange(root, S, run_id=run_id, key=key, poll_interval=0.01)
     n_iter = n_iter or args.n_iter
-    alg = CapePCA(args.k, epsilon, args.delta, mode="power", n_iter=n_iter, scale="unit", seed=args.seed, dim=D)
+    alg = CapePCA(args.k, epsilon, args.delta, mode="power", n_iter=n_iter, scale="unit", random_state=args.seed, dim=D)
     out: dict = {}
 
     def agg():

@@ -57,7 +57,7 @@ def make_data(D: int, K: int, S: int, Ns: int, seed: int, rotate: bool = False):
 def run_method(name, Xs, X, K, eps, delta, seed, calibration="analytic"):
     # the papers' relation (one sample added or removed) and their noise on the covariance's unique entries
     # (each at the full std): this benchmark reproduces their figures
-    kw = dict(seed=seed, calibration=calibration, neighbour="add-remove", symmetric_noise="mirrored")
+    kw = dict(random_state=seed, calibration=calibration, neighbour="add-remove", symmetric_noise="mirrored")
     if name == "capePCA":
         return cape_pca(Xs, K, eps, delta, plan="cape", **kw)
     if name == "conv":

@@ -91,7 +91,7 @@ def make_data(root: Path, space: str, sites: int, subjects: int, T: int, R: int,
         return load_manifest(folder), float("nan")
     t0 = time.perf_counter()
     make_consortium(folder, n_sites=sites, subjects_per_site=subjects, n_components=R, n_timepoints=T, space=space,
-                    seed=0, dtype="int16", model=model)
+                    random_state=0, dtype="int16", model=model)
     return load_manifest(folder), time.perf_counter() - t0
 
 

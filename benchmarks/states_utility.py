@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                 shape = dict(n_sites=SC["sites"], subjects_per_site=subjects, n_components=SC["components"],
                              n_timepoints=SC["timepoints"], space=SC["space"], dtype=SC["dtype"])
                 epsilons, seeds, extra = EPSILONS, list(range(args.seeds)), {}
-            man = make_consortium(tmp / "data", seed=0, states=K, **shape)
+            man = make_consortium(tmp / "data", random_state=0, states=K, **shape)
             base = dict(sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]],
                         out=str(tmp / "run"), space=shape["space"], n_components=shape["n_components"],
                         ica="spatial", brain_states=K, truth=str(tmp / "data"), simulation=True,

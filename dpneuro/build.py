@@ -116,13 +116,13 @@ def pca_algorithm(cfg: RunConfig, dim: int | None = None) -> CapePCA:
         eps = None
     # every time point scaled to unit norm at its site (dpneuro.analysis.SCALING_NOTE)
     return CapePCA(cfg.n_components, eps, cfg.pca_delta, mode=mode, scale="unit",
-                   seed=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound,
+                   random_state=stage_seed(cfg, 1), dim=dim, subject_bound=cfg.pca_subject_bound,
                    contribution=cfg.contribution, variances=cfg.pca_variances, **power)
 
 
 def pdsvd_protocol(cfg: RunConfig, n_sites: int) -> PDSVD:
     """PD-SVD as the reduction: unit-norm time points, a group secret from secure aggregation, eigenvalues."""
-    return PDSVD(cfg.n_components, cfg.pdsvd_iterations, n_sites=n_sites, seed=stage_seed(cfg, 1),
+    return PDSVD(cfg.n_components, cfg.pdsvd_iterations, n_sites=n_sites, random_state=stage_seed(cfg, 1),
                  norm_bound=1.0, scale="unit", group_secret=True, eigenvalues=True,
                  privacy_note=PDSVD_THREAT_MODEL)
 
@@ -133,12 +133,12 @@ def ica_algorithm(cfg: RunConfig) -> CapeDJICA | CapeCumulantICA:
     """The temporal unmixing of a run (R = n_components): capeDJICA, or the cumulant ICA (``ica_unmixing``)."""
     if cfg.cumulant_unmixing:
         return CapeCumulantICA(cfg.n_components, None if cfg.plan == "none" else cfg.cumulant_epsilon,
-                               cfg.pca_delta, seed=stage_seed(cfg, 2))
+                               cfg.pca_delta, random_state=stage_seed(cfg, 2))
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
     return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
                      clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer], plan=cfg.plan,
-                     calibration=cfg.calibration, seed=stage_seed(cfg, 2), clip_unit=cfg.ica_clip_unit,
+                     calibration=cfg.calibration, random_state=stage_seed(cfg, 2), clip_unit=cfg.ica_clip_unit,
                      bias=cfg.ica_bias)
 
 
@@ -175,7 +175,7 @@ def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
     budget = states_budget(cfg)
     z = budget.noise_multiplier if cfg.plan != "none" else 0.0
     order = STATES_STEPS.index(step) + 2
-    return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), seed=stage_seed(cfg, 3),
+    return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), random_state=stage_seed(cfg, 3),
                         W=W, sigma2=sigma2, budget=budget)
 
 

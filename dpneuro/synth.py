@@ -204,6 +204,7 @@ from scipy.spatial import cKDTree
 
 from .algorithms.djica import whiten
 from .io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
+from .privacy import default_rng, resolve_random_state
 from .progressbar import progress_bar
 
 __all__ = [
@@ -289,7 +290,7 @@ def garch_sources(
     n_timepoints: int,
     alpha: np.ndarray,
     beta: np.ndarray,
-    rng: np.random.Generator,
+    random_state=None,
     *,
     omega: float = _GARCH_OMEGA,
     burn_in: int = _GARCH_BURN_IN,
@@ -305,7 +306,8 @@ def garch_sources(
         Samples to return (after discarding `burn_in`).
     alpha, beta : ndarray, shape (R,)
         Per-component GARCH coefficients, ``alpha + beta < 1``.
-    rng : numpy.random.Generator
+    random_state : None, int or numpy.random.Generator
+        Source of the innovations (a Generator is used as it is).
     omega : float
     burn_in : int
         Initial samples discarded so the start value does not matter.
@@ -320,7 +322,7 @@ def garch_sources(
     if np.any(alpha + beta >= 1):
         raise ValueError("GARCH needs alpha + beta < 1 for a stationary process")
     n_total = n_timepoints + burn_in
-    z = rng.standard_normal((alpha.size, n_total))
+    z = default_rng(random_state).standard_normal((alpha.size, n_total))
     h = np.full(alpha.size, omega / (1.0 - alpha - beta))  # unconditional variance
     e_prev2 = h.copy()
     out = np.empty((alpha.size, n_total))
@@ -336,7 +338,7 @@ def garch_sources(
 # ---------------------------------------------------------------------------
 
 def state_centroids(
-    n_components: int, n_states: int, strength: float, rng: np.random.Generator,
+    n_components: int, n_states: int, strength: float, random_state=None,
 ) -> np.ndarray:
     """K x R state centroids in source space: sparse, centred, distinct.
 
@@ -358,7 +360,8 @@ def state_centroids(
     strength : float
         In (0, 1): the fraction of a participating source's variance that
         the state means carry.
-    rng : numpy.random.Generator
+    random_state : None, int or numpy.random.Generator
+        Used as it is when a Generator.
 
     Returns
     -------
@@ -370,6 +373,7 @@ def state_centroids(
         raise ValueError(f"n_states ({K}) exceeds n_components ({R}): every state needs its own component")
     strength = _check_unit_open(strength, "state_strength")
     m = max(1, min(_STATE_MAX_BLOCK, R // K))
+    rng = default_rng(random_state)
     perm = rng.permutation(R)
     signs = rng.choice(np.array([-1.0, 1.0]), size=(K, m))
     signs[:, 0] = 1.0
@@ -381,7 +385,7 @@ def state_centroids(
 
 
 def state_sequence(
-    n_timepoints: int, n_states: int, dwell: float, rng: np.random.Generator,
+    n_timepoints: int, n_states: int, dwell: float, random_state=None,
 ) -> np.ndarray:
     """Hidden state labels of one subject: a Markov chain with geometric dwell times.
 
@@ -398,7 +402,8 @@ def state_sequence(
         K >= 2.
     dwell : float
         Mean dwell time in time points, >= 1 (1: a switch at every step).
-    rng : numpy.random.Generator
+    random_state : None, int or numpy.random.Generator
+        Used as it is when a Generator.
 
     Returns
     -------
@@ -408,6 +413,7 @@ def state_sequence(
     T = _check_int(n_timepoints, "n_timepoints", 1)
     K = _check_int(n_states, "n_states", 2)
     dwell = _check_dwell(dwell)
+    rng = default_rng(random_state)
     start = rng.integers(K)
     leave = rng.random(T - 1) < 1.0 / dwell
     step = rng.integers(1, K, size=T - 1)  # to one of the K - 1 other states
@@ -630,7 +636,8 @@ class NetworkModel:
     params : dict
         Every parameter (JSON-serialisable): :data:`NETWORK_DEFAULTS` overridden by the caller, plus the
         fixed map parameters.
-    seed : int
+    random_state : int
+        The master seed.
     space : str or None
         The space name, None for a custom mask.
     """
@@ -643,14 +650,14 @@ class NetworkModel:
     global_weight: np.ndarray
     regions: list
     params: dict
-    seed: int
+    random_state: int
     space: str | None = None
     _per_mm: np.ndarray = field(default=None, repr=False)
     _filters: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         return (f"NetworkModel(space={self.space!r}, n_voxels={self.n_voxels}, n_components={self.n_components}, "
-                f"seed={self.seed}, noise={self.noise})")
+                f"random_state={self.random_state}, noise={self.noise})")
 
     @property
     def n_voxels(self) -> int:
@@ -701,7 +708,7 @@ class NetworkModel:
         tr = _check_tr(tr)
         p = self.params
         R, D, K = self.n_components, self.n_voxels, int(p["n_physio"])
-        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_NETWORK_SUBJECT_KEY, s, m)))
+        rng = np.random.default_rng(np.random.SeedSequence(self.random_state, spawn_key=(_NETWORK_SUBJECT_KEY, s, m)))
         n, bold, pink = self._spectra(T, tr)
         # the subject's correlation: the group C mixed with a random correlation matrix (both PD)
         G = rng.standard_normal((R, R + _NET_WISHART_EXTRA))
@@ -730,7 +737,7 @@ class NetworkModel:
         return X, S
 
 
-def network_model(space_or_mask, n_components: int = 20, seed: int = 0, **params) -> NetworkModel:
+def network_model(space_or_mask, n_components: int = 20, random_state=0, **params) -> NetworkModel:
     """The "networks" model's group part: maps, group correlation, global-signal weight.
 
     Parameters
@@ -740,8 +747,9 @@ def network_model(space_or_mask, n_components: int = 20, seed: int = 0, **params
         3-D mask with its affine (regions 5-9 mm, mirrored through world x = 0).
     n_components : int, default 20
         Number R of networks.
-    seed : int, default 0
-        Master seed; the same seed as :func:`make_consortium` gives the same maps and subjects.
+    random_state : None, int or numpy Generator, default 0
+        Master seed (a Generator gives it by one draw, None by OS entropy); the same seed as
+        :func:`make_consortium` gives the same maps and subjects.
     **params
         Overrides of :data:`NETWORK_DEFAULTS`: ``noise`` (white noise sd), ``global_amplitude``,
         ``n_physio``, ``physio_amplitude``, ``n_factors``, ``factor_loading``, ``subject_mix``,
@@ -768,7 +776,7 @@ def network_model(space_or_mask, n_components: int = 20, seed: int = 0, **params
         if mask.ndim != 3 or affine.shape != (4, 4):
             raise ValueError(f"need a 3-D mask and a 4 x 4 affine, got shapes {mask.shape} and {affine.shape}")
     R = _check_int(n_components, "n_components", 1)
-    seed = _check_int(seed, "seed", 0)
+    seed = resolve_random_state(random_state, fresh=True)
     p = _network_params(params)
     D = int(mask.sum())
     if R > D:
@@ -818,7 +826,7 @@ def network_model(space_or_mask, n_components: int = 20, seed: int = 0, **params
         "hrf": "SPM double gamma: gamma(6) - gamma(16)/6 (peak 5 s, undershoot 15 s), 32 s, averaged per TR",
     })
     return NetworkModel(mask=mask, affine=affine, A=A.astype(np.float32), correlation=C, strength=strength,
-                        global_weight=g.astype(np.float32), regions=regions, params=p, seed=seed,
+                        global_weight=g.astype(np.float32), regions=regions, params=p, random_state=seed,
                         space=space, _per_mm=per_mm)
 
 
@@ -1166,7 +1174,7 @@ def make_consortium(
     n_components: int = 20,
     n_timepoints: int | Sequence[int] = 150,
     space: str = "mni4mm",
-    seed: int = 0,
+    random_state=0,
     noise: float | None = None,
     tr: float = 2.0,
     progress: bool = False,
@@ -1198,10 +1206,12 @@ def make_consortium(
         Volumes per subject, or one length per site (sites whose scans differ).
     space : {"mni3mm", "mni4mm", "mni6mm", "grid30"}, default "mni4mm"
         Voxel grid and mask, see :func:`load_space`.
-    seed : int, default 0
-        Master seed. Maps and GARCH parameters come from one child stream,
-        each subject from its own stream keyed by (site, subject-in-site), so
-        adding sites or subjects does not change the existing ones.
+    random_state : None, int or numpy Generator, default 0
+        Master seed (a Generator gives it by one draw, None by OS entropy; the
+        manifest records it as ``seed``). Maps and GARCH parameters come from
+        one child stream, each subject from its own stream keyed by (site,
+        subject-in-site), so adding sites or subjects does not change the
+        existing ones.
     noise : float, optional
         Std of the white Gaussian noise added to every in-mask voxel, relative
         to the signal: a component at its map's peak (unit max) has unit std,
@@ -1233,7 +1243,7 @@ def make_consortium(
         bilateral resting-state networks with low-frequency, correlated,
         near-Gaussian BOLD time courses, a global signal and structured
         noise; subject (s, m) is ``network_model(space, n_components,
-        seed, **network_params).subject(s, m, n_timepoints, tr)``. Brain
+        random_state, **network_params).subject(s, m, n_timepoints, tr)``. Brain
         states are not available with "networks".
     network_params : dict, optional
         Overrides of :data:`NETWORK_DEFAULTS` for model="networks" (the
@@ -1275,7 +1285,7 @@ def make_consortium(
     counts = _per_site(subjects_per_site, n_sites, "subjects_per_site", 1)
     n_components = _check_int(n_components, "n_components", 1)
     lengths = _per_site(n_timepoints, n_sites, "n_timepoints", 3)
-    seed = _check_int(seed, "seed", 0)
+    seed = resolve_random_state(random_state, fresh=True)
     if space not in SPACES:
         raise ValueError(f"unknown space {space!r}; choose one of {', '.join(SPACES)}")
     if model not in MODELS:
@@ -1518,8 +1528,9 @@ def load_manifest(path) -> dict:
 # the [capeDJICA] Sec. V set-up, in memory
 # ---------------------------------------------------------------------------
 
-def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
+def grid_maps(R: int, random_state=None, n: int = 30) -> np.ndarray:
     """D x R maps on an n x n grid: 1-3 truncated Gaussian blobs (sd 1.5-3 voxels) per component, unit max."""
+    rng = default_rng(random_state)
     yy, xx = np.mgrid[0:n, 0:n]
     coords = np.c_[yy.ravel(), xx.ravel()].astype(float)
     A = np.zeros((n * n, R))
@@ -1532,13 +1543,15 @@ def grid_maps(R: int, rng: np.random.Generator, n: int = 30) -> np.ndarray:
     return A
 
 
-def paper_ica_data(M: int, rng: np.random.Generator, *, R: int = 20, T: int = 250, S: int = 4) -> dict:
+def paper_ica_data(M: int, random_state=None, *, R: int = 20, T: int = 250, S: int = 4) -> dict:
     """The temporal-ICA set-up of [capeDJICA] Sec. V held in memory: grid maps x GARCH sources, split over sites.
 
     Returns the raw per-site data ``X``, the truth ``A``, the pooled-PCA whitened
     per-site data ``Z`` (float32, the paper whitens non-privately), the truth in
-    that whitened space ``Aw``, ``subjects`` per site and ``T``.
+    that whitened space ``Aw``, ``subjects`` per site and ``T``. ``random_state``: None, an int or a
+    Generator (used as it is).
     """
+    rng = default_rng(random_state)
     A = grid_maps(R, rng)
     alpha = rng.uniform(0.1, 0.2, R)
     beta = np.minimum(rng.uniform(0.7, 0.8, R), 0.97 - alpha)

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.signal import butter, sosfiltfilt
 
+from .privacy import default_rng, resolve_random_state
+
 __all__ = ["PlantedStates", "make_dfnc_consortium", "mix_voxels", "state_correlations", "window_labels"]
 
 
@@ -71,9 +73,12 @@ def _modules(R: int, n_modules: int) -> np.ndarray:
 
 
 def state_correlations(n_components: int = 20, n_states: int = 4, *, n_modules: int = 5,
-                       seed: int = 0) -> np.ndarray:
-    """K planted R x R correlation matrices (see the module docstring)."""
-    rng = np.random.default_rng([seed, 1])
+                       random_state=0) -> np.ndarray:
+    """K planted R x R correlation matrices (see the module docstring).
+
+    ``random_state``: None, an int or a Generator (which gives the seed by one draw).
+    """
+    rng = np.random.default_rng([resolve_random_state(random_state, fresh=True), 1])
     m = _modules(n_components, n_modules)
     out = np.empty((n_states, n_components, n_components))
     for k in range(n_states):
@@ -109,20 +114,22 @@ def _chain(T: int, p_stay: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 def make_dfnc_consortium(n_sites: int = 4, n_subjects: int = 100, n_components: int = 20, n_states: int = 4, *,
                          n_timepoints: int = 200, tr: float = 2.0, dwell=None, lowpass: float | None = 0.15,
-                         noise: float = 0.3, n_modules: int = 5, seed: int = 0) -> PlantedStates:
+                         noise: float = 0.3, n_modules: int = 5, random_state=0) -> PlantedStates:
     """Component time courses of ``n_sites`` x ``n_subjects`` subjects with K planted states.
 
     ``dwell``: mean dwell time per state in seconds (default evenly from 30 to
     90 s); ``lowpass`` in Hz (None: no filter); ``noise``: white noise std
-    relative to the standardised signal. ``n_subjects`` may be a list (per site).
+    relative to the standardised signal. ``n_subjects`` may be a list (per site). ``random_state``: None, an
+    int or a Generator (which gives the seed by one draw); ``params`` records the seed.
     """
+    seed = resolve_random_state(random_state, fresh=True)
     if n_states < 1 or n_components < 2 or n_timepoints < 2:
         raise ValueError("need n_states >= 1, n_components >= 2 and n_timepoints >= 2")
     dwell = np.linspace(30.0, 90.0, n_states) if dwell is None else np.asarray(dwell, float)
     if dwell.shape != (n_states,) or np.any(dwell <= tr):
         raise ValueError(f"dwell must give one mean dwell time (seconds, > TR = {tr}) per state")
     p_stay = 1.0 - tr / dwell
-    states = state_correlations(n_components, n_states, n_modules=n_modules, seed=seed)
+    states = state_correlations(n_components, n_states, n_modules=n_modules, random_state=seed)
     chol = np.linalg.cholesky(states)
     sos = None
     if lowpass is not None:
@@ -147,14 +154,18 @@ def make_dfnc_consortium(n_sites: int = 4, n_subjects: int = 100, n_components: 
         tcs.append(site_tc)
         labs.append(site_lab)
     params = dict(n_sites=n_sites, n_subjects=subjects, n_components=n_components, n_states=n_states,
-                  n_timepoints=n_timepoints, tr=tr, lowpass=lowpass, noise=noise, n_modules=n_modules, seed=seed)
+                  n_timepoints=n_timepoints, tr=tr, lowpass=lowpass, noise=noise, n_modules=n_modules,
+                  random_state=seed)
     return PlantedStates(tcs, labs, states, float(tr), dwell, params)
 
 
 def mix_voxels(timecourse: np.ndarray, maps: np.ndarray, *, noise: float = 1.0,
-               rng: np.random.Generator | None = None) -> np.ndarray:
-    """One subject's voxel data X = A S + noise (D x T) from its R x T time courses and D x R maps."""
-    rng = np.random.default_rng(0) if rng is None else rng
+               random_state=0) -> np.ndarray:
+    """One subject's voxel data X = A S + noise (D x T) from its R x T time courses and D x R maps.
+
+    ``random_state``: None, an int or a Generator (used as it is) for the noise.
+    """
+    rng = default_rng(random_state)
     A = np.asarray(maps, np.float64)
     X = A @ np.asarray(timecourse, np.float64)
     return X + noise * rng.standard_normal(X.shape)

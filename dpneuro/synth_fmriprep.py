@@ -19,7 +19,7 @@ random time courses, and a planted motion artefact: one spatial pattern whose
 time course is a fixed mix of the run's six motion parameters (``trans_x`` ..
 ``rot_z`` in the confounds table), large enough to lead the data's principal
 components until the confounds are regressed out. Everything follows from
-``seed``.
+``random_state``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+
+from .privacy import default_rng
 
 SPACE = "MNI152NLin2009cAsym"
 #: the input (fMRIPrep) grid: 2 mm, and the analysis grid: 4 mm, over the same field of view (mm)
@@ -136,7 +138,7 @@ def _nifti(path: Path, data: np.ndarray, affine, *, tr: float | None = None, mni
     return path
 
 
-def write_fmriprep_site(root, *, n_subjects: int = 3, n_volumes: int = 80, tr: float = 2.0, seed: int = 0,
+def write_fmriprep_site(root, *, n_subjects: int = 3, n_volumes: int = 80, tr: float = 2.0, random_state=0,
                         multi_run: bool = True, trs: dict[str, float] | None = None, extra_res: bool = False,
                         n_sources: int = 3, artefact_amplitude: float = 4.0, noise: float = 1.0,
                         corrupt: tuple[str, ...] = ()) -> FmriprepSite:
@@ -146,9 +148,10 @@ def write_fmriprep_site(root, *, n_subjects: int = 3, n_volumes: int = 80, tr: f
     trs : per-subject TR overriding ``tr`` (e.g. ``{"sub-02": 1.5}``)
     extra_res : also write each MNI run at ``res-3`` (a 3 mm copy: the same run twice unless filtered by res)
     corrupt : subjects whose desc-preproc runs are truncated gzip files
+    random_state : None, int or numpy Generator (used as it is)
     """
     root = Path(root)
-    rng = np.random.default_rng(seed)
+    rng = default_rng(random_state)
     root.mkdir(parents=True, exist_ok=True)
     (root / "dataset_description.json").write_text(json.dumps({
         "Name": "fMRIPrep - synthetic", "BIDSVersion": "1.8.0", "DatasetType": "derivative",

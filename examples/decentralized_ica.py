@@ -20,7 +20,7 @@ args = [a for a in sys.argv[1:] if a != "--small"]
 out = Path(args[0] if args else "dpneuro_example")
 n_sites, n_subjects, n_networks = (3, 8, 6) if "--small" in sys.argv else (4, 32, 8)
 manifest = make_consortium(out / "data", n_sites=n_sites, subjects_per_site=n_subjects, n_components=n_networks,
-                           n_timepoints=120, space="mni6mm", seed=0, dtype="int16")
+                           n_timepoints=120, space="mni6mm", random_state=0, dtype="int16")
 sites = {s["site"]: sorted(Path(s["path"]).glob("*.nii.gz")) for s in manifest["sites"]}
 
 # %% How much privacy would the run spend? The planner reads the counts from the file headers

@@ -20,7 +20,7 @@ TEMPLATES = REPO / "site_templates"
 def consortium(root: Path, *, n_timepoints: int = 40, seed: int = 0) -> dict:
     """4 sites x 3 subjects on the 30 x 30 grid, 4 sources."""
     return make_consortium(root, n_sites=4, subjects_per_site=3, n_components=4, n_timepoints=n_timepoints,
-                           space="grid30", seed=seed)
+                           space="grid30", random_state=seed)
 
 
 def run_config(man: dict, out: Path, **kw) -> RunConfig:

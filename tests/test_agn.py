@@ -84,7 +84,7 @@ def test_tensor_power_recovers_orthogonal_decomposition(K, k, seed):
     V = ortho_group.rvs(K, random_state=rng)[:, :k]
     lam = rng.uniform(1.0, 3.0, k)
     T = tz.rank_one_sum(lam, V)
-    got_lam, U = tz.tensor_power(T, k, n_restarts=10, n_iter=30, rng=rng)
+    got_lam, U = tz.tensor_power(T, k, n_restarts=10, n_iter=30, random_state=rng)
     perm = _match(U, V)
     assert np.allclose(U[:, perm], V, atol=1e-8)  # odd order: eigenvectors come with their sign
     assert np.allclose(got_lam[perm], lam, atol=1e-8)
@@ -100,7 +100,7 @@ def test_pipeline_recovers_population_model_exactly():
     M3 = tz.rank_one_sum(w, A)
     W, _ = tz.whitening(M2, k)
     assert np.allclose(W.T @ M2 @ W, np.eye(k), atol=1e-10)
-    lam, U = tz.tensor_power(tz.multilinear(M3, W), k, rng=rng)
+    lam, U = tz.tensor_power(tz.multilinear(M3, W), k, random_state=rng)
     A_hat, w_hat = tz.recover(W, lam, U)
     perm = _match(A_hat, A)
     assert np.allclose(A_hat[:, perm], A, atol=1e-8)
@@ -263,7 +263,7 @@ def test_vector_laplace_norm_and_direction():
 def test_nonprivate_mog_recovery_close_to_truth():
     for seed in range(3):
         A, w, sites = mog_data(seed=seed)
-        r = otd(np.hstack(sites), 5, scale=mog_scale(10), seed=seed)
+        r = otd(np.hstack(sites), 5, scale=mog_scale(10), random_state=seed)
         assert q_comp(r.components, A, "hungarian") < 0.06
         perm = _match(r.components, A)
         assert np.allclose(r.weights[perm], w, atol=0.02)
@@ -272,7 +272,7 @@ def test_nonprivate_mog_recovery_close_to_truth():
 
 def test_nonprivate_stm_recovery_close_to_truth():
     A, w, sites = stm_data(N=60_000)
-    r = otd(np.concatenate(sites, axis=2), 5, model="stm", seed=0)
+    r = otd(np.concatenate(sites, axis=2), 5, model="stm", random_state=0)
     assert np.allclose(r.components.sum(axis=0), 1) and np.all(r.components >= 0)
     assert q_comp(r.components, A, "hungarian") < 0.08
     rnd = np.random.default_rng(0).dirichlet(np.ones(10), size=5).T
@@ -287,8 +287,8 @@ def test_plan_none_equals_pooled_method_of_moments(model):
     else:
         A, _, sites = stm_data(N=12_000, S=3, seed=1)
         pooled, kw = np.concatenate(sites, axis=2), {}
-    a = cape_agn(sites, 5, 1.0, 0.01, model=model, plan="none", seed=3, **kw)
-    b = otd(pooled, 5, model=model, seed=[3, 99], **kw)
+    a = cape_agn(sites, 5, 1.0, 0.01, model=model, plan="none", random_state=3, **kw)
+    b = otd(pooled, 5, model=model, random_state=np.random.SeedSequence([3, 99]), **kw)  # cape_agn's finishing stream
     assert np.allclose(a.whitening, b.whitening, atol=1e-9)
     assert np.allclose(a.components, b.components, atol=1e-8)
     assert np.allclose(a.weights, b.weights, rtol=1e-8)
@@ -329,7 +329,7 @@ def test_cape_m3_noise_has_pooled_variance():
 def test_cape_ledgers_record_both_stages_at_sample_level():
     A, _, sites = mog_data(N=15_000, S=3, seed=3)
     eps, delta = 2.0, 0.01
-    r = cape_agn(sites, 5, eps, delta, plan="cape", scale=mog_scale(10), seed=5)
+    r = cape_agn(sites, 5, eps, delta, plan="cape", scale=mog_scale(10), random_state=5)
     n_s = 5000
     s2 = r.info["sigma2_scaled"]
     d2, d3 = np.sqrt(2) / n_s, (2 + 6 * 10 * s2) / n_s
@@ -348,7 +348,7 @@ def test_cape_ledgers_record_both_stages_at_sample_level():
 
 def test_avn_is_pure_eps_in_stage_two():
     A, _, sites = mog_data(N=10_000, S=1, seed=4)
-    r = avn(sites[0], 5, 4.0, 0.01, scale=mog_scale(10), seed=0, split=(0.25, 0.75))
+    r = avn(sites[0], 5, 4.0, 0.01, scale=mog_scale(10), random_state=0, split=(0.25, 0.75))
     (led,) = r.ledgers
     (rel,) = led.releases
     assert rel.name == "m2"
@@ -360,7 +360,7 @@ def test_avn_is_pure_eps_in_stage_two():
 
 def test_local_agn_uses_the_site_sample_size():
     A, _, sites = mog_data(N=15_000, S=3, seed=5)
-    r = local_agn(sites, 5, 1.0, 0.01, site=2, scale=mog_scale(10), seed=0)
+    r = local_agn(sites, 5, 1.0, 0.01, site=2, scale=mog_scale(10), random_state=0)
     (led,) = r.ledgers
     assert led.owner == "site-2"
     assert led.releases[0].sensitivity == pytest.approx(np.sqrt(2) / 5000)
@@ -374,14 +374,14 @@ def test_cape_beats_conv_and_local_and_approaches_nonprivate():
     for seed in range(10):
         A, _, sites = mog_data(seed=10 + seed)
         for plan in ("cape", "conv"):
-            r = cape_agn(sites, 5, 1.0, 0.01, plan=plan, scale=sc, seed=seed)
+            r = cape_agn(sites, 5, 1.0, 0.01, plan=plan, scale=sc, random_state=seed)
             q[plan].append(q_comp(r.components, A, "hungarian"))
-        r = local_agn(sites, 5, 1.0, 0.01, scale=sc, seed=seed)
+        r = local_agn(sites, 5, 1.0, 0.01, scale=sc, random_state=seed)
         q["local"].append(q_comp(r.components, A, "hungarian"))
         if seed < 4:
-            r = cape_agn(sites, 5, 20.0, 0.01, plan="cape", scale=sc, seed=seed)
+            r = cape_agn(sites, 5, 20.0, 0.01, plan="cape", scale=sc, random_state=seed)
             q["cape20"].append(q_comp(r.components, A, "hungarian"))
-            r = otd(np.hstack(sites), 5, scale=sc, seed=seed)
+            r = otd(np.hstack(sites), 5, scale=sc, random_state=seed)
             q["nonprivate"].append(q_comp(r.components, A, "hungarian"))
     med = {m: float(np.median(v)) for m, v in q.items()}
     # measured medians (10 seeds, eps = 1): cape 0.16, conv 0.43, local 0.75; eps = 20: cape ~ non-private
@@ -474,7 +474,7 @@ def test_brain_states_centroids_and_occupancies():
     for _ in range(S):
         h = rng.choice(K, size=n, p=p)
         Z.append(C[:, h] + 0.4 * rng.standard_normal((R, n)))
-    out = brain_states(Z, K, 50.0, 0.01, plan="cape", scale=4.0, seed=1, timepoints_per_subject=2)
+    out = brain_states(Z, K, 50.0, 0.01, plan="cape", scale=4.0, random_state=1, timepoints_per_subject=2)
     perm = _match(out.centroids, C)
     assert np.abs(out.centroids[:, perm] - C).max() < 0.25
     assert np.allclose(out.occupancy[perm], p, atol=0.05) and out.occupancy.sum() == pytest.approx(1)
@@ -482,7 +482,7 @@ def test_brain_states_centroids_and_occupancies():
     for led in out.ledgers:
         assert {x.unit for x in led.releases} == {"subject"}
         assert led.releases[0].sensitivity == pytest.approx(2 * np.sqrt(2) / n)
-    rel = brain_states(Z, K, 50.0, 0.01, plan="conv", scale=4.0, seed=1, occupancy="release")
+    rel = brain_states(Z, K, 50.0, 0.01, plan="conv", scale=4.0, random_state=1, occupancy="release")
     perm = _match(rel.centroids, C)
     assert np.allclose(rel.occupancy[perm], p, atol=0.05)
     for led in rel.ledgers:

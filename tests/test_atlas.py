@@ -107,7 +107,7 @@ def test_a_run_with_an_atlas_uses_its_regions_everywhere(tmp_path):
     from dpneuro.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=3, n_components=4, n_timepoints=40,
-                          space="grid30", seed=3)
+                          space="grid30", random_state=3)
     atlas = tmp_path / "atlas.nii.gz"
     _blocks(upsample=2).to_filename(atlas)
     cfg = RunConfig.from_dict({"sites": [{"name": s["site"], "path": s["path"]} for s in man["sites"]],
@@ -177,7 +177,7 @@ def test_a_run_with_a_probabilistic_atlas(tmp_path):
     from dpneuro.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=3, n_components=3, n_timepoints=40,
-                          space="grid30", seed=4)
+                          space="grid30", random_state=4)
     atlas = tmp_path / "maps.nii.gz"
     _blobs().to_filename(atlas)
     ica = dpneuro.DecentralizedICA(n_components=3, plan="none", reduction="none", space="grid30", random_state=0,

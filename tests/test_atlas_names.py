@@ -147,7 +147,7 @@ def test_a_run_with_dosenbach_coordinates_end_to_end(tmp_path):
     from dpneuro.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=2, n_components=3, n_timepoints=30,
-                          space="mni6mm", seed=5)
+                          space="mni6mm", random_state=5)
     mask, affine = load_space("mni6mm")
     n_regions = len(atlas_labels(atlas_image("dosenbach_2010", mask, affine), mask, affine)[1])
     assert n_regions >= 150

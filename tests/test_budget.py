@@ -23,7 +23,7 @@ def consortia(tmp_path_factory):
     root = tmp_path_factory.mktemp("budget")
     sym = dc.consortium(root / "sym")
     asym = make_consortium(root / "asym", n_sites=4, subjects_per_site=[3, 5, 2, 4], n_components=4,
-                           n_timepoints=40, space="grid30", seed=1)
+                           n_timepoints=40, space="grid30", random_state=1)
     return {"sym": sym, "asym": asym}
 
 
@@ -258,7 +258,7 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(S)],
                                "out": str(tmp_path / "o")})
     for seed in range(3):
-        res = cape_pca(Xs, 5, 2.0, DELTA, plan="cape", seed=seed)
+        res = cape_pca(Xs, 5, 2.0, DELTA, plan="cape", random_state=seed)
         privacy = {"sites": {f"s{i}": {"ledger": led.to_dict()} for i, led in enumerate(res.ledgers)}}
         noise = expected_noise(cfg, {f"s{i}": Ns for i in range(S)}, D, privacy)
         E = res.info["A_hat"] - A
@@ -321,7 +321,7 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
     from dpneuro.budget import SiteShape
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=[15, 30, 60], n_components=4,
-                          n_timepoints=[100, 120, 150], space="grid30", seed=2)
+                          n_timepoints=[100, 120, 150], space="grid30", random_state=2)
     files = {s["site"]: [sub["path"] for sub in s["subjects"]] for s in man["sites"]}
     for target in (None, 4.0):
         ica = DecentralizedICA(n_components=4, epsilon=target, pca_epsilon=6.0, mask=man["mask"], parcels=60,

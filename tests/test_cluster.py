@@ -36,7 +36,7 @@ def _require_distributed():
 def consortium(tmp_path_factory):
     root = tmp_path_factory.mktemp("cluster")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=5, n_components=R, n_timepoints=40,
-                          space="grid30", seed=7)
+                          space="grid30", random_state=7)
     # site-01's first two files are one person's two runs: batches must keep a subject's runs together, in order
     files = sorted(Path(man["sites"][0]["path"]).glob("*.nii*"))
     tsv = root / "subjects.tsv"

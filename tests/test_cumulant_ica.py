@@ -111,7 +111,7 @@ def test_replace_worst_case_is_the_recorded_sensitivity():
     R, T, B = 2, 4, 0.8
     rng = np.random.default_rng(5)
     base = [rng.standard_normal((R, T)) for _ in range(3)]
-    alg = CapeCumulantICA(R, 1.0, DELTA, clip=B, refine_share=0, seed=0)
+    alg = CapeCumulantICA(R, 1.0, DELTA, clip=B, refine_share=0, random_state=0)
     lengths = [T] * 3
     recorded = alg.site_releases(alg.site_init(0, (np.hstack(base), lengths)))["K4"].sensitivity
     cands = [np.tile(np.array([[a], [b]]) * s, (1, T)) for a, b in ((1, 0), (0, 1), (1, 1), (1, -1)) for s in (0.1, 3)]
@@ -136,7 +136,7 @@ def test_refinement_replace_worst_case_is_the_recorded_sensitivity():
     R, T, c = 2, 4, 0.7
     rng = np.random.default_rng(6)
     base = [rng.standard_normal((R, T)) for _ in range(3)]
-    alg = CapeCumulantICA(R, 1.0, DELTA, refine_clip=c, seed=0)
+    alg = CapeCumulantICA(R, 1.0, DELTA, refine_clip=c, random_state=0)
     lengths = [T] * 3
     recorded = alg.site_releases(alg.site_init(0, (np.hstack(base), lengths)))["S2"].sensitivity
     cands = [np.tile(np.array([[a], [b]]) * s, (1, T)) for a, b in ((1, 0), (0, 1), (1, 1), (1, -1)) for s in (0.1, 3)]
@@ -223,7 +223,7 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
     n_draws, stats_ = 400, [[], []]
     for i in range(n_draws):
         for j, w in enumerate(worlds):
-            res = run_cape(CapeCumulantICA(R, 2.0, DELTA, clip=B, refine_share=0, seed=2 * i + j), [w], "conv")
+            res = run_cape(CapeCumulantICA(R, 2.0, DELTA, clip=B, refine_share=0, random_state=2 * i + j), [w], "conv")
             rel = res.sites[0]["ledger"].releases[0]
             stats_[j].append(float((pack_weighted(res.aggregator["K4"]) - clean[0]) @ u / np.linalg.norm(u)
                                    / rel.sigma))

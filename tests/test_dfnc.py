@@ -18,7 +18,7 @@ DELTA = 1e-5
 
 
 def _consortium(subjects=10, R=8, K=3, T=120, seed=0, sites=4):
-    P = make_dfnc_consortium(sites, subjects, R, K, n_timepoints=T, seed=seed)
+    P = make_dfnc_consortium(sites, subjects, R, K, n_timepoints=T, random_state=seed)
     return P, [dfnc.site_windows(tc) for tc in P.timecourses]
 
 
@@ -114,7 +114,7 @@ def test_non_private_states_recover_the_planted_ones(method):
     within 0.08 of the windows' planted states (windows straddling a switch blur k-means' boundaries)."""
     P, ws = _consortium(subjects=12, R=12, T=200, seed=3)
     truth = dfnc.matrix_to_vector(P.states)
-    res = dfnc.dfnc_states(ws, 3, None, plan="none", method=method, seed=0, n_rounds=8, average_last=1)
+    res = dfnc.dfnc_states(ws, 3, None, plan="none", method=method, random_state=0, n_rounds=8, average_last=1)
     perm, corr = match_components(np.tanh(res.vectors), np.tanh(truth))
     assert corr.min() > 0.95, corr
     assert res.states.shape == (3, 12, 12) and np.allclose(np.diagonal(res.states, axis1=1, axis2=2), 1)
@@ -144,7 +144,7 @@ def test_ledger_records_every_release_and_the_planner_agrees(method):
     """Equal sites: the composed headline eps is the target; every round's sums and counts are in the ledger at
     2B / M_s and sqrt(2) / M_s; the planner, from counts alone, predicts the same ledgers."""
     _, ws = _consortium(subjects=8)
-    res = dfnc.dfnc_states(ws, 3, 4.0, DELTA, method=method, n_rounds=3, seed=5)
+    res = dfnc.dfnc_states(ws, 3, 4.0, DELTA, method=method, n_rounds=3, random_state=5)
     plan = dfnc.plan_ledgers([w.lengths for w in ws], 8, 3, 4.0, DELTA, method=method, n_rounds=3)
     B = dfnc.default_bound(ws[0].D)
     for led, want in zip(res.ledgers, plan):
@@ -164,9 +164,9 @@ def test_ledger_records_every_release_and_the_planner_agrees(method):
 
 
 def test_unequal_sites_stay_within_the_budget():
-    P = make_dfnc_consortium(4, [6, 9, 12, 15], 6, 3, n_timepoints=80, seed=2)
+    P = make_dfnc_consortium(4, [6, 9, 12, 15], 6, 3, n_timepoints=80, random_state=2)
     ws = [dfnc.site_windows(tc) for tc in P.timecourses]
-    res = dfnc.dfnc_states(ws, 3, 2.0, DELTA, n_rounds=2, seed=1)
+    res = dfnc.dfnc_states(ws, 3, 2.0, DELTA, n_rounds=2, random_state=1)
     eps = [led.epsilon(DELTA, collusion=True) for led in res.ledgers]
     assert max(eps) == pytest.approx(2.0, rel=1e-6) and min(eps) < 2.0
     plan = dfnc.plan_ledgers([w.lengths for w in ws], 6, 3, 2.0, DELTA, n_rounds=2)
@@ -244,13 +244,13 @@ def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
     X1 = ws[0].X.copy()
     X1[:, :n0] = (C[:, 1] * 40)[:, None]
     worlds = [ws, [dfnc.WindowSet(X1, ws[0].lengths)] + ws[1:]]
-    algs = [dfnc.CapeKMeans(3, 1, B, z, z, init=C, seed=None) for _ in worlds]
+    algs = [dfnc.CapeKMeans(3, 1, B, z, z, init=C, random_state=None) for _ in worlds]
     f = [_subject_contribution(a, w[0], C) for a, w in zip(algs, worlds)]
     diff = {k: f[1][k] - f[0][k] for k in f[0]}
     stats, sep, mu = [[], []], None, None
     for world in (0, 1):
         for rep in range(150):
-            alg = dfnc.CapeKMeans(3, 1, B, z, z, init=C, seed=1000 * world + rep)
+            alg = dfnc.CapeKMeans(3, 1, B, z, z, init=C, random_state=1000 * world + rep)
             res = run_cape(alg, worlds[world], "cape")
             t, sep = _coalition_statistic(res, diff)
             stats[world].append(t)
@@ -273,7 +273,7 @@ def test_private_kmeans_degrades_gracefully_with_the_budget():
     for eps in (0.25, 8.0):
         cs = []
         for seed in range(3):
-            res = dfnc.dfnc_states(ws, 3, eps, DELTA, seed=seed)
+            res = dfnc.dfnc_states(ws, 3, eps, DELTA, random_state=seed)
             cs.append(match_components(np.tanh(res.vectors), truth)[1].mean())
         got[eps] = np.mean(cs)
     assert got[8.0] > 0.85, got
@@ -283,7 +283,7 @@ def test_private_kmeans_degrades_gracefully_with_the_budget():
 # -- generator ---------------------------------------------------------------------------------
 
 def test_generator_plants_valid_states_with_the_asked_dwell_times():
-    P = make_dfnc_consortium(2, 20, 10, 4, n_timepoints=400, dwell=(20, 40, 60, 120), seed=1)
+    P = make_dfnc_consortium(2, 20, 10, 4, n_timepoints=400, dwell=(20, 40, 60, 120), random_state=1)
     for C in P.states:
         assert np.allclose(np.diag(C), 1) and np.allclose(C, C.T) and np.linalg.eigvalsh(C).min() > 0
     runs = {k: [] for k in range(4)}
@@ -299,7 +299,7 @@ def test_generator_plants_valid_states_with_the_asked_dwell_times():
     occ = P.occupancy
     assert np.all(np.diff(occ) > 0)  # longer dwell, more time
     # the same seed gives the same consortium
-    Q = make_dfnc_consortium(2, 20, 10, 4, n_timepoints=400, dwell=(20, 40, 60, 120), seed=1)
+    Q = make_dfnc_consortium(2, 20, 10, 4, n_timepoints=400, dwell=(20, 40, 60, 120), random_state=1)
     assert np.array_equal(P.timecourses[1][3], Q.timecourses[1][3])
 
 
@@ -320,6 +320,6 @@ def test_refusals():
 def test_random_state_is_the_seed():
     _, ws = _consortium(subjects=4)
     a = dfnc.dfnc_states(ws, 3, 4.0, random_state=3, n_rounds=2)
-    b = dfnc.dfnc_states(ws, 3, 4.0, seed=3, n_rounds=2)
-    c = dfnc.dfnc_states(ws, 3, 4.0, seed=4, n_rounds=2)
+    b = dfnc.dfnc_states(ws, 3, 4.0, random_state=3, n_rounds=2)
+    c = dfnc.dfnc_states(ws, 3, 4.0, random_state=4, n_rounds=2)
     assert np.array_equal(a.vectors, b.vectors) and not np.allclose(a.vectors, c.vectors)

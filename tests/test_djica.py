@@ -267,7 +267,7 @@ def test_design_reference_figures():
 def test_cape_plan_runs_with_secure_aggregation():
     sites, Aw = _laplace_sites(R=4, N=9_000, S=3)
     res = cape_djica(sites, 30, epsilon_i=2.0, delta_i=1e-2, calibration="analytic", clip_G=4.0,
-                     clip_h=2.0, clip_unit="subject", rounds=5, plan="cape", optimizer="fast", seed=1)
+                     clip_h=2.0, clip_unit="subject", rounds=5, plan="cape", optimizer="fast", random_state=1)
     z = gaussian_sigma(2.0, 1e-2)
     for led in res.ledgers:
         rel = {r.name: r for r in led.releases}
@@ -322,11 +322,11 @@ def test_refusals_happen_before_any_release():
 
 def test_local_dp_ica_and_reproducible_seeds():
     sites, Aw = _laplace_sites(R=4, N=9_000, S=3)
-    kw = dict(epsilon_i=0.9, delta_i=1e-2, rounds=15, optimizer="fast", seed=11)
+    kw = dict(epsilon_i=0.9, delta_i=1e-2, rounds=15, optimizer="fast", random_state=11)
     a, b = local_dp_ica(sites[0], 10, **kw), local_dp_ica(sites[0], 10, **kw)
     np.testing.assert_array_equal(a.W, b.W)
     assert len(a.ledgers) == 1 and a.ledgers[0].releases[0].count == 15
-    c = local_dp_ica(sites[0], 10, **{**kw, "seed": 12})
+    c = local_dp_ica(sites[0], 10, **{**kw, "random_state": 12})
     assert not np.allclose(a.W, c.W)
 
 
@@ -362,7 +362,7 @@ def test_qngi_decreases_with_rounds_and_subjects():
     med = {}
     for M in (48, 480):
         sites, subj, Aw = _paper_data(M, S=4, R=6, seed=5)
-        runs = [cape_djica(sites, subj, seed=s, truth=Aw, **kw) for s in range(3)]
+        runs = [cape_djica(sites, subj, random_state=s, truth=Aw, **kw) for s in range(3)]
         med[M] = float(np.median([qngi(r.W @ Aw) for r in runs]))
         q_hist = np.median([r.history["qngi"] for r in runs], axis=0)
         if M == 480:
@@ -439,7 +439,7 @@ def _run_parties(alg, sites, subjects, plan, agg_checkpoint=None, crash_at=None,
 @pytest.mark.parametrize("plan", ["conv", "cape"])
 def test_aggregator_crash_resumes_without_re_releasing(tmp_path, plan):
     sites, Aw = _laplace_sites(R=4, N=9_000, S=3)
-    kw = dict(R=4, epsilon_i=0.9, delta_i=1e-2, rounds=12, plan=plan, optimizer=OPTIMIZERS["fast"], seed=7, bias=True,
+    kw = dict(R=4, epsilon_i=0.9, delta_i=1e-2, rounds=12, plan=plan, optimizer=OPTIMIZERS["fast"], random_state=7, bias=True,
               clip_G=30.0, clip_h=30.0, clip_unit="sample")
     ref_agg, ref_sites, _ = _run_parties(_CrashingDJICA(**kw), sites, 10, plan)
     agg, site_states, ex = _run_parties(_CrashingDJICA(**kw), sites, 10, plan,
@@ -458,7 +458,7 @@ def test_aggregator_crash_resumes_without_re_releasing(tmp_path, plan):
 
 def test_site_checkpoints_and_finished_run_is_not_rerun(tmp_path):
     sites, Aw = _laplace_sites(R=4, N=9_000, S=3)
-    kw = dict(epsilon_i=0.9, delta_i=1e-2, rounds=6, plan="conv", optimizer="fast", seed=2)
+    kw = dict(epsilon_i=0.9, delta_i=1e-2, rounds=6, plan="conv", optimizer="fast", random_state=2)
     first = cape_djica(sites, 10, checkpoint=tmp_path, **kw)
     assert (tmp_path / "aggregator.npz").exists() and (tmp_path / "site-000.npz").exists()
     saved = DirectoryCheckpoint(tmp_path / "site-001.npz").load()

@@ -29,7 +29,7 @@ SETTINGS = dict(parcels=0, pca_epsilon=50.0, ica_epsilon_i=50.0, ica_rounds=15, 
 def consortium(tmp_path_factory):
     root = tmp_path_factory.mktemp("estimators")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=3, n_components=R, n_timepoints=80,
-                          space="grid30", seed=5)
+                          space="grid30", random_state=5)
     files = {s["site"]: sorted(str(p) for p in Path(s["path"]).glob("*.nii.gz")) for s in man["sites"]}
     return root, man, files
 

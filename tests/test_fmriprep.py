@@ -22,7 +22,7 @@ from dpneuro.synth_fmriprep import analysis_mask, write_fmriprep_site
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     d = tmp_path_factory.mktemp("fmriprep")
-    return write_fmriprep_site(d / "site", seed=1), analysis_mask(d / "mask.nii.gz")
+    return write_fmriprep_site(d / "site", random_state=1), analysis_mask(d / "mask.nii.gz")
 
 
 def _lengths(sd):
@@ -90,7 +90,7 @@ def test_filters(tree, filters, expected):
 
 
 def test_res_filter_and_the_same_run_twice(tmp_path):
-    site = write_fmriprep_site(tmp_path / "site", n_subjects=2, multi_run=False, extra_res=True, seed=2)
+    site = write_fmriprep_site(tmp_path / "site", n_subjects=2, multi_run=False, extra_res=True, random_state=2)
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     with pytest.raises(DataValidationError, match="same run as .*res-2.*res"):
         load_site(site.root, mask)
@@ -191,7 +191,7 @@ def test_each_site_filters_with_its_own_tr(tmp_path):
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     cleaning = Cleaning(detrend=True, high_pass=0.01, low_pass=0.2)
     for tr in (2.0, 0.8):
-        site = write_fmriprep_site(tmp_path / f"tr{tr}", n_subjects=1, multi_run=False, tr=tr, seed=3)
+        site = write_fmriprep_site(tmp_path / f"tr{tr}", n_subjects=1, multi_run=False, tr=tr, random_state=3)
         sd = load_site(site.root, mask, cleaning=cleaning)
         assert sd.tr == tr and sd.run_records[0]["tr"] == tr
         want = signal.clean(_raw(sd.paths[0], mask).T, detrend=True, standardize="zscore_sample", high_pass=0.01,
@@ -201,7 +201,7 @@ def test_each_site_filters_with_its_own_tr(tmp_path):
 
 def test_mixed_tr_within_a_site_is_refused_by_run(tmp_path):
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, trs={"sub-02": 1.5}, seed=4)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, trs={"sub-02": 1.5}, random_state=4)
     with pytest.raises(DataValidationError, match=r"sub-02_task-rest_space.*TR 1.5 s differs from 2 s"):
         load_site(site.root, mask, bids={"task": "rest"})
     # the sidecar's RepetitionTime is the run's TR; one that contradicts the header is refused by name
@@ -215,7 +215,7 @@ def test_mixed_tr_within_a_site_is_refused_by_run(tmp_path):
 
 def test_a_corrupt_subject_stops_the_site_or_is_left_out(tmp_path):
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-02",), seed=5)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-02",), random_state=5)
     bad = site.runs["sub-02"][0]
     with pytest.raises(DataValidationError, match=f"{bad.name}: (corrupted|truncated)"):
         load_site(site.root, mask, bids={"task": "rest"})
@@ -233,7 +233,7 @@ def test_a_corrupt_subject_stops_the_site_or_is_left_out(tmp_path):
 
 def test_bad_data_found_while_decoding_is_left_out_too(tmp_path):
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, seed=6)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, random_state=6)
     path = site.runs["sub-01"][0]
     img = nib.load(str(path))
     data = np.asarray(img.dataobj).copy()
@@ -248,7 +248,7 @@ def test_the_load_stage_records_and_reports_it(tmp_path):
     from dpneuro.report import data_section
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-03",), seed=7)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-03",), random_state=7)
     cfg = RunConfig.from_dict({"sites": [{"name": "site-01", "path": str(site.root), "exclude": ["sub-02"]}],
                                "out": str(tmp_path / "out"), "mask": str(mask), "parcels": 0, "plan": "conv",
                                "bids": {"task": "rest"}, "confounds": "simple", "on_bad_subject": "skip"}).validate()
@@ -315,7 +315,7 @@ def test_ica_aroma_reads_the_aroma_runs_or_is_refused_with_the_reason(tree, tmp_
 
 def test_confounds_asked_for_but_missing_are_refused_by_run(tmp_path):
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, seed=8)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, multi_run=False, random_state=8)
     (site.root / "sub-02" / "func" / "sub-02_task-rest_desc-confounds_timeseries.tsv").unlink()
     with pytest.raises(DataValidationError, match="sub-02_task-rest_space.*no fMRIPrep confounds table"):
         load_site(site.root, mask, bids={"task": "rest"}, cleaning=Cleaning(confounds="simple"))
@@ -395,7 +395,7 @@ def test_the_planner_counts_what_the_site_reads(tmp_path):
     from dpneuro.budget import site_shapes
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, seed=7)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, random_state=7)
     cfg = RunConfig.from_dict({"sites": [{"name": "site-01", "path": str(site.root), "exclude": ["sub-02"]}],
                                "out": str(tmp_path / "out"), "mask": str(mask), "parcels": 0, "plan": "conv",
                                "bids": {"task": "rest"}, "confounds": "scrubbing"}).validate()
@@ -454,7 +454,7 @@ def test_the_fmriprep_template_runs_on_fmriprep_outputs(tmp_path, monkeypatch):
     atlases._fetch.cache_clear()
     path, raw = _template_config()
     for i, s in enumerate(raw["sites"]):
-        s["path"] = str(write_fmriprep_site(tmp_path / s["name"], n_subjects=3, multi_run=False, seed=20 + i).root)
+        s["path"] = str(write_fmriprep_site(tmp_path / s["name"], n_subjects=3, multi_run=False, random_state=20 + i).root)
     raw.update(out=str(tmp_path / "out"), mask=str(mask), n_components=4, simulation=True, seed=0)
     cfg = RunConfig.from_dict(raw, base=tmp_path).validate()
     ica = dpneuro.DecentralizedICA.from_config(cfg).fit()
@@ -479,7 +479,7 @@ def test_time_courses_name_each_runs_session_run_volume_and_onset(tmp_path):
     from dpneuro.maps import TIMECOURSE_INDEX, read_timecourses, write_timecourses
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, n_volumes=40, tr=1.5, seed=2)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=3, n_volumes=40, tr=1.5, random_state=2)
     sd = load_site(site.root, mask, cleaning=Cleaning(confounds="scrubbing"))
     rec = sd.metadata()
     S = np.vstack([np.arange(sd.n_samples), -np.arange(sd.n_samples)]).astype(float)
@@ -526,7 +526,7 @@ def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
     import dpneuro
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
-    sites = {f"site-0{i}": write_fmriprep_site(tmp_path / f"s{i}", n_subjects=3, n_volumes=40, seed=i).root
+    sites = {f"site-0{i}": write_fmriprep_site(tmp_path / f"s{i}", n_subjects=3, n_volumes=40, random_state=i).root
              for i in (1, 2, 3)}
     ica = dpneuro.DecentralizedICA(n_components=3, mask=str(mask), parcels=0, plan="none", random_state=0,
                                    site_voxel_maps=False, out=tmp_path / "out", bids={"task": "rest"},
@@ -548,7 +548,7 @@ def test_a_costly_site_keeps_its_voxels_once_for_its_voxel_maps(tmp_path):
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask)
-    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, seed=4)
+    site = write_fmriprep_site(tmp_path / "s", n_subjects=2, random_state=4)
     cleaning = RunConfig.from_dict({"sites": [{"name": "a", "path": "."}], "out": "o", "confounds": "simple",
                                     "smoothing_fwhm": 6.0}).cleaning()
     pc = Parcellation(coordinate_parcels(m, 12, seed=0))

@@ -62,7 +62,7 @@ def check_standardized(site: SiteData, atol=1e-4):
 def grid(tmp_path_factory):
     out = tmp_path_factory.mktemp("grid")
     man = make_consortium(out, 2, [2, 3], n_components=4, n_timepoints=30,
-                          space="grid30", seed=1)
+                          space="grid30", random_state=1)
     return man
 
 
@@ -70,7 +70,7 @@ def grid(tmp_path_factory):
 def mni6(tmp_path_factory):
     out = tmp_path_factory.mktemp("mni6")
     man = make_consortium(out, 1, 2, n_components=3, n_timepoints=12,
-                          space="mni6mm", seed=2, noise=0.0)
+                          space="mni6mm", random_state=2, noise=0.0)
     return man
 
 

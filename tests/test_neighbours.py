@@ -60,7 +60,7 @@ def _pca_site(lengths, D):
 def test_capepca_recorded_sensitivity_is_the_replace_worst_case(mode):
     D, lengths = 3, [3, 2, 2]
     base = _pca_site(lengths, D)
-    alg = CapePCA(2, 1.0, 1e-5, mode=mode, scale="unit", seed=0, n_iter=3 if mode == "power" else None)
+    alg = CapePCA(2, 1.0, 1e-5, mode=mode, scale="unit", random_state=0, n_iter=3 if mode == "power" else None)
     state = alg.site_init(0, as_source(base))
     recorded = state["sensitivity"]
     V = np.eye(D)[:, :2]  # a public orthonormal basis that sees both extremal directions
@@ -78,12 +78,12 @@ def test_capepca_recorded_sensitivity_is_the_replace_worst_case(mode):
 
 def test_capepca_ledger_records_replace_and_its_sensitivity():
     sites = [_pca_site([3, 2, 2], 3) for _ in range(3)]
-    res = cape_pca([np.hstack(b) for b in sites], 2, 1.0, 1e-5, subjects=[[3, 2, 2]] * 3, scale="unit", seed=1)
+    res = cape_pca([np.hstack(b) for b in sites], 2, 1.0, 1e-5, subjects=[[3, 2, 2]] * 3, scale="unit", random_state=1)
     rel = res.ledgers[0].releases[0]
     assert rel.neighbour == "replace" and rel.unit == "subject"
     assert rel.sensitivity == pytest.approx(math.sqrt(2) * 3 / 7, rel=1e-12)
     # the papers' relation stays available, by name, sqrt(2) smaller
-    old = cape_pca([np.hstack(b) for b in sites], 2, 1.0, 1e-5, subjects=[[3, 2, 2]] * 3, scale="unit", seed=1,
+    old = cape_pca([np.hstack(b) for b in sites], 2, 1.0, 1e-5, subjects=[[3, 2, 2]] * 3, scale="unit", random_state=1,
                    neighbour="add-remove")
     assert old.ledgers[0].releases[0].neighbour == "add-remove"
     assert old.ledgers[0].releases[0].sensitivity == pytest.approx(rel.sensitivity / math.sqrt(2), rel=1e-12)
@@ -106,7 +106,7 @@ def test_capedjica_recorded_sensitivities_are_the_replace_worst_case(clip_unit):
     cands += [RNG.standard_normal((2, lengths[0])) * 3 for _ in range(8)]
     base = [RNG.standard_normal((2, T)) for T in lengths]
     alg = CapeDJICA(R=2, epsilon_i=1.0, delta_i=1e-2, clip_G=1.0, clip_h=0.5, plan="cape", calibration="analytic",
-                    clip_unit=clip_unit, bias=True, seed=0)
+                    clip_unit=clip_unit, bias=True, random_state=0)
     state = alg.site_init(0, (np.hstack(base), lengths))
     specs = alg.site_releases(state)
     broadcast = Payload({"W": np.eye(2), "b": np.zeros(2)})
@@ -156,7 +156,7 @@ def test_capepca_subject_bound_scales_the_worst_case_by_the_bound(mode):
     # pair is two rank-one subjects along orthogonal axes: exactly sqrt(2) * 0.5 * 3 / 7
     D, lengths, c = 3, [3, 2, 2], 0.5
     base = _pca_site(lengths, D)
-    alg = CapePCA(2, 1.0, 1e-5, mode=mode, scale="unit", seed=0, n_iter=3 if mode == "power" else None,
+    alg = CapePCA(2, 1.0, 1e-5, mode=mode, scale="unit", random_state=0, n_iter=3 if mode == "power" else None,
                   subject_bound=c)
     recorded = alg.site_init(0, as_source(base))["sensitivity"]
     V = np.eye(D)[:, :2]
@@ -179,7 +179,7 @@ def test_capepca_subspace_contribution_worst_case_is_sqrt2_over_sqrt_k(mode):
     # subspaces (||P - P'||_F = sqrt(2 k) n / k), exactly the recorded sqrt(2) n / (sqrt(k) N)
     D, k, lengths = 4, 2, [4, 3, 3]
     base = _pca_site(lengths, D)
-    alg = CapePCA(k, 1.0, 1e-5, mode=mode, scale="unit", seed=0, n_iter=3 if mode == "power" else None,
+    alg = CapePCA(k, 1.0, 1e-5, mode=mode, scale="unit", random_state=0, n_iter=3 if mode == "power" else None,
                   contribution="subspace")
     recorded = alg.site_init(0, as_source(base))["sensitivity"]
     V = np.eye(D)[:, :k]
@@ -209,7 +209,7 @@ def test_capepca_variance_release_worst_case_is_the_second_moments(bound):
 
     D, k, lengths = 3, 2, [3, 2, 2]
     base = _pca_site(lengths, D)
-    alg = CapePCA(k, 1.0, 1e-5, scale="unit", seed=0, contribution="subspace", variances=True,
+    alg = CapePCA(k, 1.0, 1e-5, scale="unit", random_state=0, contribution="subspace", variances=True,
                   subject_bound=bound)
     st0 = alg.site_init(0, as_source(base))
     recorded = alg.site_releases(st0)["H"].sensitivity

@@ -81,9 +81,9 @@ def test_cape_noise_is_pooled_noise_and_conv_is_S_times_larger():
     A = X @ X.T / X.shape[1]
     z = gaussian_sigma(eps, DELTA)
     tau_pool = R2 * z / (S * Ns)  # replace-one sensitivity sqrt(2) / N
-    cape = cape_pca(Xs, 5, eps, DELTA, plan="cape", seed=3)
-    conv = cape_pca(Xs, 5, eps, DELTA, plan="conv", seed=3)
-    pooled = pooled_dp_pca(X, 5, eps, DELTA, seed=3)
+    cape = cape_pca(Xs, 5, eps, DELTA, plan="cape", random_state=3)
+    conv = cape_pca(Xs, 5, eps, DELTA, plan="conv", random_state=3)
+    pooled = pooled_dp_pca(X, 5, eps, DELTA, random_state=3)
     assert chi2_var_ok(unique_entries(cape.info["A_hat"] - A), tau_pool**2)
     assert chi2_var_ok(unique_entries(pooled.info["A_hat"] - A), tau_pool**2)
     assert chi2_var_ok(unique_entries(conv.info["A_hat"] - A), S * tau_pool**2)
@@ -104,7 +104,7 @@ def test_cape_with_unequal_sites_still_has_the_pooled_noise():
     Xs = np.split(X, np.cumsum(sizes)[:-1], axis=1)
     A = X @ X.T / X.shape[1]
     z = gaussian_sigma(1.0, DELTA)
-    res = cape_pca(Xs, 5, 1.0, DELTA, plan="cape", seed=4)
+    res = cape_pca(Xs, 5, 1.0, DELTA, plan="cape", random_state=4)
     assert chi2_var_ok(unique_entries(res.info["A_hat"] - A), (R2 * z / 800) ** 2)
     for led, n in zip(res.ledgers, sizes):
         assert led.releases[0].sigma == pytest.approx(R2 * z / n, rel=1e-6)
@@ -113,22 +113,22 @@ def test_cape_with_unequal_sites_still_has_the_pooled_noise():
 
 def test_subject_level_units_and_sensitivities():
     Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
-    eq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], seed=0)
+    eq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], random_state=0)
     assert eq.unit == "subject"
     assert all(led.releases[0].sensitivity == pytest.approx(R2 / 6) and led.releases[0].unit == "subject"
                for led in eq.ledgers)
     ranges = [[(0, 10), (10, 60)], [(0, 30), (30, 60)], [20, 20, 20]]
-    uneq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=ranges, seed=0)
+    uneq = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=ranges, random_state=0)
     assert [led.releases[0].sensitivity for led in uneq.ledgers] == pytest.approx([R2 * 50 / 60, R2 * 30 / 60,
                                                                                    R2 * 20 / 60])
-    old = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], neighbour="add-remove", seed=0)
+    old = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], neighbour="add-remove", random_state=0)
     assert old.ledgers[0].releases[0].sensitivity == pytest.approx(1 / 6)
     assert old.ledgers[0].releases[0].neighbour == "add-remove"
     # per-subject blocks mean subject level; unit='sample' forces the column level
     blocks = [[X[:, i:i + 10] for i in range(0, 60, 10)] for X in Xs]
-    b = cape_pca(blocks, 3, 1.0, DELTA, plan="conv", seed=0)
+    b = cape_pca(blocks, 3, 1.0, DELTA, plan="conv", random_state=0)
     assert b.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 6)
-    smp = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], unit="sample", seed=0)
+    smp = cape_pca(Xs, 3, 1.0, DELTA, plan="conv", subjects=[6, 6, 6], unit="sample", random_state=0)
     assert smp.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 60)
     assert pca_sensitivity(100, 1) == pytest.approx(R2 * 0.01)
     assert pca_sensitivity(100, 1, "add-remove") == pytest.approx(0.01)
@@ -147,7 +147,7 @@ def test_sitedata_boundaries_make_the_unit_subject():
 
     Xs, _ = synthetic(D=12, K=4, S=3, Ns=60, seed=2)
     sd = [FakeSiteData(X, [(0, 20), (20, 40), (40, 60)]) for X in Xs]
-    res = cape_pca(sd, 3, 1.0, DELTA, plan="conv", seed=0)
+    res = cape_pca(sd, 3, 1.0, DELTA, plan="conv", random_state=0)
     assert res.unit == "subject" and res.ledgers[0].releases[0].sensitivity == pytest.approx(R2 / 3)
 
 
@@ -171,9 +171,9 @@ def test_scale_options_and_their_ledger_notes():
 
 def test_seeded_runs_are_reproducible():
     Xs, _ = synthetic(D=20, K=4, S=3, Ns=100)
-    r1 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=7)
-    r2 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=7)
-    r3 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", seed=8)
+    r1 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", random_state=7)
+    r2 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", random_state=7)
+    r3 = cape_pca(Xs, 4, 1.0, DELTA, plan="cape", random_state=8)
     assert np.allclose(r1.basis, r2.basis, atol=1e-9)
     assert not np.allclose(r1.basis, r3.basis, atol=1e-3)
 
@@ -194,11 +194,11 @@ def test_cape_matches_pooled_dp_and_beats_conv_and_dpdispca():
             Xs, X = synthetic(D, K, S, Ns, seed=rep)
             A = X @ X.T / X.shape[1]
             qo = np.sort(np.linalg.eigvalsh(A))[::-1][:K].sum()
-            r["cape"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="cape", seed=100 + rep).basis, A) / qo)
-            r["conv"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="conv", seed=100 + rep).basis, A) / qo)
-            r["pooled"].append(captured_energy(pooled_dp_pca(X, K, eps, DELTA, seed=200 + rep).basis, A) / qo)
-            r["dpdis"].append(captured_energy(dpdispca(Xs, K, eps, DELTA, seed=100 + rep).basis, A) / qo)
-            r["local"].append(captured_energy(local_pca(Xs[0], K, eps, DELTA, seed=300 + rep).basis, A) / qo)
+            r["cape"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="cape", random_state=100 + rep).basis, A) / qo)
+            r["conv"].append(captured_energy(cape_pca(Xs, K, eps, DELTA, plan="conv", random_state=100 + rep).basis, A) / qo)
+            r["pooled"].append(captured_energy(pooled_dp_pca(X, K, eps, DELTA, random_state=200 + rep).basis, A) / qo)
+            r["dpdis"].append(captured_energy(dpdispca(Xs, K, eps, DELTA, random_state=100 + rep).basis, A) / qo)
+            r["local"].append(captured_energy(local_pca(Xs[0], K, eps, DELTA, random_state=300 + rep).basis, A) / qo)
         m = {k: float(np.mean(v)) for k, v in r.items()}
         assert abs(m["cape"] - m["pooled"]) < 0.03, m
         assert m["cape"] > m["conv"] + margin, m
@@ -210,7 +210,7 @@ def test_cape_matches_pooled_dp_and_beats_conv_and_dpdispca():
 
 def test_dpdispca_ledger_and_noiseless_limit():
     Xs, X = synthetic(D=20, K=4, S=4, Ns=200, seed=5)
-    res = dpdispca(Xs, 4, 1.0, DELTA, seed=1)
+    res = dpdispca(Xs, 4, 1.0, DELTA, random_state=1)
     assert res.info["R"] == 8
     for led in res.ledgers:
         (rel,) = led.releases
@@ -218,7 +218,7 @@ def test_dpdispca_ledger_and_noiseless_limit():
         assert led.epsilon(DELTA) == pytest.approx(1.0, rel=1e-6)
     # with R = D and (almost) no noise, P_s P_s^T = A_s and the answer is the pooled subspace
     _, _, U = exact(X, 4)
-    nearly = dpdispca(Xs, 4, 1e7, DELTA, R=20, seed=1)
+    nearly = dpdispca(Xs, 4, 1e7, DELTA, R=20, random_state=1)
     assert sin_max_angle(nearly.basis, U) < 1e-2
     with pytest.raises(ValueError, match="R must be"):
         dpdispca(Xs, 4, 1.0, DELTA, R=3)
@@ -250,7 +250,7 @@ def test_power_mode_matches_covariance_mode_and_exact_eigh(tmp_path):
     # three kinds of streamed input: a memory-mapped .npy, a callable of blocks, a list of blocks
     np.save(tmp_path / "site0.npy", np.hstack(sites[0]))
     inputs = [str(tmp_path / "site0.npy"), lambda: iter(sites[1]), sites[2]]
-    power = cape_pca(inputs, k, None, DELTA, plan="none", mode="power", n_iter=30, subjects=None, seed=0)
+    power = cape_pca(inputs, k, None, DELTA, plan="none", mode="power", n_iter=30, subjects=None, random_state=0)
     cov = cape_pca([np.hstack(b) for b in sites], k, None, DELTA, plan="none")
     assert power.rounds == 30 and power.mode == "power"
     assert sin_max_angle(power.basis, U) < 1e-6
@@ -263,7 +263,7 @@ def test_power_mode_matches_covariance_mode_and_exact_eigh(tmp_path):
 def test_power_mode_streams_float32_and_composes_its_releases():
     k, n_iter, eps = 3, 6, 2.0
     sites = low_rank_sites(D=300, r=3, S=3, subjects=4, T=20, seed=1, dtype=np.float32)
-    res = cape_pca(sites, k, eps, DELTA, plan="cape", mode="power", n_iter=n_iter, seed=2)
+    res = cape_pca(sites, k, eps, DELTA, plan="cape", mode="power", n_iter=n_iter, random_state=2)
     z1 = gaussian_sigma(eps, DELTA)
     for led in res.ledgers:
         (rel,) = led.releases
@@ -290,7 +290,7 @@ def test_power_mode_without_noise_stops_when_converged():
     A, lam, U = exact(X, k)
     rounds = {}
     for tol in (1e-3, 1e-6, 1e-9):
-        res = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=60, oversample=k, tol=tol, seed=0)
+        res = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=60, oversample=k, tol=tol, random_state=0)
         rounds[tol] = res.rounds
         assert _ritz_residual(A, res.basis, res.eigenvalues) <= tol * (1 + 1e-6)
         # residual r bounds the angle by r / gap and the eigenvalue error by r^2 / gap
@@ -298,7 +298,7 @@ def test_power_mode_without_noise_stops_when_converged():
         assert sin_max_angle(res.basis, U) <= tol * lam[0] / gap * 1.01
         assert np.abs(res.eigenvalues - lam).max() <= (tol * lam[0]) ** 2 / gap * 1.01 + 1e-15
     assert rounds[1e-3] < rounds[1e-6] < rounds[1e-9] < 60
-    full = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=12, oversample=k, seed=0)
+    full = cape_pca(sites, k, None, None, plan="none", mode="power", n_iter=12, oversample=k, random_state=0)
     assert full.rounds == 12  # no tol: every planned round
 
 
@@ -312,7 +312,7 @@ def test_stopping_on_convergence_is_refused_with_noise_or_without_iterations():
         with pytest.raises(ValueError, match="tol must be"):
             CapePCA(2, None, None, mode="power", n_iter=10, tol=bad)
     # the cap still holds when the tolerance is out of reach
-    res = cape_pca(sites, 2, None, None, plan="none", mode="power", n_iter=3, tol=1e-12, seed=0)
+    res = cape_pca(sites, 2, None, None, plan="none", mode="power", n_iter=3, tol=1e-12, random_state=0)
     assert res.rounds == 3
 
 
@@ -343,26 +343,26 @@ def test_subject_bound_clips_each_subject_to_the_bound_and_keeps_the_rest():
 def test_subject_bound_in_power_mode_equals_the_clipped_covariance():
     sites = low_rank_sites(D=80, r=4, S=3, subjects=3, T=25, seed=4)
     cov = cape_pca(sites, 4, None, DELTA, plan="none", subject_bound=0.3)
-    power = cape_pca(sites, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, seed=0)
+    power = cape_pca(sites, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, random_state=0)
     assert sin_max_angle(power.basis, cov.basis) < 1e-6
     assert np.allclose(power.eigenvalues, cov.eigenvalues, rtol=1e-8)
     # float32 blocks: the same clip factors (computed in float64) to float32 accuracy
     sites32 = [[B.astype(np.float32) for B in blocks] for blocks in sites]
-    p32 = cape_pca(sites32, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, seed=0)
+    p32 = cape_pca(sites32, 4, None, DELTA, plan="none", mode="power", n_iter=40, subject_bound=0.3, random_state=0)
     assert np.allclose(p32.eigenvalues, cov.eigenvalues, rtol=1e-5)
 
 
 def test_subject_bound_shrinks_sensitivity_and_noise_by_the_bound():
     sites = low_rank_sites(D=30, r=3, S=3, subjects=5, T=20, seed=5)
-    full = cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1)
-    clipped = cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1, subject_bound=0.4)
+    full = cape_pca(sites, 3, 2.0, DELTA, plan="conv", random_state=1)
+    clipped = cape_pca(sites, 3, 2.0, DELTA, plan="conv", random_state=1, subject_bound=0.4)
     for a, b in zip(full.ledgers, clipped.ledgers):
         (ra,), (rb,) = a.releases, b.releases
         assert rb.sensitivity == pytest.approx(0.4 * ra.sensitivity, rel=1e-12)
         assert rb.sigma == pytest.approx(0.4 * ra.sigma, rel=1e-12)
         assert b.epsilon(DELTA) == pytest.approx(a.epsilon(DELTA), rel=1e-9)  # same guarantee
         assert any("clipped to Frobenius norm <= 0.4" in n for n in b.notes)
-    assert cape_pca(sites, 3, 2.0, DELTA, plan="conv", seed=1, subject_bound=1.0).ledgers[0].releases[0].sigma \
+    assert cape_pca(sites, 3, 2.0, DELTA, plan="conv", random_state=1, subject_bound=1.0).ledgers[0].releases[0].sigma \
         == pytest.approx(full.ledgers[0].releases[0].sigma, rel=1e-12)
 
 
@@ -376,8 +376,8 @@ def test_subject_bound_buys_utility_where_subjects_sit_below_it():
     A, _, U = exact(X, 5)
     gains = []
     for seed in range(6):
-        e_full = captured_energy(cape_pca(sites, 5, 4.0, DELTA, seed=seed).basis, A)
-        e_clip = captured_energy(cape_pca(sites, 5, 4.0, DELTA, seed=seed, subject_bound=0.5).basis, A)
+        e_full = captured_energy(cape_pca(sites, 5, 4.0, DELTA, random_state=seed).basis, A)
+        e_clip = captured_energy(cape_pca(sites, 5, 4.0, DELTA, random_state=seed, subject_bound=0.5).basis, A)
         gains.append(e_clip - e_full)
     assert min(gains) > 0
     none = cape_pca(sites, 5, None, DELTA, plan="none", subject_bound=0.5)
@@ -435,11 +435,11 @@ def test_subspace_contribution_is_each_subjects_projector_in_both_modes(D):
     lam, U = top_eigh(expect, 4)
     assert np.allclose(cov.eigenvalues, lam, rtol=1e-10) and sin_max_angle(cov.basis, U) < 1e-8
     power = cape_pca(sites, 4, None, DELTA, plan="none", scale="unit", contribution="subspace", mode="power",
-                     n_iter=60, oversample=4, tol=1e-10, seed=0)
+                     n_iter=60, oversample=4, tol=1e-10, random_state=0)
     assert np.allclose(power.eigenvalues, lam, rtol=1e-8)
     sites32 = [[B.astype(np.float32) for B in blocks] for blocks in sites]
     p32 = cape_pca(sites32, 4, None, DELTA, plan="none", scale="unit", contribution="subspace", mode="power",
-                   n_iter=60, oversample=4, tol=1e-6, seed=0)
+                   n_iter=60, oversample=4, tol=1e-6, random_state=0)
     assert np.allclose(p32.eigenvalues, lam, rtol=1e-4)
     # every subject weighs n_m / N whatever its spectrum: a subject scaled up 100-fold changes nothing
     loud = [[B * (100.0 if i == 0 else 1.0) for i, B in enumerate(blocks)] for blocks in sites]
@@ -449,10 +449,10 @@ def test_subspace_contribution_is_each_subjects_projector_in_both_modes(D):
 
 def test_subspace_contribution_sensitivity_noise_and_refusals():
     sites = low_rank_sites(D=30, r=3, S=3, subjects=5, T=20, seed=5)
-    full = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1)
-    sub = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace")
-    bound = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace", subject_bound=0.3)
-    loose = cape_pca(sites, 4, 2.0, DELTA, plan="conv", seed=1, contribution="subspace", subject_bound=0.9)
+    full = cape_pca(sites, 4, 2.0, DELTA, plan="conv", random_state=1)
+    sub = cape_pca(sites, 4, 2.0, DELTA, plan="conv", random_state=1, contribution="subspace")
+    bound = cape_pca(sites, 4, 2.0, DELTA, plan="conv", random_state=1, contribution="subspace", subject_bound=0.3)
+    loose = cape_pca(sites, 4, 2.0, DELTA, plan="conv", random_state=1, contribution="subspace", subject_bound=0.9)
     for a, b, c, d in zip(full.ledgers, sub.ledgers, bound.ledgers, loose.ledgers):
         (ra,), (rb,), (rc,), (rd,) = a.releases, b.releases, c.releases, d.releases
         assert rb.sigma == pytest.approx(ra.sigma / 2, rel=1e-12)  # 1 / sqrt(k), k = 4
@@ -539,7 +539,7 @@ def _projected_moment(sites, V, bound=None):
 @pytest.mark.parametrize("mode", ["covariance", "power"])
 def test_variances_are_the_projected_second_moment_and_the_budget_splits_exactly(mode):
     sites = low_rank_sites(D=40, r=3, S=3, subjects=4, T=30, seed=21)
-    kw = dict(scale="unit", contribution="subspace", mode=mode, seed=3)
+    kw = dict(scale="unit", contribution="subspace", mode=mode, random_state=3)
     if mode == "power":
         kw.update(n_iter=60, oversample=4)
     basis_only = cape_pca(sites, 3, None, DELTA, plan="none", **kw)
@@ -683,6 +683,6 @@ def test_site_side_validation_stops_the_protocol_before_any_release():
     Xs[1] = Xs[1].copy(); Xs[1][0, 0] = np.nan
     ex = InProcessExchange(n_sites=3)
     with pytest.raises(ValueError, match="NaN"):
-        run_cape(CapePCA(2, 1.0, DELTA, seed=0), [SiteSource(X) for X in Xs], "conv", exchange=ex)
+        run_cape(CapePCA(2, 1.0, DELTA, random_state=0), [SiteSource(X) for X in Xs], "conv", exchange=ex)
     for s in range(3):
         assert all(rec["topic"] != "release" for rec in ex.egress_log(s))

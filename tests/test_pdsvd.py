@@ -39,7 +39,7 @@ def sin_max_angle(V, U):
 def test_pd_svd_is_the_pooled_top_k_subspace(secure):
     Xs = sites_with_gap()
     U, _ = top_left(np.hstack(Xs), 4)
-    res = pd_svd(Xs, 4, 60, seed=1, secure=secure)
+    res = pd_svd(Xs, 4, 60, random_state=1, secure=secure)
     assert res.basis.shape == (60, 4)
     assert np.allclose(res.basis.T @ res.basis, np.eye(4), atol=1e-12)
     assert sin_max_angle(res.basis, U) < 1e-6
@@ -52,7 +52,7 @@ def test_pd_svd_is_the_pooled_top_k_subspace(secure):
 def test_revealed_singular_values_match_numpy():
     Xs = sites_with_gap(seed=2)
     U, s = top_left(np.hstack(Xs), 4)
-    res = pd_svd(Xs, 4, 60, seed=1, reveal_singular_values=True)
+    res = pd_svd(Xs, 4, 60, random_state=1, reveal_singular_values=True)
     assert sin_max_angle(res.basis, U) < 1e-6
     assert np.allclose(res.singular_values, s, rtol=1e-6)
 
@@ -61,17 +61,17 @@ def test_pd_pca_centres_on_the_global_mean():
     Xs = sites_with_gap(seed=3, offsets=True)
     X = np.hstack(Xs)
     Uc, _ = top_left(X - X.mean(axis=1, keepdims=True), 4)
-    res = pd_pca(Xs, 4, 60, seed=1)
+    res = pd_pca(Xs, 4, 60, random_state=1)
     assert sin_max_angle(res.basis, Uc) < 1e-6
-    unc = pd_svd(Xs, 4, 60, seed=1)  # without centring the mean direction dominates: a different subspace
+    unc = pd_svd(Xs, 4, 60, random_state=1)  # without centring the mean direction dominates: a different subspace
     assert sin_max_angle(unc.basis, Uc) > 0.1
 
 
 def test_aggregator_sees_only_blinded_norms_and_nothing_leaves_unmasked():
     Xs = sites_with_gap(seed=4)
     ex = InProcessExchange(n_sites=3)
-    hidden = pd_svd(Xs, 4, 8, seed=1, exchange=ex, site_secret=b"k" * 32)
-    shown = pd_svd(Xs, 4, 8, seed=1, reveal_singular_values=True)
+    hidden = pd_svd(Xs, 4, 8, random_state=1, exchange=ex, site_secret=b"k" * 32)
+    shown = pd_svd(Xs, 4, 8, random_state=1, reveal_singular_values=True)
     assert sin_max_angle(hidden.basis, shown.basis) < 1e-7  # same iterates (up to fixed-point rounding)
     h = np.array([t["norms"] for t in hidden.transcript if t["topic"] == "it"])
     s = np.array([t["norms"] for t in shown.transcript if t["topic"] == "it"])
@@ -88,7 +88,7 @@ def test_aggregator_sees_only_blinded_norms_and_nothing_leaves_unmasked():
 
 def test_sites_with_different_secrets_cannot_decode():
     Xs = sites_with_gap(D=10, k=2, S=3, Ns=20, seed=5)
-    proto = PDSVD(2, 3, n_sites=3, secure=False, norm_bound=50.0, seed=0)
+    proto = PDSVD(2, 3, n_sites=3, secure=False, norm_bound=50.0, random_state=0)
     data = [SiteInput(X, bytes([s + 1]) * 32) for s, X in enumerate(Xs)]
     with pytest.raises(RuntimeError, match="same secret"):
         simulate(proto, data)
@@ -104,7 +104,7 @@ def test_a_dropout_stops_pd_svd():
             raise SimulatedDropout
         return iter([Xs[3]])
 
-    proto = PDSVD(2, 4, n_sites=4, norm_bound=50.0, seed=0)
+    proto = PDSVD(2, 4, n_sites=4, norm_bound=50.0, random_state=0)
     data = [SiteInput(X, b"s" * 32) for X in Xs[:3]] + [SiteInput(flaky, b"s" * 32)]
     with pytest.raises(RuntimeError, match="dropped out"):
         simulate(proto, data, options=RunOptions(timeout=2))
@@ -120,7 +120,7 @@ def test_ks_privacy_detects_a_dominant_unit():
     Xs[0][0, 0] = 3.0  # the target: far outside the data's spread
     stats_ = covariance_statistics()
     res = ks_privacy({"w_sum": stats_["w_sum"], "d_max": stats_["d_max"]}, Xs, target=(0, 0), k=2, n_iter=15,
-                     n_trials=20, seed=1, reveal_singular_values=True)
+                     n_trials=20, random_state=1, reveal_singular_values=True)
     assert res.pi < 1e-3 and res.pi == min(res.p_values.values())
     a, b = res.samples["w_sum"]
     assert len(a) == len(b) == 20 and np.median(a) > np.median(b)
@@ -131,7 +131,7 @@ def test_ks_privacy_does_not_flag_a_typical_unit():
     scales = np.sqrt(np.array([5.0, 3.0, 2.0, 1.0, 0.5, 0.2]))[:, None]
     Xs = [scales * rng.standard_normal((6, 200)) for _ in range(3)]
     res = ks_privacy(covariance_statistics()["w_sum"], Xs, target=(1, 5), k=2, n_iter=15, n_trials=20,
-                     subsample=0.5, seed=2)
+                     subsample=0.5, random_state=2)
     assert res.pi > 0.01, res.p_values
 
 
@@ -173,7 +173,7 @@ def test_protocol_needs_the_shared_secret():
 def test_what_the_ledger_and_the_aggregator_say_is_what_happens():
     """The ledger is not private (eps infinite) and the aggregator learns n exactly, as documented."""
     Xs = sites_with_gap(D=12, k=2, S=3, Ns=25, seed=6)
-    res = pd_svd(Xs, 2, 3, seed=1, site_secret=b"s" * 32)
+    res = pd_svd(Xs, 2, 3, random_state=1, site_secret=b"s" * 32)
     for led in res.ledgers:
         assert led.epsilon(1e-5) == math.inf and led.not_private and not led.releases
     t = next(x for x in res.transcript if x["topic"] == "n")

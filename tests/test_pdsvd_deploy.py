@@ -121,7 +121,7 @@ class RecordingExchange(InProcessExchange):
 
 
 def deploy_protocol(**kw) -> PDSVD:
-    opts = dict(n_sites=S, seed=3, norm_bound=1.0, group_secret=True, eigenvalues=True, scale="unit")
+    opts = dict(n_sites=S, random_state=3, norm_bound=1.0, group_secret=True, eigenvalues=True, scale="unit")
     opts.update(kw)
     return PDSVD(K, N_ITER, **opts)
 
@@ -205,7 +205,7 @@ def test_a_tampered_ciphertext_is_refused_by_its_recipient():
 
     ex = RecordingExchange(n_sites=S, tamper=flip)
     with pytest.raises(SecAggError, match="site 2: the encrypted group secret from site 0 .*failed authentication"):
-        simulate(PDSVD(K, 2, n_sites=S, seed=0, group_secret=True, scale="unit"),
+        simulate(PDSVD(K, 2, n_sites=S, random_state=0, group_secret=True, scale="unit"),
                  [as_source(X) for X in Xs], exchange=ex, options=RunOptions(timeout=20))
 
 
@@ -307,13 +307,13 @@ def test_eigenvalues_are_scaled_back_by_the_norm_bound_and_centred_for_pd_pca():
           + 0.2 * rng.standard_normal((12, 60)) + 2.0 * (s + 1) * maps[:, :1] for s in range(3)]
     X = np.hstack(Xs)
     n = X.shape[1]
-    res = pd_svd(Xs, 3, 40, seed=1, eigenvalues=True)  # norm_bound: the largest raw column norm (>> 1)
+    res = pd_svd(Xs, 3, 40, random_state=1, eigenvalues=True)  # norm_bound: the largest raw column norm (>> 1)
     assert res.norm_bound > 5
     w, U = np.linalg.eigh(X @ X.T / n)
     np.testing.assert_allclose(res.eigenvalues, w[::-1][:3], rtol=1e-6)
     assert sin_max_angle(res.basis, U[:, ::-1][:, :3]) < 1e-6
     # PD-PCA of unit-scaled columns: the secure mean and the centring use the scaled columns too
-    pca = pd_pca(Xs, 3, 40, seed=1, eigenvalues=True, group_secret=True, scale="unit")
+    pca = pd_pca(Xs, 3, 40, random_state=1, eigenvalues=True, group_secret=True, scale="unit")
     assert pca.norm_bound == 1.0
     Z = X * scale_factors(column_norms(X), "unit")
     Xc = Z - Z.mean(axis=1, keepdims=True)
@@ -326,8 +326,8 @@ def test_eigenvalues_are_scaled_back_by_the_norm_bound_and_centred_for_pd_pca():
 def test_group_secret_alone_gives_the_same_basis_as_an_out_of_band_secret():
     Xs, _ = low_rank_sites(seed=5)
     Zs = [X * scale_factors(column_norms(X), "unit") for X in Xs]
-    agreed = pd_svd(Xs, K, 10, seed=2, scale="unit", group_secret=True)
-    given = pd_svd(Zs, K, 10, seed=2, norm_bound=1.0, site_secret=b"s" * 32)
+    agreed = pd_svd(Xs, K, 10, random_state=2, scale="unit", group_secret=True)
+    given = pd_svd(Zs, K, 10, random_state=2, norm_bound=1.0, site_secret=b"s" * 32)
     assert agreed.eigenvalues is None and given.eigenvalues is None
     assert sin_max_angle(agreed.basis, given.basis) < 1e-7  # 10 rounds: not converged, the same iterate
 

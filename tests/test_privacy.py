@@ -1,11 +1,16 @@
+import importlib
+import inspect
 import json
 import math
+import pkgutil
 
 import dp_accounting
 import numpy as np
 import pytest
 from scipy import stats
 
+import dpneuro
+from dpneuro.algorithms.agn import cape_agn
 from dpneuro.privacy import (
     PrivacyLedger,
     cape_delta,
@@ -20,6 +25,7 @@ from dpneuro.privacy import (
     moments_accountant_epsilon,
     mu_z_numeric,
     rdp_closed_form_epsilon,
+    resolve_random_state,
 )
 from dpneuro.privacy.cape_delta import cape_mu_z_paper, cape_release_mu
 
@@ -243,20 +249,38 @@ def test_symmetrized_noise_is_the_full_array_mechanism_symmetrized():
 
 
 def test_random_state_is_one_spelling_for_every_seeded_function():
-    from dpneuro.algorithms.agn import cape_agn
-    from dpneuro.privacy import resolve_random_state
-
     assert resolve_random_state(None) is None and resolve_random_state(7) == 7
     g1, g2 = np.random.default_rng(3), np.random.default_rng(3)
-    assert resolve_random_state(g1) == resolve_random_state(rng=g2)
-    with pytest.raises(ValueError, match="one of"):
-        resolve_random_state(1, seed=2)
-    with pytest.raises(ValueError, match="random_state"):
-        resolve_random_state("7")
+    assert resolve_random_state(g1) == int(g2.integers(2**62))  # a Generator gives the seed by one draw
+    assert isinstance(resolve_random_state(None, fresh=True), int)
+    for bad in ("7", 7.0, True, -1, [3, 99]):
+        with pytest.raises(ValueError, match="random_state"):
+            resolve_random_state(bad)
     rng = np.random.default_rng(0)
     data = [rng.standard_normal((4, 60)) for _ in range(3)]
     a = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=5, n_restarts=3, n_iter=10)
-    b = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, seed=5, n_restarts=3, n_iter=10)
-    c = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=6, n_restarts=3, n_iter=10)
-    np.testing.assert_array_equal(a.components, b.components)
+    b = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=np.random.default_rng(9), n_restarts=3, n_iter=10)
+    seed = int(np.random.default_rng(9).integers(2**62))
+    c = cape_agn(data, 2, 2.0, 1e-5, scale=4.0, random_state=seed, n_restarts=3, n_iter=10)
+    np.testing.assert_array_equal(b.components, c.components)
     assert not np.array_equal(a.components, c.components)
+
+
+def test_no_public_function_spells_the_seed_otherwise():
+    """Every public function and class of the package takes its seed as ``random_state``, never ``seed`` / ``rng``."""
+    # the noise primitives take the party's own generator, which is not a seed
+    allowed = {("dpneuro.privacy.noise", "gaussian"), ("dpneuro.privacy.noise", "vector_laplace"),
+               ("dpneuro.secagg.fixedpoint", "encode")}
+    found = []
+    for mod in pkgutil.walk_packages(dpneuro.__path__, "dpneuro."):
+        m = importlib.import_module(mod.name)
+        for name in getattr(m, "__all__", ()):
+            obj = getattr(m, name, None)
+            if not callable(obj) or (getattr(obj, "__module__", ""), name) in allowed:
+                continue
+            try:
+                params = inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                continue
+            found += [f"{mod.name}.{name}({p})" for p in params if p in ("seed", "rng")]
+    assert not found

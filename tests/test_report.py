@@ -22,7 +22,7 @@ from dpneuro.workflows import run_workflow
 def mni_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=4, n_components=4, n_timepoints=40,
-                          space="mni6mm", seed=2, dtype="int16")
+                          space="mni6mm", random_state=2, dtype="int16")
     cfg = RunConfig.from_dict(dict(
         sites=[{"name": s["site"], "path": s["path"]} for s in man["sites"]], out=str(root / "run"),
         mask=man["mask"], space="mni6mm", parcels=40, n_components=4, truth=str(root / "data"),

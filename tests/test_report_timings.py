@@ -66,7 +66,7 @@ def test_the_run_block_lists_only_the_settings_the_run_used():
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("timings")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=4, n_components=R, n_timepoints=60,
-                          space="grid30", seed=5)
+                          space="grid30", random_state=5)
     return root, man
 
 

@@ -27,7 +27,7 @@ R = 4
 def consortium(tmp_path_factory):
     root = tmp_path_factory.mktemp("scale")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=4, n_components=R, n_timepoints=60,
-                          space="grid30", seed=5)
+                          space="grid30", random_state=5)
     return root, man
 
 

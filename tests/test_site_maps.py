@@ -199,7 +199,7 @@ def test_a_file_that_changed_since_the_load_is_refused(tmp_path):
 def consortium(tmp_path_factory):
     root = tmp_path_factory.mktemp("site_maps")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=6, n_components=R, n_timepoints=80,
-                          space="grid30", seed=7)
+                          space="grid30", random_state=7)
     return root, man
 
 

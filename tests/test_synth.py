@@ -28,7 +28,7 @@ def grid(tmp_path_factory):
     out = tmp_path_factory.mktemp("grid")
     man = make_consortium(
         out, n_sites=2, subjects_per_site=[2, 3], n_components=5,
-        n_timepoints=40, space="grid30", seed=7, noise=0.5, tr=1.5,
+        n_timepoints=40, space="grid30", random_state=7, noise=0.5, tr=1.5,
     )
     return out, man
 
@@ -38,7 +38,7 @@ def mni6(tmp_path_factory):
     out = tmp_path_factory.mktemp("mni6")
     man = make_consortium(
         out, n_sites=1, subjects_per_site=2, n_components=4,
-        n_timepoints=12, space="mni6mm", seed=3, noise=0.0,
+        n_timepoints=12, space="mni6mm", random_state=3, noise=0.0,
     )
     return out, man
 
@@ -146,19 +146,19 @@ def test_same_seed_same_bytes_different_seed_differs(grid, tmp_path):
     _, man = grid
     kw = dict(n_sites=2, subjects_per_site=[2, 3], n_components=5,
               n_timepoints=40, space="grid30", noise=0.5, tr=1.5)
-    again = make_consortium(tmp_path / "a", seed=7, **kw)
+    again = make_consortium(tmp_path / "a", random_state=7, **kw)
     assert _bytes(again) == _bytes(man)
     assert Path(again["mask"]).read_bytes() == Path(man["mask"]).read_bytes()
     np.testing.assert_array_equal(np.load(again["truth"]["A"]), np.load(man["truth"]["A"]))
 
-    other = make_consortium(tmp_path / "b", seed=8, **kw)
+    other = make_consortium(tmp_path / "b", random_state=8, **kw)
     assert not np.array_equal(np.load(other["truth"]["A"]), np.load(man["truth"]["A"]))
     for a, b in zip(_bytes(other), _bytes(man)):
         assert a != b
 
 
 def test_adding_sites_or_subjects_keeps_existing_data(tmp_path):
-    kw = dict(n_components=3, n_timepoints=10, space="grid30", seed=1)
+    kw = dict(n_components=3, n_timepoints=10, space="grid30", random_state=1)
     small = make_consortium(tmp_path / "s", 2, [2, 2], **kw)
     big = make_consortium(tmp_path / "b", 3, [3, 2, 2], **kw)
     np.testing.assert_array_equal(np.load(small["truth"]["A"]), np.load(big["truth"]["A"]))
@@ -194,7 +194,7 @@ def test_foreign_files_in_site_folder_warn(tmp_path):
 
 def test_sources_standardised_and_heavy_tailed(tmp_path):
     man = make_consortium(tmp_path, 1, 2, n_components=20, n_timepoints=400,
-                          space="grid30", seed=0)
+                          space="grid30", random_state=0)
     S = np.concatenate([np.load(s["sources"]) for s in all_subjects(man)], axis=0)
     S = S.astype(np.float64)
     np.testing.assert_allclose(S.mean(axis=1), 0, atol=1e-5)
@@ -261,7 +261,7 @@ def test_maps_unit_max_overlap_partly_but_differ(grid, mni6):
         (dict(n_sites=1, subjects_per_site=1, tr=0.0), "tr"),
         (dict(n_sites=1, subjects_per_site=1, n_timepoints=1), "n_timepoints"),
         (dict(n_sites=1, subjects_per_site=1, n_components=901), "exceeds"),
-        (dict(n_sites=1, subjects_per_site=1, seed=-1), "seed"),
+        (dict(n_sites=1, subjects_per_site=1, random_state=-1), "random_state"),
     ],
 )
 def test_bad_arguments(tmp_path, kwargs, msg):
@@ -321,14 +321,14 @@ def test_cli_synth(tmp_path, capsys):
                  "--components", "4", "--timepoints", "20", "--model", "networks", "--dtype", "float32", "-q"]) == 0
     man = load_manifest(net)
     assert man["model"] == "networks"
-    np.testing.assert_array_equal(np.load(man["truth"]["A"]), network_model("grid30", 4, seed=0).A)
+    np.testing.assert_array_equal(np.load(man["truth"]["A"]), network_model("grid30", 4, random_state=0).A)
 
 
 def test_int16_storage_keeps_the_data_to_its_quantisation_step(tmp_path):
     a = make_consortium(tmp_path / "f", n_sites=1, subjects_per_site=1, n_components=3, n_timepoints=30,
-                        space="grid30", seed=5)
+                        space="grid30", random_state=5)
     b = make_consortium(tmp_path / "i", n_sites=1, subjects_per_site=1, n_components=3, n_timepoints=30,
-                        space="grid30", seed=5, dtype="int16")
+                        space="grid30", random_state=5, dtype="int16")
     x = np.asarray(nib.load(all_subjects(a)[0]["path"]).dataobj, dtype=np.float64)
     y = np.asarray(nib.load(all_subjects(b)[0]["path"]).dataobj, dtype=np.float64)
     step = np.ptp(x) / 65535
@@ -356,7 +356,7 @@ def _sha256s(root: Path) -> dict[str, str]:
     dict(model="networks", space="grid30", n_components=3, dtype="int16", compress=False),
 ], ids=["blobs", "blobs-states-int16", "networks", "networks-int16-nii"])
 def test_workers_do_not_change_a_byte(tmp_path, kw):
-    kw = dict(n_sites=2, subjects_per_site=[2, 3], n_timepoints=12, seed=6, **kw)
+    kw = dict(n_sites=2, subjects_per_site=[2, 3], n_timepoints=12, random_state=6, **kw)
     make_consortium(tmp_path / "w1", workers=1, **kw)
     make_consortium(tmp_path / "w2", workers=2, **kw)
     one, two = _sha256s(tmp_path / "w1"), _sha256s(tmp_path / "w2")
@@ -367,7 +367,7 @@ def test_workers_do_not_change_a_byte(tmp_path, kw):
 def test_uncompressed_nii_same_data_and_found_by_the_loaders(tmp_path):
     from dpneuro.io import find_subjects
 
-    kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", seed=2,
+    kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", random_state=2,
               dtype="int16")
     gz = make_consortium(tmp_path / "gz", **kw)
     nii = make_consortium(tmp_path / "nii", **kw, compress=False)
@@ -417,7 +417,7 @@ def test_bold_gzip_is_what_nib_save_writes(tmp_path, monkeypatch, space):
     monkeypatch.setattr(nib.openers.Opener, "default_compresslevel", 1)
     from dpneuro.synth import _nifti, _to_volume
 
-    man = make_consortium(tmp_path / "c", 1, 2, n_components=3, n_timepoints=6, space=space, seed=4, workers=2)
+    man = make_consortium(tmp_path / "c", 1, 2, n_components=3, n_timepoints=6, space=space, random_state=4, workers=2)
     mask, affine = load_space(space)
     for sub in all_subjects(man):
         X = np.asarray(nib.load(sub["path"]).dataobj)[mask]  # float32: exactly the generated data
@@ -441,7 +441,7 @@ def test_every_space_has_its_model_parameters():
 
 @pytest.mark.parametrize("model", ["blobs", "networks"])
 def test_mni3mm_consortium(tmp_path, model):
-    man = make_consortium(tmp_path, 1, 2, n_components=3, n_timepoints=4, space="mni3mm", seed=0, model=model,
+    man = make_consortium(tmp_path, 1, 2, n_components=3, n_timepoints=4, space="mni3mm", random_state=0, model=model,
                           dtype="int16")
     mask, affine = load_space("mni3mm")
     assert man["space"] == "mni3mm" and man["n_voxels"] == int(mask.sum()) == 69_765

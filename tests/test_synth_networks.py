@@ -33,7 +33,7 @@ TR = 2.0
 @pytest.fixture(scope="module")
 def net():
     """20 networks on the 6 mm grid, seed 0 (the benchmarks' set-up)."""
-    return network_model("mni6mm", R, seed=0)
+    return network_model("mni6mm", R, random_state=0)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def subjects(net):
 def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("networks")
     man = make_consortium(out, n_sites=2, subjects_per_site=[1, 2], n_components=5, n_timepoints=30,
-                          space="mni6mm", seed=4, tr=1.5, model="networks")
+                          space="mni6mm", random_state=4, tr=1.5, model="networks")
     return out, man
 
 
@@ -59,7 +59,7 @@ def world_coords(model: NetworkModel) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 def test_same_seed_same_model_and_subjects(net):
-    again = network_model("mni6mm", R, seed=0)
+    again = network_model("mni6mm", R, random_state=0)
     np.testing.assert_array_equal(again.A, net.A)
     np.testing.assert_array_equal(again.correlation, net.correlation)
     np.testing.assert_array_equal(again.strength, net.strength)
@@ -71,15 +71,15 @@ def test_same_seed_same_model_and_subjects(net):
     assert X1.shape == (net.n_voxels, 40) and S1.shape == (R, 40)
     # every subject its own stream; another seed other maps
     assert not np.allclose(net.subject(1, 3, 40, TR)[1], S1)
-    assert not np.allclose(network_model("mni6mm", R, seed=1).A, net.A)
+    assert not np.allclose(network_model("mni6mm", R, random_state=1).A, net.A)
     # subject-level parameters change no map (their own streams)
-    np.testing.assert_array_equal(network_model("mni6mm", R, seed=0, noise=0.1, physio_amplitude=0.0).A, net.A)
+    np.testing.assert_array_equal(network_model("mni6mm", R, random_state=0, noise=0.1, physio_amplitude=0.0).A, net.A)
 
 
 def test_subject_is_what_make_consortium_writes(written):
     out, man = written
     assert man["model"] == "networks" and man["noise"] == NETWORK_DEFAULTS["noise"]
-    model = network_model("mni6mm", 5, seed=4)
+    model = network_model("mni6mm", 5, random_state=4)
     mask = np.asarray(nib.load(man["mask"]).dataobj).astype(bool)
     np.testing.assert_array_equal(mask, model.mask)
     np.testing.assert_array_equal(np.load(man["truth"]["A"]), model.A)
@@ -158,7 +158,7 @@ def test_mirror_of_a_bilateral_region_is_across_the_midline(net):
 
 
 def test_grid30_mirrors_across_its_middle_column():
-    grid = network_model("grid30", 6, seed=3)
+    grid = network_model("grid30", 6, random_state=3)
     assert grid.A.shape == (900, 6) and grid.params["midline_x_mm"] == 14.5
     coords = world_coords(grid)
     mirror = _mirror_index(coords, 14.5)
@@ -213,14 +213,14 @@ def test_group_correlation_is_positive_definite(net):
 
 
 def test_noise_terms():
-    bare = network_model("mni6mm", 8, seed=2, noise=0.0, global_amplitude=0.0, physio_amplitude=0.0)
+    bare = network_model("mni6mm", 8, random_state=2, noise=0.0, global_amplitude=0.0, physio_amplitude=0.0)
     X, S = bare.subject(0, 1, 60, TR)
     np.testing.assert_allclose(X, bare.A @ S, rtol=0, atol=1e-6)
-    white = network_model("mni6mm", 8, seed=2, noise=0.5, global_amplitude=0.0, physio_amplitude=0.0)
+    white = network_model("mni6mm", 8, random_state=2, noise=0.5, global_amplitude=0.0, physio_amplitude=0.0)
     Xw, Sw = white.subject(0, 1, 60, TR)
     np.testing.assert_array_equal(Sw, S)  # noise levels change no time course
     assert np.std(Xw - white.A @ Sw) == pytest.approx(0.5, rel=0.02)
-    full = network_model("mni6mm", 8, seed=2)
+    full = network_model("mni6mm", 8, random_state=2)
     Xf, Sf = full.subject(0, 1, 60, TR)
     resid = (Xf - full.A @ Sf).astype(np.float64)
     # global signal + smooth structured noise: more than the white noise, and spatially correlated
@@ -276,10 +276,10 @@ def _digest(root: Path) -> str:
 BLOBS_DIGESTS = {
     "plain": ("c23e88369e277d79262ac20d1bccc6f5e3af437ac5ba026f48485d185293027a",
               dict(n_sites=2, subjects_per_site=[1, 2], n_components=4, n_timepoints=15, space="grid30",
-                   seed=11, noise=0.3, tr=1.5)),
+                   random_state=11, noise=0.3, tr=1.5)),
     "states": ("3bd4f6cad4b19437881120906cc6f8245680a34053edb19170a31c77f9dfee73",
                dict(n_sites=2, subjects_per_site=[2, 1], n_components=4, n_timepoints=15, space="grid30",
-                    seed=2, states=2)),
+                    random_state=2, states=2)),
 }
 
 
@@ -344,7 +344,7 @@ def test_bad_model_arguments(net):
 
 def test_custom_mask_and_affine():
     mask, affine = load_space("mni6mm")
-    custom = network_model((mask, affine), 4, seed=0)
-    named = network_model("mni6mm", 4, seed=0)
+    custom = network_model((mask, affine), 4, random_state=0)
+    named = network_model("mni6mm", 4, random_state=0)
     np.testing.assert_array_equal(custom.A, named.A)  # same grid, same seed: same maps
     assert custom.space is None and named.space == "mni6mm"

@@ -52,7 +52,7 @@ def matched_corr(est, truth):
     return C[rows, cols]
 
 
-KW = dict(n_sites=2, subjects_per_site=[1, 2], n_components=5, n_timepoints=30, space="grid30", seed=11)
+KW = dict(n_sites=2, subjects_per_site=[1, 2], n_components=5, n_timepoints=30, space="grid30", random_state=11)
 
 
 # ---------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_states_off_is_the_old_generator(tmp_path):
     A = np.load(omitted["truth"]["A"])
     g = omitted["truth"]["garch"]
     for s_idx, m_idx, _, sub in subjects(omitted):
-        rng = np.random.default_rng(np.random.SeedSequence(KW["seed"], spawn_key=(1, s_idx, m_idx)))
+        rng = np.random.default_rng(np.random.SeedSequence(KW["random_state"], spawn_key=(1, s_idx, m_idx)))
         S = garch_sources(KW["n_timepoints"], np.array(g["alpha"]), np.array(g["beta"]), rng,
                           omega=g["omega"]).astype(np.float32)
         X = A @ S
@@ -174,7 +174,7 @@ def test_state_centroids_sparse_centred_distinct(R, K):
 def long_run(tmp_path_factory):
     """8 sources (6 in a state, 2 not), 3 states, 6 subjects x 400 time points."""
     out = tmp_path_factory.mktemp("long")
-    man = make_consortium(out, 2, 3, n_components=8, n_timepoints=400, space="grid30", seed=4,
+    man = make_consortium(out, 2, 3, n_components=8, n_timepoints=400, space="grid30", random_state=4,
                           noise=0.5, states=3)
     S = np.concatenate([np.load(sub["sources"]) for *_, sub in subjects(man)], axis=1).astype(np.float64)
     labels = np.concatenate([np.load(man["truth"]["state_labels"][site][sub["id"]])
@@ -232,14 +232,14 @@ def test_state_truth_files_and_manifest(long_run):
 
 
 def test_states_deterministic_per_subject_and_stale_files_removed(tmp_path):
-    kw = dict(n_components=4, n_timepoints=20, space="grid30", seed=2, states=2)
+    kw = dict(n_components=4, n_timepoints=20, space="grid30", random_state=2, states=2)
     small = make_consortium(tmp_path / "s", 1, 1, **kw)
     big = make_consortium(tmp_path / "b", 2, 2, **kw)
     np.testing.assert_array_equal(np.load(small["truth"]["states"]), np.load(big["truth"]["states"]))
     lab = small["truth"]["state_labels"]["site-01"]["sub-0001"]
     np.testing.assert_array_equal(np.load(lab), np.load(big["truth"]["state_labels"]["site-01"]["sub-0001"]))
     # a re-run without states into the same folder leaves no state truth behind
-    make_consortium(tmp_path / "b", 1, 1, n_components=4, n_timepoints=20, space="grid30", seed=2)
+    make_consortium(tmp_path / "b", 1, 1, n_components=4, n_timepoints=20, space="grid30", random_state=2)
     truth = sorted(p.name for p in (tmp_path / "b" / "truth").iterdir())
     assert truth == ["A.npy", "S_site-01_sub-0001.npy", "maps.nii.gz"]
 
@@ -275,7 +275,7 @@ def test_states_recoverable_by_kmeans(tmp_path):
     from sklearn.cluster import KMeans
 
     K, R = 3, 6
-    man = make_consortium(tmp_path, 3, 4, n_components=R, n_timepoints=80, space="grid30", seed=0, states=K)
+    man = make_consortium(tmp_path, 3, 4, n_components=R, n_timepoints=80, space="grid30", random_state=0, states=K)
     subs = subjects(man)
     S = np.concatenate([np.load(sub["sources"]) for *_, sub in subs], axis=1).astype(np.float64)
     X = np.concatenate([bold(sub) for *_, sub in subs], axis=1)

@@ -21,7 +21,7 @@ R = 4
 def consortium(tmp_path_factory):
     root = tmp_path_factory.mktemp("consortium")
     man = make_consortium(root / "data", n_sites=3, subjects_per_site=3, n_components=R, n_timepoints=80,
-                          space="grid30", seed=3)
+                          space="grid30", random_state=3)
     return root, man
 
 

@@ -80,7 +80,6 @@ from ..cape.packing import check_symmetric_noise, noise_array
 from ..cape.plans import NoisePlan
 from ..exchange import Payload
 from ..privacy import PrivacyLedger, noise_multiplier
-from ..privacy.noise import accepts_random_state
 from ..privacy.noise import vector_laplace
 from . import tensor as tz
 
@@ -369,7 +368,7 @@ def _whiten(S_hat: np.ndarray, k: int, model: str, sigma2: float | None) -> tupl
 def _finish(T: np.ndarray, W: np.ndarray, k: int, model: str, scale: float, simplex: str,
             n_restarts: int, n_iter: int, rng: np.random.Generator):
     """Tensor power method on the whitened tensor and recovery of (a_k, w_k)."""
-    lambdas, U = tz.tensor_power(tz.symmetrize(T), k, n_restarts=n_restarts, n_iter=n_iter, rng=rng)
+    lambdas, U = tz.tensor_power(tz.symmetrize(T), k, n_restarts=n_restarts, n_iter=n_iter, random_state=rng)
     A, w = tz.recover(W, lambdas, U)
     if model == "mog":
         A = A * scale
@@ -507,7 +506,7 @@ class _OccupancyStage(_Stage):
 
 
 def moment_stage(order: int, n_components: int, noise_multiplier: float, groups, *, scale: float,
-                 seed: int | None = None, W: np.ndarray | None = None, sigma2: float | None = None,
+                 random_state=None, W: np.ndarray | None = None, sigma2: float | None = None,
                  budget: privacy.GaussianBudget | None = None):
     """One capeAGN release on MOG samples as a CAPE algorithm: ``order`` 2 (M2, then W and sigma^2) or 3.
 
@@ -516,9 +515,10 @@ def moment_stage(order: int, n_components: int, noise_multiplier: float, groups,
     (subject-level privacy); a deployed site needs only its own entry. Stage 3
     needs the public ``W`` and ``sigma2`` of stage 2's broadcast (in the
     scaled units). ``budget``: the (eps, delta) ``noise_multiplier`` was calibrated to, which the stage
-    reports to a planner.
+    reports to a planner. ``random_state`` (None, an int or a Generator) seeds the sites' noise.
     """
-    common = dict(unit="subject", groups=groups, seed=seed, scale=scale, budget=budget)
+    common = dict(unit="subject", groups=groups, seed=privacy.resolve_random_state(random_state), scale=scale,
+                  budget=budget)
     if order == 2:
         stage = _M2Stage("mog", noise_multiplier, stage_id=1, k=n_components, sigma2=None, **common)
     elif order == 3:
@@ -532,9 +532,10 @@ def moment_stage(order: int, n_components: int, noise_multiplier: float, groups,
     return stage
 
 
-def finish_moments(m3w: np.ndarray, W: np.ndarray, n_components: int, *, scale: float, seed: int | None = None,
+def finish_moments(m3w: np.ndarray, W: np.ndarray, n_components: int, *, scale: float, random_state=None,
                    n_restarts: int = 30, n_iter: int = 50) -> tuple[np.ndarray, np.ndarray]:
     """The aggregator's last step (post-processing): components (data units, as columns) and weights."""
+    seed = privacy.resolve_random_state(random_state)
     rng = np.random.default_rng(None if seed is None else [seed, 99])
     A, w, _ = _finish(np.asarray(m3w), np.asarray(W), n_components, "mog", scale, "euclidean", n_restarts,
                       n_iter, rng)
@@ -560,10 +561,9 @@ def _prepare_all(site_samples, model: str, scale) -> list[PreparedSite]:
     return sites
 
 
-@accepts_random_state
 def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: float, *, model: str = "mog",
              plan: str | NoisePlan = "cape", split: Sequence[float] = (0.5, 0.5), sigma2: float | None = None,
-             scale: float | None = None, seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
+             scale: float | None = None, random_state=None, n_restarts: int = 30, n_iter: int = 50,
              simplex: str = "euclidean", unit: str = "sample", samples_per_unit: int | Sequence[int] = 1,
              secagg_config=None, symmetric_noise: str = "symmetrized") -> AGNResult:
     """Decentralized DP orthogonal tensor decomposition (capeAGN, [CAPE-TF] Alg. 3).
@@ -588,9 +588,10 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
         from the stage-1 release at the aggregator.
     scale : float, optional
         Public norm bound for MOG samples (see module docstring).
-    seed : int, optional
+    random_state : None, int or numpy Generator
         Seeds the sites' noise and the power method's restarts (simulations
-        and tests only; production runs draw from OS entropy).
+        and tests only; a Generator gives the seed by one draw; production
+        runs draw from OS entropy).
     n_restarts, n_iter : int
         Tensor power method's L and N.
     simplex : {"euclidean", "clip"}
@@ -608,6 +609,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     AGNResult
         Components, weights, per-site merged ledgers (both stages).
     """
+    seed = privacy.resolve_random_state(random_state)
     _check_model(model)
     _check_privacy(epsilon, delta)
     eps_split = _check_split(split, 2)
@@ -733,9 +735,8 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
                      [ledger] if private else [], mechanism, model, epsilon_pure=eps_pure, info=info)
 
 
-@accepts_random_state
 def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
-        sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
+        sigma2: float | None = None, scale: float | None = None, random_state=None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled", symmetric_noise: str = "symmetrized") -> AGNResult:
     """Centralized AGN ([DP-OTD] Alg. 1) on one party's data (pooled data: the ideal capeAGN matches).
@@ -743,14 +744,14 @@ def agn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     Same conventions as :func:`cape_agn`; ``samples`` is one data array.
     """
     return _central(samples, n_components, model=model, mechanism="agn", epsilon=epsilon, delta=delta, split=split,
-                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    sigma2=sigma2, scale=scale, seed=privacy.resolve_random_state(random_state),
+                    n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
 
 
-@accepts_random_state
 def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str = "mog", split=(0.5, 0.5),
-        sigma2: float | None = None, scale: float | None = None, seed: int | None = None,
+        sigma2: float | None = None, scale: float | None = None, random_state=None,
         n_restarts: int = 30, n_iter: int = 50, simplex: str = "euclidean", unit: str = "sample",
         samples_per_unit: int = 1, owner: str = "pooled", symmetric_noise: str = "symmetrized") -> AGNResult:
     """Centralized AVN ([DP-OTD] Alg. 1): stage 2 noise with density proportional to exp(-beta ||b||).
@@ -759,18 +760,19 @@ def avn(samples, n_components: int, epsilon: float, delta: float, *, model: str 
     The total guarantee is (ledger eps at delta) + ``result.epsilon_pure``.
     """
     return _central(samples, n_components, model=model, mechanism="avn", epsilon=epsilon, delta=delta, split=split,
-                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    sigma2=sigma2, scale=scale, seed=privacy.resolve_random_state(random_state),
+                    n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit=unit, samples_per_unit=samples_per_unit, owner=owner,
                     symmetric_noise=symmetric_noise)
 
 
-@accepts_random_state
 def otd(samples, n_components: int, *, model: str = "mog", sigma2: float | None = None, scale: float | None = None,
-        seed: int | None = None, n_restarts: int = 30, n_iter: int = 50,
+        random_state=None, n_restarts: int = 30, n_iter: int = 50,
         simplex: str = "euclidean") -> AGNResult:
     """Non-private method-of-moments OTD (Anandkumar et al. 2014) on one dataset. Not private."""
     return _central(samples, n_components, model=model, mechanism="none", epsilon=None, delta=None, split=None,
-                    sigma2=sigma2, scale=scale, seed=seed, n_restarts=n_restarts, n_iter=n_iter,
+                    sigma2=sigma2, scale=scale, seed=privacy.resolve_random_state(random_state),
+                    n_restarts=n_restarts, n_iter=n_iter,
                     simplex=simplex, unit="sample", samples_per_unit=1, owner="pooled")
 
 
@@ -814,11 +816,10 @@ class BrainStates:
     ledgers: list[PrivacyLedger]
 
 
-@accepts_random_state
 def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: float, *, plan: str = "cape",
                  split: Sequence[float] | None = None, occupancy: str = "weights",
                  timepoints_per_subject: int | Sequence[int] | None = None, sigma2: float | None = None,
-                 scale: float | None = None, seed: int | None = None, n_restarts: int = 30,
+                 scale: float | None = None, random_state=None, n_restarts: int = 30,
                  n_iter: int = 50) -> BrainStates:
     """K brain states (centroids and occupancies) with capeAGN on reduced time points.
 
@@ -842,7 +843,10 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
     scale : float, optional
         Public norm bound for time points; default 2 sqrt(R), suited to
         whitened data (E||z||^2 = R). Points beyond it are projected onto it.
+    random_state : None, int or numpy Generator
+        Seeds the noise and the power method's restarts (as :func:`cape_agn`).
     """
+    seed = privacy.resolve_random_state(random_state)
     if occupancy not in ("weights", "release"):
         raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
     n_parts = 3 if occupancy == "release" else 2
@@ -862,8 +866,8 @@ def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: fl
     groups_l = _groups(groups, unit, len(sites))
     otd_share = sum(parts[:2])
     res = cape_agn(sites, n_components, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
-                   split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale, seed=seed,
-                   n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
+                   split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale,
+                   random_state=seed, n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
     leds = res.ledgers
     if occupancy == "weights":
         occ = np.clip(np.nan_to_num(res.weights, nan=0.0, posinf=0.0), 0.0, None)

@@ -114,9 +114,13 @@ def symmetrize4(K: np.ndarray, R: int) -> np.ndarray:
     return (sum(T.transpose(p) for p in _PERMS) / len(_PERMS)).reshape(R * R, R * R)
 
 
-def power_directions(K: np.ndarray, R: int, rng: np.random.Generator, *, n_restarts: int = 8,
+def power_directions(K: np.ndarray, R: int, random_state=None, *, n_restarts: int = 8,
                      n_iter: int = 60) -> np.ndarray:
-    """Orthonormal directions (rows) of a symmetric 4th-order tensor by the power method with deflation."""
+    """Orthonormal directions (rows) of a symmetric 4th-order tensor by the power method with deflation.
+
+    ``random_state`` (None, an int or a Generator, used as it is) draws the starts.
+    """
+    rng = privacy.default_rng(random_state)
     T = symmetrize4(K, R)
     found: list[np.ndarray] = []
     for _ in range(R):
@@ -200,10 +204,10 @@ def polish_directions(K: np.ndarray, U: np.ndarray, *, sweeps: int = 50) -> np.n
     return U
 
 
-def separate(K: np.ndarray, R: int, rng: np.random.Generator, *, n_restarts: int = 8, n_iter: int = 60) -> np.ndarray:
+def separate(K: np.ndarray, R: int, random_state=None, *, n_restarts: int = 8, n_iter: int = 60) -> np.ndarray:
     """The aggregator's directions (rows) from the noisy cumulant matrix K (post-processing): the power method's,
     refitted jointly by :func:`polish_directions`."""
-    return polish_directions(K, power_directions(K, R, rng, n_restarts=n_restarts, n_iter=n_iter))
+    return polish_directions(K, power_directions(K, R, random_state, n_restarts=n_restarts, n_iter=n_iter))
 
 
 #: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest): on [capeDJICA]'s set-up
@@ -245,14 +249,15 @@ class CapeCumulantICA:
         at the site's median subject length.
     refine_share : float in [0, 1)
         The refinement's share of the stage's mu^2; 0: no refinement round.
-    seed : int or None
-        Seeds the sites' noise and the aggregator's starts; None: OS entropy.
+    random_state : None, int or numpy Generator
+        Seeds the sites' noise and the aggregator's starts (a Generator gives the seed by one draw); None: OS
+        entropy.
     """
 
     name = "cumulant-ica"
 
     def __init__(self, n_components: int, epsilon, delta, *, clip: float | None = None,
-                 refine_clip: float | None = None, refine_share: float = REFINE_SHARE, seed: int | None = None,
+                 refine_clip: float | None = None, refine_share: float = REFINE_SHARE, random_state=None,
                  n_restarts: int = 8, n_iter: int = 60):
         for name, v in (("clip", clip), ("refine_clip", refine_clip)):
             if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf):
@@ -260,7 +265,7 @@ class CapeCumulantICA:
                                  f"got {v!r}")
         if isinstance(refine_share, bool) or not isinstance(refine_share, (int, float)) or not 0 <= refine_share < 1:
             raise ValueError(f"refine_share must be a number in [0, 1), got {refine_share!r}")
-        self.R, self.seed = int(n_components), seed
+        self.R, self.random_state = int(n_components), privacy.resolve_random_state(random_state)
         self.clip, self.refine_clip = clip, refine_clip
         self.refine_share = float(refine_share)
         self.n_restarts, self.n_iter = int(n_restarts), int(n_iter)
@@ -294,8 +299,8 @@ class CapeCumulantICA:
             raise ValueError(f"site {site}: subject lengths must be positive and add up to {Z.shape[1]}")
         state = self.public_state(site, lengths)
         state["_Z"] = Z
-        if self.seed is not None:
-            state["rng"] = np.random.default_rng([int(self.seed), int(site)])
+        if self.random_state is not None:
+            state["rng"] = np.random.default_rng([int(self.random_state), int(site)])
         return state
 
     def public_state(self, site: int, lengths: Sequence[int]) -> dict:
@@ -359,7 +364,7 @@ class CapeCumulantICA:
             state.update(P=P, S_hat=S)
             return Payload({"P": P})
         P = state.get("P", np.eye(self.R))
-        rng = np.random.default_rng(None if self.seed is None else [int(self.seed), 2**31 - 1])
+        rng = np.random.default_rng(None if self.random_state is None else [int(self.random_state), 2**31 - 1])
         U = separate(combined["K4"], self.R, rng, n_restarts=self.n_restarts, n_iter=self.n_iter)
         state.update(U=U, W=U @ P, K4=combined["K4"])
         return Payload({"W": U @ P}, {"stop": True})
@@ -386,7 +391,7 @@ def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float | None =
         raise ValueError("a private plan needs a finite epsilon")
     alg = CapeCumulantICA(Z_sites[0].shape[0], None if plan.kind == "none" else epsilon, delta, clip=clip,
                           refine_clip=refine_clip, refine_share=refine_share,
-                          seed=privacy.resolve_random_state(random_state))
+                          random_state=random_state)
     data = [(Z, [b - a for a, b in subject_ranges(sub, Z.shape[1])])
             for Z, sub in zip(Z_sites, subjects, strict=True)]
     res = run_cape(alg, data, plan, exchange=exchange, options=options)

@@ -75,7 +75,6 @@ from ..cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, planned_ledg
 from ..cape.plans import symmetric_guarantee
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
-from ..privacy.noise import accepts_random_state
 from . import tensor as tz
 from .agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
 
@@ -347,13 +346,14 @@ class CapeKMeans:
     consortium mean (every window in state 0) and split it along public
     random directions of norm ``split_scale`` B. Every round releases "sums"
     and "counts", with noise multipliers ``z_sums``, ``z_counts``; ``bound``
-    is the Frobenius bound B of one subject's K x D contribution.
+    is the Frobenius bound B of one subject's K x D contribution. ``random_state`` (None, an int or a
+    Generator, which gives the seed by one draw) seeds the sites' noise and the split's directions.
     """
 
     name = "dfnc-kmeans"
 
     def __init__(self, n_states: int, n_rounds: int, bound: float, z_sums: float, z_counts: float, *,
-                 init: np.ndarray | None = None, metric: str = "correlation", seed: int | None = None,
+                 init: np.ndarray | None = None, metric: str = "correlation", random_state=None,
                  min_count: float = 0.01, split_scale: float = 0.25, average_last: int = 1):
         _check_metric(metric)
         if isinstance(n_rounds, bool) or int(n_rounds) != n_rounds or n_rounds < 1:
@@ -361,7 +361,8 @@ class CapeKMeans:
         if not (bound > 0 and math.isfinite(bound)):
             raise ValueError(f"bound must be finite and > 0, got {bound}")
         self.K, self.max_rounds, self.B = int(n_states), int(n_rounds), float(bound)
-        self.z_sums, self.z_counts, self.metric, self.seed = z_sums, z_counts, metric, seed
+        self.z_sums, self.z_counts, self.metric = z_sums, z_counts, metric
+        self.random_state = privacy.resolve_random_state(random_state)
         self.init = None if init is None else np.asarray(init, np.float64)
         self.min_count, self.split_scale = min_count, split_scale
         if isinstance(average_last, bool) or int(average_last) != average_last or not 1 <= average_last <= n_rounds:
@@ -373,8 +374,8 @@ class CapeKMeans:
         ws = data if isinstance(data, WindowSet) else WindowSet(*data)
         state: dict[str, Any] = {"_X": ws.X, "_w": ws.subject_weights(), "_subject": ws.subject_index(),
                                  "M": ws.n_subjects, "D": ws.D}
-        if self.seed is not None:
-            state["rng"] = np.random.default_rng([self.seed, 11, site])
+        if self.random_state is not None:
+            state["rng"] = np.random.default_rng([self.random_state, 11, site])
         return state
 
     def public_state(self, site: int, lengths, dim: int) -> dict:
@@ -422,7 +423,7 @@ class CapeKMeans:
         sums, counts = combined["sums"], combined["counts"]
         if round == 0 and self.init is None:
             mean = sums[0] / max(counts[0], self.min_count)
-            rng = np.random.default_rng(None if self.seed is None else [self.seed, 12])
+            rng = np.random.default_rng(None if self.random_state is None else [self.random_state, 12])
             R = rng.standard_normal((mean.size, self.K))
             C = mean[:, None] + self.split_scale * self.B * R / np.linalg.norm(R, axis=0)
         else:
@@ -473,7 +474,7 @@ class _WindowM3(_M3Stage):
 
 def _agn_stages(n_states: int, z2: float, z3: float, groups: dict, bound: float, seed, W=None, sigma2=None):
     if W is None:
-        return moment_stage(2, n_states, z2, groups, scale=bound, seed=seed)
+        return moment_stage(2, n_states, z2, groups, scale=bound, random_state=seed)
     st = _WindowM3("mog", z3, unit="subject", groups=groups, seed=seed, stage_id=2, scale=bound,
                    W=np.asarray(W, np.float64), sigma2=float(sigma2 or 0.0))
     st.quiet_clipping = True
@@ -531,18 +532,19 @@ def _check_sites(sites) -> list[WindowSet]:
     return out
 
 
-@accepts_random_state
 def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: float = 1e-5, *,
                 method: str = "kmeans", plan: NoisePlan | str = "cape", n_rounds: int = 4,
                 bound: float | None = None, metric: str = "correlation", count_share: float = 0.1,
-                agn_share: float = 0.3, init: np.ndarray | None = None, seed: int | None = None,
+                agn_share: float = 0.3, init: np.ndarray | None = None, random_state=None,
                 n_restarts: int = 30, n_iter: int = 50, average_last: int = 2) -> DFNCStates:
     """The consortium's K dFNC states from every site's :class:`WindowSet`, all parties in this process.
 
     ``epsilon``/``delta``: the whole stage per site (None with plan "none").
     ``init`` (D x K, public) starts "kmeans" instead of the split of the mean.
-    ``seed`` (or ``random_state``) fixes the noise: simulations and tests only.
+    ``random_state`` (None, an int or a Generator, which gives the seed by one draw) fixes the noise:
+    simulations and tests only.
     """
+    seed = privacy.resolve_random_state(random_state)
     _check_metric(metric)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
@@ -566,14 +568,14 @@ def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: fl
         r2 = run_cape(_agn_stages(K, z["m2"], z["m3"], groups, B, seed), prepared, nplan)
         W, s2 = r2.aggregator["W"], r2.aggregator.get("sigma2")
         r3 = run_cape(_agn_stages(K, z["m2"], z["m3"], groups, B, seed, W=W, sigma2=s2), prepared, nplan)
-        C, wts = finish_moments(r3.aggregator["m3w"], W, K, scale=B, seed=seed, n_restarts=n_restarts,
+        C, wts = finish_moments(r3.aggregator["m3w"], W, K, scale=B, random_state=seed, n_restarts=n_restarts,
                                 n_iter=n_iter)
         wts = np.clip(np.nan_to_num(wts, nan=0.0, posinf=0.0), 0.0, None)
         occ = wts / wts.sum() if wts.sum() > 0 else np.full(K, 1.0 / K)
         leds += [cape_ledgers(r2), cape_ledgers(r3)]
         info["agn_vectors"] = C
     if method != "agn":
-        alg = CapeKMeans(K, n_rounds, B, z["sums"], z["counts"], init=C, metric=metric, seed=seed,
+        alg = CapeKMeans(K, n_rounds, B, z["sums"], z["counts"], init=C, metric=metric, random_state=seed,
                          average_last=average_last)
         rk = run_cape(alg, ws, nplan)
         C = rk.aggregator["centroids"]

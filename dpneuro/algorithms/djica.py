@@ -613,7 +613,7 @@ class CapeDJICA:
     calibration: str = PRESETS["recommended"]["calibration"]
     clip_unit: str = PRESETS["recommended"]["clip_unit"]
     bias: bool = PRESETS["recommended"]["bias"]
-    seed: Any = None
+    random_state: Any = None
     truth: np.ndarray | None = None
     chunk: int = DEFAULT_CHUNK
     name: str = "capedjica"
@@ -622,6 +622,7 @@ class CapeDJICA:
         if isinstance(self.R, bool) or int(self.R) != self.R or self.R < 2:
             raise ValueError(f"R must be an integer >= 2 (the learning rate uses ln R), got {self.R}")
         self.R = int(self.R)
+        self.random_state = privacy.resolve_random_state(self.random_state)
         if isinstance(self.rounds, bool) or int(self.rounds) != self.rounds or self.rounds < 1:
             raise ValueError(f"rounds must be a positive integer, got {self.rounds}")
         self.rounds = int(self.rounds)
@@ -667,8 +668,8 @@ class CapeDJICA:
             raise ValueError(f"site {site}: whitened data contain NaN or infinite values")
         state = self.public_state(site, _subject_lengths(subjects, Z.shape[1], site))
         state["_Z"] = Z
-        if self.seed is not None:
-            state["rng"] = np.random.default_rng(_site_seed(self.seed, site))
+        if self.random_state is not None:
+            state["rng"] = np.random.default_rng(_site_seed(self.random_state, site))
         return state
 
     def public_state(self, site: int, lengths: Sequence[int]) -> dict:
@@ -751,11 +752,9 @@ _HISTORY_KEYS = ("rho", "dW2", "angle", "restarts")
 
 
 def _site_seed(seed, site: int):
-    """Entropy for site ``site``'s generator from the run seed (an int, a sequence or a SeedSequence)."""
+    """Entropy for site ``site``'s generator from the run seed (an int or a SeedSequence)."""
     if isinstance(seed, np.random.SeedSequence):
         return np.random.SeedSequence(seed.entropy, spawn_key=tuple(seed.spawn_key) + (site,))
-    if isinstance(seed, (list, tuple)):
-        return [*seed, site]
     return [int(seed), site]
 
 
@@ -939,8 +938,6 @@ def cape_djica(
     plan: str | NoisePlan = "cape",
     lr: float | None = None,
     random_state=None,
-    seed=None,
-    rng: np.random.Generator | None = None,
     exchange=None,
     optimizer: str | LearningRate = FROM_PRESET,
     checkpoint: str | os.PathLike | None = None,
@@ -982,8 +979,8 @@ def cape_djica(
         Initial learning rate; overrides the optimizer's.
     random_state : int or Generator, optional
         Reproducible simulation: every site's noise generator is seeded from
-        (random_state, site) (a Generator is turned into a seed). Default: OS
-        entropy. ``seed`` (int) and ``rng`` (Generator) are older spellings.
+        (random_state, site) (a Generator is turned into a seed by one draw).
+        Default: OS entropy.
     exchange : Exchange, optional
         Defaults to a fresh in-process exchange.
     optimizer : {"paper", "fast"} or LearningRate
@@ -1019,12 +1016,11 @@ def cape_djica(
     """
     site_data, R = _prepare(Z_sites, subjects_per_site)
     nplan = NoisePlan.coerce(plan)
-    seed = privacy.resolve_random_state(random_state, seed=seed, rng=rng)
     st = preset_settings(preset, clip_G=clip_G, clip_h=clip_h, rounds=rounds, optimizer=optimizer,
                          calibration=calibration, clip_unit=clip_unit, bias=bias)
     opt = _coerce_optimizer(st.pop("optimizer"), lr)
-    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, optimizer=opt, plan=nplan.kind, seed=seed,
-                    truth=truth, chunk=chunk, **st)
+    alg = CapeDJICA(R=R, epsilon_i=epsilon_i, delta_i=delta_i, optimizer=opt, plan=nplan.kind,
+                    random_state=random_state, truth=truth, chunk=chunk, **st)
     # validate every site before anything runs (and so before any release)
     for s, data in enumerate(site_data):
         alg.site_init(s, data)

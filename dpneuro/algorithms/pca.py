@@ -677,9 +677,10 @@ class CapePCA:
         How columns are brought to norm <= 1 (module docstring).
     neighbour : {"replace", "add-remove"}
         Neighbour relation (module docstring); "add-remove" only to reproduce the papers.
-    seed : int or None
+    random_state : None, int or numpy Generator
         Seeds every site's noise (``default_rng([seed, site])``) and the
-        power mode's V_0; None draws from OS entropy (production).
+        power mode's V_0 (a Generator gives the seed by one draw); None draws
+        from OS entropy (production).
     oversample : int
         Power mode: iterate on k + oversample columns, return the top k.
     dim : int or None
@@ -721,7 +722,7 @@ class CapePCA:
     name = "capepca"
 
     def __init__(self, k: int, epsilon, delta, *, mode: str = "covariance", n_iter: int | None = None,
-                 unit: str | None = None, scale=None, neighbour: str = "replace", seed: int | None = None,
+                 unit: str | None = None, scale=None, neighbour: str = "replace", random_state=None,
                  oversample: int = 0, dim: int | None = None, calibration: str = "analytic",
                  keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None,
                  contribution: str = "moment", symmetric_noise: str = "symmetrized", variances: bool = False,
@@ -741,7 +742,8 @@ class CapePCA:
         if isinstance(oversample, bool) or not isinstance(oversample, (int, np.integer)) or oversample < 0:
             raise ValueError(f"oversample must be an integer >= 0, got {oversample!r}")
         self.mode, self.unit, self.scale, self.neighbour = mode, unit, scale, neighbour
-        self.seed, self.oversample, self.dim = seed, int(oversample), dim
+        self.random_state = privacy.resolve_random_state(random_state)
+        self.oversample, self.dim = int(oversample), dim
         if mode == "power":
             n_iter = 20 if n_iter is None else n_iter
             if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 2:
@@ -791,8 +793,8 @@ class CapePCA:
                              "scale='clip' / 'unit'. Nothing was released")
         state = self.public_state(site, src.lengths if src.has_subjects else None, src.n_samples, src.dim)
         state["_src"] = src
-        if self.seed is not None:
-            state["rng"] = np.random.default_rng([int(self.seed), int(site)])
+        if self.random_state is not None:
+            state["rng"] = np.random.default_rng([int(self.random_state), int(site)])
         return state
 
     def public_state(self, site: int, lengths: Sequence[int] | None, n_samples: int, dim: int) -> State:
@@ -899,7 +901,7 @@ class CapePCA:
         if self.mode == "covariance":
             return Payload()
         # V_0: random and data-independent, so it costs no privacy
-        rng = np.random.default_rng(None if self.seed is None else [int(self.seed), 2**31 - 1])
+        rng = np.random.default_rng(None if self.random_state is None else [int(self.random_state), 2**31 - 1])
         V0 = orthonormalize(rng.standard_normal((D, self.block)))
         state["V"] = V0
         return Payload({"V": V0})
@@ -1078,8 +1080,7 @@ def check_sources(srcs: list[SiteSource], k: int) -> list[SiteSource]:
 
 def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subjects=None, unit: str | None = None,
              scale=None, neighbour: str = "replace", mode: str = "covariance", n_iter: int | None = None,
-             oversample: int = 0, exchange=None, random_state=None, seed: int | None = None,
-             rng: np.random.Generator | None = None,
+             oversample: int = 0, exchange=None, random_state=None,
              secagg_config=None, options: RunOptions | None = None, calibration: str = "analytic",
              method: str | None = None, subject_bound: float | None = None,
              tol: float | None = None, contribution: str = "moment",
@@ -1108,7 +1109,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
         Defaults to an in-process exchange.
     random_state : int or Generator, optional
         Reproducible noise for simulations (a Generator is turned into a
-        seed); default OS entropy. ``seed`` / ``rng`` are older spellings.
+        seed); default OS entropy.
 
     Returns
     -------
@@ -1120,7 +1121,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
-                  seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), oversample=oversample,
+                  random_state=random_state, oversample=oversample,
                   dim=srcs[0].dim, calibration=calibration,
                   keep_matrix=True, subject_bound=subject_bound, tol=tol,
                   contribution=contribution, symmetric_noise=symmetric_noise, variances=variances,
@@ -1163,8 +1164,8 @@ def local_pca(X_site, n_components: int, epsilon, delta, *, subjects=None, **kw)
 
 def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *,
              subjects=None, unit: str | None = None,
-             scale=None, neighbour: str = "replace", exchange=None, random_state=None, seed: int | None = None,
-             rng: np.random.Generator | None = None, options: RunOptions | None = None,
+             scale=None, neighbour: str = "replace", exchange=None, random_state=None,
+             options: RunOptions | None = None,
              calibration: str = "analytic", symmetric_noise: str = "symmetrized") -> PCAResult:
     """DPdisPCA ([DPdisPCA] Alg. 1) with intermediate dimension ``R`` (default 2k).
 
@@ -1175,7 +1176,7 @@ def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *
     k = _check_k(n_components)  # the papers' k
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
-                     seed=privacy.resolve_random_state(random_state, seed=seed, rng=rng), dim=srcs[0].dim,
+                     random_state=random_state, dim=srcs[0].dim,
                      calibration=calibration, symmetric_noise=symmetric_noise)
     if proto.R > srcs[0].dim:
         raise ValueError(f"R = {proto.R} exceeds D = {srcs[0].dim}")

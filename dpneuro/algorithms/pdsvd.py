@@ -147,8 +147,7 @@ import numpy as np
 from .. import secagg
 from ..exchange import Payload
 from ..io import column_norms, scale_factors
-from ..privacy import PrivacyLedger
-from ..privacy.noise import accepts_random_state
+from ..privacy import PrivacyLedger, resolve_random_state
 from ..driver import Phase, RunOptions, State, simulate
 from .pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
 
@@ -219,8 +218,8 @@ class PDSVD:
         PD-PCA: centre on the securely summed global mean first.
     reveal_singular_values : bool
         Plain SECSUM variant: the aggregator learns S V_t; the result has singular values.
-    seed : int or None
-        The agreed public seed of V_0 (None: the aggregator draws one).
+    random_state : None, int or numpy Generator
+        The agreed public seed of V_0 (a Generator gives it by one draw; None: the aggregator draws one).
     norm_bound : float
         Public bound on every column's L2 norm (data are divided by it).
     secure : bool
@@ -253,7 +252,7 @@ class PDSVD:
     name = "pdsvd"
 
     def __init__(self, k: int, n_iter: int, *, n_sites: int, center: bool = False,
-                 reveal_singular_values: bool = False, seed: int | None = None, norm_bound: float = 1.0,
+                 reveal_singular_values: bool = False, random_state=None, norm_bound: float = 1.0,
                  secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None,
                  group_secret: bool = False, eigenvalues: bool = False, scale: str | None = None,
                  privacy_note: str | None = None):
@@ -272,7 +271,8 @@ class PDSVD:
         self.eigenvalues, self.group_secret, self.scale = bool(eigenvalues), bool(group_secret), scale
         self.max_rounds = self.n_iter + (1 if self.eigenvalues else 0)  # the eigenvalue sum: one extra round
         self.n_sites, self.center, self.reveal = int(n_sites), bool(center), bool(reveal_singular_values)
-        self.seed, self.norm_bound, self.secure = seed, float(norm_bound), bool(secure)
+        self.random_state = resolve_random_state(random_state)
+        self.norm_bound, self.secure = float(norm_bound), bool(secure)
         self.c = 4.0 if self.center else 1.0  # ||x - mu||^2 <= 4 when ||x||, ||mu|| <= 1
         self.blinding = blinding or Blinding()
         self.nonce = nonce
@@ -371,7 +371,8 @@ class PDSVD:
         state: State = {"site": site, "_src": src, "_secret": None if secret is None else bytes(secret),
                         "dim": src.dim, "ledger": ledger}
         # stochastic rounding in the fixed-point secure sum (not privacy noise)
-        state["rounding_rng"] = np.random.default_rng(None if self.seed is None else [int(self.seed), int(site), 7])
+        state["rounding_rng"] = np.random.default_rng(
+            None if self.random_state is None else [int(self.random_state), int(site), 7])
         return state
 
     def aggregator_init(self) -> State:
@@ -418,7 +419,7 @@ class PDSVD:
         D = dims[min(dims)]
         if self.k > D:
             raise ValueError(f"k = {self.k} exceeds D = {D}")
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.random_state)
         V0 = orthonormalize(rng.normal(0.0, 1.0 / math.sqrt(D), (D, self.k)))  # [PD-ML-Lite] Alg. 3 line 1
         state.update(V=V0, dim=D, sites=sorted(msgs))
         nonce = self.nonce or secrets.token_hex(16)
@@ -593,8 +594,7 @@ def _sources(X_sites, k: int) -> list[SiteSource]:
     return check_sources([as_source(X).validate(f"site {s}") for s, X in enumerate(X_sites)], k)
 
 
-@accepts_random_state
-def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int | None = None, center: bool = False,
+def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, random_state=None, center: bool = False,
            reveal_singular_values: bool = False, norm_bound: float | None = None, secure: bool = True,
            site_secret: bytes | None = None, secagg_config=None, blinding: Blinding | None = None,
            options: RunOptions | None = None, group_secret: bool = False, eigenvalues: bool = False,
@@ -606,8 +606,8 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
     X_sites : list
         One D x N_s array (or any :class:`~dpneuro.algorithms.pca.SiteSource` input) per site.
     n_components, n_iter : int
-    seed : int, optional
-        Public seed of the initial block (and of the fixed-point rounding).
+    random_state : None, int or numpy Generator
+        Public seed of the initial block (and of the fixed-point rounding); a Generator gives it by one draw.
     center : bool
         PD-PCA (secure centring on the global mean).
     reveal_singular_values : bool
@@ -635,7 +635,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, seed: int 
     if norm_bound is None:
         norm_bound = max(_max_scaled_norm(s, scale) for s in srcs) or 1.0
     proto = PDSVD(k, n_iter, n_sites=len(srcs), center=center, reveal_singular_values=reveal_singular_values,
-                  seed=seed, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding,
+                  random_state=random_state, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding,
                   group_secret=group_secret, eigenvalues=eigenvalues, scale=scale)
     if group_secret:
         data = list(srcs)
@@ -707,7 +707,7 @@ def covariance_statistics(sigma2: np.ndarray | None = None) -> dict[str, Callabl
 
 def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mechanism: Callable | None = None,
                k: int | None = None, n_iter: int = 30, n_trials: int = 50, subsample: float = 0.8,
-               seed: int | None = None, **mechanism_kw) -> KSPrivacyResult:
+               random_state=None, **mechanism_kw) -> KSPrivacyResult:
     """Measure pi-KSDP of a mechanism for one unit ([PD-ML-Lite] Alg. 5).
 
     For i = 1..t (``n_trials``): draw sub-databases X'_i (every site keeps a
@@ -731,8 +731,9 @@ def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mecha
         (``pd_svd(..., k, n_iter, secure=False)``, same public seed and norm
         bound in every run -- secure aggregation does not change what is
         observed, only who can see the individual inputs).
-    n_trials, subsample, seed
-        Samples per distribution, fraction of columns kept, RNG seed.
+    n_trials, subsample, random_state
+        Samples per distribution, fraction of columns kept, RNG seed (None, an int or a Generator, which
+        gives the seed by one draw).
     **mechanism_kw
         Extra keywords for the default mechanism (e.g. ``reveal_singular_values``).
 
@@ -742,6 +743,7 @@ def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mecha
     """
     from scipy import stats  # deferred: scipy.stats takes about 0.3 s to load and only this measurement needs it
 
+    seed = resolve_random_state(random_state)
     stats_fns = statistic_fn if isinstance(statistic_fn, dict) else {"statistic": statistic_fn}
     if not stats_fns or not all(callable(f) for f in stats_fns.values()):
         raise ValueError("statistic_fn must be a callable or a dict of callables")
@@ -767,7 +769,7 @@ def ks_privacy(statistic_fn, X_sites, *, target: tuple[int, Any] = (0, 0), mecha
         v0_seed = 0 if seed is None else int(seed)
 
         def mechanism(sub):
-            return pd_svd(sub, k, n_iter, secure=False, seed=v0_seed, norm_bound=bound, **mechanism_kw)
+            return pd_svd(sub, k, n_iter, secure=False, random_state=v0_seed, norm_bound=bound, **mechanism_kw)
 
     rng = np.random.default_rng(seed)
     keep = [max(1, int(round(subsample * X.shape[1]))) for X in Xs]

@@ -25,6 +25,7 @@ from math import comb
 import numpy as np
 
 from ..cape.packing import pack, unpack
+from ..privacy import default_rng
 
 __all__ = [
     "n_sym",
@@ -237,7 +238,7 @@ def _apply_iuu(T: np.ndarray, U: np.ndarray) -> np.ndarray:
 
 
 def tensor_power(T: np.ndarray, k: int, *, n_restarts: int = 30, n_iter: int = 50,
-                 rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 random_state=None) -> tuple[np.ndarray, np.ndarray]:
     """Robust tensor power method with deflation (Anandkumar et al. 2014, Alg. 1).
 
     For each of ``k`` components: ``n_restarts`` starting points uniform on
@@ -254,8 +255,8 @@ def tensor_power(T: np.ndarray, k: int, *, n_restarts: int = 30, n_iter: int = 5
         Number of components to extract (k <= K).
     n_restarts, n_iter : int
         L and N of the paper.
-    rng : numpy Generator, optional
-        Source of the random starts (not privacy noise).
+    random_state : None, int or numpy Generator
+        Source of the random starts (not privacy noise); a Generator is used as it is.
 
     Returns
     -------
@@ -271,7 +272,7 @@ def tensor_power(T: np.ndarray, k: int, *, n_restarts: int = 30, n_iter: int = 5
         raise ValueError(f"cannot extract k = {k} components from a {K} x {K} x {K} tensor")
     if n_restarts < 1 or n_iter < 1:
         raise ValueError(f"n_restarts and n_iter must be >= 1, got {n_restarts}, {n_iter}")
-    rng = np.random.default_rng() if rng is None else rng
+    rng = default_rng(random_state)
     lambdas = np.zeros(k)
     U_out = np.zeros((K, k))
     for j in range(k):

@@ -8,9 +8,6 @@ entropy (:func:`default_rng`); fixed seeds are for tests and simulations.
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import numpy as np
 
 from .ledger import PrivacyLedger
@@ -25,46 +22,29 @@ def check_symmetric_noise(how: str) -> str:
     return how
 
 
-def default_rng(seed: int | np.random.SeedSequence | None = None) -> np.random.Generator:
-    """A generator seeded from OS entropy unless a seed is given."""
-    return np.random.default_rng(seed)
+def default_rng(random_state=None) -> np.random.Generator:
+    """A Generator from ``random_state``: OS entropy for None, seeded by an int, a Generator as it is."""
+    return np.random.default_rng(random_state)
 
 
-def resolve_random_state(random_state=None, *, seed=None, rng=None):
-    """One integer seed (or None: OS entropy) from scikit-learn's ``random_state`` or the older ``seed`` / ``rng``.
+def resolve_random_state(random_state=None, *, fresh: bool = False):
+    """One integer seed (or None: OS entropy) from scikit-learn's ``random_state`` (None, an int or a Generator).
 
     A Generator is turned into a seed by one draw, so the run's noise still
-    comes from per-site generators seeded from (seed, site).
+    comes from per-site generators seeded from (seed, site). ``fresh=True``
+    turns None into a new seed from OS entropy, for a generator of synthetic
+    data that records its seed.
     """
-    given = [x for x in (random_state, seed, rng) if x is not None]
-    if len(given) > 1:
-        raise ValueError("give one of random_state, seed or rng")
-    if not given:
-        return None
-    x = given[0]
+    x = random_state
+    if x is None and fresh:
+        return int(np.random.SeedSequence().entropy)
+    if x is None or isinstance(x, np.random.SeedSequence):
+        return x
     if isinstance(x, np.random.Generator):
         return int(x.integers(2**62))
-    if isinstance(x, np.random.SeedSequence):
-        return x
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise ValueError(f"random_state must be an int, a numpy Generator or None, got {x!r}")
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0:
+        raise ValueError(f"random_state must be an int >= 0, a numpy Generator or None, got {x!r}")
     return int(x)
-
-
-def accepts_random_state(fn):
-    """Let ``fn`` (which seeds with ``seed=``) take scikit-learn's ``random_state`` as well, resolved as above."""
-    @functools.wraps(fn)
-    def wrapper(*args, random_state=None, **kwargs):
-        if random_state is not None:
-            kwargs["seed"] = resolve_random_state(random_state, seed=kwargs.get("seed"))
-        return fn(*args, **kwargs)
-
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    at = next(i for i, p in enumerate(params) if p.name == "seed")
-    params.insert(at, inspect.Parameter("random_state", inspect.Parameter.KEYWORD_ONLY, default=None))
-    wrapper.__signature__ = sig.replace(parameters=params)
-    return wrapper
 
 
 def gaussian(
