@@ -268,7 +268,7 @@ class StatesResult:
 
 def states_finish(cfg: RunConfig, m3w, W) -> tuple[np.ndarray, np.ndarray]:
     """The aggregator's tensor power method on the averaged third moment (post-processing)."""
-    return finish_moments(m3w, W, cfg.brain_states, scale=states_scale(cfg), seed=stage_seed(cfg, 3))
+    return finish_moments(m3w, W, cfg.brain_states, scale=states_scale(cfg), random_state=stage_seed(cfg, 3))
 
 
 def states_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], exchange: Exchange, *,

@@ -40,7 +40,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         n_components=args.components,
         n_timepoints=args.timepoints,
         space=args.space,
-        seed=args.seed,
+        random_state=args.seed,
         progress=not args.quiet,
         dtype=args.dtype,
         states=args.brain_states,
@@ -114,7 +114,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"{d['space']}) in {out / 'data'} ...")
     manifest = make_consortium(out / "data", n_sites=d["sites"], subjects_per_site=d["subjects"],
                                n_components=d["components"], n_timepoints=d["timepoints"], space=d["space"],
-                               seed=args.seed, progress=not args.quiet, dtype=d["dtype"])
+                               random_state=args.seed, progress=not args.quiet, dtype=d["dtype"])
     est = _demo_estimator(out, manifest, args)
     if not args.quiet:
         unmix = "capeDJICA" if est.ica == "temporal" else "spatial ICA of the released basis"
