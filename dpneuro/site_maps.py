@@ -18,8 +18,7 @@ and paired with them one to one (group-information-guided ICA, as GIFT's
 GIG-ICA back-reconstruction): the consortium fixes which network each map
 is, the site's many voxels and subjects resolve its shape. Low-rank
 subspaces average out the voxel noise that the subjects' regressions keep
-(realistic networks at 4 mm, 4 x 100, eps 8: mean |r| with the truth 0.87
-against 0.73 for dual regression; benchmarks/site_maps.py).
+(benchmarks/site_maps.py measures both against the truth).
 ``"dual_regression"`` keeps the averaged regression maps.
 
 Everything is computed at the site from its own data and the shared

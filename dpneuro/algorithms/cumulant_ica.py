@@ -43,9 +43,8 @@ a time, the directions then are refitted jointly: symmetrised Gaussian noise
 has the same law in every orthonormal frame, so the least-squares fit of
 sum_r k_r u_r^(x)4 to T is the orthogonal U maximising
 sum_r T(u_r, u_r, u_r, u_r)^2 (Comon's kurtosis contrast), climbed from the
-power method's U by pairwise Jacobi rotations. On [capeDJICA]'s set-up the
-refit lowers median qNGI from 0.096 to 0.069 at the same release (PCA eps
-1.5, cumulant eps 3.4, 5 noise seeds). With U the directions (rows), the
+power method's U by pairwise Jacobi rotations, which lowers qNGI at the same
+release (benchmarks/README.md). With U the directions (rows), the
 unmixing of the sites' whitened data is W = U P: sources = W z, capeDJICA's
 parametrisation.
 
@@ -210,9 +209,8 @@ def separate(K: np.ndarray, R: int, random_state=None, *, n_restarts: int = 8, n
     return polish_directions(K, power_directions(K, R, random_state, n_restarts=n_restarts, n_iter=n_iter))
 
 
-#: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest): on [capeDJICA]'s set-up
-#: (4 x 256 subjects, PCA eps 1.5) 0.1 refines the covariance's eigenvalues from 0.13-2.2 to 0.7-1.6; 0.05 and 0.2
-#: separated no better at the same total (median qNGI 0.11 and 0.10 against 0.10, 5 seeds)
+#: share of the stage's GDP mu^2 the refinement gets (the cumulants the rest); measured against 0.05 and 0.2 on
+#: [capeDJICA]'s set-up (benchmarks/README.md)
 REFINE_SHARE = 0.1
 #: the refined covariance's eigenvalues are raised to at least this times their mean (post-processing)
 REFINE_FLOOR = 0.05

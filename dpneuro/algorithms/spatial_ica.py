@@ -22,19 +22,14 @@ no secret randomness, and a fixed start makes the aggregator's result
 reproducible from what it received.
 
 Stable ICA. FastICA on the released basis has several local optima whose maps
-differ (on the real fMRI of benchmarks/real_frontier.py, 4 x 250 subjects,
-122 regions, 20 components: four optima of the non-private basis, mean matched
-|r| 0.89-0.96 between them), so one run from one start caps a private run's
-agreement with the non-private maps however little noise there is (0.88-0.90
-at eps 16, 0.89-0.96 at eps 1000, where the subspaces agree to cosines >= 0.98
-and 0.9999). As CanICA does, :func:`spatial_ica` runs FastICA from ``n_init``
-public starts and keeps the run whose least sparse map is sparsest (smallest
-largest L1 norm of the unit-variance maps, CanICA's criterion): the same cells
-then agree at 0.99 (median of 3 seeds, worst 0.94) and 1.00
-(benchmarks/stable_ica.py). FastICA's contrast as the criterion did as well at
-eps 16 but often picked a rarely reached optimum at eps 1000 (median 0.96,
-worst 0.87 over 6 further seeds, sparsity 1.00); ICASSO's centrotypes agreed
-at 0.97.
+differ (on the real fMRI of benchmarks/real_frontier.py, even for the
+non-private basis), so one run from one start caps a private run's agreement
+with the non-private maps however little noise there is. As CanICA does,
+:func:`spatial_ica` runs FastICA from ``n_init`` public starts and keeps the
+run whose least sparse map is sparsest (smallest largest L1 norm of the
+unit-variance maps, CanICA's criterion). benchmarks/stable_ica.py compares it
+with one start, FastICA's contrast as the criterion (which sometimes picks a
+rarely reached optimum) and ICASSO's centrotypes.
 """
 
 from __future__ import annotations
@@ -94,8 +89,8 @@ class SpatialICAResult:
 def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
                 init_seed: int = 0, n_init: int = SPATIAL_ICA_RESTARTS,
                 select: str = "sparsity") -> SpatialICAResult:
-    """FastICA (logcosh; CanICA uses the cube, whose maps differ little: 0.60 against 0.59 with CanICA on
-    benchmarks/real_frontier.py's regions) of the eigenmaps in ``basis``, best of ``n_init`` starts.
+    """FastICA (logcosh; CanICA uses the cube, whose maps differ little) of the eigenmaps in ``basis``, best of
+    ``n_init`` starts.
 
     Components are signed so that each map's skew is positive (CanICA's
     convention: the network is the heavy tail) and ordered by the variance of

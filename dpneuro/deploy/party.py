@@ -266,8 +266,23 @@ def _dim(space: dict) -> int:
 
 # -- a site ------------------------------------------------------------------------------------
 
+class _Party:
+    """What both kinds of party share: the run's sites and a checkpoint per exchange topic in the working
+    folder."""
+
+    cfg: RunConfig
+    work: Path
+
+    @property
+    def n_sites(self) -> int:
+        return len(self.cfg.sites)
+
+    def checkpoint(self, stage: str) -> DirectoryCheckpoint:
+        return DirectoryCheckpoint(self.work / f"{stage}.ckpt.npz")
+
+
 @dataclass
-class SiteContext:
+class SiteContext(_Party):
     """What one site needs to run its part.
 
     Attributes
@@ -306,13 +321,6 @@ class SiteContext:
         if self.site not in names:
             raise ConfigError(f"config field 'sites': no site named {self.site!r} (sites: {names})")
         return names.index(self.site)
-
-    @property
-    def n_sites(self) -> int:
-        return len(self.cfg.sites)
-
-    def checkpoint(self, stage: str) -> DirectoryCheckpoint:
-        return DirectoryCheckpoint(self.work / f"{stage}.ckpt.npz")
 
 
 def load_site_data(ctx: SiteContext) -> dict[str, Any]:
@@ -457,7 +465,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
 # -- the aggregator ----------------------------------------------------------------------------
 
 @dataclass
-class AggregatorContext:
+class AggregatorContext(_Party):
     """What the aggregator needs: the run's configuration, a working folder, where outputs go, exchanges."""
 
     cfg: RunConfig
@@ -467,13 +475,6 @@ class AggregatorContext:
     options: RunOptions = field(default_factory=RunOptions)
     #: what authenticates the messages of this deployment, and what an attacker on the path could do
     transport: str = ""
-
-    @property
-    def n_sites(self) -> int:
-        return len(self.cfg.sites)
-
-    def checkpoint(self, stage: str) -> DirectoryCheckpoint:
-        return DirectoryCheckpoint(self.work / f"{stage}.ckpt.npz")
 
 
 def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
