@@ -185,8 +185,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
                                          detrend=detrend)
     blocks = ordered_map(decode, files, workers=resolve_workers(workers))
     total = np.zeros((int(np.count_nonzero(mask)), R))
-    # twice the components: the site's other structure gets components of its own (4 x 100 at 4 mm, eps 8, 4 sites:
-    # |r| 0.82-0.84 with R directions, 0.86-0.87 with 1.5 R, 0.87-0.88 with 2 R; one site: 0.88 with 3 R)
+    # twice the components: the site's other structure gets components of its own (measured against R and 1.5 R
+    # directions in benchmarks/site_maps.py)
     subspace = SiteSubspace(SUBSPACE_FACTOR * R) if method == "guided_ica" else None
     pending: list[np.ndarray] = []
     try:
