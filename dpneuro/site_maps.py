@@ -185,8 +185,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
                                          detrend=detrend)
     blocks = ordered_map(decode, files, workers=resolve_workers(workers))
     total = np.zeros((int(np.count_nonzero(mask)), R))
-    # twice the components: the site's other structure gets components of its own (measured against R and 1.5 R
-    # directions in benchmarks/site_maps.py)
+    # twice the components: the site's other structure gets components of its own, so they do not bend the
+    # group's (more directions helped in a measurement, which benchmarks/site_maps.py does not repeat)
     subspace = SiteSubspace(SUBSPACE_FACTOR * R) if method == "guided_ica" else None
     pending: list[np.ndarray] = []
     try:
