@@ -79,6 +79,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
+from dpneuro.pipeline import public_results  # noqa: E402
 from dpneuro.stages import unmix_inprocess  # noqa: E402
 from dpneuro.metrics import match_components, qngi  # noqa: E402
 
@@ -161,13 +162,13 @@ class Reference:
         from dpneuro.parcellation import Parcellation
 
         work = Path(cfg.out) / "work"  # the stage cache; the outputs are in the run's folder
-        red = json.loads(next(work.glob("reduce-*/reduce.json")).read_text())
+        red = public_results(json.loads(next(work.glob("reduce-*/reduce.json")).read_text())["chain"])["reduce"]
         space = json.loads(next(work.glob("space-*/space.json")).read_text())
         sites = sorted((json.loads(p.read_text()) for p in work.glob("load-*/site.json")), key=lambda s: s["site"])
         parcels = Parcellation(np.load(space["parcels"])) if space["parcels"] else None
         self.X = [np.load(s["X"]) for s in sites]
         self.lengths = [[b - a for a, b in s["boundaries"]] for s in sites]
-        self.V, self.lam = np.load(red["basis"]), np.load(red["eigenvalues"])
+        self.V, self.lam = red["basis"], red["eigenvalues"]
         self.unit = Whitening(self.V, self.lam, self.X, parcels, A_true, unit=True)
         Xall = np.concatenate(self.X, axis=1).astype(np.float64)
         lam, V = np.linalg.eigh(Xall @ Xall.T / Xall.shape[1])

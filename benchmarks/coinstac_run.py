@@ -53,9 +53,9 @@ def inprocess(settings: dict, man: dict, out: Path) -> tuple[float, np.ndarray]:
     space = pipeline.stage_space(str(cj))
     sites = [pipeline.stage_load(str(cj), s.name, space) for s in cfg.sites]
     t0 = time.perf_counter()
-    red = pipeline.stage_reduce(str(cj), sites)
-    unm = json.loads(Path(pipeline.stage_unmix(str(cj), sites, red)).read_text())
-    return time.perf_counter() - t0, np.load(unm["W"])
+    red = pipeline.stage_release(str(cj), sites, "reduce", space)
+    unmix = pipeline.stage_release(str(cj), sites, "unmix", red)
+    return time.perf_counter() - t0, pipeline.public_results({"unmix": unmix})["unmix"]["W"]
 
 
 def main(argv=None) -> int:

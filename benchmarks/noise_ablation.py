@@ -58,7 +58,7 @@ def private_maps(cfg, X_sites, lengths, z: float, how: str, c: float, pca_epsilo
     variance ``c``."""
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.analysis import _pca_source
+    from dpneuro.analysis import pca_source
     from dpneuro.build import pca_algorithm
     from dpneuro.cape import NoisePlan, run_cape
     from dpneuro.privacy import epsilon_for_multiplier
@@ -69,7 +69,7 @@ def private_maps(cfg, X_sites, lengths, z: float, how: str, c: float, pca_epsilo
     alg = pca_algorithm(replace(cfg, pca_epsilon=pca_epsilon), D)
     assert abs(alg.z / z - 1) < 1e-6, (alg.z, z)
     alg.symmetric_noise = how
-    srcs = [_pca_source(X, n) for X, n in zip(X_sites, lengths)]
+    srcs = [pca_source(X, n) for X, n in zip(X_sites, lengths)]
     agg = run_cape(alg, srcs, NoisePlan("cape", zero_sum_variance=c)).aggregator
     V, lam = np.asarray(agg["basis"]), np.asarray(agg["eigenvalues"])
     return spatial_maps(V, lam, spatial_ica(V, lam).W)
