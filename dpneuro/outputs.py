@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .algorithms.djica import spatial_maps, time_courses
-from .analysis import SCALING_NOTE, StatesResult, state_occupancy
+from .analysis import SCALING_NOTE, StatesResult, site_whiten, state_occupancy, unmixing_input
 from .budget import run_warnings
 from .config import RunConfig
 from .io import write_json
@@ -107,20 +107,23 @@ def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, 
 
 def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],
                              n_subjects: dict[str, int], n_samples: dict[str, int], out: Path, *,
-                             assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
+                             assumptions: tuple[str, ...] = (), transport: str = "") -> dict[str, Any]:
     """The consortium's files in ``out`` from the stages' public results (:mod:`dpneuro.stages`) and every
     site's ledger: ``components.nii.gz``, ``privacy.json``, the brain states' patterns; and the run's warnings.
 
     The simulation's maps stage and the deployed aggregator both write them here. Returns the paths, the
     voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
     with brain states, ``states`` (paths and the consortium's occupancy) and their voxel ``patterns``.
+    ``transport``: what authenticates a deployment's messages, recorded among the assumptions.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
     W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
     comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
-    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=assumptions)
+    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else [])))
+    if transport:
+        priv["transport"] = transport
     warnings = run_warnings(cfg, n_samples, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])
     if problem:
@@ -142,20 +145,23 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     return result
 
 
-def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input,
+def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input=None,
                        states_input=None, timer, progress: bool = False) -> dict[str, Any]:
     """A site's own files in ``out``, computed at the site from the public results and its own data:
     ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
     them) and ``states.tsv`` (its subjects' brain-state occupancy, with brain states). Nothing here is released.
 
-    ``info`` is the site's loader record; ``unmix_input`` / ``states_input`` its inputs of those stages;
-    ``timer(name)`` a context manager that times each part. The simulation's maps stage writes every site's,
-    a deployed site its own.
+    ``info`` is the site's loader record; ``unmix_input`` / ``states_input`` its inputs of those stages when it
+    kept them (a deployed site), else whitened here from its data matrix; ``timer(name)`` a context manager that
+    times each part. The simulation's maps stage writes every site's, a deployed site its own.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     site = info["site"]
+    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     with timer(label(cfg, "timecourses", site)):
+        if unmix_input is None:  # a simulation keeps no inputs; with spatial ICA the sites took no part
+            unmix_input = unmixing_input(cfg, info["X"], V, lam)
         S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
         result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
                                   "site_maps": None, "site_maps_values": None, "states_occupancy": None}
@@ -167,6 +173,8 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
     C = public.get("states", {}).get("centroids")
     if C is not None:
         with timer(label(cfg, "occupancy", site)):
+            if states_input is None:  # the states read unit-norm time points: the unmixing's unless it is linear
+                states_input = site_whiten(info["X"], V, lam) if cfg.cumulant_unmixing else unmix_input
             lengths = [b - a for a, b in info["boundaries"]]
             result["states_occupancy"] = str(write_occupancy(state_occupancy(states_input, lengths, C),
                                                              info["subject_ids"], out / "states.tsv"))

@@ -253,7 +253,8 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
     if out.exists():
         return str(out)
     earlier = _chain(previous_json)
-    record: dict[str, Any] = {"stage": stage, "chain": {**earlier, stage: str(out)}, "public": None, "ledgers": {}, "seconds": 0.0}
+    record: dict[str, Any] = {"stage": stage, "chain": {**earlier, stage: str(out)}, "public": None, "ledgers": {},
+                              "seconds": 0.0}
     if rel.active(cfg):
         check_delta(cfg.delta, min(int(s["n_subjects"]) for s in sites))  # before anything is released
         t0 = time.perf_counter()
@@ -380,11 +381,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
                                         {s["site"]: s["n_samples"] for s in sites}, d)
     site_out = {}
     for s in sites:  # in a deployment each site does this on its own machine
-        inputs = {rel.name: rel.site_input(cfg, s["X"], public) for rel in stages.RELEASES
-                  if rel.name in ("unmix", "states") and rel.name in public}
-        site_out[s["site"]] = write_site_outputs(
-            cfg, s, space, public, d / "sites" / s["site"], unmix_input=inputs["unmix"],
-            states_input=inputs.get("states"), timer=lambda name: timed(timings, name), progress=_progress())
+        site_out[s["site"]] = write_site_outputs(cfg, s, space, public, d / "sites" / s["site"],
+                                                 timer=lambda name: timed(timings, name), progress=_progress())
 
     t0 = time.perf_counter()  # the truth metrics count as maps
     result = {"chain": chain, "components": cons["components"], "privacy": cons["privacy"], "space": chain["space"],

@@ -56,8 +56,9 @@ class Release:
         exchange topic; empty when the run has no such stage.
     site_input : callable
         ``site_input(cfg, X, public)``: what the site's steps read, from its
-        data matrix (the ``.npy`` path) and the earlier public results. A
-        deployed site keeps it in its working folder.
+        data matrix (the ``.npy`` path) and the earlier public results, or
+        None when they read nothing. A deployed site keeps it in its working
+        folder.
     site : callable
         ``site(cfg, step, site, data, lengths, exchange, *, n_sites, dim,
         previous, checkpoint, timeout)``: one site's part of ``step``; returns
@@ -135,6 +136,8 @@ def _reduce_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, c
 # -- unmix: spatial ICA of the basis, capeDJICA or the cumulant ICA -------------------------------
 
 def _unmix_input(cfg, X, public):
+    if cfg.ica == "spatial":  # the aggregator unmixes the released basis alone: the sites read nothing
+        return None
     return analysis.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
 
 
@@ -203,8 +206,8 @@ RELEASES: tuple[Release, ...] = (
             algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
     # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
     Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
-            check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal", algorithms=lambda cfg, dim: [ica_algorithm(cfg)],
-            planned=_unmix_planned),
+            check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal",
+            algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
     Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",),
             spends=lambda cfg: cfg.brain_states > 0, algorithms=_states_algorithms, planned=_states_planned),
 )

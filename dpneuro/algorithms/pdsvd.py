@@ -635,8 +635,8 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, random_sta
     if norm_bound is None:
         norm_bound = max(_max_scaled_norm(s, scale) for s in srcs) or 1.0
     proto = PDSVD(k, n_iter, n_sites=len(srcs), center=center, reveal_singular_values=reveal_singular_values,
-                  random_state=random_state, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config, blinding=blinding,
-                  group_secret=group_secret, eigenvalues=eigenvalues, scale=scale)
+                  random_state=random_state, norm_bound=norm_bound, secure=secure, secagg_config=secagg_config,
+                  blinding=blinding, group_secret=group_secret, eigenvalues=eigenvalues, scale=scale)
     if group_secret:
         data = list(srcs)
     else:

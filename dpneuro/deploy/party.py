@@ -340,7 +340,7 @@ def _site_input(ctx: SiteContext, rel: Release, X: str, public: dict, clock: _Cl
     if not path.exists():
         with clock.timed(label(ctx.cfg, rel.name)):
             data = rel.site_input(ctx.cfg, X, public)
-            if not isinstance(data, np.ndarray):  # the site's data file itself
+            if not isinstance(data, np.ndarray):  # the site's data file itself, or nothing to read
                 return data
             _save_npy(path, data)
     return np.load(path, mmap_mode="r")
@@ -530,12 +530,8 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
         ledgers[name], n_subjects[name], n_samples[name] = led, int(d["n_subjects"]), int(d["n_samples"])
     cons = write_consortium_outputs(cfg, space, public, ledgers, n_subjects, n_samples, out, assumptions=(
         "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
-        "set-up that every site calibrated the same releases (CAPE set-up phase).",
-        *((ctx.transport,) if ctx.transport else ())))
+        "set-up that every site calibrated the same releases (CAPE set-up phase).",), transport=ctx.transport)
     priv = cons["priv"]
-    if ctx.transport:
-        priv["transport"] = ctx.transport
-        write_json(out / "privacy.json", priv)
     ica, red = public["unmix"], public["reduce"]
     W = np.asarray(ica["W"])
     for name, a in (("W", W), ("b", ica["b"]), ("basis", red["basis"]), ("eigenvalues", red["eigenvalues"])):
