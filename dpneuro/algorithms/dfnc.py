@@ -82,6 +82,7 @@ __all__ = [
     "DFNCStates",
     "METHODS",
     "METRICS",
+    "StateSettings",
     "CapeKMeans",
     "WindowSet",
     "assign",
@@ -91,6 +92,7 @@ __all__ = [
     "plan_ledgers",
     "site_dynamics",
     "site_windows",
+    "stage_ledgers",
     "state_matrices",
     "subject_dynamics",
     "taper",
@@ -532,83 +534,165 @@ def _check_sites(sites) -> list[WindowSet]:
     return out
 
 
-def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: float = 1e-5, *,
-                method: str = "kmeans", plan: NoisePlan | str = "cape", n_rounds: int = 4,
-                bound: float | None = None, metric: str = "correlation", count_share: float = 0.1,
-                agn_share: float = 0.3, init: np.ndarray | None = None, random_state=None,
-                n_restarts: int = 30, n_iter: int = 50, average_last: int = 2) -> DFNCStates:
-    """The consortium's K dFNC states from every site's :class:`WindowSet`, all parties in this process.
+@dataclass(frozen=True)
+class StateSettings:
+    """The public settings of a dFNC states stage, identical at every party.
+
+    The stage is a sequence of CAPE releases (:meth:`steps`), each one CAPE
+    algorithm (:meth:`algorithm`) whose site part reads the site's
+    :class:`WindowSet` (:meth:`site_data`) and whose public result
+    (:meth:`aggregator_result` at the aggregator, :meth:`site_result` at a site)
+    the next step's algorithm is built from. :func:`dfnc_states` runs them with
+    every party in this process; a deployed run runs the same steps over its
+    exchange.
 
     ``epsilon``/``delta``: the whole stage per site (None with plan "none").
     ``init`` (D x K, public) starts "kmeans" instead of the split of the mean.
-    ``random_state`` (None, an int or a Generator, which gives the seed by one draw) fixes the noise:
-    simulations and tests only.
+    ``random_state`` (None or an int) fixes the noise: simulations and tests only.
     """
-    seed = privacy.resolve_random_state(random_state)
-    _check_metric(metric)
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
-    if not 0 < count_share < 1 or not 0 < agn_share < 1:
-        raise ValueError("count_share and agn_share must be in (0, 1)")
+
+    n_states: int
+    epsilon: float | None
+    delta: float = 1e-5
+    method: str = "kmeans"
+    plan: Any = "cape"
+    n_rounds: int = 4
+    bound: float | None = None
+    metric: str = "correlation"
+    count_share: float = 0.1
+    agn_share: float = 0.3
+    average_last: int = 2
+    n_restarts: int = 30
+    n_iter: int = 50
+    init: Any = None
+    random_state: int | None = None
+
+    def __post_init__(self):
+        _check_metric(self.metric)
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; use one of {METHODS}")
+        if not 0 < self.count_share < 1 or not 0 < self.agn_share < 1:
+            raise ValueError("count_share and agn_share must be in (0, 1)")
+        if isinstance(self.n_states, bool) or int(self.n_states) != self.n_states or self.n_states < 2:
+            raise ValueError(f"n_states must be an integer >= 2, got {self.n_states!r}")
+
+    def steps(self) -> tuple[str, ...]:
+        """The stage's releases in order (one exchange topic each)."""
+        return {"kmeans": ("kmeans",), "agn": ("m2", "m3"), "agn+kmeans": ("m2", "m3", "kmeans")}[self.method]
+
+    def check_dim(self, D: int) -> None:
+        if not 2 <= self.n_states <= D:
+            raise ValueError(f"n_states must be in [2, D = {D}], got {self.n_states}")
+
+    def scale(self, D: int) -> float:
+        """The public bound B (:func:`default_bound` unless given)."""
+        return default_bound(D) if self.bound is None else float(self.bound)
+
+    def multipliers(self, n_sites: int) -> dict[str, float]:
+        return noise_multipliers(self.epsilon, self.delta, _shares(self.method, self.count_share, self.agn_share),
+                                 n_sites=n_sites, plan=self.plan,
+                                 repeats={"sums": self.n_rounds, "counts": self.n_rounds})
+
+    def algorithm(self, step: str, *, D: int, n_sites: int, groups: dict | None = None,
+                  previous: dict | None = None):
+        """The CAPE algorithm of ``step``; ``previous`` is the public result of the stage's previous step
+        (:meth:`aggregator_result` at the aggregator, :meth:`site_result` at a site); ``groups`` maps a site
+        to its longest subject's window count (capeAGN's subject-level bound; a site needs only its own)."""
+        self.check_dim(D)
+        z, B, K, seed = self.multipliers(n_sites), self.scale(D), int(self.n_states), self.random_state
+        if step == "m2":
+            return _agn_stages(K, z["m2"], z["m3"], groups or {}, B, seed)
+        if step == "m3":
+            return _agn_stages(K, z["m2"], z["m3"], groups or {}, B, seed, W=previous["W"],
+                               sigma2=previous.get("sigma2") or 0.0)
+        if step == "kmeans":
+            init = previous["vectors"] if previous is not None and "vectors" in previous else self.init
+            return CapeKMeans(K, self.n_rounds, B, z["sums"], z["counts"], init=init, metric=self.metric,
+                              random_state=seed, average_last=self.average_last)
+        raise KeyError(f"no dFNC step {step!r}; steps: {self.steps()}")
+
+    def site_data(self, step: str, ws: WindowSet, site: int):
+        """What ``step``'s site part reads from the site's windows."""
+        if step in ("m2", "m3"):
+            return prepare_site(ws.X, "mog", scale=self.scale(ws.D), site=site, warn_clipping=False)
+        return ws
+
+    def site_result(self, step: str, final: Payload | None) -> dict[str, Any]:
+        """A site's public result of ``step`` from the step's last broadcast."""
+        arrays = {} if final is None else final.arrays
+        if step == "m2":
+            s2 = arrays.get("sigma2")
+            return {"W": np.asarray(arrays["W"]), "sigma2": None if s2 is None else float(np.ravel(s2)[0])}
+        if step == "kmeans":
+            return {"vectors": np.asarray(arrays["centroids"])}
+        return {}
+
+    def aggregator_result(self, step: str, state: dict, previous: dict | None = None) -> dict[str, Any]:
+        """The public result of ``step`` from the aggregator's final state (post-processing only);
+        after the last step it holds the states' ``vectors`` (D x K) and ``occupancy`` (K)."""
+        if step == "m2":
+            s2 = state.get("sigma2")
+            return {"W": np.asarray(state["W"]), "sigma2": None if s2 is None else float(np.ravel(s2)[0])}
+        if step == "m3":
+            C, wts = finish_moments(state["m3w"], previous["W"], int(self.n_states), scale=self.scale(
+                previous["W"].shape[0]), random_state=self.random_state, n_restarts=self.n_restarts,
+                n_iter=self.n_iter)
+            wts = np.clip(np.nan_to_num(wts, nan=0.0, posinf=0.0), 0.0, None)
+            occ = wts / wts.sum() if wts.sum() > 0 else np.full(len(wts), 1.0 / len(wts))
+            return {"vectors": np.asarray(C), "occupancy": occ, "agn_vectors": np.asarray(C)}
+        cnt = np.clip(state["counts"], 0.0, None)
+        occ = cnt / cnt.sum() if cnt.sum() > 0 else np.full(len(cnt), 1.0 / len(cnt))
+        return {"vectors": np.asarray(state["centroids"]), "occupancy": occ, "history": state["history"]}
+
+
+def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: float = 1e-5, *,
+                random_state=None, **settings) -> DFNCStates:
+    """The consortium's K dFNC states from every site's :class:`WindowSet`, all parties in this process.
+
+    ``settings``: the other fields of :class:`StateSettings` (method, plan, n_rounds, bound, metric, ...).
+    ``random_state`` (None, an int or a Generator, which gives the seed by one draw) fixes the noise.
+    """
+    st = StateSettings(n_states, epsilon, delta, random_state=privacy.resolve_random_state(random_state), **settings)
     ws = _check_sites(sites)
-    nplan = NoisePlan.coerce(plan)
-    D, K = ws[0].D, int(n_states)
-    if not 2 <= K <= D:
-        raise ValueError(f"n_states must be in [2, D = {D}], got {n_states}")
-    B = default_bound(D) if bound is None else float(bound)
-    z = noise_multipliers(epsilon, delta, _shares(method, count_share, agn_share), n_sites=len(ws), plan=nplan,
-                          repeats={"sums": n_rounds, "counts": n_rounds})
-    info: dict[str, Any] = {"noise_multipliers": z, "n_rounds": n_rounds}
-    leds: list[list[PrivacyLedger]] = []
-    occ = None
-    C = init
-    if method != "kmeans":
-        groups = {s: max(w.lengths) for s, w in enumerate(ws)}
-        prepared = [prepare_site(w.X, "mog", scale=B, site=s, warn_clipping=False) for s, w in enumerate(ws)]
-        r2 = run_cape(_agn_stages(K, z["m2"], z["m3"], groups, B, seed), prepared, nplan)
-        W, s2 = r2.aggregator["W"], r2.aggregator.get("sigma2")
-        r3 = run_cape(_agn_stages(K, z["m2"], z["m3"], groups, B, seed, W=W, sigma2=s2), prepared, nplan)
-        C, wts = finish_moments(r3.aggregator["m3w"], W, K, scale=B, random_state=seed, n_restarts=n_restarts,
-                                n_iter=n_iter)
-        wts = np.clip(np.nan_to_num(wts, nan=0.0, posinf=0.0), 0.0, None)
-        occ = wts / wts.sum() if wts.sum() > 0 else np.full(K, 1.0 / K)
-        leds += [cape_ledgers(r2), cape_ledgers(r3)]
-        info["agn_vectors"] = C
-    if method != "agn":
-        alg = CapeKMeans(K, n_rounds, B, z["sums"], z["counts"], init=C, metric=metric, random_state=seed,
-                         average_last=average_last)
-        rk = run_cape(alg, ws, nplan)
-        C = rk.aggregator["centroids"]
-        cnt = np.clip(rk.aggregator["counts"], 0.0, None)
-        occ = cnt / cnt.sum() if cnt.sum() > 0 else np.full(K, 1.0 / K)
-        info["history"] = rk.aggregator["history"]
-        leds.append(cape_ledgers(rk))
+    D = ws[0].D
+    st.check_dim(D)
+    nplan = NoisePlan.coerce(st.plan)
+    groups = {s: max(w.lengths) for s, w in enumerate(ws)}
+    result: dict[str, Any] = {}
+    leds: list[list[PrivacyLedger | None]] = []
+    previous = None
+    for step in st.steps():
+        alg = st.algorithm(step, D=D, n_sites=len(ws), groups=groups, previous=previous)
+        r = run_cape(alg, [st.site_data(step, w, s) for s, w in enumerate(ws)], nplan)
+        previous = st.aggregator_result(step, r.aggregator, previous)
+        result.update(previous)
+        leds.append(cape_ledgers(r))
+    info = {"noise_multipliers": st.multipliers(len(ws)), "n_rounds": st.n_rounds,
+            **{k: result[k] for k in ("history", "agn_vectors") if k in result}}
+    return DFNCStates(result["vectors"], result["occupancy"], stage_ledgers(leds), st.method, st.metric,
+                      st.scale(D), info)
+
+
+def stage_ledgers(per_step: Sequence[Sequence[PrivacyLedger | None]]) -> list[PrivacyLedger]:
+    """Each site's ledger of the whole stage from its ledgers of every step, with the privacy unit's note."""
     merged = []
-    for parts in zip(*leds):
+    for parts in zip(*per_step):
         led = PrivacyLedger.merge_all([p for p in parts if p is not None])
         led.note(_UNIT_NOTE)
         merged.append(led)
-    return DFNCStates(np.asarray(C), occ, merged, method, metric, B, info)
+    return merged
 
 
 def plan_ledgers(lengths: Sequence[Sequence[int]], n_components: int, n_states: int, epsilon: float | None,
-                 delta: float = 1e-5, *, method: str = "kmeans", plan: NoisePlan | str = "cape",
-                 n_rounds: int = 4, bound: float | None = None, count_share: float = 0.1,
-                 agn_share: float = 0.3) -> list[PrivacyLedger]:
+                 delta: float = 1e-5, **settings) -> list[PrivacyLedger]:
     """The ledgers :func:`dfnc_states` will fill, from each site's window counts per subject alone."""
-    nplan = NoisePlan.coerce(plan)
+    st = StateSettings(n_states, epsilon, delta, **settings)
     D = n_components * (n_components - 1) // 2
-    B = default_bound(D) if bound is None else float(bound)
-    z = noise_multipliers(epsilon, delta, _shares(method, count_share, agn_share), n_sites=len(lengths),
-                          plan=nplan, repeats={"sums": n_rounds, "counts": n_rounds})
+    nplan = NoisePlan.coerce(st.plan)
+    groups = {s: max(ln) for s, ln in enumerate(lengths)}
+    previous = {"W": np.zeros((D, n_states)), "sigma2": 0.0}  # shapes only: the values do not change the releases
     parts = []
-    if method != "kmeans":
-        groups = {s: max(ln) for s, ln in enumerate(lengths)}
-        for W in (None, np.zeros((D, n_states))):
-            alg = _agn_stages(n_states, z["m2"], z["m3"], groups, B, None, W=W, sigma2=0.0)
-            states = [alg.public_state(s, ln, D) for s, ln in enumerate(lengths)]
-            parts.append(planned_ledgers(alg, nplan, states))
-    if method != "agn":
-        alg = CapeKMeans(n_states, n_rounds, B, z["sums"], z["counts"])
+    for step in st.steps():
+        alg = st.algorithm(step, D=D, n_sites=len(lengths), groups=groups, previous=previous)
         parts.append(planned_ledgers(alg, nplan, [alg.public_state(s, ln, D) for s, ln in enumerate(lengths)]))
-    return [PrivacyLedger.merge_all(p) for p in zip(*parts)]
+    return stage_ledgers(parts)
