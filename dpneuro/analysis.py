@@ -1,7 +1,7 @@
 """The analysis stages split by role: what a site runs, what the aggregator runs.
 
 The stages' algorithms (capePCA or PD-SVD to reduce, spatial ICA of the basis
-or a temporal unmixing, capeAGN's brain states) are built from a
+or a temporal unmixing, dFNC brain states) are built from a
 :class:`~dpneuro.config.RunConfig` in exactly one place (:mod:`dpneuro.build`)
 and wrapped with :func:`dpneuro.cape.cape_protocol`; each stage then has a
 *site role* (``*_site``: :func:`dpneuro.driver.run_site`) and an *aggregator
@@ -31,22 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from .algorithms.agn import finish_moments
+from .algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE, WindowSet, site_windows as windows_of
 from .algorithms.djica import reported_unmixing, whitening_matrix
 from .algorithms.pca import SiteSource, as_source
 from .algorithms.spatial_ica import spatial_ica
-from .build import (
-    STATES_STEPS,
-    ica_algorithm,
-    pca_algorithm,
-    pdsvd_protocol,
-    reduce_plan,
-    stage_seed,
-    states_algorithm,
-    states_scale,
-)
+from .build import ica_algorithm, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
 from .cape import cape_protocol
 from .config import RunConfig
+from .errors import ConfigError
 from .driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
 from .exchange.base import Exchange, Payload
 from .io import column_blocks, scale_columns, site_matrix
@@ -55,7 +47,6 @@ from .privacy import PrivacyLedger
 __all__ = [
     "ReduceResult",
     "SCALING_NOTE",
-    "StatesResult",
     "SummaryProtocol",
     "UnmixResult",
     "reduce_aggregator",
@@ -63,7 +54,9 @@ __all__ = [
     "pca_source",
     "reduce_site",
     "site_whiten",
-    "state_occupancy",
+    "check_window_fits",
+    "site_windows",
+    "window_counts",
     "states_aggregator",
     "states_site",
     "summary_aggregator",
@@ -239,78 +232,56 @@ def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkp
     return _unmix_result(st, [])
 
 
-# -- states: capeAGN brain states ---------------------------------------------------------
+# -- states: dFNC brain states -----------------------------------------------------------
 
-def states_protocol(cfg: RunConfig, step: str, groups, n_sites: int, *, W=None, sigma2=None):
-    return cape_protocol(states_algorithm(cfg, step, groups, W=W, sigma2=sigma2), cfg.plan, n_sites=n_sites)
-
-
-def _moments_broadcast(arrays) -> tuple[np.ndarray, float | None]:
-    """W and sigma^2 (scaled units) from the second-moment stage's final broadcast or aggregator state."""
-    s2 = arrays.get("sigma2")
-    return np.asarray(arrays["W"]), (None if s2 is None else float(np.ravel(s2)[0]))
+def window_counts(cfg: RunConfig, lengths: Sequence[int]) -> list[int]:
+    """Each subject's number of dFNC windows from its volume count (the planner needs no data)."""
+    return [(int(n) - cfg.states_window) // cfg.states_step + 1 for n in lengths]
 
 
-@dataclass
-class StatesResult:
-    """The brain states: centroids in whitened units (R x K, columns), weights (K), each site's ledger."""
-
-    centroids: np.ndarray
-    weights: np.ndarray
-    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
-
-    @property
-    def occupancy(self) -> np.ndarray:
-        """The consortium's fraction of time in each state: the mixture weights renormalised (post-processing)."""
-        w = np.clip(np.nan_to_num(self.weights, nan=0.0, posinf=0.0), 0.0, None)
-        return w / w.sum() if w.sum() > 0 else np.full(w.shape, 1.0 / max(len(w), 1))
+def check_window_fits(cfg: RunConfig, lengths: Sequence[int], where: str) -> None:
+    """Refuse a subject shorter than one window, naming the setting."""
+    short = min(int(n) for n in lengths)
+    if short < cfg.states_window:
+        raise ConfigError(f"config field 'states_window': {where} has a subject of {short} volumes, fewer than one "
+                          f"window of {cfg.states_window}; lower states_window or leave such subjects out "
+                          "(min_volumes)")
 
 
-def states_finish(cfg: RunConfig, m3w, W) -> tuple[np.ndarray, np.ndarray]:
-    """The aggregator's tensor power method on the averaged third moment (post-processing)."""
-    return finish_moments(m3w, W, cfg.brain_states, scale=states_scale(cfg), random_state=stage_seed(cfg, 3))
+def site_windows(cfg: RunConfig, S, lengths: Sequence[int], *, tr: float | None = None,
+                 where: str = "this site") -> WindowSet:
+    """A site's dFNC windows from its component time courses S (R x N, subjects' columns in order)."""
+    check_window_fits(cfg, lengths, where)
+    S = np.asarray(S, np.float64)
+    bounds = np.cumsum([0, *[int(n) for n in lengths]])
+    return windows_of([S[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])], window=cfg.states_window,
+                      step=cfg.states_step, tr=tr or 2.0)
 
 
-def states_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], exchange: Exchange, *,
-                n_sites: int, moments: dict | None = None, checkpoint: Checkpoint | None = None,
+def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *,
+                n_sites: int, previous: dict | None = None, checkpoint: Checkpoint | None = None,
                 timeout: float | None = None) -> dict[str, Any]:
-    """One site's part of one brain-states release; ``moments`` is the second-moment step's result.
-
-    Returns the site's ledger and, after the second moment, the public W and sigma^2.
-    """
-    W, s2 = (None, None) if moments is None else (moments["W"], moments["sigma2"])
-    proto = states_protocol(cfg, step, {site: max(int(n) for n in lengths)}, n_sites, W=W, sigma2=s2)
-    st = run_site(proto, site, np.asarray(Z), exchange, checkpoint=checkpoint, timeout=timeout)
-    out: dict[str, Any] = {"ledger": st["ledger"]}
-    if step == STATES_STEPS[0]:
-        out["W"], out["sigma2"] = _moments_broadcast(st["final"].arrays)
-    return out
+    """One site's part of one brain-states release, on its component time courses S (R x N); ``previous`` is
+    its result of the stage's previous release. Returns the site's ledger and what the release made public."""
+    st = states_settings(cfg)
+    ws = site_windows(cfg, S, lengths, where=f"site {site}")
+    alg = st.algorithm(step, D=ws.D, n_sites=n_sites, groups={site: max(ws.lengths)}, previous=previous)
+    r = run_site(cape_protocol(alg, cfg.plan, n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
+                 checkpoint=checkpoint, timeout=timeout)
+    r["ledger"].note(DFNC_UNIT_NOTE)
+    return {"ledger": r["ledger"], **st.site_result(step, r.get("final"))}
 
 
-def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, moments: dict | None = None,
+def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, previous: dict | None = None,
                       checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[str, Any]:
-    """The aggregator's part of one brain-states release: W and sigma^2, then the centroids and weights."""
-    W, s2 = (None, None) if moments is None else (moments["W"], moments["sigma2"])
-    st = run_aggregator(states_protocol(cfg, step, {}, n_sites, W=W, sigma2=s2), exchange, checkpoint=checkpoint,
-                        options=options)
-    if step == STATES_STEPS[0]:
-        W, s2 = _moments_broadcast(st)
-        return {"W": W, "sigma2": s2}
-    C, w = states_finish(cfg, st["m3w"], W)
-    return {"centroids": C, "weights": w}
-
-
-def state_occupancy(Z, lengths: Sequence[int], centroids) -> np.ndarray:
-    """Each subject's fraction of time points nearest each state (subjects x K), computed at its own site."""
-    Z = np.asarray(Z, np.float64)
-    C = np.asarray(centroids, np.float64)
-    d2 = np.einsum("rn,rn->n", Z, Z)[:, None] - 2.0 * Z.T @ C + np.einsum("rk,rk->k", C, C)[None, :]
-    nearest = np.argmin(d2, axis=1)
-    out, start = [], 0
-    for n in lengths:
-        out.append(np.bincount(nearest[start:start + int(n)], minlength=C.shape[1]) / max(int(n), 1))
-        start += int(n)
-    return np.array(out)
+    """The aggregator's part of one brain-states release; after the last, the states' ``vectors`` (D x K,
+    Fisher z of the connectivity pairs) and the consortium's ``occupancy`` (K)."""
+    st = states_settings(cfg)
+    D = cfg.n_components * (cfg.n_components - 1) // 2
+    alg = st.algorithm(step, D=D, n_sites=n_sites, previous=previous)
+    state = run_aggregator(cape_protocol(alg, cfg.plan, n_sites=n_sites), exchange, checkpoint=checkpoint,
+                           options=options)
+    return {k: v for k, v in st.aggregator_result(step, state, previous).items() if k != "history"}
 
 
 # -- summary: close a deployed run --------------------------------------------------------

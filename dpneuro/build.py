@@ -1,7 +1,7 @@
 """A run's algorithms, built from its :class:`~dpneuro.config.RunConfig` in exactly one place.
 
-capePCA or PD-SVD (reduce), capeDJICA or the cumulant ICA (unmix) and the two
-capeAGN releases (brain states), with their seeds, noise plans and the
+capePCA or PD-SVD (reduce), capeDJICA or the cumulant ICA (unmix) and the dFNC
+brain states' releases, with their seeds, noise plans and the
 refusals of what cannot fit. The roles that run them (:mod:`dpneuro.analysis`)
 and the planner that predicts what they spend (:mod:`dpneuro.budget`) both
 build them here. Each algorithm reports what it spends
@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .algorithms.agn import moment_stage
+from .algorithms.dfnc import StateSettings
 from .algorithms.cumulant_ica import CapeCumulantICA, release_bytes
 from .algorithms.djica import OPTIMIZERS, CapeDJICA
 from .algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
@@ -142,41 +142,17 @@ def ica_algorithm(cfg: RunConfig) -> CapeDJICA | CapeCumulantICA:
                      bias=cfg.ica_bias)
 
 
-# -- states: capeAGN brain states ---------------------------------------------------------
+# -- states: dFNC brain states --------------------------------------------------------------
 
-#: the two releases of the brain-states stage, in order (each its own CAPE protocol and exchange topic)
-STATES_STEPS = ("states-m2", "states-m3")
-
-
-def states_scale(cfg: RunConfig) -> float:
-    """Public norm bound of a whitened time point for capeAGN: sqrt(R), the points' RMS norm.
-
-    Points beyond it are projected onto it (about half of them). The third
-    moment's signal grows as 1/scale^3 at a fixed sensitivity, so a tight
-    bound wins (``benchmarks/agn_utility.py`` measures the states).
-    """
-    return math.sqrt(cfg.n_components)
-
-
-def states_budget(cfg: RunConfig) -> GaussianBudget:
-    """What each brain-states release spends: (``states_epsilon``, delta/2), analytic calibration."""
-    return GaussianBudget(cfg.states_epsilon, cfg.pca_delta)
-
-
-def states_algorithm(cfg: RunConfig, step: str, groups, *, W=None, sigma2=None):
-    """One capeAGN release of the brain-states stage (``step`` in :data:`STATES_STEPS`).
-
-    ``groups``: site id -> time points of the site's longest subject (the
-    privacy unit is the subject); each release is calibrated to
-    (``states_epsilon``, delta/2) on its own, like the PCA release.
-    """
+def states_settings(cfg: RunConfig) -> StateSettings:
+    """The brain-states stage's public settings: ``brain_states`` dFNC states clustered by ``states_method``,
+    the whole stage calibrated to (``states_epsilon``, delta / 2) per site against the headline adversary."""
     if not cfg.brain_states:
         raise ConfigError("config field 'brain_states': 0, the run has no brain-states stage")
-    budget = states_budget(cfg)
-    z = budget.noise_multiplier if cfg.plan != "none" else 0.0
-    order = STATES_STEPS.index(step) + 2
-    return moment_stage(order, cfg.brain_states, z, groups, scale=states_scale(cfg), random_state=stage_seed(cfg, 3),
-                        W=W, sigma2=sigma2, budget=budget)
+    private = cfg.plan != "none"
+    return StateSettings(cfg.brain_states, cfg.states_epsilon if private else None, cfg.pca_delta,
+                         method=cfg.states_method, plan=cfg.plan, metric=cfg.states_metric,
+                         random_state=stage_seed(cfg, 3))
 
 
 # -- what each releasing stage spends -------------------------------------------------------

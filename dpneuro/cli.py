@@ -72,7 +72,7 @@ def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
                             random_state=args.seed, out=out, run_id="run", engine="pydra-cf",
-                            verbose=int(not args.quiet))
+                            brain_states=args.brain_states, verbose=int(not args.quiet))
 
 
 def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
@@ -114,7 +114,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"{d['space']}) in {out / 'data'} ...")
     manifest = make_consortium(out / "data", n_sites=d["sites"], subjects_per_site=d["subjects"],
                                n_components=d["components"], n_timepoints=d["timepoints"], space=d["space"],
-                               random_state=args.seed, progress=not args.quiet, dtype=d["dtype"])
+                               random_state=args.seed, progress=not args.quiet, dtype=d["dtype"],
+                               states=args.brain_states)
     est = _demo_estimator(out, manifest, args)
     if not args.quiet:
         unmix = "capeDJICA" if est.ica == "temporal" else "spatial ICA of the released basis"
@@ -320,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {SC['dtype']})")
     s.add_argument("--seed", type=int, default=0, help="seed of everything generated (default 0)")
     s.add_argument("--brain-states", type=int, default=0, metavar="K",
-                   help="plant K recurring brain states in the sources (0: none, the default; 2 <= K <= "
-                        "--components); their patterns go in the truth for the report to compare with")
+                   help="plant K dFNC connectivity states in the sources (0: none, the default); the planted "
+                        "matrices and each subject's state at every volume go in the truth for the report to "
+                        "compare with")
     s.add_argument("--model", default="blobs", choices=SYNTH_MODELS,
                    help="blobs: 1-3 smooth blobs per map, independent heavy-tailed sources (the papers' model, the "
                         "default); networks: distributed, bilateral, overlapping networks with slow, correlated, "
@@ -345,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the noise (default 0)")
     s.add_argument("--keep-work", action="store_true",
                    help="keep the intermediate files (run/work: data matrices, Pydra cache)")
+    s.add_argument("--brain-states", type=int, default=0, metavar="K",
+                   help="plant K dFNC connectivity states in the synthetic sources and find them privately "
+                        "(brain_states = K; 0: off, the default)")
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s.set_defaults(func=_cmd_demo)
 

@@ -16,6 +16,8 @@ from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
+from .algorithms.dfnc import METHODS as STATE_METHODS
+from .algorithms.dfnc import METRICS as STATE_METRICS
 from .algorithms.djica import OPTIMIZERS
 from .atlases import check as check_atlas
 from .atlases import is_atlas_name
@@ -268,8 +270,8 @@ class Excluding(Constraint):
 STAGES = ("space", "load", "reduce", "unmix", "states", "maps")
 #: run.toml's sections, in order (``section`` of a field's metadata)
 SECTIONS = ("run and outputs", "data grid", "data preparation",
-            "site-local cleaning (nilearn; before anything is released, no privacy cost)", "analysis", "privacy",
-            "sites")
+            "site-local cleaning (nilearn; before anything is released, no privacy cost)", "analysis",
+            "brain states", "privacy", "sites")
 
 #: before the subject counts are known delta must be below this: delta >= 1/N is no privacy for a site of N
 #: subjects (each subject may be released whole with probability delta), and 0.1 already fails every site of
@@ -505,18 +507,38 @@ class RunConfig:
         30, section="analysis", constraint=Interval(Integral, 1, None), stages=("reduce",), agree=True,
         doc="Power iterations of reduction = \"pdsvd\". Each one is a secure sum; PD-SVD adds no privacy noise.")
     brain_states: int = setting(
-        0, section="analysis", stages=("reduce", "states"), agree=True, flag="brain-states",
-        constraint=Excluding(Interval(Integral, 0, None), 1, "one state is the mean of all time points; 0: off"),
-        doc="Brain states (capeAGN): K recurring states over the whitened time points, 0 = off. The states are "
-            "co-activation patterns; their maps and each subject's fraction of time in each (computed at its own "
-            "site) are written. Needs 2 <= K < n_components. Each of the stage's two releases (second and third "
-            "moments) is calibrated to (states_epsilon, delta / 2). States need many subjects: what the synthetic "
-            "consortia recover is measured in benchmarks/README.md.")
+        0, section="brain states", stages=("states",), agree=True, flag="brain-states",
+        constraint=Excluding(Interval(Integral, 0, None), 1, "one state is the mean of all windows; 0: off"),
+        doc="Brain states: K dynamic functional network connectivity (dFNC) states, as GIFT's dFNC computes them, "
+            "0 = off. Each site cuts its subjects' component time courses into tapered windows "
+            "(states_window, states_step) and computes each window's connectivity between components; the "
+            "consortium clusters the windows from private releases (states_method). Written: the K state "
+            "connectivity matrices, the consortium's occupancy and, at each site, its subjects' fraction of time, "
+            "dwell times and transitions. Needs 2 <= K <= n_components (n_components - 1) / 2.")
     states_epsilon: float = setting(
-        16.0, section="analysis", constraint=Interval(Real, 0, None, closed="neither"), stages=("states",),
+        4.0, section="brain states", constraint=Interval(Real, 0, None, closed="neither"), stages=("states",),
         agree=True, flag="states-epsilon",
-        doc="Privacy budget of each of the brain-states stage's two releases (at delta / 2). The totals compose "
-            "every stage.")
+        doc="Privacy budget of the whole brain-states stage per site (every release of it composed, against the "
+            "aggregator and its colluders, at delta / 2); the run's total composes every stage.")
+    states_method: str = setting(
+        "kmeans", section="brain states", constraint=StrOptions(STATE_METHODS), stages=("states",), agree=True,
+        flag="states-method",
+        doc="How the consortium clusters the windows: \"kmeans\" (CAPE k-means: per-state clipped sums and "
+            "counts, a few rounds), \"agn\" (capeAGN's one-shot moments of the windows) or \"agn+kmeans\" "
+            "(k-means started at capeAGN's means). Measured in benchmarks/README.md (\"dFNC states\").")
+    states_window: int = setting(
+        22, section="brain states", constraint=Interval(Integral, 3, None), stages=("states",), agree=True,
+        flag="states-window",
+        doc="Window length in volumes (GIFT: 22 TRs, a rectangle convolved with a Gaussian of 3 TRs). Every "
+            "subject needs at least this many volumes.")
+    states_step: int = setting(
+        1, section="brain states", constraint=Interval(Integral, 1, None), stages=("states",), agree=True,
+        flag="states-step", doc="Volumes between the starts of two windows (GIFT: 1).")
+    states_metric: str = setting(
+        "correlation", section="brain states", constraint=StrOptions(STATE_METRICS), stages=("states",),
+        agree=True, flag="states-metric",
+        doc="How a window is assigned to its nearest state: \"correlation\", \"cityblock\" (GIFT's) or "
+            "\"euclidean\". Correlation is not moved by a noisy count's rescaling of a state.")
     optimizer: str = setting(
         "fast", section="analysis", constraint=StrOptions(OPTIMIZERS), stages=("unmix",), agree=True,
         doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "
@@ -645,13 +667,13 @@ class RunConfig:
         """The PCA's subject contribution ``pca_contribution`` resolves to."""
         if self.pca_contribution != "auto":
             return self.pca_contribution
-        return "moment" if self.brain_states or self.reduction == "pdsvd" else "subspace"
+        return "moment" if self.reduction == "pdsvd" else "subspace"
 
     @property
     def pca_variances(self) -> bool:
         """Whether the PCA also releases variances in its subspace: subspace contributions whose eigenvalues a
-        later stage whitens with (temporal ICA, brain states)."""
-        return self.contribution == "subspace" and (self.ica == "temporal" or bool(self.brain_states))
+        later stage whitens with (temporal ICA)."""
+        return self.contribution == "subspace" and self.ica == "temporal"
 
     @property
     def cumulant_unmixing(self) -> bool:
@@ -785,9 +807,9 @@ class RunConfig:
         if self.parcels and not self.atlas and self.n_components > self.parcels:
             bad("n_components", f"{self.n_components} components need at least as many features D; the "
                 f"features are the {self.parcels} parcels (field parcels)")
-        if self.brain_states and self.brain_states >= self.n_components:
-            bad("brain_states", f"{self.brain_states} states need more components: capeAGN's mixture model "
-                f"separates fewer states than dimensions (n_components = {self.n_components})")
+        if self.brain_states and self.brain_states > self.n_components * (self.n_components - 1) // 2:
+            bad("brain_states", f"{self.brain_states} states need more connectivity features: {self.n_components} "
+                f"components give {self.n_components * (self.n_components - 1) // 2} pairs")
         if self.pca_contribution == "subspace" and self.reduction == "pdsvd":
             bad("pca_contribution", "PD-SVD sums the data's second moment; 'subspace' is capePCA's (use 'auto')")
         if self.plan == "cape" and len(self.sites) < 3:

@@ -433,14 +433,14 @@ class DecentralizedICA(_Decentralized):
         The plan that split ``epsilon`` over the stages.
     metrics_ : dict or None
         Agreement with a synthetic ground truth (``truth=``).
-    states_ : ndarray (brain_states, n_components) or None
-        Each brain state's mean activation of every component (component
-        units); ``states_img_`` their patterns in voxels (4-D, z-scored, sign
-        kept), ``states_centroids_`` the centroids in the whitened space.
+    states_ : ndarray (brain_states, n_components, n_components) or None
+        The dFNC states: each state's correlation matrix between the
+        components (indexed like ``components_``).
     state_occupancy_ : dict or None
-        site -> subject -> fraction of its time points in each state (each
-        site computes its own; in a deployment a site sees only its own).
-        ``states_occupancy_consortium_``: the consortium's (the mixture weights).
+        site -> subject -> fraction of its windows in each state (each site
+        computes its own from the public states; in a deployment a site sees
+        only its own). ``states_occupancy_consortium_``: the consortium's
+        (the states' last private release).
     warnings_ : list of str
     config_ : RunConfig
         Exactly what ran.
@@ -465,18 +465,15 @@ class DecentralizedICA(_Decentralized):
         self.site_maps_imgs_ = {site: _in_memory(p) for site, p in mp.get("site_maps", {}).items()}
         self.privacy_ = PrivacySummary(_read_json(mp["privacy"]))
         self.report_ = Report(outputs["report"])
-        self._read_states(mp.get("states"), public.get("states", {}))
+        self._read_states(mp.get("states"))
         self.metrics_ = (mp.get("truth") or {}).get("metrics")
         self.warnings_ = list(mp.get("warnings", []))
 
-    def _read_states(self, st: dict | None, rec: dict) -> None:
-        self.states_ = self.states_img_ = self.states_centroids_ = self.state_occupancy_ = None
-        self.states_occupancy_consortium_ = None
+    def _read_states(self, st: dict | None) -> None:
+        self.states_ = self.state_occupancy_ = self.states_occupancy_consortium_ = None
         if not st:
             return
-        self.states_ = np.load(st["activation"]).T
-        self.states_img_ = _in_memory(st["patterns"])
-        self.states_centroids_ = np.asarray(rec["centroids"]).T
+        self.states_ = np.load(st["matrices"])
         self.states_occupancy_consortium_ = np.asarray(st["occupancy"])
         self.state_occupancy_ = {site: _read_occupancy(p) for site, p in st["occupancy_sites"].items()}
 
@@ -533,9 +530,10 @@ class DecentralizedICA(_Decentralized):
 
 
 def _read_occupancy(path) -> dict[str, np.ndarray]:
-    """A site's occupancy TSV (subject, state1, ...) as subject -> fractions."""
-    rows = [line.split("\t") for line in Path(path).read_text().splitlines()[1:] if line]
-    return {r[0]: np.array([float(x) for x in r[1:]]) for r in rows}
+    """A site's states TSV (subject, state1, ..., dwell times, transitions) as subject -> fractions of time."""
+    lines = [line.split("\t") for line in Path(path).read_text().splitlines() if line]
+    cols = [i for i, h in enumerate(lines[0]) if h.startswith("state")]
+    return {r[0]: np.array([float(r[i]) for i in cols]) for r in lines[1:]}
 
 
 def _site_privacy(cfg: RunConfig, site_priv: dict) -> dict:
@@ -577,7 +575,7 @@ class DecentralizedPCA(_Decentralized):
 
     def to_config(self, sites=None) -> RunConfig:
         if self.brain_states:
-            raise ConfigError("brain_states: brain states are found on the ICA's whitened time points; "
+            raise ConfigError("brain_states: brain states are found on the ICA's component time courses; "
                               "use DecentralizedICA(brain_states=...)")
         cfg = super().to_config(sites)
         if cfg.pca_contribution == "auto":  # a PCA's eigenvalues are variances: second moments

@@ -427,36 +427,59 @@ def site_timecourse_figure(tsv, site: str, first_subject: tuple[str, int, int], 
                              title=f"site {site}, subject {sid}: for this site only")
 
 
-def write_occupancy(occupancy: np.ndarray, subject_ids: list[str], path) -> Path:
-    """A site's own subjects' fraction of time in each brain state (TSV: subject, state1, ...)."""
-    occ = np.asarray(occupancy)
+def write_dynamics(dynamics: dict, subject_ids: list[str], path) -> Path:
+    """A site's own subjects' dFNC state statistics (TSV): per state the fraction of windows, the mean dwell
+    time in seconds, and the number of transitions (:func:`dpneuro.algorithms.dfnc.site_dynamics`)."""
+    occ, dwell, trans = (np.asarray(dynamics[k]) for k in ("occupancy", "dwell_seconds", "transitions"))
+    K = occ.shape[1]
     path = Path(path)
     with open(path, "w") as f:
-        f.write("\t".join(["subject"] + [f"state{k + 1}" for k in range(occ.shape[1])]) + "\n")
-        for sid, row in zip(subject_ids, occ):
-            f.write(f"{sid}\t" + "\t".join(f"{x:.6g}" for x in row) + "\n")
+        f.write("\t".join(["subject", *[f"state{k + 1}" for k in range(K)],
+                           *[f"dwell_s_state{k + 1}" for k in range(K)], "transitions"]) + "\n")
+        for sid, o, d, n in zip(subject_ids, occ, dwell, trans):
+            f.write("\t".join([sid, *[f"{x:.6g}" for x in o], *[f"{x:.6g}" for x in d], str(int(n))]) + "\n")
     return path
 
 
-def states_figure(activation: np.ndarray, occupancy, out_png) -> Path:
-    """Brain states in component units (components x states heat map) and the consortium's occupancy."""
+def network_order(matrices) -> np.ndarray:
+    """An order of the components that puts coupled ones together: hierarchical clustering (average linkage)
+    of the states' mean |connectivity| (public post-processing of the released states)."""
+    from scipy.cluster.hierarchy import leaves_list, linkage  # deferred: only the report's figure needs it
+    from scipy.spatial.distance import squareform
+
+    M = np.abs(np.asarray(matrices, float)).mean(axis=0)
+    if M.shape[0] < 3:
+        return np.arange(M.shape[0])
+    dist = np.clip(1.0 - M, 0.0, None)
+    np.fill_diagonal(dist, 0.0)
+    return leaves_list(linkage(squareform((dist + dist.T) / 2, checks=False), "average"))
+
+
+def states_figure(matrices, occupancy, out_png) -> Path:
+    """The dFNC states as connectivity heat maps (components ordered by :func:`network_order`) and the
+    consortium's fraction of windows in each."""
     import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
-    A = np.asarray(activation, float)
-    R, K = A.shape
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(7, 0.22 * R + 1.4), gridspec_kw={"width_ratios": [2, 1]})
-    lim = float(np.abs(A).max()) or 1.0
-    im = ax.imshow(A, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-    ax.set_xticks(range(K), [f"state {k + 1}" for k in range(K)], fontsize=7)
-    ax.set_yticks(range(R), [f"IC{i + 1:02d}" for i in range(R)], fontsize=6)
-    ax.set_title("mean component activation", fontsize=8)
-    fig.colorbar(im, ax=ax, fraction=0.05)
-    bx.bar(range(K), np.asarray(occupancy, float), color="C0")
+    C = np.asarray(matrices, float)
+    K, R = C.shape[0], C.shape[1]
+    order = network_order(C)
+    occ = np.asarray(occupancy, float)
+    fig, axes = plt.subplots(1, K + 1, figsize=(2.3 * K + 2.2, 2.6),
+                             gridspec_kw={"width_ratios": [1] * K + [0.8]})
+    labels = [f"IC{i + 1:02d}" for i in order]
+    for k, ax in enumerate(axes[:K]):
+        im = ax.imshow(C[k][np.ix_(order, order)], cmap="RdBu_r", vmin=-1, vmax=1)
+        ax.set_title(f"state {k + 1} ({100 * occ[k]:.0f} %)", fontsize=8)
+        ticks = range(R) if R <= 20 else []
+        ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=5, rotation=90)
+        ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=5)
+    fig.colorbar(im, ax=axes[:K], fraction=0.02, label="correlation")
+    bx = axes[K]
+    bx.bar(range(K), occ, color="C0")
     bx.set_xticks(range(K), [str(k + 1) for k in range(K)], fontsize=7)
     bx.set_xlabel("state", fontsize=8)
-    bx.set_title("fraction of time (consortium)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=80)
+    bx.set_title("fraction of windows", fontsize=8)
+    fig.savefig(out_png, dpi=80, bbox_inches="tight")
     plt.close(fig)
     return Path(out_png)
 

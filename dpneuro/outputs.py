@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 
 from .algorithms.djica import spatial_maps, time_courses
-from .analysis import SCALING_NOTE, StatesResult, site_whiten, state_occupancy, unmixing_input
+from .algorithms.dfnc import site_dynamics, state_matrices
+from .analysis import SCALING_NOTE, site_windows, unmixing_input
 from .budget import run_warnings
 from .config import RunConfig
 from .io import write_json
-from .maps import (render_components, states_figure, template_problem, write_components, write_occupancy,
+from .maps import (render_components, states_figure, template_problem, write_components, write_dynamics,
                    write_timecourses, zscore_columns)
 from .parcellation import space_parcels
 from .privacy import PrivacyLedger, privacy_report
@@ -56,34 +57,26 @@ def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarr
     return write_components(maps, space["mask"], path), maps
 
 
-def write_states(space: dict, basis, eigenvalues, W, b, centroids, folder) -> tuple[dict[str, str], np.ndarray]:
-    """The brain states' files in ``folder``: ``states.nii.gz`` and ``state_activation.npy``.
-
-    The patterns are V Lambda^1/2 c_k painted to voxels, z-scored with their
-    sign kept (a state's sign is meaningful); the activation is W c_k + b, each
-    state in component units (R x K). Returns the two paths and the voxel patterns.
-    """
+def write_states(vectors, occupancy, folder, *, method: str = "") -> dict[str, Any]:
+    """The dFNC states' files in ``folder``: ``states.npy`` (K x R x R connectivity matrices, ordered like the
+    components) and ``states.json`` (the consortium's occupancy, the state vectors' meaning)."""
     folder = Path(folder)
-    V, lam = np.asarray(basis, np.float64), np.asarray(eigenvalues, np.float64)
-    C = np.asarray(centroids, np.float64)
-    P = to_voxels(space, (V * np.sqrt(lam)) @ C)
-    P = (P - P.mean(axis=0)) / np.maximum(P.std(axis=0), 1e-12)
-    np.save(folder / "state_activation.npy", np.asarray(W, np.float64) @ C + np.asarray(b, np.float64).reshape(-1, 1))
-    paths = {"patterns": str(write_components(P, space["mask"], folder / "states.nii.gz")),
-             "activation": str(folder / "state_activation.npy")}
-    return paths, P
+    mats = state_matrices(vectors)
+    np.save(folder / "states.npy", mats)
+    occ = [float(x) for x in occupancy]
+    write_json(folder / "states.json", {
+        "n_states": int(mats.shape[0]), "occupancy": occ, "method": method,
+        "states": "states.npy: K x R x R correlation matrices between the components (components.nii.gz order), "
+                  "the centroids of the consortium's dFNC windows (Fisher z averaged, then tanh)"})
+    return {"matrices": str(folder / "states.npy"), "json": str(folder / "states.json"), "occupancy": occ}
 
 
-def states_section(states: dict, mask: str, figs: Path, problem) -> dict:
+def states_section(states: dict, figs: Path) -> dict:
     """The report's brain-states section: ``states`` has the paths of :func:`write_states`, the consortium's
     ``occupancy`` and optionally ``truth`` (matched correlations with a synthetic truth)."""
-    entries, note, _ = render_components(states["patterns"], mask, figs, problem=problem, kind="state")
-    truth = states.get("truth")
-    if truth:
-        for j, k in enumerate(truth["perm"]):
-            entries[k]["corr"] = truth["corr"][j]
-    return {"entries": entries, "note": note, "occupancy": states["occupancy"], "truth": truth,
-            "figure": str(states_figure(np.load(states["activation"]), states["occupancy"], figs / "states.png"))}
+    mats = np.load(states["matrices"])
+    return {"n_states": int(mats.shape[0]), "occupancy": states["occupancy"], "truth": states.get("truth"),
+            "figure": str(states_figure(mats, states["occupancy"], figs / "states.png"))}
 
 
 def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,
@@ -109,11 +102,11 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
                              n_subjects: dict[str, int], n_samples: dict[str, int], out: Path, *,
                              assumptions: tuple[str, ...] = (), transport: str = "") -> dict[str, Any]:
     """The consortium's files in ``out`` from the stages' public results (:mod:`dpneuro.stages`) and every
-    site's ledger: ``components.nii.gz``, ``privacy.json``, the brain states' patterns; and the run's warnings.
+    site's ledger: ``components.nii.gz``, ``privacy.json``, the brain states; and the run's warnings.
 
     The simulation's maps stage and the deployed aggregator both write them here. Returns the paths, the
     voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
-    with brain states, ``states`` (paths and the consortium's occupancy) and their voxel ``patterns``.
+    with brain states, ``states`` (paths and the consortium's occupancy).
     ``transport``: what authenticates a deployment's messages, recorded among the assumptions.
     """
     out = Path(out)
@@ -135,25 +128,22 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
                         "supports).")
     result: dict[str, Any] = {"components": str(comp_path), "maps": maps,
                               "privacy": str(write_json(out / "privacy.json", priv)), "priv": priv,
-                              "warnings": warnings, "template_problem": problem, "states": None, "patterns": None}
+                              "warnings": warnings, "template_problem": problem, "states": None}
     states = public.get("states", {})
-    if "centroids" in states:
-        C = np.asarray(states["centroids"])
-        paths, result["patterns"] = write_states(space, V, lam, W, b, C, out)
-        occupancy = StatesResult(C, np.asarray(states["weights"])).occupancy
-        result["states"] = {**paths, "occupancy": [float(x) for x in occupancy]}
+    if "vectors" in states:
+        result["states"] = write_states(states["vectors"], states["occupancy"], out, method=cfg.states_method)
     return result
 
 
 def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input=None,
-                       states_input=None, timer, progress: bool = False) -> dict[str, Any]:
+                       timer, progress: bool = False) -> dict[str, Any]:
     """A site's own files in ``out``, computed at the site from the public results and its own data:
     ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
-    them) and ``states.tsv`` (its subjects' brain-state occupancy, with brain states). Nothing here is released.
+    them) and ``states.tsv`` (its subjects' dFNC state statistics, with brain states). Nothing here is released.
 
-    ``info`` is the site's loader record; ``unmix_input`` / ``states_input`` its inputs of those stages when it
-    kept them (a deployed site), else whitened here from its data matrix; ``timer(name)`` a context manager that
-    times each part. The simulation's maps stage writes every site's, a deployed site its own.
+    ``info`` is the site's loader record; ``unmix_input`` its input of the unmixing when it kept it (a deployed
+    site), else whitened here from its data matrix; ``timer(name)`` a context manager that times each part. The
+    simulation's maps stage writes every site's, a deployed site its own.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,18 +154,21 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
             unmix_input = unmixing_input(cfg, info["X"], V, lam)
         S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
         result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
-                                  "site_maps": None, "site_maps_values": None, "states_occupancy": None}
+                                  "site_maps": None, "site_maps_values": None, "states_occupancy": None,
+                                  "states_summary": None}
     if made(cfg, space):
         with timer(label(cfg, "site_maps", site)):
             path, result["site_maps_values"] = write_site_maps(cfg, info, space, S, out / "site_maps.nii.gz",
                                                                progress=progress)
             result["site_maps"] = str(path)
-    C = public.get("states", {}).get("centroids")
+    C = public.get("states", {}).get("vectors")
     if C is not None:
         with timer(label(cfg, "occupancy", site)):
-            if states_input is None:  # the states read unit-norm time points: the unmixing's unless it is linear
-                states_input = site_whiten(info["X"], V, lam) if cfg.cumulant_unmixing else unmix_input
             lengths = [b - a for a, b in info["boundaries"]]
-            result["states_occupancy"] = str(write_occupancy(state_occupancy(states_input, lengths, C),
-                                                             info["subject_ids"], out / "states.tsv"))
+            ws = site_windows(cfg, S, lengths, tr=info.get("tr"), where=f"site {site}")
+            dyn = site_dynamics(ws, np.asarray(C), cfg.states_metric)
+            result["states_occupancy"] = str(write_dynamics(dyn, info["subject_ids"], out / "states.tsv"))
+            result["states_summary"] = {"occupancy": dyn["occupancy"].mean(axis=0).tolist(),
+                                        "dwell_seconds": dyn["dwell_seconds"].mean(axis=0).tolist(),
+                                        "transitions": float(dyn["transitions"].mean())}
     return result

@@ -7,7 +7,7 @@ different inputs never overwrite each other. ``workflows/`` wraps these
 functions as Pydra tasks; they never import Pydra themselves.
 
 space -> load (per site) -> the releases of :data:`dpneuro.stages.RELEASES` (reduce: capePCA or PD-SVD;
-unmix: spatial ICA, capeDJICA or the cumulant ICA; states: capeAGN brain states, when asked for) -> maps
+unmix: spatial ICA, capeDJICA or the cumulant ICA; states: dFNC brain states, when asked for) -> maps
 -> report. Each release's record names the records before it (``chain``), so the maps and the report read
 every stage's result from the last one.
 """
@@ -29,6 +29,7 @@ import nibabel as nib
 import numpy as np
 
 from . import stages
+from .algorithms.dfnc import matrix_to_vector, taper
 from .algorithms.djica import usable_eigenvalues
 from .analysis import describe_unmixing
 from .budget import RELEASING_STAGES, apply_target
@@ -47,6 +48,7 @@ from .privacy import PrivacyLedger
 from .report import write_report
 from .site_maps import consortium_section, made
 from .synth import load_manifest
+from .synth_dfnc import window_labels
 from .timings import label, timed
 
 
@@ -338,17 +340,28 @@ def _truth(cfg: RunConfig) -> dict | None:
     return load_manifest(cfg.truth)
 
 
-def _states_truth(truth: dict | None, patterns: np.ndarray, space: dict) -> dict | None:
-    """Matched correlation of the states' voxel patterns with the generator's (synthetic data only)."""
-    if truth is None or not truth["truth"].get("state_patterns"):
+def _states_truth(cfg: RunConfig, truth: dict | None, states: dict, maps_truth: dict | None) -> dict | None:
+    """The dFNC states against the generator's planted ones (synthetic data only): each estimated state's
+    components put in the truth's order and sign by the maps' match, then the states matched by correlation."""
+    if truth is None or maps_truth is None or not truth["truth"].get("state_labels"):
         return None
-
-    true = np.load(truth["truth"]["state_patterns"]).astype(np.float64).T  # voxels x K
-    if true.shape != patterns.shape:
+    planted = np.load(truth["truth"]["states"]).astype(np.float64)  # K x R x R
+    est = np.load(states["matrices"])
+    perm, sign = np.asarray(maps_truth["perm"]), np.sign(maps_truth["corr"])
+    if planted.shape[1:] != (len(perm), len(perm)) or est.shape[1] < len(perm):
         return None
-    perm, corr = match_components(patterns, true)
-    return {"perm": [int(p) for p in perm], "corr": [float(c) for c in corr],
-            "mean r with truth": float(np.mean(corr))}
+    aligned = est[:, perm][:, :, perm] * np.outer(sign, sign)
+    kperm, corr = match_components(matrix_to_vector(aligned), matrix_to_vector(planted))
+    labels = []
+    for subjects in truth["truth"]["state_labels"].values():
+        for path in subjects.values():
+            h = np.load(path).astype(np.int64)
+            labels.append(window_labels(h, taper(h.size, cfg.states_window, step=cfg.states_step), len(planted)))
+    lab = np.concatenate(labels)
+    true_occ = np.bincount(lab, minlength=len(planted)) / lab.size
+    occ = np.asarray(states["occupancy"])[kperm]
+    return {"perm": [int(p) for p in kperm], "corr": [float(c) for c in corr],
+            "mean r with truth": float(np.mean(corr)), "occupancy error": float(np.abs(occ - true_occ).max())}
 
 
 def _site_ledgers(sites: list[dict], chain: dict[str, str]) -> dict[str, Any]:
@@ -391,9 +404,6 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
               "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
               "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]}}
     truth = _truth(cfg)
-    if cons["states"] is not None:
-        result["states"] = {**cons["states"], "truth": _states_truth(truth, cons["patterns"], space),
-                            "occupancy_sites": {site: o["states_occupancy"] for site, o in site_out.items()}}
     if truth is not None:
         A_true, maps = np.load(truth["truth"]["A"]).astype(np.float64), cons["maps"]
         V, lam, W = public["reduce"]["basis"], public["reduce"]["eigenvalues"], public["unmix"]["W"]
@@ -413,6 +423,13 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
                 metrics["site voxel maps: mean |r| with truth"] = float(np.mean(list(site_r.values())))
             result["truth"] = {"maps": truth["truth"]["maps"], "perm": [int(p) for p in perm],
                                "corr": [float(c) for c in corr], "metrics": metrics, "site_r": site_r}
+    if cons["states"] is not None:
+        st_truth = _states_truth(cfg, truth, cons["states"], result["truth"])
+        result["states"] = {**cons["states"], "truth": st_truth,
+                            "occupancy_sites": {site: o["states_occupancy"] for site, o in site_out.items()}}
+        if st_truth is not None:
+            result["truth"]["metrics"].update({"states: mean r with truth": st_truth["mean r with truth"],
+                                               "states: occupancy error": st_truth["occupancy error"]})
     timings[label(cfg, "maps")] += time.perf_counter() - t0
     result["timings"] = timings
     return _write_json(out, result)
@@ -486,10 +503,11 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     states = None
     if mp.get("states"):
         st = mp["states"]
-        shutil.copyfile(st["patterns"], out / "states.nii.gz")
+        for name in ("states.npy", "states.json"):
+            shutil.copyfile(Path(st["matrices"]).with_name(name), out / name)
         for site, p in st["occupancy_sites"].items():  # each site's own subjects, beside its time courses
             shutil.copyfile(p, tc_dir / f"{site}_states.tsv")
-        states = states_section(st, space["mask"], figs, mp["template_problem"])
+        states = states_section(st, figs)
     np.save(out / "W.npy", unm["W"])
     timings = run_timings(cfg, sites, mp["chain"], mp)
     # everything above is the report's work; writing run.json and the HTML below takes milliseconds

@@ -50,7 +50,7 @@ def run_settings(cfg: dict) -> dict:
     else:
         drop.add("cumulant_epsilon")
     if not cfg.get("brain_states"):
-        drop |= {"brain_states", "states_epsilon"}
+        drop |= {"brain_states", "states_epsilon", "states_method", "states_window", "states_step", "states_metric"}
     reduction = cfg.get("reduction")
     if reduction != "pdsvd":
         drop.add("pdsvd_iterations")
@@ -170,24 +170,28 @@ def privacy_box(privacy: dict) -> str:
 
 
 def states_html(states: dict) -> str:
-    """The brain-states section: what they are, their patterns, activation and occupancy."""
-    out = ["<h2>Brain states</h2>",
-           f'<p class="small">{len(states["entries"])} recurring states (capeAGN: the second and third moments of '
-           "every site's whitened time points, released privately, then a tensor decomposition of their "
-           "mixture at the aggregator). Each state is the mean pattern of the time points in it; the fraction "
-           "of time is the consortium's (the mixture weights). Each site's own subjects' occupancy stays at "
-           "the site. The mixture model behind them fits whitened time points poorly: with few subjects per site "
-           "they can be noise at budgets the maps tolerate (benchmarks/README.md); treat them as exploratory. "
-           + html.escape(states.get("note", "")) + "</p>"]
+    """The brain-states section: the dFNC states' connectivity matrices and the consortium's occupancy, or a
+    site's own subjects' statistics (``site``)."""
+    out = ["<h2>Brain states (dFNC)</h2>",
+           f'<p class="small">{states["n_states"]} dynamic functional network connectivity states, as GIFT\'s dFNC '
+           "finds them: each subject's component time courses cut into tapered sliding windows, each window's "
+           "correlation between components, the windows clustered. The sites computed their windows; the "
+           "consortium clustered them from private releases (each subject's windows bounded together). Each "
+           "matrix is a state's correlation between components (ordered so that coupled ones sit together); "
+           "the fraction of windows is the consortium's, from the last release. Each site's own subjects' "
+           "statistics (fraction of time, dwell times, transitions) stay at the site.</p>"]
     if states.get("truth"):
-        out.append(_table(["mean r of the patterns with the truth"], [[states["truth"]["mean r with truth"]]]))
-    out.append(_img(states["figure"], "brain states"))
-    out.append('<div class="grid">')
-    for c in states["entries"]:
-        out.append(f'<div class="comp"><p><b>{html.escape(c["label"])}</b>'
-                   + (f" &mdash; r = {c['corr']:.2f} with truth" if c.get("corr") is not None else "") + "</p>"
-                   + _img(c["png"], c["label"]) + "</div>")
-    out.append("</div>")
+        out.append(_table(["mean r of the state matrices with the planted ones", "largest occupancy error"],
+                          [[states["truth"]["mean r with truth"], states["truth"]["occupancy error"]]]))
+    if states.get("figure"):
+        out.append(_img(states["figure"], "brain states"))
+    if states.get("site"):
+        site = states["site"]
+        K = len(site["occupancy"])
+        out.append(_table(["", *[f"state {k + 1}" for k in range(K)]],
+                          [["this site's mean fraction of time", *site["occupancy"]],
+                           ["mean dwell time (s)", *site["dwell_seconds"]]]))
+        out.append(f'<p class="small">Mean number of state changes per subject: {site["transitions"]:.1f}.</p>')
     return "\n".join(out)
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from . import analysis
 from .algorithms.pca import check_sources
-from .build import PDSVD_THREAT_MODEL, STATES_STEPS, ica_algorithm, pca_algorithm, reduce_plan, states_algorithm
+from .algorithms.djica import time_courses
+from .build import PDSVD_THREAT_MODEL, ica_algorithm, pca_algorithm, reduce_plan, states_settings
 from .cape import planned_ledgers as cape_planned
 from .config import RunConfig
 from .driver import RunOptions, run_parties
@@ -85,6 +86,10 @@ class Release:
         ``planned(cfg, shapes, dim)``: each site's ledger of the stage on sites
         of these shapes (``.lengths``, ``.n_samples``), without data: what the
         planner predicts and the run then records.
+    reads : tuple of (stage, key)
+        Earlier public results ``site_input`` reads that a site's own steps
+        did not return (the aggregator's alone, e.g. the spatial ICA's W): a
+        deployed aggregator sends them to the sites before this stage.
     """
 
     name: str
@@ -97,6 +102,7 @@ class Release:
     spends: Callable[[RunConfig], bool] = lambda cfg: False
     algorithms: Callable[[RunConfig, int], list] | None = None
     planned: Callable[[RunConfig, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
+    reads: tuple[tuple[str, str], ...] = ()
 
     def active(self, cfg: RunConfig) -> bool:
         return bool(self.steps(cfg))
@@ -166,37 +172,42 @@ def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, ch
     return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
 
-# -- states: capeAGN brain states ------------------------------------------------------------------
+# -- states: dFNC brain states ------------------------------------------------------------------
 
 def _states_steps(cfg: RunConfig) -> tuple[str, ...]:
-    return STATES_STEPS if cfg.brain_states else ()
+    return tuple(f"states-{s}" for s in states_settings(cfg).steps()) if cfg.brain_states else ()
 
 
 def _states_input(cfg, X, public):
-    return analysis.site_whiten(X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+    """The site's component time courses (R x N), the same as its ``timecourses.tsv``: the states read their
+    windows."""
+    Z = analysis.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+    return time_courses(np.asarray(public["unmix"]["W"]), Z, np.asarray(public["unmix"]["b"]))
 
 
-def _states_algorithms(cfg, dim, groups=None):
-    # W's value does not change what is released, only its shape
-    W = np.zeros((cfg.n_components, cfg.brain_states))
-    return [states_algorithm(cfg, step, groups or {}, W=W) for step in STATES_STEPS]
+def _states_check(cfg, inputs, lengths):
+    """Every subject has a window (a simulation refuses before any site releases)."""
+    for s, ln in enumerate(lengths):
+        analysis.check_window_fits(cfg, ln, f"site {s}")
+    return inputs
+
+
+def _states_algorithms(cfg, dim):
+    return [states_settings(cfg)]  # the stage's budget and ledger names (the planner's view)
 
 
 def _states_planned(cfg, shapes, dim):
-    algs = _states_algorithms(cfg, dim, {i: max(s.lengths) for i, s in enumerate(shapes)})
-    per_step = [cape_planned(alg, cfg.plan, [alg.public_state(i, s.lengths, cfg.n_components)
-                                             for i, s in enumerate(shapes)]) for alg in algs]
-    return [PrivacyLedger.merge_all(x) for x in zip(*per_step)]
+    return states_settings(cfg).planned([analysis.window_counts(cfg, s.lengths) for s in shapes], cfg.n_components)
 
 
-def _states_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    return analysis.states_site(cfg, step, site, Z, lengths, exchange, n_sites=n_sites, moments=previous,
-                                checkpoint=checkpoint, timeout=timeout)
+def _states_site(cfg, step, site, S, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    return analysis.states_site(cfg, step.removeprefix("states-"), site, S, lengths, exchange, n_sites=n_sites,
+                                previous=previous, checkpoint=checkpoint, timeout=timeout)
 
 
 def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    return analysis.states_aggregator(cfg, step, exchange, n_sites=n_sites, moments=previous, checkpoint=checkpoint,
-                                      options=options)
+    return analysis.states_aggregator(cfg, step.removeprefix("states-"), exchange, n_sites=n_sites,
+                                      previous=previous, checkpoint=checkpoint, options=options)
 
 
 #: the run's releasing stages, in run order
@@ -208,8 +219,9 @@ RELEASES: tuple[Release, ...] = (
     Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
             check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal",
             algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
-    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("centroids",),
-            spends=lambda cfg: cfg.brain_states > 0, algorithms=_states_algorithms, planned=_states_planned),
+    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("vectors",),
+            reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
+            algorithms=_states_algorithms, planned=_states_planned),
 )
 
 
@@ -291,9 +303,10 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     return analysis.UnmixResult(res["W"], res["b"], res["history"], res["rounds"], res["status"], leds)
 
 
-def states_inprocess(cfg: RunConfig, Z_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
-                     options: RunOptions | None = None) -> analysis.StatesResult:
-    """Both brain-states releases with every party in this process, on the sites' whitened data."""
-    res, leds = run_inprocess(release("states"), cfg, Z_sites, lengths, dim=cfg.n_components, public={},
+def states_inprocess(cfg: RunConfig, S_sites: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+                     options: RunOptions | None = None) -> dict[str, Any]:
+    """The brain-states stage with every party in this process, on the sites' component time courses (R x N):
+    its public result (``vectors``, ``occupancy``) and each site's ledger under ``"ledgers"``."""
+    res, leds = run_inprocess(release("states"), cfg, S_sites, lengths, dim=cfg.n_components, public={},
                               options=options)
-    return analysis.StatesResult(res["centroids"], res["weights"], leds)
+    return {**res, "ledgers": leds}

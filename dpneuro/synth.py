@@ -16,31 +16,19 @@ memory through :func:`network_model`) is described below.
 
 Brain states (optional, ``states=K >= 2``; off by default)
 ---------------------------------------------------------
-For the co-activation-pattern ("brain states") analysis the sources can also
-switch between K recurring states. Each state k has a centroid ``mu_k`` in
-source space (an R-vector, :func:`state_centroids`): state k activates its own
-block of ``m = max(1, min(3, R // K))`` components (disjoint blocks, random
-signs, the first positive), the K patterns are centred over the states
-(``sum_k mu_k = 0``, so the sources keep zero mean) and scaled so that, for
-every component taking part, the states carry the fraction ``state_strength``
-of its variance: ``(1/K) sum_k mu_k[r]^2 = state_strength`` (components in no
-block: 0). Every subject has its own hidden state sequence ``h_t``
-(:func:`state_sequence`): a Markov chain with uniform initial state that at
-each step leaves its state with probability ``1 / state_dwell`` for one of
-the K - 1 others (uniformly), so dwell times are geometric with mean
-``state_dwell`` and the stationary occupancy is uniform. The sources are
-
-    S[r, t] = mu_{h_t}[r] + c_r * G[r, t],   c_r = sqrt(1 - (1/K) sum_k mu_k[r]^2)
-
-with ``G`` the standardised GARCH sources (the very same draws as with states
-off). Under the uniform occupancy every row of S has expected mean 0 and
-expected variance exactly 1 (``c_r = sqrt(1 - state_strength)`` for the
-components in a state, 1 for the others); a single finite subject deviates
-by its occupancy fluctuations. The voxel-space state patterns the analysis
-should recover are ``A mu_k``. Centroids come from their own random stream
-and each subject's state sequence from its own stream, so enabling states
-changes no other random draw (maps, GARCH, noise): X differs from the
-states-off data only by ``A (S_states - G)``.
+For the dynamic functional network connectivity (dFNC) analysis the sources
+can switch between K planted connectivity states
+(:class:`dpneuro.synth_dfnc.StateProcess`): state k is an R x R correlation
+matrix between the sources (:func:`dpneuro.synth_dfnc.state_correlations`:
+sources grouped in modules whose coupling and sign differ between states),
+every subject has its own hidden state sequence (a Markov chain with mean
+dwell time ``state_dwell[k]`` seconds in state k, by default evenly from 30
+to 90 s, so occupancies are unequal), and its sources are Gaussian
+innovations correlated by the current state's matrix, low-passed at 0.15 Hz
+as BOLD, each row standardised, plus white noise of std 0.3. They replace
+the GARCH sources (the maps, the voxel noise and every other draw are
+unchanged). The states come from their own stream (2,), each subject's
+sources and labels from (3, site, subject).
 
 The "networks" model (``model="networks"``; default ``"blobs"`` is the above)
 ---------------------------------------------------------------------------
@@ -163,14 +151,13 @@ Folder layout written by :func:`make_consortium`::
       truth/maps.nii.gz                  4-D, one volume per component
       truth/A.npy                        D x R float32, maps as columns
       truth/S_site-01_sub-0001.npy       R x T float32, one file per subject
-      truth/states.npy                   K x R float32 state centroids mu_k   (states >= 2 only)
-      truth/state_patterns.npy           K x D float32 voxel patterns A mu_k  (states >= 2 only)
-      truth/labels_site-01_sub-0001.npy  T int8 state label h_t per subject   (states >= 2 only)
+      truth/states.npy                   K x R x R float32 planted connectivity states (states >= 2 only)
+      truth/labels_site-01_sub-0001.npy  T int8 state label h_t per subject       (states >= 2 only)
 
 With states on, ``manifest["truth"]`` also holds ``n_states`` (K),
-``states`` and ``state_patterns`` (paths), ``state_labels`` (``{site:
-{subject id: path}}``) and ``state_model`` (``dwell``, ``strength``,
-``components_per_state``, ``noise_scale`` = the c_r above, a description).
+``states`` (path), ``state_labels`` (``{site: {subject id: path}}``) and
+``state_model`` (``dwell`` in seconds per state, ``lowpass``, ``noise``, a
+description).
 With states off none of these keys exist (the manifest is byte-identical to
 the one written before states existed): read ``truth.get("n_states", 0)``.
 
@@ -205,10 +192,11 @@ from scipy.spatial import cKDTree
 from .algorithms.djica import whiten
 from .io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
 from .privacy import default_rng, resolve_random_state
+from .synth_dfnc import StateProcess, default_dwell, state_correlations
 from .progressbar import progress_bar
 
 __all__ = [
-    "make_consortium", "load_manifest", "garch_sources", "state_centroids", "state_sequence",
+    "make_consortium", "load_manifest", "garch_sources",
     "MODELS", "NETWORK_DEFAULTS", "NetworkModel", "network_model", "canonical_hrf",
 ]
 
@@ -231,14 +219,8 @@ _MANIFEST_FORMAT = "dpneuro-synth-1"
 #: the blobs model's white-noise std (make_consortium's noise=None)
 _BLOBS_NOISE = 0.5
 
-#: brain-state defaults: mean dwell time (time points) and the fraction of a participating source's variance
-#: carried by the state means (see the module docstring)
-_STATE_DWELL = 8.0
-_STATE_STRENGTH = 0.4
-#: at most this many components take part in one state
-_STATE_MAX_BLOCK = 3
 #: spawn keys of the state streams (maps/GARCH use (0,), subjects (1, site, subject))
-_STATE_CENTROID_KEY = 2
+_STATE_MATRIX_KEY = 2
 _STATE_SEQUENCE_KEY = 3
 
 
@@ -331,99 +313,6 @@ def garch_sources(
         out[:, t] = np.sqrt(h) * z[:, t]
         e_prev2 = out[:, t] ** 2
     return _standardise_rows(out[:, burn_in:])
-
-
-# ---------------------------------------------------------------------------
-# brain states
-# ---------------------------------------------------------------------------
-
-def state_centroids(
-    n_components: int, n_states: int, strength: float, random_state=None,
-) -> np.ndarray:
-    """K x R state centroids in source space: sparse, centred, distinct.
-
-    State k activates its own block of ``m = max(1, min(3, R // K))``
-    components (disjoint blocks of a random permutation, signs random with
-    the block's first component positive). The patterns are centred over the
-    states (every column sums to 0) and scaled so that
-    ``(1/K) sum_k mu[k, r]^2 = strength`` for every component in a block
-    (0 for the others). Any two centroids differ by ``a`` on ``2 m``
-    components, ``a = sqrt(strength K^2 / (K - 1))``; their cosine is
-    ``-1 / (K - 1)``.
-
-    Parameters
-    ----------
-    n_components : int
-        R, the number of sources (>= n_states).
-    n_states : int
-        K >= 2.
-    strength : float
-        In (0, 1): the fraction of a participating source's variance that
-        the state means carry.
-    random_state : None, int or numpy.random.Generator
-        Used as it is when a Generator.
-
-    Returns
-    -------
-    ndarray, shape (K, R), float64
-    """
-    R = _check_int(n_components, "n_components", 1)
-    K = _check_int(n_states, "n_states", 2)
-    if K > R:
-        raise ValueError(f"n_states ({K}) exceeds n_components ({R}): every state needs its own component")
-    strength = _check_unit_open(strength, "state_strength")
-    m = max(1, min(_STATE_MAX_BLOCK, R // K))
-    rng = default_rng(random_state)
-    perm = rng.permutation(R)
-    signs = rng.choice(np.array([-1.0, 1.0]), size=(K, m))
-    signs[:, 0] = 1.0
-    P = np.zeros((K, R))
-    for k in range(K):
-        P[k, perm[k * m:(k + 1) * m]] = signs[k]
-    mu = P - P.mean(axis=0, keepdims=True)
-    return mu * np.sqrt(strength * K * K / (K - 1))
-
-
-def state_sequence(
-    n_timepoints: int, n_states: int, dwell: float, random_state=None,
-) -> np.ndarray:
-    """Hidden state labels of one subject: a Markov chain with geometric dwell times.
-
-    The initial state is uniform; at every later time point the chain leaves
-    its state with probability ``1 / dwell`` for one of the other
-    ``n_states - 1`` states chosen uniformly (so the run lengths are
-    geometric with mean `dwell` and the stationary occupancy is uniform).
-
-    Parameters
-    ----------
-    n_timepoints : int
-        T >= 1.
-    n_states : int
-        K >= 2.
-    dwell : float
-        Mean dwell time in time points, >= 1 (1: a switch at every step).
-    random_state : None, int or numpy.random.Generator
-        Used as it is when a Generator.
-
-    Returns
-    -------
-    ndarray, shape (T,), int64
-        Labels in ``0 .. K-1``.
-    """
-    T = _check_int(n_timepoints, "n_timepoints", 1)
-    K = _check_int(n_states, "n_states", 2)
-    dwell = _check_dwell(dwell)
-    rng = default_rng(random_state)
-    start = rng.integers(K)
-    leave = rng.random(T - 1) < 1.0 / dwell
-    step = rng.integers(1, K, size=T - 1)  # to one of the K - 1 other states
-    moves = np.concatenate([[0], np.cumsum(np.where(leave, step, 0))])
-    return ((start + moves) % K).astype(np.int64)
-
-
-def _state_noise_scale(centroids: np.ndarray) -> np.ndarray:
-    """c_r = sqrt(1 - (1/K) sum_k mu[k, r]^2): keeps every source at unit variance under uniform occupancy."""
-    return np.sqrt(1.0 - (centroids ** 2).mean(axis=0))
 
 
 # ---------------------------------------------------------------------------
@@ -899,24 +788,10 @@ def _check_float(value, name: str) -> float:
     return out
 
 
-def _check_unit_open(value, name: str) -> float:
-    out = _check_float(value, name)
-    if not 0.0 < out < 1.0:
-        raise ValueError(f"{name} must be strictly between 0 and 1, got {value!r}")
-    return out
-
-
 def _check_tr(value) -> float:
     out = _check_float(value, "tr")
     if out <= 0:
         raise ValueError(f"tr must be a positive number of seconds, got {value!r}")
-    return out
-
-
-def _check_dwell(value) -> float:
-    out = _check_float(value, "state_dwell")
-    if out < 1.0:
-        raise ValueError(f"state_dwell (mean dwell time in time points) must be >= 1, got {value!r}")
     return out
 
 
@@ -957,17 +832,15 @@ def _relative(manifest: dict, root: Path) -> dict:
 
 def _map_state_paths(truth: dict, fn) -> None:
     """Apply `fn` in place to the brain-state paths of a manifest's truth (if states are on)."""
-    for key in ("states", "state_patterns"):
-        if key in truth:
-            truth[key] = fn(truth[key])
+    if "states" in truth:
+        truth["states"] = fn(truth["states"])
     for subjects in truth.get("state_labels", {}).values():
         for sub_id in subjects:
             subjects[sub_id] = fn(subjects[sub_id])
 
 
 def _state_files(truth: dict) -> list[str]:
-    files = [truth[key] for key in ("states", "state_patterns") if key in truth]
-    return files + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
+    return [truth["states"]] * ("states" in truth) + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
 
 
 def _previous_files(out_dir: Path) -> set[Path]:
@@ -991,16 +864,14 @@ def _previous_files(out_dir: Path) -> set[Path]:
 
 @dataclass(eq=False)
 class _BlobsModel:
-    """The blobs model's group part (maps, GARCH parameters, optional brain states), for :func:`_subject_data`."""
+    """The blobs model's group part (maps, GARCH parameters, optional planted dFNC states), for
+    :func:`_subject_data`."""
 
     A: np.ndarray
     garch: dict
     noise: float
     seed: int
-    states: int = 0
-    mu: np.ndarray | None = None
-    state_scale: np.ndarray | None = None
-    state_dwell: float = _STATE_DWELL
+    states: StateProcess | None = None
 
 
 def _subject_data(
@@ -1008,8 +879,9 @@ def _subject_data(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """One subject of either model: X (D x T float32), S (R x T float32) and its state labels (or None).
 
-    Blobs: GARCH sources from the subject's stream (1, site, subject), brain states from their own
-    stream (3, site, subject), white noise from the subject's stream again. Networks:
+    Blobs: GARCH sources from the subject's stream (1, site, subject), or with states the planted states'
+    sources and labels from their own stream (3, site, subject); white noise from the subject's stream
+    (1, site, subject) after the GARCH draws either way. Networks:
     :meth:`NetworkModel.subject` (stream (5, site, subject)).
     """
     if isinstance(model, NetworkModel):
@@ -1018,12 +890,11 @@ def _subject_data(
     garch, labels = model.garch, None
     rng = np.random.default_rng(np.random.SeedSequence(model.seed, spawn_key=(1, s_idx, m_idx)))
     S = garch_sources(n_timepoints, garch["alpha"], garch["beta"], rng, omega=garch["omega"])
-    if model.states:
+    if model.states is not None:
         label_rng = np.random.default_rng(
             np.random.SeedSequence(model.seed, spawn_key=(_STATE_SEQUENCE_KEY, s_idx, m_idx))
         )
-        labels = state_sequence(n_timepoints, model.states, model.state_dwell, label_rng)
-        S = model.mu[labels].T + model.state_scale[:, None] * S
+        S, labels = model.states.subject(n_timepoints, label_rng)
     S = S.astype(np.float32)
     X = model.A @ S  # float32, D x T
     if model.noise > 0:
@@ -1181,8 +1052,7 @@ def make_consortium(
     dtype: str = "float32",
     *,
     states: int = 0,
-    state_dwell: float = _STATE_DWELL,
-    state_strength: float = _STATE_STRENGTH,
+    state_dwell: Sequence[float] | None = None,
     model: str = "blobs",
     network_params: dict | None = None,
     workers: int | None = None,
@@ -1228,14 +1098,12 @@ def make_consortium(
         scl_slope, as scanners do): half the disk, quantisation ~1e-4 of the
         data's range, far below the noise.
     states : int, default 0
-        Number K of recurring brain states planted in the sources (keyword
-        only). 0 = none: every output is exactly what it was before states
-        existed. K >= 2 (and <= n_components): see the module docstring.
-    state_dwell : float, default 8.0
-        Mean dwell time of a state, in time points (>= 1; geometric).
-    state_strength : float, default 0.4
-        In (0, 1): the fraction of the variance of each component taking part
-        in a state that the state means carry (the rest is the GARCH source).
+        Number K of dFNC connectivity states planted in the sources (keyword
+        only; blobs model). 0 = none: every output is exactly what it was
+        before states existed. K >= 2: see the module docstring.
+    state_dwell : list of float, optional
+        Mean dwell time of each state in seconds (each > tr); default evenly
+        from 30 to 90 s.
     model : {"blobs", "networks"}, default "blobs"
         The generative model (keyword only, see the module docstring).
         "blobs": 1-3 Gaussian blobs per map and GARCH sources, exactly as
@@ -1270,7 +1138,7 @@ def make_consortium(
         ``n_voxels``, ``n_components``, ``n_timepoints``, ``tr``, ``seed``,
         ``noise`` and ``truth`` (``maps``, ``A``, ``sources`` description,
         ``garch`` parameters; with states on also ``n_states``, ``states``,
-        ``state_patterns``, ``state_labels`` and ``state_model``). With
+        ``state_labels`` and ``state_model``). With
         model="networks" also ``model`` ("networks"), and ``truth`` holds
         ``networks`` (every parameter, the group ``correlation``, the
         networks' ``strength`` and ``regions``) instead of ``garch``.
@@ -1306,16 +1174,16 @@ def make_consortium(
     states = _check_int(states, "states", 0)
     if states == 1:
         raise ValueError("states must be 0 (no brain states) or >= 2")
-    if states > n_components:
-        raise ValueError(
-            f"states ({states}) exceeds n_components ({n_components}): every state needs its own component"
-        )
+    if states and n_components < 2:
+        raise ValueError("brain states need n_components >= 2 (a state is a correlation between components)")
     if states > np.iinfo(np.int8).max:
         raise ValueError(f"states must be <= {np.iinfo(np.int8).max} (labels are stored as int8), got {states}")
     if states and model == "networks":
         raise ValueError("brain states (states >= 2) are only available with model='blobs'")
-    state_dwell = _check_dwell(state_dwell)
-    state_strength = _check_unit_open(state_strength, "state_strength")
+    if states:  # validated before touching the disk; the matrices come from their own stream
+        dwell = default_dwell(states) if state_dwell is None else np.asarray(state_dwell, float)
+        state_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_STATE_MATRIX_KEY,)))
+        process = StateProcess(state_correlations(n_components, states, random_state=state_rng), dwell, tr)
     workers = resolve_workers() if workers is None else _check_int(workers, "workers", 1)
     if not isinstance(compress, (bool, np.bool_)):
         raise ValueError(f"compress must be True or False, got {compress!r}")
@@ -1353,15 +1221,9 @@ def make_consortium(
 
     # ---- brain states (own streams: nothing above or below draws differently)
     if states:
-        centroid_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_STATE_CENTROID_KEY,)))
-        mu = state_centroids(n_components, states, state_strength, centroid_rng)
-        state_scale = _state_noise_scale(mu)
-        generator.states, generator.mu, generator.state_scale = states, mu, state_scale
-        generator.state_dwell = state_dwell
+        generator.states = process
         states_path = truth_dir / "states.npy"
-        np.save(states_path, mu.astype(np.float32))
-        patterns_path = truth_dir / "state_patterns.npy"
-        np.save(patterns_path, (mu @ A.T.astype(np.float64)).astype(np.float32))
+        np.save(states_path, process.states.astype(np.float32))
         state_labels: dict[str, dict[str, str]] = {}
 
     # ---- subjects: name every file first (numbers run consortium-wide), then write them in parallel
@@ -1445,17 +1307,16 @@ def make_consortium(
         manifest["truth"].update({
             "n_states": states,
             "states": str(states_path),
-            "state_patterns": str(patterns_path),
             "state_labels": state_labels,
             "state_model": {
-                "dwell": state_dwell,
-                "strength": state_strength,
-                "components_per_state": int(np.count_nonzero(mu.any(axis=0))) // states,
-                "noise_scale": state_scale.tolist(),
+                "dwell": [float(x) for x in process.dwell],
+                "lowpass": process.lowpass,
+                "noise": process.noise,
                 "description": (
-                    "S[:, t] = states[h_t] + noise_scale * G[:, t] with G the standardised GARCH sources "
-                    "and h_t the labels (Markov chain, uniform start, leaves its state with probability "
-                    "1/dwell to a uniform other state); state_patterns = states @ A.T"
+                    "S (each subject's sources) switches between the K correlation matrices of 'states' by the "
+                    "labels h_t (a Markov chain with mean dwell 'dwell' seconds per state): Gaussian innovations "
+                    "correlated by states[h_t], low-passed at 'lowpass' Hz, rows standardised, plus white noise "
+                    "of std 'noise' (dpneuro.synth_dfnc.StateProcess)"
                 ),
             },
         })

@@ -34,7 +34,7 @@ from scipy.signal import butter, sosfiltfilt
 
 from .privacy import default_rng, resolve_random_state
 
-__all__ = ["PlantedStates", "make_dfnc_consortium", "mix_voxels", "state_correlations", "window_labels"]
+__all__ = ["PlantedStates", "StateProcess", "default_dwell", "make_dfnc_consortium", "mix_voxels", "state_correlations", "window_labels"]
 
 
 @dataclass
@@ -112,51 +112,67 @@ def _chain(T: int, p_stay: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return s
 
 
+@dataclass(frozen=True)
+class StateProcess:
+    """The planted states' generative process, shared by every subject (see the module docstring)."""
+
+    states: np.ndarray
+    dwell: np.ndarray
+    tr: float
+    lowpass: float | None = 0.15
+    noise: float = 0.3
+
+    def __post_init__(self):
+        K = len(self.states)
+        if np.shape(self.dwell) != (K,) or np.any(np.asarray(self.dwell) <= self.tr):
+            raise ValueError(f"dwell must give one mean dwell time (seconds, > TR = {self.tr}) per state")
+        if self.lowpass is not None and not 0 < self.lowpass < 0.5 / self.tr:
+            raise ValueError(f"lowpass must be in (0, {0.5 / self.tr}) Hz (Nyquist at TR {self.tr} s), "
+                             f"got {self.lowpass}")
+
+    def subject(self, n_timepoints: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """One subject's R x T time courses (each standardised, plus white noise) and its state at every TR."""
+        p_stay = 1.0 - self.tr / np.asarray(self.dwell, float)
+        h = _chain(n_timepoints, p_stay, rng)
+        e = rng.standard_normal((n_timepoints, self.states.shape[1]))
+        x = np.einsum("trq,tq->rt", np.linalg.cholesky(self.states)[h], e)
+        if self.lowpass is not None:
+            x = sosfiltfilt(butter(5, self.lowpass, btype="low", fs=1.0 / self.tr, output="sos"), x, axis=1)
+        x = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+        return x + self.noise * rng.standard_normal(x.shape), h
+
+
+def default_dwell(n_states: int) -> np.ndarray:
+    """Mean dwell times (s): evenly from 30 to 90 s, so occupancies are unequal."""
+    return np.linspace(30.0, 90.0, n_states)
+
+
 def make_dfnc_consortium(n_sites: int = 4, n_subjects: int = 100, n_components: int = 20, n_states: int = 4, *,
                          n_timepoints: int = 200, tr: float = 2.0, dwell=None, lowpass: float | None = 0.15,
                          noise: float = 0.3, n_modules: int = 5, random_state=0) -> PlantedStates:
     """Component time courses of ``n_sites`` x ``n_subjects`` subjects with K planted states.
 
-    ``dwell``: mean dwell time per state in seconds (default evenly from 30 to
-    90 s); ``lowpass`` in Hz (None: no filter); ``noise``: white noise std
-    relative to the standardised signal. ``n_subjects`` may be a list (per site). ``random_state``: None, an
-    int or a Generator (which gives the seed by one draw); ``params`` records the seed.
+    ``dwell``: mean dwell time per state in seconds (default :func:`default_dwell`); ``lowpass`` in Hz (None:
+    no filter); ``noise``: white noise std relative to the standardised signal. ``n_subjects`` may be a list
+    (per site). ``random_state``: None, an int or a Generator (which gives the seed by one draw); ``params``
+    records the seed.
     """
     seed = resolve_random_state(random_state, fresh=True)
     if n_states < 1 or n_components < 2 or n_timepoints < 2:
         raise ValueError("need n_states >= 1, n_components >= 2 and n_timepoints >= 2")
-    dwell = np.linspace(30.0, 90.0, n_states) if dwell is None else np.asarray(dwell, float)
-    if dwell.shape != (n_states,) or np.any(dwell <= tr):
-        raise ValueError(f"dwell must give one mean dwell time (seconds, > TR = {tr}) per state")
-    p_stay = 1.0 - tr / dwell
-    states = state_correlations(n_components, n_states, n_modules=n_modules, random_state=seed)
-    chol = np.linalg.cholesky(states)
-    sos = None
-    if lowpass is not None:
-        if not 0 < lowpass < 0.5 / tr:
-            raise ValueError(f"lowpass must be in (0, {0.5 / tr}) Hz (Nyquist at TR {tr} s), got {lowpass}")
-        sos = butter(5, lowpass, btype="low", fs=1.0 / tr, output="sos")
+    dwell = default_dwell(n_states) if dwell is None else np.asarray(dwell, float)
+    proc = StateProcess(state_correlations(n_components, n_states, n_modules=n_modules, random_state=seed),
+                        dwell, float(tr), lowpass, noise)
     subjects = [n_subjects] * n_sites if np.isscalar(n_subjects) else list(n_subjects)
     tcs, labs = [], []
     for s, M in enumerate(subjects):
-        site_tc, site_lab = [], []
-        for j in range(int(M)):
-            rng = np.random.default_rng([seed, 2, s, j])
-            h = _chain(n_timepoints, p_stay, rng)
-            e = rng.standard_normal((n_timepoints, n_components))
-            x = np.einsum("trq,tq->rt", chol[h], e)
-            if sos is not None:
-                x = sosfiltfilt(sos, x, axis=1)
-            x = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
-            x = x + noise * rng.standard_normal(x.shape)
-            site_tc.append(x)
-            site_lab.append(h)
-        tcs.append(site_tc)
-        labs.append(site_lab)
+        pairs = [proc.subject(n_timepoints, np.random.default_rng([seed, 2, s, j])) for j in range(int(M))]
+        tcs.append([x for x, _ in pairs])
+        labs.append([h for _, h in pairs])
     params = dict(n_sites=n_sites, n_subjects=subjects, n_components=n_components, n_states=n_states,
                   n_timepoints=n_timepoints, tr=tr, lowpass=lowpass, noise=noise, n_modules=n_modules,
                   random_state=seed)
-    return PlantedStates(tcs, labs, states, float(tr), dwell, params)
+    return PlantedStates(tcs, labs, proc.states, float(tr), dwell, params)
 
 
 def mix_voxels(timecourse: np.ndarray, maps: np.ndarray, *, noise: float = 1.0,

@@ -40,10 +40,10 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
     """The name of ``stage`` (at ``site`` for the per-site stages) in every timings table.
 
     Stages: ``space`` (mask and features), ``load``, ``reduce``, ``unmix``,
-    ``states`` (capeAGN), ``summary`` (a deployment's closing exchange),
+    ``states`` (dFNC brain states), ``summary`` (a deployment's closing exchange),
     ``maps`` (the consortium's maps and privacy record), ``timecourses``,
     ``site_maps`` (a site's own voxel maps), ``occupancy`` (a site's
-    brain-state occupancy) and ``report``.
+    brain-state dynamics) and ``report``.
     """
     at = f" {site}" if site else ""
     names = {
@@ -51,12 +51,12 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
         "load": f"load{at}",
         "reduce": f"reduce ({reduction_name(cfg)})",
         "unmix": f"unmix ({unmixing_name(cfg)})",
-        "states": "brain states (capeAGN)",
+        "states": "brain states (dFNC)",
         "summary": "summary (ledgers in, unmixing out)",
         "maps": "maps and privacy record",
         "timecourses": f"time courses{at}",
         "site_maps": f"site voxel maps{at}",
-        "occupancy": f"brain-state occupancy{at}",
+        "occupancy": f"brain-state dynamics{at}",
         "report": "report (figures, HTML)",
     }
     return names.get(stage, f"{stage}{at}")  # a stage without a longer name goes by its own

@@ -83,6 +83,7 @@ __all__ = [
     "METHODS",
     "METRICS",
     "StateSettings",
+    "UNIT_NOTE",
     "CapeKMeans",
     "WindowSet",
     "assign",
@@ -103,7 +104,7 @@ METHODS = ("kmeans", "agn", "agn+kmeans")
 METRICS = ("cityblock", "euclidean", "correlation")
 #: |r| is capped below 1 before Fisher z (a window of perfectly collinear courses)
 _R_MAX = 1.0 - 1e-7
-_UNIT_NOTE = ("dFNC privacy unit: one subject (all its windows); each window clipped to the public bound B, "
+UNIT_NOTE = ("dFNC privacy unit: one subject (all its windows); each window clipped to the public bound B, "
               "each subject's windows weighted 1 / n_windows (docs/privacy.md, 'dFNC states')")
 
 
@@ -576,6 +577,17 @@ class StateSettings:
         if isinstance(self.n_states, bool) or int(self.n_states) != self.n_states or self.n_states < 2:
             raise ValueError(f"n_states must be an integer >= 2, got {self.n_states!r}")
 
+    @property
+    def budget(self) -> privacy.GaussianBudget:
+        """The (eps, delta) the whole stage is calibrated to (a planner scales the noise from it)."""
+        return privacy.GaussianBudget(self.epsilon, self.delta)
+
+    @property
+    def ledger_stages(self) -> tuple[str, ...]:
+        """The ledger's names of the stage's releases."""
+        names = {"m2": ("agn-m2",), "m3": ("agn-m3",), "kmeans": (CapeKMeans.name,)}
+        return tuple(n for step in self.steps() for n in names[step])
+
     def steps(self) -> tuple[str, ...]:
         """The stage's releases in order (one exchange topic each)."""
         return {"kmeans": ("kmeans",), "agn": ("m2", "m3"), "agn+kmeans": ("m2", "m3", "kmeans")}[self.method]
@@ -610,6 +622,18 @@ class StateSettings:
             return CapeKMeans(K, self.n_rounds, B, z["sums"], z["counts"], init=init, metric=self.metric,
                               random_state=seed, average_last=self.average_last)
         raise KeyError(f"no dFNC step {step!r}; steps: {self.steps()}")
+
+    def planned(self, lengths: Sequence[Sequence[int]], n_components: int) -> list[PrivacyLedger]:
+        """The ledgers the stage fills, from each site's window counts per subject alone."""
+        D = n_components * (n_components - 1) // 2
+        groups = {s: max(ln) for s, ln in enumerate(lengths)}
+        previous = {"W": np.zeros((D, self.n_states)), "sigma2": 0.0}  # shapes only: values change no release
+        parts = []
+        for step in self.steps():
+            alg = self.algorithm(step, D=D, n_sites=len(lengths), groups=groups, previous=previous)
+            parts.append(planned_ledgers(alg, NoisePlan.coerce(self.plan),
+                                         [alg.public_state(s, ln, D) for s, ln in enumerate(lengths)]))
+        return stage_ledgers(parts)
 
     def site_data(self, step: str, ws: WindowSet, site: int):
         """What ``step``'s site part reads from the site's windows."""
@@ -678,7 +702,7 @@ def stage_ledgers(per_step: Sequence[Sequence[PrivacyLedger | None]]) -> list[Pr
     merged = []
     for parts in zip(*per_step):
         led = PrivacyLedger.merge_all([p for p in parts if p is not None])
-        led.note(_UNIT_NOTE)
+        led.note(UNIT_NOTE)
         merged.append(led)
     return merged
 
@@ -686,13 +710,4 @@ def stage_ledgers(per_step: Sequence[Sequence[PrivacyLedger | None]]) -> list[Pr
 def plan_ledgers(lengths: Sequence[Sequence[int]], n_components: int, n_states: int, epsilon: float | None,
                  delta: float = 1e-5, **settings) -> list[PrivacyLedger]:
     """The ledgers :func:`dfnc_states` will fill, from each site's window counts per subject alone."""
-    st = StateSettings(n_states, epsilon, delta, **settings)
-    D = n_components * (n_components - 1) // 2
-    nplan = NoisePlan.coerce(st.plan)
-    groups = {s: max(ln) for s, ln in enumerate(lengths)}
-    previous = {"W": np.zeros((D, n_states)), "sigma2": 0.0}  # shapes only: the values do not change the releases
-    parts = []
-    for step in st.steps():
-        alg = st.algorithm(step, D=D, n_sites=len(lengths), groups=groups, previous=previous)
-        parts.append(planned_ledgers(alg, nplan, [alg.public_state(s, ln, D) for s, ln in enumerate(lengths)]))
-    return stage_ledgers(parts)
+    return StateSettings(n_states, epsilon, delta, **settings).planned(lengths, n_components)

@@ -3,9 +3,11 @@
 A site: load and validate its own subjects (:func:`dpneuro.pipeline.stage_load`),
 then for each releasing stage of :data:`dpneuro.stages.RELEASES` (capePCA or
 PD-SVD, the unmixing, the brain states) its input computed locally from its
-data and the public results so far, and its site step; then it sends its
+data and the public results so far (a stage that reads results only the
+aggregator holds, such as the brain states reading the spatial ICA's
+unmixing, first receives them), and its site step; then it sends its
 ledger (public), receives what every stage sends the sites (the unmixing,
-the states' centroids) and writes its own outputs
+the states) and writes its own outputs
 (:func:`dpneuro.outputs.write_site_outputs`; time courses stay at the site).
 The aggregator runs each stage's aggregator step and the summary, then writes
 the consortium's outputs (:func:`dpneuro.outputs.write_consortium_outputs`:
@@ -52,7 +54,8 @@ from ..exchange.inprocess import DEFAULT_MAX_BYTES
 from ..io import private_dir, write_json
 from ..maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
 from ..outputs import headline as consortium_headline
-from ..outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs, write_states
+from ..algorithms.dfnc import state_matrices
+from ..outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
 from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
 from ..pipeline import stage_load, stage_space
 from ..privacy import PrivacyLedger, privacy_report
@@ -368,6 +371,14 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     leds = []
     for rel in active_releases(cfg):
+        if rel.reads:  # earlier results only the aggregator holds (stages.Release.reads)
+            def fetch(topic: str = f"{rel.name}-reads") -> dict[str, Any]:
+                return dict(analysis.summary_site(i, {}, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
+                                                  timeout=ctx.timeout).arrays)
+
+            got = _cached(work / f"{rel.name}-reads.result.npz", fetch, clock, label(cfg, rel.name))
+            for stage, key in rel.reads:
+                public[stage][key] = got[f"{stage}.{key}"]
         data = inputs[rel.name] = _site_input(ctx, rel, X, public, clock)
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
@@ -402,23 +413,25 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
                         clock: _Clock) -> dict:
     cfg, out = ctx.cfg, ctx.out
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
-                             states_input=inputs.get("states"), timer=clock.timed)
+                             timer=clock.timed)
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
     with clock.timed(label(cfg, "maps")):
         comp, _ = write_maps(info["space"], V, lam, W, out / "components.nii.gz")
         np.save(out / "W.npy", W)
     states = None
-    if "centroids" in public.get("states", {}):
-        with clock.timed(label(cfg, "occupancy", ctx.site)):
-            states = write_states(info["space"], V, lam, W, b, public["states"]["centroids"], out)[0]["patterns"]
+    if "vectors" in public.get("states", {}):  # the consortium's states, as this site received them
+        states = out / "states.npy"
+        np.save(states, state_matrices(public["states"]["vectors"]))
     priv = {"site": ctx.site, "delta": ctx.cfg.delta, "plan": ctx.cfg.plan, "n_subjects": info["n_subjects"],
             **ledger.summary(ctx.cfg.delta), "by_stage_mu": ledger.by_stage(), "ledger": ledger.to_dict(),
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
     site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
-    report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock)
+    report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock,
+                                         states=None if states is None else {"matrices": states,
+                                                                             "summary": own["states_summary"]})
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": own["timecourses"], "privacy": str(priv_path),
@@ -428,7 +441,8 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
-                       site_maps: Path | None, clock: _Clock) -> tuple[Path, dict[str, float]]:
+                       site_maps: Path | None, clock: _Clock, states: dict | None = None
+                       ) -> tuple[Path, dict[str, float]]:
     """This site's own report: the group maps, what it spent, its own voxel maps and subjects' time courses;
     and the site's stage timings (the report's own among them).
 
@@ -447,13 +461,18 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     if site_maps is not None:  # this site's voxel map of each component, below the group's
         render_site_maps(comps, {ctx.site: str(site_maps)}, comp, info["space"]["mask"], figs / "site_maps")
         own = {"note": site_note(cfg.site_maps_method)}
+    states_part = None
+    if states is not None:  # the consortium's states and this site's own subjects' statistics
+        summary = states["summary"]
+        states_part = {**states_section({"matrices": states["matrices"], "occupancy": summary["occupancy"]}, figs),
+                       "site": summary}
     headline = report_headline(f"Site {ctx.site}'s report: {len(comps)} group components; {info['n_subjects']} "
                                "subjects of this site.", priv, warnings or None)
     clock.add(label(cfg, "report"), time.perf_counter() - t0)
     timings = {**_records_timings(cfg, info["space"], info), **clock.timings()}
     report = write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
                           components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
-                          site_maps=own, timings=timings,
+                          site_maps=own, timings=timings, states=states_part,
                           data={"cleaning": cfg.cleaning().describe(), "features": info["space"].get("features", ""),
                                 "sites": [info]},
                           notes=["This report stays at this site: its time courses and voxel maps are computed "
@@ -495,6 +514,14 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     dim = _dim(space)
     public: dict[str, dict[str, Any]] = {}
     for rel in active_releases(cfg):
+        if rel.reads:
+            def send(rel: Release = rel, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
+                reply = Payload({f"{st}.{k}": np.asarray(public[st][k]) for st, k in rel.reads})
+                analysis.summary_aggregator(reply, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
+                                            options=ctx.options)
+                return {}
+
+            _cached(work / f"{rel.name}-reads.result.npz", send, clock, label(cfg, rel.name))
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
         for step in rel.steps(cfg):
@@ -554,7 +581,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
         notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
     states_part = None
     if cons["states"] is not None:
-        states_part = states_section(cons["states"], space["mask"], figs, cons["template_problem"])
+        states_part = states_section(cons["states"], figs)
     clock.add(label(cfg, "report"), time.perf_counter() - t0)
     timings = {**_records_timings(cfg, space), **clock.timings()}
     notes.append("Stage times are the aggregator's wall time, waiting for the sites included; each site's "
@@ -567,5 +594,5 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
     return {"components": cons["components"], "privacy": cons["privacy"], "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),
-            "states": None if states_part is None else str(out / "states.nii.gz"),
+            "states": None if states_part is None else str(out / "states.npy"),
             "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings}
