@@ -10,6 +10,8 @@ from pathlib import Path
 
 import nibabel as nib
 import numpy as np
+from scipy.cluster.hierarchy import leaves_list, linkage
+from scipy.spatial.distance import squareform
 
 from .io import bids_entities, load_mask, mask_to_image, resolve_workers
 
@@ -444,9 +446,6 @@ def write_dynamics(dynamics: dict, subject_ids: list[str], path) -> Path:
 def network_order(matrices) -> np.ndarray:
     """An order of the components that puts coupled ones together: hierarchical clustering (average linkage)
     of the states' mean |connectivity| (public post-processing of the released states)."""
-    from scipy.cluster.hierarchy import leaves_list, linkage  # deferred: only the report's figure needs it
-    from scipy.spatial.distance import squareform
-
     M = np.abs(np.asarray(matrices, float)).mean(axis=0)
     if M.shape[0] < 3:
         return np.arange(M.shape[0])

@@ -840,7 +840,7 @@ def _map_state_paths(truth: dict, fn) -> None:
 
 
 def _state_files(truth: dict) -> list[str]:
-    return [truth["states"]] * ("states" in truth) + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
+    return ([truth["states"]] if "states" in truth else []) + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
 
 
 def _previous_files(out_dir: Path) -> set[Path]:

@@ -112,6 +112,10 @@ def _chain(T: int, p_stay: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return s
 
 
+#: scipy's default padding of the order-5 filter's sosfiltfilt
+_PADLEN = 18
+
+
 @dataclass(frozen=True)
 class StateProcess:
     """The planted states' generative process, shared by every subject (see the module docstring)."""
@@ -137,7 +141,8 @@ class StateProcess:
         e = rng.standard_normal((n_timepoints, self.states.shape[1]))
         x = np.einsum("trq,tq->rt", np.linalg.cholesky(self.states)[h], e)
         if self.lowpass is not None:
-            x = sosfiltfilt(butter(5, self.lowpass, btype="low", fs=1.0 / self.tr, output="sos"), x, axis=1)
+            sos = butter(5, self.lowpass, btype="low", fs=1.0 / self.tr, output="sos")
+            x = sosfiltfilt(sos, x, axis=1, padlen=min(_PADLEN, n_timepoints - 1))  # short scans: shorter padding
         x = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
         return x + self.noise * rng.standard_normal(x.shape), h
 

@@ -1,4 +1,4 @@
-"""Brain states (capeAGN) as a stage of the run: recovery, subject-level sensitivities, occupancy, refusals."""
+"""Brain states (dFNC) as a stage of the run: recovery through the stage table, planner = run, refusals."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from dpneuro import analysis, stages
-from dpneuro.algorithms.agn import prepare_site, sensitivities
+from dpneuro.algorithms import dfnc
+from dpneuro.budget import SiteShape
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.metrics import match_components
+from dpneuro.synth_dfnc import make_dfnc_consortium
 
 R, K = 6, 3
 
@@ -22,94 +24,75 @@ def _cfg(**kw) -> RunConfig:
     return RunConfig(**d)
 
 
-def _mixture(seed: int, *, subjects: int = 40, T: int = 60, sites: int = 4):
-    """Whitened-like time points of a K-state mixture: x = mu_h + N(0, s^2 I), E||x||^2 ~ R."""
-    rng = np.random.default_rng(seed)
-    mu = np.zeros((R, K))
-    for k in range(K):  # distinct sparse states
-        mu[[k, (k + 3) % R], k] = [1.6, -1.2]
-    Z, lengths, labels = [], [], []
-    for _ in range(sites):
-        h = rng.integers(0, K, subjects * T)
-        Z.append(mu[:, h] + 0.6 * rng.standard_normal((R, subjects * T)))
-        lengths.append([T] * subjects)
-        labels.append(h)
-    return mu, Z, lengths, labels
+def _planted(seed: int, subjects: int = 30, T: int = 150):
+    P = make_dfnc_consortium(4, subjects, R, K, n_timepoints=T, random_state=seed)
+    S = [np.concatenate(site, axis=1) for site in P.timecourses]
+    lengths = [[tc.shape[1] for tc in site] for site in P.timecourses]
+    return P, S, lengths
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_non_private_states_recover_the_centroids_and_weights(seed):
-    mu, Z, lengths, labels = _mixture(seed)
-    res = stages.states_inprocess(_cfg(plan="none"), Z, lengths)
-    perm, corr = match_components(res.centroids, mu)
-    # signed: a state's sign is meaningful; magnitudes shrink (points beyond the public bound are projected)
-    assert np.all(corr > 0.97), corr
-    true_occ = np.bincount(np.concatenate(labels), minlength=K) / sum(len(h) for h in labels)
-    np.testing.assert_allclose(res.occupancy[perm], true_occ, atol=0.06)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_stage_without_noise_recovers_the_planted_states(seed):
+    P, S, lengths = _planted(seed)
+    res = stages.states_inprocess(_cfg(plan="none"), S, lengths)
+    assert res["vectors"].shape == (R * (R - 1) // 2, K)
+    _, corr = match_components(np.tanh(res["vectors"]), np.tanh(dfnc.matrix_to_vector(P.states)))
+    assert corr.min() > 0.9
+    assert all(not led.entries for led in res["ledgers"])  # plan none: nothing noised, nothing spent
+    np.testing.assert_allclose(res["occupancy"].sum(), 1.0)
 
 
-def test_private_states_degrade_with_the_budget_and_spend_two_releases():
-    mu, Z, lengths, _ = _mixture(3)
-    err = {}
-    for eps in (0.5, 8.0):
-        cfg = _cfg(states_epsilon=eps)
-        errs = []
-        for s in range(4):
-            res = stages.states_inprocess(cfg.__class__(**{**cfg.__dict__, "seed": 100 + s}), Z, lengths)
-            perm, corr = match_components(res.centroids, mu)
-            errs.append(np.mean(corr))
-        err[eps] = np.median(errs)
-        led = res.ledgers[0]
-        assert sorted(r.stage for r in led.releases) == ["agn-m2", "agn-m3"]
-        assert all(r.unit == "subject" for r in led.releases)
-        m, n = 60, 40 * 60  # subject-level: the longest subject's time points over the site's
-        d2, d3 = sensitivities("mog", R, n, 0.0, m)
-        assert {r.stage: r.sensitivity for r in led.releases}["agn-m2"] == pytest.approx(d2)
-        assert {r.stage: r.sensitivity for r in led.releases}["agn-m3"] >= d3
-    assert err[8.0] > 0.93 and err[0.5] < err[8.0] - 0.1, err
+def test_the_stage_is_the_library_function_and_spends_states_epsilon():
+    _, S, lengths = _planted(2, subjects=20)
+    cfg = _cfg(states_epsilon=3.0)
+    res = stages.states_inprocess(cfg, S, lengths)
+    ws = [analysis.site_windows(cfg, s, ln) for s, ln in zip(S, lengths)]
+    st = stages.states_settings(cfg)
+    lib = dfnc.dfnc_states(ws, K, st.epsilon, st.delta, random_state=st.random_state, method=st.method,
+                           metric=st.metric, plan=st.plan)
+    np.testing.assert_allclose(res["vectors"], lib.vectors)  # one protocol: the same noise, the same states
+    np.testing.assert_allclose(res["occupancy"], lib.occupancy)
+    for led in res["ledgers"]:  # equal sites: the stage composes to exactly states_epsilon at delta / 2
+        assert math.isclose(led.epsilon(cfg.pca_delta, collusion=True), 3.0, rel_tol=1e-6)
 
 
-@pytest.mark.filterwarnings("ignore:.*exceed the norm bound")
-def test_subject_level_sensitivity_bounds_a_replaced_subject():
-    """Replacing one subject (all its time points) moves M2 and M3 by at most the ledger's sensitivities."""
-    rng = np.random.default_rng(4)
-    T, M, scale = 20, 10, math.sqrt(R)
-    sigma2 = 0.05
-    worst2 = worst3 = 0.0
-    for trial in range(30):
-        X = rng.standard_normal((R, T * M)) * (1 + 3 * rng.random())
-        Y = X.copy()
-        # adversarial replacement: the subject's points all at the ball's edge, in one direction
-        v = rng.standard_normal(R)
-        Y[:, :T] = (v / np.linalg.norm(v) * scale * 5)[:, None]
-        a, b = prepare_site(X, "mog", scale=scale), prepare_site(Y, "mog", scale=scale)
-        n = a.n
-        m2 = lambda p: p.X @ p.X.T / n  # noqa: E731
-        m3 = lambda p: np.einsum("in,jn,kn->ijk", p.X, p.X, p.X) / n  # noqa: E731
-        worst2 = max(worst2, np.linalg.norm(m2(a) - m2(b)))
-        worst3 = max(worst3, np.linalg.norm(m3(a) - m3(b)))
-    d2, d3 = sensitivities("mog", R, T * M, sigma2, T)
-    assert worst2 <= d2 and worst3 <= d3
-    assert worst2 > 0.5 * d2  # the bound is attained up to a constant, not loose by orders of magnitude
+def test_the_planner_predicts_the_stage_ledgers():
+    _, S, lengths = _planted(3, subjects=12)
+    lengths[1] = lengths[1][:8]  # an unequal site
+    S[1] = S[1][:, :sum(lengths[1])]
+    for method in dfnc.METHODS:
+        cfg = _cfg(states_method=method, states_window=30, states_step=2)
+        res = stages.states_inprocess(cfg, S, lengths)
+        shapes = [SiteShape(f"s{i}", ln) for i, ln in enumerate(lengths)]
+        planned = stages.release("states").planned(cfg, shapes, 0)
+        for run, plan in zip(res["ledgers"], planned):
+            assert run.by_stage() == pytest.approx(plan.by_stage())
 
 
-def test_occupancy_is_each_subjects_fraction_nearest_each_state():
-    rng = np.random.default_rng(0)
-    C = rng.standard_normal((R, K))
-    Z = rng.standard_normal((R, 50))
-    occ = analysis.state_occupancy(Z, [20, 30], C)
-    nearest = np.argmin(((Z[:, :, None] - C[:, None, :]) ** 2).sum(axis=0), axis=1)
-    np.testing.assert_allclose(occ[0], np.bincount(nearest[:20], minlength=K) / 20)
-    np.testing.assert_allclose(occ[1], np.bincount(nearest[20:], minlength=K) / 30)
-    np.testing.assert_allclose(occ.sum(axis=1), 1.0)
+def test_window_counts_match_the_windows():
+    cfg = _cfg(states_window=20, states_step=3)
+    S = np.random.default_rng(0).standard_normal((R, 50 + 61))
+    ws = analysis.site_windows(cfg, S, [50, 61])
+    assert ws.lengths == analysis.window_counts(cfg, [50, 61]) == [11, 14]
+
+
+def test_a_subject_shorter_than_a_window_is_refused_naming_the_setting():
+    cfg = _cfg(states_window=40)
+    S = np.random.default_rng(0).standard_normal((R, 100))
+    with pytest.raises(ConfigError, match="states_window.*site 2.*30 volumes"):
+        stages.release("states").check(cfg, [S] * 4, [[70, 30] if i == 2 else [50, 50] for i in range(4)])
 
 
 @pytest.mark.parametrize("kw, field", [
     ({"brain_states": 1}, "brain_states"),
     ({"brain_states": -2}, "brain_states"),
-    ({"brain_states": R}, "brain_states"),
-    ({"brain_states": 2, "states_epsilon": 0.0}, "states_epsilon"),
-    ({"brain_states": 2, "states_epsilon": float("inf")}, "states_epsilon"),
+    ({"brain_states": R * (R - 1) // 2 + 1}, "brain_states"),
+    ({"states_epsilon": 0.0}, "states_epsilon"),
+    ({"states_epsilon": float("inf")}, "states_epsilon"),
+    ({"states_method": "gmm"}, "states_method"),
+    ({"states_metric": "cosine"}, "states_metric"),
+    ({"states_window": 2}, "states_window"),
+    ({"states_step": 0}, "states_step"),
 ])
 def test_bad_brain_states_settings_are_refused_before_anything_runs(kw, field, tmp_path):
     (tmp_path / "d").mkdir()

@@ -58,7 +58,7 @@ def test_planned_ledgers_equal_the_run(consortia, tmp_path, case):
     assert ref["rounds"] == (0 if cfg.ica == "spatial" else 2 if cfg.ica_unmixing == "cumulant" else cfg.ica_rounds)
     plan = spend(cfg, site_shapes(cfg), int(ref["basis"].shape[0]))
     stages = {r["stage"] for s in plan.privacy["sites"].values() for r in s["ledger"]["releases"]}
-    assert ({"agn-m2", "agn-m3"} <= stages) == bool(cfg.brain_states)
+    assert ("dfnc-kmeans" in stages) == bool(cfg.brain_states)
     for name, led in ref["ledgers"].items():
         run = PrivacyLedger.from_dict(led)
         planned = PrivacyLedger.from_dict(plan.privacy["sites"][name]["ledger"])
@@ -148,7 +148,7 @@ def test_default_split_without_ica_rounds_keeps_the_configurations_ratio(consort
 
     def ratio(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
-        return s["capepca"] / math.hypot(s["agn-m2"], s["agn-m3"])
+        return s["capepca"] / s["dfnc-kmeans"]
 
     assert ratio(plan) == pytest.approx(ratio(base), rel=1e-6)
     assert max(plan.epsilon.values()) == pytest.approx(7.0, rel=1e-6)
@@ -198,7 +198,7 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
 
     def mus(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
-        return s["capepca"], s["ica"], math.hypot(s["agn-m2"], s["agn-m3"])
+        return math.hypot(s["capepca"], s.get("capepca-variances", 0.0)), s["ica"], s["dfnc-kmeans"]
 
     for target, share in ((5.0, None), (9.0, 0.5)):
         plan = plan_for_target(cfg, shapes, 60, target, pca_share=share)
@@ -291,13 +291,13 @@ def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances
     # (contribution, variance release) per model: the measured best; whitening needs variances
     assert (cfg().contribution, cfg().pca_variances) == ("subspace", False)
     assert (cfg(ica="temporal").contribution, cfg(ica="temporal").pca_variances) == ("subspace", True)
-    assert (cfg(brain_states=2).contribution, cfg(brain_states=2).pca_variances) == ("moment", False)
+    assert (cfg(brain_states=2).contribution, cfg(brain_states=2).pca_variances) == ("subspace", False)
     assert cfg(reduction="pdsvd").contribution == "moment"
     assert (cfg(ica="temporal", pca_contribution="moment").pca_variances, cfg(pca_contribution="moment").contribution) \
         == (False, "moment")
-    both = cfg(pca_contribution="subspace", brain_states=2)
-    both.validate(data_sites=[])
-    assert both.pca_variances
+    states = cfg(pca_contribution="subspace", brain_states=2)
+    states.validate(data_sites=[])
+    assert not states.pca_variances  # the states read the components' time courses: nothing whitens by variance
     with pytest.raises(ConfigError, match="pca_contribution"):
         cfg(pca_contribution="subspace", reduction="pdsvd").validate(data_sites=[])
     with pytest.raises(ConfigError, match="pca_contribution"):

@@ -144,7 +144,8 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
                 "calibration": config.CALIBRATIONS, "ica_clip_unit": config.UNITS,
                 "site_maps_method": config.SITE_MAPS_METHODS, "ica_unmixing": config.UNMIXINGS,
-                "on_bad_subject": ON_BAD_SUBJECT}
+                "on_bad_subject": ON_BAD_SUBJECT, "states_method": config.STATE_METHODS,
+                "states_metric": config.STATE_METRICS}
     selects = {k: v["values"] for k, v in _load("compspec.json")["computation"]["input"].items()
                if v["type"] == "select" and k != "seed_policy"}  # seed_policy is the entry point's, not a field
     assert set(selects) == set(accepted)

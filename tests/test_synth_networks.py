@@ -272,12 +272,13 @@ def _digest(root: Path) -> str:
     return h.hexdigest()
 
 
-#: digests of the blobs model's output recorded with dpneuro/synth.py as it was before the networks model
+#: digests of the blobs model's output recorded with dpneuro/synth.py as it was before the networks model (the
+#: states' when they became planted dFNC connectivity states)
 BLOBS_DIGESTS = {
     "plain": ("c23e88369e277d79262ac20d1bccc6f5e3af437ac5ba026f48485d185293027a",
               dict(n_sites=2, subjects_per_site=[1, 2], n_components=4, n_timepoints=15, space="grid30",
                    random_state=11, noise=0.3, tr=1.5)),
-    "states": ("3bd4f6cad4b19437881120906cc6f8245680a34053edb19170a31c77f9dfee73",
+    "states": ("7c210ee87e8748ba2366b7ad85aaeaaa325b54cb38f0a05bf79ef0a52eb1c4ed",
                dict(n_sites=2, subjects_per_site=[2, 1], n_components=4, n_timepoints=15, space="grid30",
                     random_state=2, states=2)),
 }

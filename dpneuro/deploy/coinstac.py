@@ -120,7 +120,7 @@ OWNER_INPUTS: dict[str, type] = {
     "ica_clip_unit": str, "ica_bias": bool, "optimizer": str, "calibration": str, "space": str, "parcels": int,
     "site_voxel_maps": bool, "site_maps_method": str,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
-    "states_epsilon": float,
+    "states_epsilon": float, "states_method": str, "states_window": int, "states_step": int, "states_metric": str,
     # the site-local cleaning, the runs read and the features (text inputs: see TEXT_INPUTS)
     "detrend": bool, "high_pass": float, "low_pass": float, "smoothing_fwhm": float, "on_bad_subject": str,
     "atlas": str, "confounds": str, "confounds_options": str, "bids": str,
