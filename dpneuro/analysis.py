@@ -269,7 +269,7 @@ def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int],
     r = run_site(cape_protocol(alg, cfg.plan, n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
                  checkpoint=checkpoint, timeout=timeout)
     r["ledger"].note(DFNC_UNIT_NOTE)
-    return {"ledger": r["ledger"], **st.site_result(step, r.get("final"))}
+    return {"ledger": r["ledger"], **st.site_result(step, r.get("final"), previous)}
 
 
 def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, previous: dict | None = None,

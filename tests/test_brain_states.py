@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from sklearn.cluster import KMeans
 
 from dpneuro import analysis, stages
 from dpneuro.algorithms import dfnc
@@ -32,13 +33,20 @@ def _planted(seed: int, subjects: int = 30, T: int = 150):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_stage_without_noise_recovers_the_planted_states(seed):
+def test_the_stage_without_noise_is_gifts_pooled_kmeans(seed):
+    """Without noise the stage finds what GIFT's k-means finds on the pooled windows (scikit-learn, 10 starts):
+    measured 0.987-1.000 per state; both find the planted states (0.83-0.99: with 6 components one planted
+    state's windows are hard to tell from another's at 150 volumes, for either)."""
     P, S, lengths = _planted(seed)
-    res = stages.states_inprocess(_cfg(plan="none"), S, lengths)
+    cfg = _cfg(plan="none")
+    res = stages.states_inprocess(cfg, S, lengths)
     assert res["vectors"].shape == (R * (R - 1) // 2, K)
+    X = np.concatenate([analysis.site_windows(cfg, s, ln).X for s, ln in zip(S, lengths)], axis=1)
+    pooled = KMeans(K, n_init=10, random_state=0).fit(X.T).cluster_centers_.T
+    assert match_components(np.tanh(res["vectors"]), np.tanh(pooled))[1].min() > 0.98
     _, corr = match_components(np.tanh(res["vectors"]), np.tanh(dfnc.matrix_to_vector(P.states)))
-    assert corr.min() > 0.9
-    assert all(not led.entries for led in res["ledgers"])  # plan none: nothing noised, nothing spent
+    assert corr.min() > 0.8 and np.median(corr) > 0.95
+    assert all(not led.releases and led.not_private for led in res["ledgers"])  # plan none: no noise, not private
     np.testing.assert_allclose(res["occupancy"].sum(), 1.0)
 
 

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from .. import privacy
-from ..cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, planned_ledgers, run_cape
+from ..cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, noise_variance, planned_ledgers, run_cape
 from ..cape.plans import symmetric_guarantee
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
@@ -100,7 +100,7 @@ __all__ = [
     "window_connectivity",
 ]
 
-METHODS = ("kmeans", "agn", "agn+kmeans")
+METHODS = ("kmeans", "agn")
 METRICS = ("cityblock", "euclidean", "correlation")
 #: |r| is capped below 1 before Fisher z (a window of perfectly collinear courses)
 _R_MAX = 1.0 - 1e-7
@@ -332,53 +332,51 @@ def noise_multipliers(epsilon: float | None, delta: float, shares: dict[str, flo
     return {k: m * math.sqrt(repeats.get(k, 1) / f) / mu for k, f in shares.items()}
 
 
-def _shares(method: str, count_share: float, agn_share: float) -> dict[str, float]:
-    """Fractions of the stage's mu^2 per named release (all its rounds together)."""
-    km = {"kmeans": 1.0, "agn": 0.0}.get(method, 1.0 - agn_share)
-    agn = 0.0 if method == "kmeans" else (1.0 if method == "agn" else agn_share)
-    out = {"m2": agn / 2, "m3": agn / 2, "sums": km * (1 - count_share), "counts": km * count_share}
-    return {k: v for k, v in out.items() if v > 0}
+#: the CAPE k-means' fractions of the stage's mu^2 per release (all its rounds together) and the rounds each is
+#: spread over: a small release of the mean, cheap over-clustered rounds that find the partition, one round at K,
+#: two averaged final rounds with most of the budget, the occupancy of the final states
+#: (benchmarks/README.md, "dFNC states", measures the split)
+KMEANS_SHARES = {"mean": 0.05, "init_sums": 0.27, "init_counts": 0.03, "refine_sums": 0.09, "refine_counts": 0.01,
+                 "final_sums": 0.5, "final_counts": 0.05}
+KMEANS_OCCUPANCY_SHARE = 0.05
+KMEANS_REPEATS = {"init_sums": 3, "init_counts": 3, "final_sums": 2, "final_counts": 2}
+
+
+def _shares(method: str) -> tuple[dict[str, float], dict[str, int]]:
+    """Fractions of the stage's mu^2 per named release (summing to 1) and each one's rounds."""
+    if method == "agn":
+        return {"m2": 0.5, "m3": 0.5}, {}
+    raw = {**KMEANS_SHARES, "occupancy": KMEANS_OCCUPANCY_SHARE}
+    tot = sum(raw.values())
+    return {k: v / tot for k, v in raw.items()}, dict(KMEANS_REPEATS)
 
 
 # -- CAPE k-means ----------------------------------------------------------------------------
 
-class CapeKMeans:
-    """Lloyd's k-means as a CAPE algorithm: per round, per-state clipped weighted sums and counts.
+def _clip_rows(G: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each subject's block (first axis) scaled to Frobenius norm <= bound; the blocks and the factors a_i."""
+    n = np.sqrt((G.reshape(G.shape[0], -1) ** 2).sum(axis=1))
+    a = np.minimum(1.0, bound / np.maximum(n, 1e-300))
+    return G * a.reshape((-1,) + (1,) * (G.ndim - 1)), a
 
-    ``init``: D x K public centroids, or None to spend round 0 on the
-    consortium mean (every window in state 0) and split it along public
-    random directions of norm ``split_scale`` B. Every round releases "sums"
-    and "counts", with noise multipliers ``z_sums``, ``z_counts``; ``bound``
-    is the Frobenius bound B of one subject's K x D contribution. ``random_state`` (None, an int or a
-    Generator, which gives the seed by one draw) seeds the sites' noise and the split's directions.
-    """
 
-    name = "dfnc-kmeans"
+class _WindowsRelease:
+    """What every k-means release shares: the site's windows, subject weights 1 / n_windows, its count M."""
 
-    def __init__(self, n_states: int, n_rounds: int, bound: float, z_sums: float, z_counts: float, *,
-                 init: np.ndarray | None = None, metric: str = "correlation", random_state=None,
-                 min_count: float = 0.01, split_scale: float = 0.25, average_last: int = 1):
-        _check_metric(metric)
-        if isinstance(n_rounds, bool) or int(n_rounds) != n_rounds or n_rounds < 1:
-            raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
-        if not (bound > 0 and math.isfinite(bound)):
-            raise ValueError(f"bound must be finite and > 0, got {bound}")
-        self.K, self.max_rounds, self.B = int(n_states), int(n_rounds), float(bound)
-        self.z_sums, self.z_counts, self.metric = z_sums, z_counts, metric
+    name = "dfnc"
+    max_rounds = 1
+    #: distinguishes the releases' noise streams
+    tag = 0
+
+    def __init__(self, random_state=None):
         self.random_state = privacy.resolve_random_state(random_state)
-        self.init = None if init is None else np.asarray(init, np.float64)
-        self.min_count, self.split_scale = min_count, split_scale
-        if isinstance(average_last, bool) or int(average_last) != average_last or not 1 <= average_last <= n_rounds:
-            raise ValueError(f"average_last must be an integer in [1, n_rounds = {n_rounds}], got {average_last!r}")
-        self.average_last = int(average_last)
 
-    # site steps
     def site_init(self, site: int, data) -> dict:
         ws = data if isinstance(data, WindowSet) else WindowSet(*data)
         state: dict[str, Any] = {"_X": ws.X, "_w": ws.subject_weights(), "_subject": ws.subject_index(),
                                  "M": ws.n_subjects, "D": ws.D}
         if self.random_state is not None:
-            state["rng"] = np.random.default_rng([self.random_state, 11, site])
+            state["rng"] = np.random.default_rng([self.random_state, 31, self.tag, site])
         return state
 
     def public_state(self, site: int, lengths, dim: int) -> dict:
@@ -388,65 +386,215 @@ class CapeKMeans:
     def site_weight(self, state) -> float:
         return float(state["M"])
 
-    def site_releases(self, state) -> dict[str, ReleaseSpec]:
-        M, D, K = state["M"], state["D"], self.K
-        # replacing a subject: two contributions of norm <= B (sums) / two probability vectors (counts)
-        return {"sums": ReleaseSpec((K, D), 2.0 * self.B / M, self.z_sums, unit="subject", stage="dfnc-kmeans"),
-                "counts": ReleaseSpec((K,), math.sqrt(2.0) / M, self.z_counts, unit="subject",
-                                      stage="dfnc-kmeans")}
-
-    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
-        X, w = state["_X"], state["_w"]
-        if broadcast.meta.get("one_state"):
-            lab = np.zeros(X.shape[1], np.int64)
-        else:
-            lab = assign(X, broadcast.arrays["centroids"], self.metric)
-        M, D, K = state["M"], X.shape[0], self.K
-        # each subject's K x D contribution (its windows weighted 1 / n_windows), clipped to Frobenius norm B
-        cell = state["_subject"] * K + lab
-        G = np.zeros((M * K, D))
-        _add_rows(G, cell, X.T * w[:, None])
-        G = G.reshape(M, K, D)
-        norms = np.sqrt(np.einsum("mkd,mkd->m", G, G))
-        G *= np.minimum(1.0, self.B / np.maximum(norms, 1e-300))[:, None, None]
-        counts = np.bincount(lab, weights=w, minlength=K)
-        return {"sums": G.sum(axis=0) / M, "counts": counts / M}
-
-    # aggregator steps
     def aggregator_init(self) -> dict:
-        return {"history": []}
+        return {}
 
     def aggregator_first(self, state) -> Payload:
-        if self.init is None:
-            return Payload(meta={"one_state": True})
-        state["centroids"] = self.init
-        return Payload({"centroids": self.init}, carries={"centroids": "public"})
+        return Payload()
+
+
+class CapeMean(_WindowsRelease):
+    """The consortium's mean window (its static connectivity), which the k-means rounds centre on.
+
+    Site s releases (1/M_s) sum_i clip(m_i, B0), m_i subject i's mean window: replacing a subject moves it by at
+    most 2 B0 / M_s. Its noise cancels in the final states (they add back what they subtract); it only lets
+    the rounds' bound cover the windows' deviations instead of the static connectivity.
+    """
+
+    name = "dfnc-mean"
+    tag = 1
+
+    def __init__(self, bound: float, z: float, random_state=None):
+        super().__init__(random_state)
+        self.B0, self.z = float(bound), float(z)
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        return {"mean": ReleaseSpec((state["D"],), 2.0 * self.B0 / state["M"], self.z, unit="subject",
+                                    stage=self.name)}
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        X, M = state["_X"], state["M"]
+        m = np.zeros((M, X.shape[0]))
+        _add_rows(m, state["_subject"], X.T * state["_w"][:, None])
+        return {"mean": _clip_rows(m, self.B0)[0].sum(axis=0) / M}
 
     def aggregator_update(self, state, round, combined) -> Payload:
-        sums, counts = combined["sums"], combined["counts"]
-        if round == 0 and self.init is None:
-            mean = sums[0] / max(counts[0], self.min_count)
-            rng = np.random.default_rng(None if self.random_state is None else [self.random_state, 12])
-            R = rng.standard_normal((mean.size, self.K))
-            C = mean[:, None] + self.split_scale * self.B * R / np.linalg.norm(R, axis=0)
-        else:
-            old = state["centroids"]
-            ok = counts > self.min_count  # a state (nearly) empty or swamped by noise keeps its centroid
-            C = np.where(ok[None, :], sums.T / np.where(ok, counts, 1.0)[None, :], old)
-        state["history"].append(C)
-        state["releases"] = (state.get("releases", []) + [(sums, counts)])[-self.average_last:]
+        state["mean"] = combined["mean"]
+        return Payload({"mean": combined["mean"]}, {"stop": True}, carries={"mean": "public"})
+
+
+class CapeKMeans(_WindowsRelease):
+    """Lloyd's rounds on the centred windows y = x - mu as a CAPE algorithm: clipped per-state sums and counts.
+
+    Each round the aggregator broadcasts the public centroids c_k (centred) and the public variance v_k of
+    each one's noise per entry; a site assigns every window to argmin_k ||y - c_k||^2 - D v_k (the expected
+    squared norm of c_k's noise removed: without it the noisiest centroid is the farthest from every window
+    and the least noisy one takes them all). Subject i's contribution G_i (K x D: its windows weighted
+    1 / n_i and summed per state) is scaled by a_i onto Frobenius norm B; the site releases the sums
+    (1/M_s) sum_i a_i G_i (sensitivity 2B / M_s) and counts (1/M_s) sum_i a_i p_i, p_i the subject's
+    occupancy (a_i p_i >= 0 of norm <= 1: sensitivity sqrt(2) / M_s). The aggregator's centroid is
+    sums_k / max(counts_k, floor / K), the clip-weighted mean of the state's windows, and its noise
+    variance the plan's variance of the averaged sums over that count squared. The last ``average_last``
+    rounds are averaged (post-processing). ``init``: D x K public starts; ``init_var``: their variances.
+    """
+
+    name = "dfnc-kmeans"
+
+    def __init__(self, n_states: int, n_rounds: int, bound: float, z_sums: float, z_counts: float, *,
+                 init: np.ndarray, centre: np.ndarray, init_var=None, average_last: int = 1,
+                 count_floor: float = 0.5, random_state=None, tag: int = 2):
+        super().__init__(random_state)
+        if isinstance(n_rounds, bool) or int(n_rounds) != n_rounds or n_rounds < 1:
+            raise ValueError(f"n_rounds must be a positive integer, got {n_rounds!r}")
+        if not (bound > 0 and math.isfinite(bound)):
+            raise ValueError(f"bound must be finite and > 0, got {bound}")
+        if isinstance(average_last, bool) or int(average_last) != average_last or not 1 <= average_last <= n_rounds:
+            raise ValueError(f"average_last must be an integer in [1, n_rounds = {n_rounds}], got {average_last!r}")
+        self.K, self.max_rounds, self.B = int(n_states), int(n_rounds), float(bound)
+        self.z_sums, self.z_counts, self.tag = float(z_sums), float(z_counts), int(tag)
+        self.init = np.asarray(init, np.float64)
+        self.centre = np.asarray(centre, np.float64)
+        self.init_var = np.zeros(self.K) if init_var is None else np.asarray(init_var, np.float64)
+        self.average_last, self.floor = int(average_last), float(count_floor) / self.K
+
+    def site_init(self, site: int, data) -> dict:
+        state = super().site_init(site, data)
+        state["_Y"] = state["_X"] - self.centre[:, None]
+        return state
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        M, D, K = state["M"], state["D"], self.K
+        # replacing a subject: two contributions of norm <= B (sums) / two vectors a p of norm <= 1 (counts)
+        return {"sums": ReleaseSpec((K, D), 2.0 * self.B / M, self.z_sums, unit="subject", stage=self.name),
+                "counts": ReleaseSpec((K,), math.sqrt(2.0) / M, self.z_counts, unit="subject", stage=self.name)}
+
+    @staticmethod
+    def labels(Y: np.ndarray, C: np.ndarray, noise_var: np.ndarray) -> np.ndarray:
+        """Nearest centroid of every column of Y by the debiased squared distance."""
+        d = np.einsum("dk,dk->k", C, C)[None, :] - 2.0 * Y.T @ C - Y.shape[0] * np.asarray(noise_var)[None, :]
+        return np.argmin(d, axis=1)
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        Y, w, M, K = state["_Y"], state["_w"], state["M"], self.K
+        lab = self.labels(Y, broadcast.arrays["centroids"], broadcast.arrays["noise_var"])
+        cell = state["_subject"] * K + lab
+        G = np.zeros((M * K, Y.shape[0]))
+        _add_rows(G, cell, Y.T * w[:, None])
+        G, a = _clip_rows(G.reshape(M, K, -1), self.B)
+        p = np.bincount(cell, weights=w, minlength=M * K).reshape(M, K) * a[:, None]
+        return {"sums": G.sum(axis=0) / M, "counts": p.sum(axis=0) / M}
+
+    def aggregator_init(self) -> dict:
+        return {"releases": [], "history": []}
+
+    def aggregator_first(self, state) -> Payload:
+        state["centroids"] = self.init
+        return Payload({"centroids": self.init, "noise_var": self.init_var},
+                       carries={"centroids": "public", "noise_var": "public"})
+
+    def aggregator_update(self, state, round, combined) -> Payload:
+        state["releases"] = (state["releases"] + [(combined["sums"], combined["counts"])])[-self.average_last:]
         stop = round == self.max_rounds - 1
-        if stop:
-            # once assignments settle, successive rounds release nearly the same sums: their average has the
-            # precision of all of them (post-processing)
-            s_avg = np.mean([r[0] for r in state["releases"]], axis=0)
-            c_avg = np.mean([r[1] for r in state["releases"]], axis=0)
-            ok = c_avg > self.min_count
-            C = np.where(ok[None, :], s_avg.T / np.where(ok, c_avg, 1.0)[None, :], C)
-            counts = c_avg
-        state["centroids"] = C
-        state["counts"] = counts
-        return Payload({"centroids": C}, {"stop": stop}, carries={"centroids": "public (post-processing)"})
+        used = state["releases"] if stop else state["releases"][-1:]
+        sums, counts = (np.mean([r[i] for r in used], axis=0) for i in (0, 1))
+        n = np.maximum(counts, self.floor)  # a state (nearly) empty or swamped by noise: a floor, not a blow-up
+        C = sums.T / n[None, :]
+        v = noise_variance(state, "sums") / (len(used) * n**2)
+        state["history"].append(C)
+        state.update(centroids=C, counts=counts, noise_var=v)
+        return Payload({"centroids": C, "noise_var": v}, {"stop": stop},
+                       carries={"centroids": "public (post-processing)", "noise_var": "public (the noise plan)"})
+
+
+class CapeOccupancy(_WindowsRelease):
+    """The consortium's fraction of windows in each final (public) state: (1/M_s) sum_i p_i, p_i subject i's
+    occupancy by ``metric`` (as its own statistics); p_i >= 0 sums to 1, so sensitivity sqrt(2) / M_s.
+    Unweighted: the k-means counts are clip-weighted, which weighs subjects unequally."""
+
+    name = "dfnc-occupancy"
+    tag = 5
+
+    def __init__(self, vectors, z: float, metric: str = "correlation", random_state=None):
+        super().__init__(random_state)
+        _check_metric(metric)
+        self.V, self.z, self.metric = np.asarray(vectors, np.float64), float(z), metric
+
+    def site_releases(self, state) -> dict[str, ReleaseSpec]:
+        return {"occupancy": ReleaseSpec((self.V.shape[1],), math.sqrt(2.0) / state["M"], self.z, unit="subject",
+                                         stage=self.name)}
+
+    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
+        lab = assign(state["_X"], self.V, self.metric)
+        return {"occupancy": np.bincount(lab, weights=state["_w"], minlength=self.V.shape[1]) / state["M"]}
+
+    def aggregator_update(self, state, round, combined) -> Payload:
+        o = np.clip(combined["occupancy"], 0.0, None)
+        state["occupancy"] = o / o.sum() if o.sum() > 0 else np.full(o.size, 1.0 / o.size)
+        return Payload({"occupancy": state["occupancy"]}, {"stop": True}, carries={"occupancy": "public"})
+
+
+# -- the aggregator's post-processing -------------------------------------------------------------
+
+def merge_centroids(C, counts, n_states: int, noise_var, *, n_init: int = 50, n_iter: int = 50,
+                    random_state=None) -> tuple[np.ndarray, np.ndarray]:
+    """K groups of the K' released centroids (D x K'): count-weighted k-means (many seeded starts) of the
+    centroids centred over their entries and scaled to unit norm (the correlation geometry). Returns each
+    group's count-weighted mean centroid (D x K) and its noise variance."""
+    C, nv = np.asarray(C, np.float64), np.asarray(noise_var, np.float64)
+    n = np.clip(np.asarray(counts, np.float64), 1e-6, None)
+    Z = C - C.mean(axis=0)
+    Z = Z / np.maximum(np.linalg.norm(Z, axis=0), 1e-300)
+    K, rng = int(n_states), np.random.default_rng([0 if random_state is None else random_state, 77])
+    best, best_cost = None, np.inf
+    for _ in range(n_init):
+        cen = Z[:, rng.choice(Z.shape[1], K, replace=False, p=n / n.sum())]
+        for _ in range(n_iter):
+            lab = np.argmin(((Z[:, :, None] - cen[:, None, :]) ** 2).sum(axis=0), axis=1)
+            new = np.stack([(Z[:, lab == k] * n[lab == k]).sum(axis=1) / n[lab == k].sum() if np.any(lab == k)
+                            else cen[:, k] for k in range(K)], axis=1)
+            if np.allclose(new, cen):
+                break
+            cen = new
+        cost = float((n * ((Z - cen[:, lab]) ** 2).sum(axis=0)).sum())
+        if cost < best_cost and len(np.unique(lab)) == K:
+            best, best_cost = lab, cost
+    lab = best if best is not None else np.arange(Z.shape[1]) % K
+    out, v = np.empty((C.shape[0], K)), np.empty(K)
+    for k in range(K):
+        g = lab == k
+        out[:, k] = (C[:, g] * n[g]).sum(axis=1) / n[g].sum()
+        v[k] = (n[g] ** 2 * nv[g]).sum() / n[g].sum() ** 2
+    return out, v
+
+
+def lowrank_denoise(vectors, noise_var, *, n_iter: int = 30) -> np.ndarray:
+    """Each state's R x R matrix (Fisher z pairs) with the eigenvalues below its noise edge set to 0.
+
+    A symmetric noise matrix of per-entry variance v has its spectrum within 2 sqrt(R v) (the semicircle's
+    edge); what lies below it cannot be told from noise. The unknown diagonal is imputed by iterating (each
+    pass puts the low-rank fit's diagonal back). ``vectors`` D x K, ``noise_var`` K (public); returns D x K.
+    """
+    V = np.asarray(vectors, np.float64)
+    R = n_components_of(V.shape[0])
+    iu = np.triu_indices(R, 1)
+    out = np.empty_like(V)
+    for k in range(V.shape[1]):
+        A = np.zeros((R, R))
+        A[iu] = V[:, k]
+        A = A + A.T
+        edge = 2.0 * math.sqrt(R * max(float(noise_var[k]), 0.0))
+        if edge == 0.0:
+            out[:, k] = V[:, k]
+            continue
+        Z, F = A.copy(), A
+        for _ in range(n_iter):
+            ev, U = np.linalg.eigh(Z)
+            keep = np.abs(ev) > edge
+            F = (U[:, keep] * ev[keep]) @ U[:, keep].T
+            Z = A.copy()
+            np.fill_diagonal(Z, np.diag(F))
+        out[:, k] = F[iu]
+    return out
 
 
 def _add_rows(out: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
@@ -517,13 +665,19 @@ class DFNCStates:
 
 
 def default_bound(D: int) -> float:
-    """The public bound B: 0.1 sqrt(D), an RMS Fisher z of 0.1 per pair of a subject's contribution.
+    """The public bound B of a subject's k-means contribution: 0.1 sqrt(D), an RMS Fisher z of 0.1 per pair.
 
     Data-independent. Most subjects' contributions exceed it and are scaled
     onto it, which weights subjects equally and costs little: the states are
-    read from directions. capeAGN uses it as the windows' scale.
+    read from directions (benchmarks/README.md measures 0.05 to 0.2 sqrt(D);
+    0.1 is best or tied). capeAGN uses it as the windows' scale.
     """
     return 0.1 * math.sqrt(D)
+
+
+#: the public bound of a subject's mean window, B0 = MEAN_BOUND sqrt(D): the static connectivity is larger than
+#: the windows' deviations from it
+MEAN_BOUND = 0.3
 
 
 def _check_sites(sites) -> list[WindowSet]:
@@ -533,6 +687,12 @@ def _check_sites(sites) -> list[WindowSet]:
     if len({s.D for s in out}) != 1:
         raise ValueError(f"sites disagree on the window dimension: {[s.D for s in out]}")
     return out
+
+
+def _check_int(value, name: str, low: int) -> int:
+    if isinstance(value, bool) or int(value) != value or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -547,9 +707,15 @@ class StateSettings:
     every party in this process; a deployed run runs the same steps over its
     exchange.
 
+    "kmeans" (the CAPE k-means): ``mean`` (:class:`CapeMean`), ``init``
+    (:class:`CapeKMeans` with ``over`` x K states from public random starts,
+    ``init_rounds`` rounds; the aggregator merges them to K by
+    :func:`merge_centroids`), ``refine`` (one round at K), ``final`` (two
+    rounds, averaged, then :func:`lowrank_denoise`), ``occupancy``
+    (:class:`CapeOccupancy` of the final states). "agn": capeAGN's ``m2``, ``m3``.
+
     ``epsilon``/``delta``: the whole stage per site (None with plan "none").
-    ``init`` (D x K, public) starts "kmeans" instead of the split of the mean.
-    ``random_state`` (None or an int) fixes the noise: simulations and tests only.
+    ``random_state`` (None or an int) fixes the noise and the public random starts: simulations and tests only.
     """
 
     n_states: int
@@ -557,25 +723,23 @@ class StateSettings:
     delta: float = 1e-5
     method: str = "kmeans"
     plan: Any = "cape"
-    n_rounds: int = 4
     bound: float | None = None
     metric: str = "correlation"
-    count_share: float = 0.1
-    agn_share: float = 0.3
-    average_last: int = 2
+    over: int = 2
+    init_rounds: int = 3
     n_restarts: int = 30
     n_iter: int = 50
-    init: Any = None
     random_state: int | None = None
 
     def __post_init__(self):
         _check_metric(self.metric)
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; use one of {METHODS}")
-        if not 0 < self.count_share < 1 or not 0 < self.agn_share < 1:
-            raise ValueError("count_share and agn_share must be in (0, 1)")
-        if isinstance(self.n_states, bool) or int(self.n_states) != self.n_states or self.n_states < 2:
-            raise ValueError(f"n_states must be an integer >= 2, got {self.n_states!r}")
+        _check_int(self.n_states, "n_states", 2)
+        _check_int(self.over, "over", 1)
+        if self.init_rounds != KMEANS_REPEATS["init_sums"]:
+            raise ValueError(f"init_rounds must be {KMEANS_REPEATS['init_sums']}, the rounds the budget split "
+                             f"(KMEANS_REPEATS) spreads the initial rounds' share over")
 
     @property
     def budget(self) -> privacy.GaussianBudget:
@@ -585,12 +749,13 @@ class StateSettings:
     @property
     def ledger_stages(self) -> tuple[str, ...]:
         """The ledger's names of the stage's releases."""
-        names = {"m2": ("agn-m2",), "m3": ("agn-m3",), "kmeans": (CapeKMeans.name,)}
-        return tuple(n for step in self.steps() for n in names[step])
+        if self.method == "agn":
+            return ("agn-m2", "agn-m3")
+        return (CapeMean.name, CapeKMeans.name, CapeOccupancy.name)
 
     def steps(self) -> tuple[str, ...]:
         """The stage's releases in order (one exchange topic each)."""
-        return {"kmeans": ("kmeans",), "agn": ("m2", "m3"), "agn+kmeans": ("m2", "m3", "kmeans")}[self.method]
+        return ("m2", "m3") if self.method == "agn" else ("mean", "init", "refine", "final", "occupancy")
 
     def check_dim(self, D: int) -> None:
         if not 2 <= self.n_states <= D:
@@ -601,9 +766,14 @@ class StateSettings:
         return default_bound(D) if self.bound is None else float(self.bound)
 
     def multipliers(self, n_sites: int) -> dict[str, float]:
-        return noise_multipliers(self.epsilon, self.delta, _shares(self.method, self.count_share, self.agn_share),
-                                 n_sites=n_sites, plan=self.plan,
-                                 repeats={"sums": self.n_rounds, "counts": self.n_rounds})
+        shares, repeats = _shares(self.method)
+        return noise_multipliers(self.epsilon, self.delta, shares, n_sites=n_sites, plan=self.plan, repeats=repeats)
+
+    def _starts(self, mean: np.ndarray, D: int) -> np.ndarray:
+        """The public random starts of the over-clustered rounds, of the released mean's norm."""
+        rng = np.random.default_rng(None if self.random_state is None else [self.random_state, 78])
+        init = rng.standard_normal((D, self.over * self.n_states))
+        return init * (np.linalg.norm(mean) / np.linalg.norm(init, axis=0))
 
     def algorithm(self, step: str, *, D: int, n_sites: int, groups: dict | None = None,
                   previous: dict | None = None):
@@ -612,22 +782,33 @@ class StateSettings:
         to its longest subject's window count (capeAGN's subject-level bound; a site needs only its own)."""
         self.check_dim(D)
         z, B, K, seed = self.multipliers(n_sites), self.scale(D), int(self.n_states), self.random_state
+        prev = previous or {}
         if step == "m2":
             return _agn_stages(K, z["m2"], z["m3"], groups or {}, B, seed)
         if step == "m3":
-            return _agn_stages(K, z["m2"], z["m3"], groups or {}, B, seed, W=previous["W"],
-                               sigma2=previous.get("sigma2") or 0.0)
-        if step == "kmeans":
-            init = previous["vectors"] if previous is not None and "vectors" in previous else self.init
-            return CapeKMeans(K, self.n_rounds, B, z["sums"], z["counts"], init=init, metric=self.metric,
-                              random_state=seed, average_last=self.average_last)
+            return _agn_stages(K, z["m2"], z["m3"], groups or {}, B, seed, W=prev["W"],
+                               sigma2=prev.get("sigma2") or 0.0)
+        if step == "mean":
+            return CapeMean(MEAN_BOUND * math.sqrt(D), z["mean"], random_state=seed)
+        if step == "init":
+            return CapeKMeans(self.over * K, self.init_rounds, B, z["init_sums"], z["init_counts"],
+                              init=self._starts(prev["mean"], D), centre=prev["mean"], random_state=seed, tag=2)
+        if step in ("refine", "final"):
+            final = step == "final"
+            return CapeKMeans(K, 2 if final else 1, B, z[f"{step}_sums"], z[f"{step}_counts"],
+                              init=prev.get("centroids", np.zeros((D, K))), init_var=prev.get("noise_var"),
+                              centre=prev["mean"], average_last=2 if final else 1, random_state=seed,
+                              tag=4 if final else 3)
+        if step == "occupancy":
+            return CapeOccupancy(prev["vectors"], z["occupancy"], self.metric, random_state=seed)
         raise KeyError(f"no dFNC step {step!r}; steps: {self.steps()}")
 
     def planned(self, lengths: Sequence[Sequence[int]], n_components: int) -> list[PrivacyLedger]:
         """The ledgers the stage fills, from each site's window counts per subject alone."""
-        D = n_components * (n_components - 1) // 2
+        D, K = n_components * (n_components - 1) // 2, int(self.n_states)
         groups = {s: max(ln) for s, ln in enumerate(lengths)}
-        previous = {"W": np.zeros((D, self.n_states)), "sigma2": 0.0}  # shapes only: values change no release
+        # shapes only: the values change no release
+        previous = {"W": np.zeros((D, K)), "sigma2": 0.0, "mean": np.zeros(D), "vectors": np.zeros((D, K))}
         parts = []
         for step in self.steps():
             alg = self.algorithm(step, D=D, n_sites=len(lengths), groups=groups, previous=previous)
@@ -641,39 +822,56 @@ class StateSettings:
             return prepare_site(ws.X, "mog", scale=self.scale(ws.D), site=site, warn_clipping=False)
         return ws
 
-    def site_result(self, step: str, final: Payload | None) -> dict[str, Any]:
-        """A site's public result of ``step`` from the step's last broadcast."""
-        arrays = {} if final is None else final.arrays
+    def site_result(self, step: str, final: Payload | None, previous: dict | None = None) -> dict[str, Any]:
+        """A site's public result of ``step`` from the step's last broadcast: what its next steps read."""
+        arrays, prev = ({} if final is None else final.arrays), previous or {}
         if step == "m2":
             s2 = arrays.get("sigma2")
             return {"W": np.asarray(arrays["W"]), "sigma2": None if s2 is None else float(np.ravel(s2)[0])}
-        if step == "kmeans":
-            return {"vectors": np.asarray(arrays["centroids"])}
+        if step == "mean":
+            return {"mean": np.asarray(arrays["mean"])}
+        if step in ("init", "refine"):
+            return {"mean": prev["mean"]}
+        if step == "final":
+            return {"mean": prev["mean"], "vectors": self._vectors(prev["mean"], arrays)}
         return {}
 
+    @staticmethod
+    def _vectors(mean: np.ndarray, final: dict) -> np.ndarray:
+        return lowrank_denoise(np.asarray(mean)[:, None] + np.asarray(final["centroids"]), final["noise_var"])
+
     def aggregator_result(self, step: str, state: dict, previous: dict | None = None) -> dict[str, Any]:
-        """The public result of ``step`` from the aggregator's final state (post-processing only);
-        after the last step it holds the states' ``vectors`` (D x K) and ``occupancy`` (K)."""
+        """The public result of ``step`` from the aggregator's final state (post-processing only); after the
+        last step it holds the states' ``vectors`` (D x K) and ``occupancy`` (K)."""
+        prev = previous or {}
         if step == "m2":
             s2 = state.get("sigma2")
             return {"W": np.asarray(state["W"]), "sigma2": None if s2 is None else float(np.ravel(s2)[0])}
         if step == "m3":
-            C, wts = finish_moments(state["m3w"], previous["W"], int(self.n_states), scale=self.scale(
-                previous["W"].shape[0]), random_state=self.random_state, n_restarts=self.n_restarts,
+            C, wts = finish_moments(state["m3w"], prev["W"], int(self.n_states), scale=self.scale(
+                prev["W"].shape[0]), random_state=self.random_state, n_restarts=self.n_restarts,
                 n_iter=self.n_iter)
             wts = np.clip(np.nan_to_num(wts, nan=0.0, posinf=0.0), 0.0, None)
             occ = wts / wts.sum() if wts.sum() > 0 else np.full(len(wts), 1.0 / len(wts))
-            return {"vectors": np.asarray(C), "occupancy": occ, "agn_vectors": np.asarray(C)}
-        cnt = np.clip(state["counts"], 0.0, None)
-        occ = cnt / cnt.sum() if cnt.sum() > 0 else np.full(len(cnt), 1.0 / len(cnt))
-        return {"vectors": np.asarray(state["centroids"]), "occupancy": occ, "history": state["history"]}
+            return {"vectors": np.asarray(C), "occupancy": occ}
+        if step == "mean":
+            return {"mean": np.asarray(state["mean"])}
+        if step == "init":
+            C, v = merge_centroids(state["centroids"], state["counts"], self.n_states, state["noise_var"],
+                                   random_state=self.random_state)
+            return {"mean": prev["mean"], "centroids": C, "noise_var": v}
+        if step == "refine":
+            return {"mean": prev["mean"], "centroids": state["centroids"], "noise_var": state["noise_var"]}
+        if step == "final":
+            return {"mean": prev["mean"], "vectors": self._vectors(prev["mean"], state)}
+        return {"vectors": prev["vectors"], "occupancy": np.asarray(state["occupancy"])}
 
 
 def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: float = 1e-5, *,
                 random_state=None, **settings) -> DFNCStates:
     """The consortium's K dFNC states from every site's :class:`WindowSet`, all parties in this process.
 
-    ``settings``: the other fields of :class:`StateSettings` (method, plan, n_rounds, bound, metric, ...).
+    ``settings``: the other fields of :class:`StateSettings` (method, plan, bound, metric, over, ...).
     ``random_state`` (None, an int or a Generator, which gives the seed by one draw) fixes the noise.
     """
     st = StateSettings(n_states, epsilon, delta, random_state=privacy.resolve_random_state(random_state), **settings)
@@ -691,8 +889,7 @@ def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: fl
         previous = st.aggregator_result(step, r.aggregator, previous)
         result.update(previous)
         leds.append(cape_ledgers(r))
-    info = {"noise_multipliers": st.multipliers(len(ws)), "n_rounds": st.n_rounds,
-            **{k: result[k] for k in ("history", "agn_vectors") if k in result}}
+    info = {"noise_multipliers": st.multipliers(len(ws)), **{k: result[k] for k in ("mean",) if k in result}}
     return DFNCStates(result["vectors"], result["occupancy"], stage_ledgers(leds), st.method, st.metric,
                       st.scale(D), info)
 

@@ -2,7 +2,8 @@
 
 from .packing import n_unique, pack, unpack
 from .plans import NoisePlan, Variances, asymmetric_plan, plan_variances, symmetric_plan
-from .phases import CapeAlgorithm, ReleaseSpec, cape_protocol, ledgers, planned_ledgers, record_release, run_cape
+from .phases import (CapeAlgorithm, ReleaseSpec, cape_protocol, ledgers, noise_variance, planned_ledgers,
+                     record_release, run_cape)
 
 __all__ = [
     "CapeAlgorithm",
@@ -13,6 +14,7 @@ __all__ = [
     "cape_protocol",
     "ledgers",
     "n_unique",
+    "noise_variance",
     "pack",
     "plan_variances",
     "planned_ledgers",

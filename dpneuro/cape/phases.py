@@ -213,7 +213,8 @@ class _CapeProtocol:
             for name in first:
                 taus[name][s] = float(m.arrays[f"tau/{name}"][0])
         state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
-        plan_arrays, _ = _plan_payload(self.plan, first, taus, weights, sites)
+        plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites)
+        state["cape"]["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
 
@@ -265,7 +266,8 @@ class _CapeProtocol:
         """Send the survivors back to the zero-sum step with a plan for them."""
         cs = state["cape"]
         self.plan.check(len(active))
-        plan_arrays, _ = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+        plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+        cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
         cs["plan_sites"] = active
         cs["redos"] = cs.get("redos", 0) + 1
         return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
@@ -317,9 +319,16 @@ class _CapeProtocol:
         alg = self.alg.aggregator_update(state, rnd, combined)
         if self.plan.kind != "cape" and active != planned:
             cs["plan_sites"] = active
-            plan_arrays, _ = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+            plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+            cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+def noise_variance(state: State, name: str) -> float:
+    """Per-entry variance of the noise in the aggregator's combined release ``name`` under the run's plan (the
+    zero-sum part cancels): public, so an algorithm's aggregator step may weigh a noisy release by it."""
+    return float(state["cape"]["noise_var"][name])
 
 
 def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: ReleaseSpec,
