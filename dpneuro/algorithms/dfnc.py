@@ -16,49 +16,46 @@ At a site (nothing leaves it):
   vector of D = R(R-1)/2 entries. A site's windows are a D x N matrix
   (:class:`WindowSet`, windows as columns, with each subject's window count).
 
-Privacy unit and bound (docs/privacy.md, "dFNC states"): each subject's
-windows are weighted 1/n_windows, and the subject's whole contribution to the
-k-means sums (a K x D matrix: its weighted windows summed per state) is
-clipped to the public Frobenius norm ``bound`` B; its contribution to the
-counts is its occupancy vector (sums to 1). However many windows it has, a
-subject moves a site's sums by at most 2B / M_s and its counts by at most
-sqrt(2) / M_s (replacement). Clipping the subject's contribution rather than
-each window lets B sit at the size of a subject's *mean* windows, in which
-the windows' own sampling noise has averaged out, so the same noise buys a
-clearer signal (benchmarks/dfnc_states.py measures the result). capeAGN's
-moments clip each window (scaled by B) as :mod:`dpneuro.algorithms.agn` does.
+Privacy unit and bounds (docs/privacy.md, "Brain states: dFNC states"): each
+subject's windows are weighted 1/n_windows, and each release bounds the
+subject's whole contribution (its mean window to B0 = 0.3 sqrt(D), its K x D
+per-state sums to Frobenius norm B = 0.1 sqrt(D)), so however many windows
+it has a subject moves a release by at most 2 B0 / M_s, 2B / M_s or
+sqrt(2) / M_s (replacement). Bounding the subject rather than each window
+lets B sit at the size of a subject's *mean* deviations, in which the
+windows' own sampling noise has averaged out. capeAGN's moments clip each
+window (scaled by B) as :mod:`dpneuro.algorithms.agn` does.
 
-Consortium states (each a CAPE release per site, composed in the ledger):
+Consortium states (each a CAPE release per site, composed in the ledger;
+:class:`StateSettings` is the sequence):
 
-- ``"kmeans"``: CAPE k-means (Lloyd). Each round the sites assign their windows
-  to the public centroids (``metric``: correlation distance by default;
-  city-block as GIFT, or Euclidean) and release per-state weighted clipped
-  sums (K x D, sensitivity 2B / M_s) and counts (K, sensitivity sqrt(2) / M_s);
-  the aggregator divides the averages and broadcasts the new centroids. The
-  centroid is the mean (GIFT's city-block k-means uses the median, which has
-  no bounded-sensitivity sum). Without another start, round 0 puts every
-  window in one state (the consortium mean) and the aggregator splits it
-  along public random directions. The final centroids divide the average of
-  the last ``average_last`` rounds' sums by that of their counts (free
-  post-processing; once assignments settle the rounds release nearly the same
-  sums). Correlation assignment is the default: a noisy count
-  rescales a centroid, which moves city-block and Euclidean assignments but
-  not correlation ones (benchmarks/dfnc_states.py has both).
+- ``"kmeans"``, the CAPE k-means: the mean window (:class:`CapeMean`), on
+  which the windows are centred; Lloyd rounds (:class:`CapeKMeans`) with
+  clipped per-state sums and counts, first over-clustered (2K states from
+  public random starts, 3 rounds, merged to K at the aggregator by
+  :func:`merge_centroids`), then one round at K and two final rounds with
+  most of the budget, averaged; each final state denoised
+  (:func:`lowrank_denoise`); then the occupancy of the final states
+  (:class:`CapeOccupancy`). A window goes to the centroid nearest by the
+  squared distance minus the centroid's public noise energy, which keeps the
+  least noisy centroid from taking every window. The centroid is the mean
+  (GIFT's city-block k-means uses the median, which has no bounded-sensitivity
+  sum). ``benchmarks/dfnc_states.py`` measures it.
 - ``"agn"``: capeAGN's one-shot moments of the window vectors ([CAPE-TF]
   Alg. 3, :mod:`dpneuro.algorithms.agn`, reused as is): M2 and M3 of the
   windows scaled by B, the tensor power method; the MOG means are the states
   and the weights their occupancies.
-- ``"agn+kmeans"``: the capeAGN means start the CAPE k-means.
 
 The budget (epsilon, delta) is the whole stage's per site, against the
 headline adversary (the aggregator colluding with the assumed number of
 sites): mu(epsilon, delta) is split over the releases by ``mu^2`` shares
-(:func:`noise_multipliers`), and the ledger's composed figure equals epsilon
-for equal sites (at most epsilon for unequal ones).
+(:data:`KMEANS_SHARES`, :func:`noise_multipliers`), and the ledger's composed
+figure equals epsilon for equal sites (at most epsilon for unequal ones).
 
-Per subject, from the public centroids at its own site: fraction of windows in
-each state, mean dwell time (windows and seconds) and number of transitions
-(:func:`subject_dynamics`).
+Per subject, from the public states at its own site (assigned by ``metric``:
+correlation by default, GIFT's city-block, or Euclidean): fraction of windows
+in each state, mean dwell time (windows and seconds) and number of
+transitions (:func:`subject_dynamics`).
 """
 
 from __future__ import annotations
@@ -85,10 +82,16 @@ __all__ = [
     "StateSettings",
     "UNIT_NOTE",
     "CapeKMeans",
+    "CapeMean",
+    "CapeOccupancy",
+    "KMEANS_SHARES",
+    "MEAN_BOUND",
     "WindowSet",
     "assign",
     "dfnc_states",
+    "lowrank_denoise",
     "matrix_to_vector",
+    "merge_centroids",
     "noise_multipliers",
     "plan_ledgers",
     "site_dynamics",
@@ -104,8 +107,8 @@ METHODS = ("kmeans", "agn")
 METRICS = ("cityblock", "euclidean", "correlation")
 #: |r| is capped below 1 before Fisher z (a window of perfectly collinear courses)
 _R_MAX = 1.0 - 1e-7
-UNIT_NOTE = ("dFNC privacy unit: one subject (all its windows); each window clipped to the public bound B, "
-              "each subject's windows weighted 1 / n_windows (docs/privacy.md, 'dFNC states')")
+UNIT_NOTE = ("dFNC privacy unit: one subject (all its windows, each weighted 1 / n_windows); each release bounds "
+             "the subject's whole contribution (docs/privacy.md, 'Brain states: dFNC states')")
 
 
 # -- windows -------------------------------------------------------------------------------
