@@ -43,7 +43,7 @@ ICA_MODELS = ("spatial", "temporal")
 #: how temporal ICA unmixes: capeDJICA's private gradient rounds, or two releases (a refined whitening, then the
 #: subjects' fourth-order cumulants: dpneuro.algorithms.cumulant_ica)
 UNMIXINGS = ("capedjica", "cumulant")
-#: what a subject adds to the PCA's second moment ("auto": subspace under spatial ICA, moment otherwise)
+#: what a subject adds to the PCA's second moment ("auto": subspace, moment with PD-SVD)
 PCA_CONTRIBUTIONS = ("auto", "subspace", "moment")
 #: how a site makes its own voxel maps (``dpneuro.site_maps``)
 SITE_MAPS_METHODS = ("guided_ica", "dual_regression")
@@ -448,7 +448,7 @@ class RunConfig:
             "weighs the same; \"moment\": its normalised second moment X X^T / n (the papers'). Temporal ICA "
             "whitens with variances, which subspaces do not carry: with \"subspace\" the PCA then adds one small "
             "release (the n_components x n_components second moment in the released basis; the PCA's epsilon is "
-            "split between the two). \"auto\": subspace, except with brain states or PD-SVD (\"moment\").")
+            "split between the two). \"auto\": subspace, except with PD-SVD (\"moment\").")
     max_memory_gb: float = setting(
         4.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
         agree=True,
@@ -523,9 +523,9 @@ class RunConfig:
     states_method: str = setting(
         "kmeans", section="brain states", constraint=StrOptions(STATE_METHODS), stages=("states",), agree=True,
         flag="states-method",
-        doc="How the consortium clusters the windows: \"kmeans\" (CAPE k-means: per-state clipped sums and "
-            "counts, a few rounds), \"agn\" (capeAGN's one-shot moments of the windows) or \"agn+kmeans\" "
-            "(k-means started at capeAGN's means). Measured in benchmarks/README.md (\"dFNC states\").")
+        doc="How the consortium clusters the windows: \"kmeans\" (the CAPE k-means: the mean window, rounds of "
+            "clipped per-state sums and counts, the occupancy) or \"agn\" (capeAGN's one-shot moments of the "
+            "windows). Measured in benchmarks/README.md (\"dFNC states\").")
     states_window: int = setting(
         22, section="brain states", constraint=Interval(Integral, 3, None), stages=("states",), agree=True,
         flag="states-window",
@@ -537,8 +537,9 @@ class RunConfig:
     states_metric: str = setting(
         "correlation", section="brain states", constraint=StrOptions(STATE_METRICS), stages=("states",),
         agree=True, flag="states-metric",
-        doc="How a window is assigned to its nearest state: \"correlation\", \"cityblock\" (GIFT's) or "
-            "\"euclidean\". Correlation is not moved by a noisy count's rescaling of a state.")
+        doc="How a subject's windows are assigned to the consortium's states for its statistics and the released "
+            "occupancy: \"correlation\", \"cityblock\" (GIFT's) or \"euclidean\". (The k-means rounds assign by "
+            "distance, less each state's public noise energy.)")
     optimizer: str = setting(
         "fast", section="analysis", constraint=StrOptions(OPTIMIZERS), stages=("unmix",), agree=True,
         doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "
