@@ -538,8 +538,8 @@ class RunConfig:
         "correlation", section="brain states", constraint=StrOptions(STATE_METRICS), stages=("states",),
         agree=True, flag="states-metric",
         doc="How a subject's windows are assigned to the consortium's states for its statistics and the released "
-            "occupancy: \"correlation\", \"cityblock\" (GIFT's) or \"euclidean\". (The k-means rounds assign by "
-            "distance, less each state's public noise energy.)")
+            "occupancy: \"correlation\", \"cityblock\" (GIFT's) or \"euclidean\". The k-means rounds themselves "
+            "assign by distance less each state's public noise energy.")
     optimizer: str = setting(
         "fast", section="analysis", constraint=StrOptions(OPTIMIZERS), stages=("unmix",), agree=True,
         doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "

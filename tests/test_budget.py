@@ -148,7 +148,7 @@ def test_default_split_without_ica_rounds_keeps_the_configurations_ratio(consort
 
     def ratio(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
-        return s["capepca"] / s["dfnc-kmeans"]
+        return s["capepca"] / math.sqrt(sum(s[k] ** 2 for k in ("dfnc-mean", "dfnc-kmeans", "dfnc-occupancy")))
 
     assert ratio(plan) == pytest.approx(ratio(base), rel=1e-6)
     assert max(plan.epsilon.values()) == pytest.approx(7.0, rel=1e-6)
@@ -198,7 +198,8 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
 
     def mus(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
-        return math.hypot(s["capepca"], s.get("capepca-variances", 0.0)), s["ica"], s["dfnc-kmeans"]
+        states = math.sqrt(sum(s[k] ** 2 for k in ("dfnc-mean", "dfnc-kmeans", "dfnc-occupancy")))
+        return math.hypot(s["capepca"], s.get("capepca-variances", 0.0)), s["ica"], states
 
     for target, share in ((5.0, None), (9.0, 0.5)):
         plan = plan_for_target(cfg, shapes, 60, target, pca_share=share)

@@ -273,7 +273,7 @@ def test_deployed_parties_through_the_estimator(consortium, simulations, tmp_pat
         assert not [ln for f in unmix_egress for ln in f.read_text().splitlines() if ln.strip()]
     else:
         assert {f.name for f in unmix_egress} >= {f"{n}.jsonl" for n in files}
-    states_egress = list((tmp_path / "shared").rglob("states-kmeans/egress/*.jsonl"))
+    states_egress = list((tmp_path / "shared").rglob("states-final/egress/*.jsonl"))
     assert bool(states_egress) == bool(DEPLOYED[case].get("brain_states"))
 
 
