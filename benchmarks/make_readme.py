@@ -1482,17 +1482,17 @@ def readme_blocks() -> dict[str, str]:
         blocks["states"] = (
             "On planted states (4 sites x 100 subjects, 20 components, 4 states, 200 volumes;\n"
             f"`benchmarks/dfnc_states.py`, median of 5 seeds) the state matrices match the planted\n"
-            f"ones at r = {km('4.0')} at a states budget of eps 4 (worst seed {km('4.0', 'state_r_min')}), "
-            f"{km('8.0')} at eps 8 and {km('2.0')} at eps 2,\n"
+            f"ones at r = {km(4.0)} at a states budget of eps 4 (worst seed {km(4.0, 'state_r_min')}), "
+            f"{km(8.0)} at eps 8 and {km(2.0)} at eps 2,\n"
             f"against {km('none')} without noise ({km('none', 'r_vs_pooled')} against k-means on the pooled windows, "
             "what GIFT\n"
-            f"computes); the consortium's occupancy is off by at most {km('4.0', 'occ_err')} at eps 4. Nothing works "
+            f"computes); the consortium's occupancy is off by at most {km(4.0, 'occ_err')} at eps 4. Nothing works "
             "at eps 1\n"
-            f"({km('1.0')}). In a whole run the states read the run's own time courses and inherit the\n"
+            f"({km(1.0)}). In a whole run the states read the run's own time courses and inherit the\n"
             "maps' error: on the demo's consortium with 4 planted states "
-            f"(`dpneuro demo --brain-states 4`)\nthey reach {demo('32', '4.0')} at `states_epsilon = 4` "
-            f"(the default) with 32 subjects per site and\n{demo('128', '4.0')} with 128, against "
-            f"{demo('32', 'none')} and {demo('128', 'none')} without noise (`benchmarks/states_utility.py`).")
+            f"(`dpneuro demo --brain-states 4`)\nthey reach {demo(32, 4.0)} at `states_epsilon = 4` "
+            f"(the default) with 32 subjects per site and\n{demo(128, 4.0)} with 128, against "
+            f"{demo(32, 'none')} and {demo(128, 'none')} without noise (`benchmarks/states_utility.py`).")
     rows = read_csv("frontier.csv")
     if rows:
         def cell(ica, parcels, contribution, epsilon):

@@ -291,7 +291,7 @@ class BudgetPlan:
                       f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
                       f"calibration '{cfg.calibration}'" if temporal else "")
                    + (f", brain states K = {cfg.brain_states}: states_epsilon = {cfg.states_epsilon:.6g} (at "
-                      "delta/2) for each of its two releases" if releases_in(cfg, "states") else ""))
+                      "delta/2) for the whole stage" if releases_in(cfg, "states") else ""))
         out += headline_lines(self.privacy)
         for name, s in self.privacy["sites"].items():
             stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)

@@ -463,8 +463,8 @@ def states_figure(matrices, occupancy, out_png) -> Path:
     K, R = C.shape[0], C.shape[1]
     order = network_order(C)
     occ = np.asarray(occupancy, float)
-    fig, axes = plt.subplots(1, K + 1, figsize=(2.3 * K + 2.2, 2.6),
-                             gridspec_kw={"width_ratios": [1] * K + [0.8]})
+    fig, axes = plt.subplots(1, K + 2, figsize=(2.3 * K + 2.8, 2.6),
+                             gridspec_kw={"width_ratios": [1] * K + [0.07, 0.9], "wspace": 0.45})
     labels = [f"IC{i + 1:02d}" for i in order]
     for k, ax in enumerate(axes[:K]):
         im = ax.imshow(C[k][np.ix_(order, order)], cmap="RdBu_r", vmin=-1, vmax=1)
@@ -472,8 +472,12 @@ def states_figure(matrices, occupancy, out_png) -> Path:
         ticks = range(R) if R <= 20 else []
         ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=5, rotation=90)
         ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=5)
-    fig.colorbar(im, ax=axes[:K], fraction=0.02, label="correlation")
-    bx = axes[K]
+    cb = fig.colorbar(im, cax=axes[K])
+    cb.set_label("correlation", fontsize=7)
+    cb.ax.tick_params(labelsize=6)
+    bx = axes[K + 1]
+    bx.yaxis.tick_right()  # the colour bar's ticks sit on the left
+    bx.tick_params(labelsize=7)
     bx.bar(range(K), occ, color="C0")
     bx.set_xticks(range(K), [str(k + 1) for k in range(K)], fontsize=7)
     bx.set_xlabel("state", fontsize=8)

@@ -197,6 +197,8 @@ def _states_algorithms(cfg, dim):
 
 
 def _states_planned(cfg, shapes, dim):
+    for s in shapes:  # the planner refuses what the run refuses
+        analysis.check_window_fits(cfg, s.lengths, f"site {s.name}")
     return states_settings(cfg).planned([analysis.window_counts(cfg, s.lengths) for s in shapes], cfg.n_components)
 
 

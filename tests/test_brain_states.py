@@ -89,6 +89,9 @@ def test_a_subject_shorter_than_a_window_is_refused_naming_the_setting():
     S = np.random.default_rng(0).standard_normal((R, 100))
     with pytest.raises(ConfigError, match="states_window.*site 2.*30 volumes"):
         stages.release("states").check(cfg, [S] * 4, [[70, 30] if i == 2 else [50, 50] for i in range(4)])
+    shapes = [SiteShape(f"s{i}", (70, 30) if i == 2 else (50, 50)) for i in range(4)]
+    with pytest.raises(ConfigError, match="states_window.*site s2"):  # the planner refuses it too
+        stages.release("states").planned(cfg, shapes, 0)
 
 
 @pytest.mark.parametrize("kw, field", [
