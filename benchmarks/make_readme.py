@@ -765,6 +765,23 @@ def section_dfnc(p: Page) -> dict:
     p.add("The k-means' parts and the budget split were chosen on this data with the seeds above; nothing tried "
           "works at eps 1 (docs/privacy.md describes each release).")
     p.add("")
+    real = read_csv("dfnc_real.csv")
+    rmeta = read_json("dfnc_real.json")
+    if real:
+        p.add("On real fMRI (`benchmarks/_real_data.py`: the 33 people of ds000140, 122 regions, two task runs of 191 "
+              f"TRs; {rmeta.get('R')} components from the exact PCA and the product's spatial ICA, so that only the "
+              f"states stage is private; K = {rmeta.get('K')}): the states k-means finds on half of the people against "
+              f"those on the other half ({rmeta.get('splits')} random splits), and the run's private states on 4 "
+              f"pseudo-sites of {', '.join(str(x) for x in rmeta.get('sites', []))} people against k-means on all 33 "
+              f"({len(rmeta.get('seeds', []))} noise seeds).")
+        p.add("")
+        p.meta("python benchmarks/dfnc_real.py", ["dfnc_real.csv", "dfnc_real.json"], rmeta.get("runtime_s"))
+        p.add(table(["states", "eps", "mean r (median)", "mean r (worst)"],
+                    [[r["method"], r["eps"], r["r_median"], r["r_min"]] for r in real]))
+        p.add("")
+        p.add("What limits the private states here is the number of people per site: every release's sensitivity is "
+              "a bound over the site's subject count, so 8 people per site carry 12.5 times the noise of 100.")
+        p.add("")
     return {"dfnc": rows}
 
 
