@@ -1510,6 +1510,16 @@ def readme_blocks() -> dict[str, str]:
             f"(`dpneuro demo --brain-states 4`)\nthey reach {demo(32, 4.0)} at `states_epsilon = 4` "
             f"(the default) with 32 subjects per site and\n{demo(128, 4.0)} with 128, against "
             f"{demo(32, 'none')} and {demo(128, 'none')} without noise (`benchmarks/states_utility.py`).")
+        real = read_csv("dfnc_real.csv")
+        if real:
+            half = one(real, eps="none", method="split-half k-means (no noise)")
+            priv = {e: one(real, eps=e, method="private k-means vs pooled k-means") for e in (8.0, "none")}
+            blocks["states"] += (
+                f"\nOn real task fMRI (33 people) the states are stable between halves of the people\n"
+                f"(r = {_r2(half['r_median'])}) and the stage without noise finds them "
+                f"({_r2(priv['none']['r_median'])}), but split into 4 sites of 8-9\n"
+                f"people the private states at eps 8 are noise ({_r2(priv[8.0]['r_median'])}; "
+                "`benchmarks/dfnc_real.py`): states need\nabout 100 people per site at eps 4.")
     rows = read_csv("frontier.csv")
     if rows:
         def cell(ica, parcels, contribution, epsilon):
