@@ -14,7 +14,7 @@ import make_readme  # noqa: E402
 def test_every_measured_passage_of_the_readme_is_rendered_from_the_results():
     text = (ROOT / "README.md").read_text()
     blocks = make_readme.readme_blocks()
-    assert set(blocks) == {"demo", "real_frontier", "frontier"}
+    assert set(blocks) == {"demo", "real_frontier", "frontier", "states"}
     assert make_readme.render_top_readme(text, blocks) == text  # the committed README is up to date
     assert text.count("<!-- measured: ") == len(blocks)
 
@@ -32,6 +32,21 @@ def test_a_changed_result_changes_the_readme(monkeypatch):
     monkeypatch.setattr(make_readme, "read_json", demo_with(0.5))
     changed = make_readme.render_top_readme(text, make_readme.readme_blocks())
     assert changed != text and "correlate 0.50 on" in changed
+
+
+def test_a_changed_states_result_changes_the_readme(monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    real = make_readme.read_csv
+
+    def read_csv(name):
+        rows = real(name)
+        if name == "dfnc_states.csv":
+            rows = [{**r, "state_r": 0.5} if r["method"] == "kmeans" and r["eps"] == 4.0 else r for r in rows]
+        return rows
+
+    monkeypatch.setattr(make_readme, "read_csv", read_csv)
+    changed = make_readme.render_top_readme(text, make_readme.readme_blocks())
+    assert changed != text and "r = 0.50 at a states budget of eps 4" in changed
 
 
 def test_a_missing_or_repeated_marker_is_refused():
