@@ -12,7 +12,6 @@ from dpneuro.algorithms import tensor as tz
 from dpneuro.algorithms.agn import (
     agn,
     avn,
-    brain_states,
     cape_agn,
     local_agn,
     otd,
@@ -463,30 +462,3 @@ def test_stm_input_must_be_one_hot_words(no_release):
         cape_agn(sites, 11, 1.0, 0.01, model="stm")
 
 
-# -- brain states ---------------------------------------------------------------------------------
-
-def test_brain_states_centroids_and_occupancies():
-    rng = np.random.default_rng(11)
-    R, K, S, n = 8, 3, 3, 20_000
-    C = 2.0 * ortho_group.rvs(R, random_state=rng)[:, :K]
-    p = np.array([0.2, 0.3, 0.5])
-    Z = []
-    for _ in range(S):
-        h = rng.choice(K, size=n, p=p)
-        Z.append(C[:, h] + 0.4 * rng.standard_normal((R, n)))
-    out = brain_states(Z, K, 50.0, 0.01, plan="cape", scale=4.0, random_state=1, timepoints_per_subject=2)
-    perm = _match(out.centroids, C)
-    assert np.abs(out.centroids[:, perm] - C).max() < 0.25
-    assert np.allclose(out.occupancy[perm], p, atol=0.05) and out.occupancy.sum() == pytest.approx(1)
-    assert out.occupancy_source == "weights"
-    for led in out.ledgers:
-        assert {x.unit for x in led.releases} == {"subject"}
-        assert led.releases[0].sensitivity == pytest.approx(2 * np.sqrt(2) / n)
-    rel = brain_states(Z, K, 50.0, 0.01, plan="conv", scale=4.0, random_state=1, occupancy="release")
-    perm = _match(rel.centroids, C)
-    assert np.allclose(rel.occupancy[perm], p, atol=0.05)
-    for led in rel.ledgers:
-        assert {x.name for x in led.releases} == {"m2", "m3", "occupancy"}
-        assert any("single time points" in note for note in led.notes)
-    with pytest.raises(ValueError, match="split"):
-        brain_states(Z, K, 1.0, 0.01, occupancy="release", split=(0.5, 0.5))

@@ -2,6 +2,6 @@
 
 from .pca import CapePCA, DPdisPCA, PCAResult, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
 from .pdsvd import PDSVD, PDSVDResult, ks_privacy, pd_pca, pd_svd
-from .agn import AGNResult, BrainStates, agn, avn, brain_states, cape_agn, local_agn, otd
+from .agn import AGNResult, agn, avn, cape_agn, local_agn, otd
 from .djica import CapeDJICA, DJICAResult, LearningRate, cape_djica, local_dp_ica, spatial_maps, time_courses, whiten
 from .spatial_ica import SpatialICAResult, spatial_ica

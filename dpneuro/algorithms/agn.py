@@ -42,8 +42,9 @@ MOG; a site with N_s samples; [CAPE-TF] App. C):
   on the Frobenius norm, hence on the unique entries).
 
 The unit is one *sample* (one observation or document), as in the papers; the
-ledgers say so. :func:`brain_states` can use subject-level privacy: a subject
-owning m time points multiplies every sensitivity by m.
+ledgers say so. :func:`moment_stage` (which the dFNC states use on windows) can
+use subject-level privacy: a subject owning m samples multiplies every
+sensitivity by m.
 
 MOG data must satisfy ||x||_2 <= 1. Pass ``scale`` (a public constant agreed
 beforehand, never computed from the data): samples are divided by it and any
@@ -85,11 +86,9 @@ from . import tensor as tz
 
 __all__ = [
     "AGNResult",
-    "BrainStates",
     "PreparedSite",
     "agn",
     "avn",
-    "brain_states",
     "cape_agn",
     "finish_moments",
     "local_agn",
@@ -479,32 +478,6 @@ class _M3Stage(_Stage):
         return Payload(meta={"stop": True})
 
 
-class _OccupancyStage(_Stage):
-    """Optional stage 3 of :func:`brain_states`: fraction of time points nearest each centroid."""
-
-    name = "capeagn-occupancy"
-
-    def __init__(self, *args, centroids: np.ndarray, **kw):
-        super().__init__(*args, **kw)
-        self.C = centroids
-
-    def site_releases(self, state) -> dict[str, ReleaseSpec]:
-        # moving one unit's m samples between two states changes two fractions by m/N_s
-        sens = math.sqrt(2.0) * state["group"] / state["n"]
-        return {"occupancy": ReleaseSpec((self.C.shape[1],), sens, self.z, unit=self.unit, stage="agn-occupancy")}
-
-    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
-        X = state["_data"].raw
-        d2 = (np.einsum("dn,dn->n", X, X)[:, None] - 2 * X.T @ self.C
-              + np.einsum("dk,dk->k", self.C, self.C)[None, :])
-        counts = np.bincount(np.argmin(d2, axis=1), minlength=self.C.shape[1])
-        return {"occupancy": counts / X.shape[1]}
-
-    def aggregator_update(self, state, round, combined) -> Payload:
-        state["occupancy"] = combined["occupancy"]
-        return Payload(meta={"stop": True})
-
-
 def moment_stage(order: int, n_components: int, noise_multiplier: float, groups, *, scale: float,
                  random_state=None, W: np.ndarray | None = None, sigma2: float | None = None,
                  budget: privacy.GaussianBudget | None = None):
@@ -787,102 +760,3 @@ def local_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: 
     return agn(site_samples[site], n_components, epsilon, delta, **kwargs)
 
 
-# -- brain states --------------------------------------------------------------------------
-
-@dataclass
-class BrainStates:
-    """Recurring brain states from reduced fMRI time points.
-
-    Attributes
-    ----------
-    centroids : ndarray, shape (R, K)
-        State centroids (MOG component means) as columns.
-    occupancy : ndarray, shape (K,)
-        Fraction of time in each state (sums to 1).
-    occupancy_source : str
-        ``"weights"``: the MOG weights w_k renormalised (free post-processing
-        of capeAGN's output); ``"release"``: per-site fractions of time points
-        nearest each centroid released through CAPE with their own budget share.
-    otd : AGNResult
-        The capeAGN run (weights, ledgers, ...).
-    ledgers : list of PrivacyLedger
-        Per site, all releases (including the occupancy release if any).
-    """
-
-    centroids: np.ndarray
-    occupancy: np.ndarray
-    occupancy_source: str
-    otd: AGNResult
-    ledgers: list[PrivacyLedger]
-
-
-def brain_states(Z_sites: Sequence, n_components: int, epsilon: float, delta: float, *, plan: str = "cape",
-                 split: Sequence[float] | None = None, occupancy: str = "weights",
-                 timepoints_per_subject: int | Sequence[int] | None = None, sigma2: float | None = None,
-                 scale: float | None = None, random_state=None, n_restarts: int = 30,
-                 n_iter: int = 50) -> BrainStates:
-    """K brain states (centroids and occupancies) with capeAGN on reduced time points.
-
-    Parameters
-    ----------
-    Z_sites : list of ndarray, each R x N_s
-        Per-site reduced data (e.g. PCA-whitened), time points as columns.
-    n_components : int
-        Number of states (k < R unless ``sigma2`` is given).
-    epsilon, delta : float
-        Total budget per site.
-    split : sequence of float, optional
-        Shares for (M2, M3) or, with ``occupancy="release"``, (M2, M3,
-        occupancy). Defaults: (0.5, 0.5) and (0.4, 0.4, 0.2).
-    occupancy : {"weights", "release"}
-        How occupancies are obtained (see :class:`BrainStates`).
-    timepoints_per_subject : int or list of int, optional
-        Subject-level privacy (recommended for fMRI, see docs/privacy.md): the
-        number of time points a subject contributes at each site. ``None``
-        protects single time points only (sample level), as the ledgers note.
-    scale : float, optional
-        Public norm bound for time points; default 2 sqrt(R), suited to
-        whitened data (E||z||^2 = R). Points beyond it are projected onto it.
-    random_state : None, int or numpy Generator
-        Seeds the noise and the power method's restarts (as :func:`cape_agn`).
-    """
-    seed = privacy.resolve_random_state(random_state)
-    if occupancy not in ("weights", "release"):
-        raise ValueError(f"occupancy must be 'weights' or 'release', got {occupancy!r}")
-    n_parts = 3 if occupancy == "release" else 2
-    split = ((0.4, 0.4, 0.2) if n_parts == 3 else (0.5, 0.5)) if split is None else split
-    parts = _check_split(split, n_parts)
-    _check_privacy(epsilon, delta)
-    if isinstance(Z_sites, np.ndarray) or not isinstance(Z_sites, Sequence) or not Z_sites:
-        raise ValueError("Z_sites must be a non-empty list of R x N_s arrays (time points as columns)")
-    R = np.shape(Z_sites[0])[0]
-    if scale is None:
-        scale = 2.0 * math.sqrt(R)
-    unit = "sample" if timepoints_per_subject is None else "subject"
-    groups = 1 if timepoints_per_subject is None else timepoints_per_subject
-    sites = _prepare_all(Z_sites, "mog", scale)
-    nplan = NoisePlan.coerce(plan)
-    nplan.check(len(sites))
-    groups_l = _groups(groups, unit, len(sites))
-    otd_share = sum(parts[:2])
-    res = cape_agn(sites, n_components, epsilon * otd_share, delta * otd_share, model="mog", plan=nplan,
-                   split=(parts[0] / otd_share, parts[1] / otd_share), sigma2=sigma2, scale=scale,
-                   random_state=seed, n_restarts=n_restarts, n_iter=n_iter, unit=unit, samples_per_unit=groups_l)
-    leds = res.ledgers
-    if occupancy == "weights":
-        occ = np.clip(np.nan_to_num(res.weights, nan=0.0, posinf=0.0), 0.0, None)
-    else:
-        z3 = noise_multiplier(epsilon * parts[2], delta * parts[2])
-        st3 = _OccupancyStage("mog", z3, unit=unit, groups=groups_l, seed=seed, stage_id=3, scale=scale,
-                              centroids=res.components)
-        r3 = run_cape(st3, sites, nplan)
-        occ = np.clip(r3.aggregator["occupancy"], 0.0, None)
-        leds = [a.merge(b) if (a is not None and b is not None) else (a or b)
-                for a, b in zip(leds, cape_ledgers(r3))]
-    occ = occ / occ.sum() if occ.sum() > 0 else np.full(n_components, 1.0 / n_components)
-    if unit == "sample":
-        for led in leds:
-            if led is not None:
-                led.note("brain_states at sample level protects single time points only; pass "
-                         "timepoints_per_subject for subject-level privacy")
-    return BrainStates(res.components, occ, occupancy, res, leds)
