@@ -136,23 +136,27 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
 
 
 def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input=None,
-                       timer, progress: bool = False) -> dict[str, Any]:
+                       timecourses=None, timer, progress: bool = False) -> dict[str, Any]:
     """A site's own files in ``out``, computed at the site from the public results and its own data:
     ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
     them) and ``states.tsv`` (its subjects' dFNC state statistics, with brain states). Nothing here is released.
 
     ``info`` is the site's loader record; ``unmix_input`` its input of the unmixing when it kept it (a deployed
-    site), else whitened here from its data matrix; ``timer(name)`` a context manager that times each part. The
-    simulation's maps stage writes every site's, a deployed site its own.
+    site), else whitened here from its data matrix; ``timecourses`` its time courses when the states stage
+    already computed them (a deployed site: nothing is whitened again); ``timer(name)`` a context manager that
+    times each part. The simulation's maps stage writes every site's, a deployed site its own.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     site = info["site"]
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     with timer(label(cfg, "timecourses", site)):
-        if unmix_input is None:  # a simulation keeps no inputs; with spatial ICA the sites took no part
-            unmix_input = unmixing_input(cfg, info["X"], V, lam)
-        S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
+        if timecourses is not None:
+            S = np.asarray(timecourses)
+        else:
+            if unmix_input is None:  # a simulation keeps no inputs; with spatial ICA the sites took no part
+                unmix_input = unmixing_input(cfg, info["X"], V, lam)
+            S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
         result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
                                   "site_maps": None, "site_maps_values": None, "states_occupancy": None,
                                   "states_summary": None}

@@ -413,7 +413,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
                         clock: _Clock) -> dict:
     cfg, out = ctx.cfg, ctx.out
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
-                             timer=clock.timed)
+                             timecourses=inputs.get("states"), timer=clock.timed)
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
     with clock.timed(label(cfg, "maps")):
