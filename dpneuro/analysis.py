@@ -281,7 +281,7 @@ def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites:
     alg = st.algorithm(step, D=D, n_sites=n_sites, previous=previous)
     state = run_aggregator(cape_protocol(alg, cfg.plan, n_sites=n_sites), exchange, checkpoint=checkpoint,
                            options=options)
-    return {k: v for k, v in st.aggregator_result(step, state, previous).items() if k != "history"}
+    return st.aggregator_result(step, state, previous)
 
 
 # -- summary: close a deployed run --------------------------------------------------------

@@ -13,9 +13,7 @@ says which setting a releasing stage's budget is.
 
 from __future__ import annotations
 
-import math
 
-import numpy as np
 
 from .algorithms.dfnc import StateSettings
 from .algorithms.cumulant_ica import CapeCumulantICA, release_bytes
@@ -25,7 +23,6 @@ from .algorithms.pdsvd import PDSVD
 from .config import ConfigError, RunConfig
 from .exchange.inprocess import DEFAULT_MAX_BYTES
 from .grid import features
-from .privacy import GaussianBudget
 
 
 def stage_seed(cfg: RunConfig, stage: int) -> int | None:

@@ -20,7 +20,7 @@ from .analysis import SCALING_NOTE, site_windows, unmixing_input
 from .budget import run_warnings
 from .config import RunConfig
 from .io import write_json
-from .maps import (render_components, states_figure, template_problem, write_components, write_dynamics,
+from .maps import (states_figure, template_problem, write_components, write_dynamics,
                    write_timecourses, zscore_columns)
 from .parcellation import space_parcels
 from .privacy import PrivacyLedger, privacy_report
@@ -112,7 +112,7 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
-    W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
+    W = np.asarray(public["unmix"]["W"])
     comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
     priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else [])))
     if transport:

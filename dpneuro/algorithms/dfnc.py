@@ -488,7 +488,7 @@ class CapeKMeans(_WindowsRelease):
         return {"sums": G.sum(axis=0) / M, "counts": p.sum(axis=0) / M}
 
     def aggregator_init(self) -> dict:
-        return {"releases": [], "history": []}
+        return {"releases": []}
 
     def aggregator_first(self, state) -> Payload:
         state["centroids"] = self.init
@@ -503,7 +503,6 @@ class CapeKMeans(_WindowsRelease):
         n = np.maximum(counts, self.floor)  # a state (nearly) empty or swamped by noise: a floor, not a blow-up
         C = sums.T / n[None, :]
         v = noise_variance(state, "sums") / (len(used) * n**2)
-        state["history"].append(C)
         state.update(centroids=C, counts=counts, noise_var=v)
         return Payload({"centroids": C, "noise_var": v}, {"stop": stop},
                        carries={"centroids": "public (post-processing)", "noise_var": "public (the noise plan)"})
@@ -712,7 +711,7 @@ class StateSettings:
 
     "kmeans" (the CAPE k-means): ``mean`` (:class:`CapeMean`), ``init``
     (:class:`CapeKMeans` with ``over`` x K states from public random starts,
-    ``init_rounds`` rounds; the aggregator merges them to K by
+    3 rounds, :data:`KMEANS_REPEATS`; the aggregator merges them to K by
     :func:`merge_centroids`), ``refine`` (one round at K), ``final`` (two
     rounds, averaged, then :func:`lowrank_denoise`), ``occupancy``
     (:class:`CapeOccupancy` of the final states). "agn": capeAGN's ``m2``, ``m3``.
@@ -729,7 +728,6 @@ class StateSettings:
     bound: float | None = None
     metric: str = "correlation"
     over: int = 2
-    init_rounds: int = 3
     n_restarts: int = 30
     n_iter: int = 50
     random_state: int | None = None
@@ -740,9 +738,6 @@ class StateSettings:
             raise ValueError(f"unknown method {self.method!r}; use one of {METHODS}")
         _check_int(self.n_states, "n_states", 2)
         _check_int(self.over, "over", 1)
-        if self.init_rounds != KMEANS_REPEATS["init_sums"]:
-            raise ValueError(f"init_rounds must be {KMEANS_REPEATS['init_sums']}, the rounds the budget split "
-                             f"(KMEANS_REPEATS) spreads the initial rounds' share over")
 
     @property
     def budget(self) -> privacy.GaussianBudget:
@@ -794,13 +789,13 @@ class StateSettings:
         if step == "mean":
             return CapeMean(MEAN_BOUND * math.sqrt(D), z["mean"], random_state=seed)
         if step == "init":
-            return CapeKMeans(self.over * K, self.init_rounds, B, z["init_sums"], z["init_counts"],
+            return CapeKMeans(self.over * K, KMEANS_REPEATS["init_sums"], B, z["init_sums"], z["init_counts"],
                               init=self._starts(prev["mean"], D), centre=prev["mean"], random_state=seed, tag=2)
         if step in ("refine", "final"):
-            final = step == "final"
-            return CapeKMeans(K, 2 if final else 1, B, z[f"{step}_sums"], z[f"{step}_counts"],
+            final, rounds = step == "final", KMEANS_REPEATS.get(f"{step}_sums", 1)  # the budget's rounds
+            return CapeKMeans(K, rounds, B, z[f"{step}_sums"], z[f"{step}_counts"],
                               init=prev.get("centroids", np.zeros((D, K))), init_var=prev.get("noise_var"),
-                              centre=prev["mean"], average_last=2 if final else 1, random_state=seed,
+                              centre=prev["mean"], average_last=rounds if final else 1, random_state=seed,
                               tag=4 if final else 3)
         if step == "occupancy":
             return CapeOccupancy(prev["vectors"], z["occupancy"], self.metric, random_state=seed)
@@ -892,7 +887,9 @@ def dfnc_states(sites: Sequence, n_states: int, epsilon: float | None, delta: fl
         previous = st.aggregator_result(step, r.aggregator, previous)
         result.update(previous)
         leds.append(cape_ledgers(r))
-    info = {"noise_multipliers": st.multipliers(len(ws)), **{k: result[k] for k in ("mean",) if k in result}}
+    info = {"noise_multipliers": st.multipliers(len(ws))}
+    if "mean" in result:
+        info["mean"] = result["mean"]
     return DFNCStates(result["vectors"], result["occupancy"], stage_ledgers(leds), st.method, st.metric,
                       st.scale(D), info)
 

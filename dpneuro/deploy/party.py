@@ -415,7 +415,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
                              timecourses=inputs.get("states"), timer=clock.timed)
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
-    W, b = np.asarray(public["unmix"]["W"]), np.asarray(public["unmix"]["b"])
+    W = np.asarray(public["unmix"]["W"])
     with clock.timed(label(cfg, "maps")):
         comp, _ = write_maps(info["space"], V, lam, W, out / "components.nii.gz")
         np.save(out / "W.npy", W)
