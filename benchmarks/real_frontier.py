@@ -24,6 +24,9 @@ within the run); capePCA then scales every time point to unit norm.
    ICA also with the cumulant unmixing instead of capeDJICA's rounds), 3 noise
    seeds: mean matched |r| of the private maps with the reference, median and
    worst.
+3. For the default run only: more sizes (150 to 1000 subjects per site) at eps
+   1, 2 and 4, the consortium a budget needs for maps at 0.8; and unequal
+   sites (30/60/90/120 subjects) against equal ones of the same total (75 each).
 
 What it does not show: bootstrapped subjects repeat 33 people, so the
 non-private reference is more stable than a real consortium of that size; the
@@ -56,6 +59,10 @@ from dpneuro.rmt import components_above_edge  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)
+#: more sizes for the default run only, at the low budgets: the consortium a budget needs for maps at 0.8
+SWEEP, SWEEP_EPSILONS = (150, 350, 750, 1000), (1.0, 2.0, 4.0)
+#: unequal sites against equal ones of the same total (the default run): CAPE's weights n_s / N
+UNEQUAL, EQUAL = (30, 60, 90, 120), (75, 75, 75, 75)
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_BOUND = RunConfig.__dataclass_fields__["pca_subject_bound"].default
 #: ablation of the spatial ICA: one FastICA run from one public start instead of the product's stable ICA
@@ -82,6 +89,56 @@ def _settings(ica: str, unmixing: str) -> tuple[dict, dict | None]:
     return {"ica_unmixing": unmixing}, None
 TEMPORAL_MAX_SUBJECTS = 250
 N_SITES, N_COMPONENTS, WINDOW = 4, 20, 150
+
+
+#: the product's defaults: spatial ICA on subject subspaces
+DEFAULT_RUN = ("spatial", "subspace", DEFAULT_BOUND)
+
+
+def site_label(sizes) -> str:
+    """``equal`` or the subjects of each site (``30/60/90/120``)."""
+    return "equal" if len(set(sizes)) == 1 else "/".join(str(m) for m in sizes)
+
+
+def private_rows(tmp: Path, X_sites, lengths, run, epsilons, seeds, D: int, reference=None) -> list[dict]:
+    """Rows of one consortium and RUNS entry: per total eps the private maps against the same method's
+    non-private maps (median and worst over ``seeds``); with ``reference`` (the real people's maps) first a row
+    comparing the non-private maps with it."""
+    (ica, con, um), bound = _model(run), run[2]
+    fields, spatial = _settings(ica, um)
+    kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0, **fields)
+    n_sites = len(X_sites)
+    ref = run_maps(base_config(tmp, n_sites, plan="none", seed=0, **kw), X_sites, lengths, spatial_options=spatial)
+    sizes = [len(ln) for ln in lengths]
+    row0 = {"subjects": sum(sizes) // n_sites, "sites": site_label(sizes), "ica": _label(ica, um),
+            "contribution": con, "bound": bound}
+    rows = []
+    if reference is not None:
+        rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, reference), "r_min": "", "pca_epsilon": "",
+                     "above_edge": "", "seeds": 1, "reference": "real 33"})
+        print(rows[-1], flush=True)
+    cfg0 = base_config(tmp, n_sites, **kw)
+    for eps in epsilons:
+        try:
+            plan = plan_for_target(cfg0, [SiteShape(s.name, tuple(ln)) for s, ln in zip(cfg0.sites, lengths)], D, eps)
+        except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
+            rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "", "above_edge": "",
+                         "seeds": 0, "reference": f"refused by the planner: {exc}"})
+            print(rows[-1], flush=True)
+            continue
+        cfg, sigma = plan.config, plan.noise().get("covariance")
+        r, above = [], []
+        for s in seeds:
+            maps, red = run_maps(replace(cfg, seed=s), X_sites, lengths, spatial_options=spatial, with_release=True)
+            r.append(mean_r(maps, ref))
+            # released eigenvalues above the noise's edge (dpneuro.rmt); a variance release's are not the covariance's
+            if sigma is not None and not cfg.pca_variances:
+                above.append(components_above_edge(red.eigenvalues, sigma, D))
+        rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
+                     "pca_epsilon": round(cfg.pca_epsilon, 3), "above_edge": statistics.median(above) if above else "",
+                     "seeds": len(seeds), "reference": "non-private, same data"})
+        print(rows[-1], flush=True)
+    return rows
 
 
 def real_subjects():
@@ -167,15 +224,18 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--subjects", type=lambda v: tuple(int(x) for x in v.split(",")), default=SUBJECTS,
                     help="subjects per site, comma-separated (default: %(default)s); the draws do not depend on it")
+    ap.add_argument("--no-extra", action="store_true", help="only the grid: no size sweep, no unequal sites")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     d, runs = real_subjects()
     if args.quick:
         subjects_grid, epsilons, seeds = (12,), (4.0, 16.0), [0]
-        runs_grid = (("spatial", "moment", 1.0), ("spatial", "subspace", DEFAULT_BOUND),
-                     ("spatial", "subspace", DEFAULT_BOUND, SINGLE))
+        runs_grid = (("spatial", "moment", 1.0), DEFAULT_RUN, ("spatial", "subspace", DEFAULT_BOUND, SINGLE))
+        sweep, sweep_eps, unequal, equal = (16,), (4.0,), (6, 10, 14, 18), (12, 12, 12, 12)
     else:
         subjects_grid, epsilons, seeds, runs_grid = args.subjects, EPSILONS, list(range(args.seeds)), RUNS
+        sweep, sweep_eps, unequal, equal = ((), (), (), ()) if args.no_extra else (SWEEP, SWEEP_EPSILONS, UNEQUAL,
+                                                                                    EQUAL)
     rows, agreement = [], {}
     with tempfile.TemporaryDirectory(prefix="dpneuro-real-") as tmp:
         tmp = Path(tmp)
@@ -201,61 +261,43 @@ def main(argv=None) -> int:
                 agreement[f"{_label(ica, um)} ({con}) on the same images vs CanICA"] = mean_r(same, can)
                 agreement[f"{_label(ica, um)} ({con}) on the regions vs CanICA"] = mean_r(M[idx], can)
             print(agreement, flush=True)
-        # 2. pseudo-consortia
-        X_all, len_all = pseudo_consortium(runs, max(SUBJECTS), N_SITES, WINDOW, seed=1)  # same draws
+        # 2. pseudo-consortia (draws 501-1000 of a site from a second stream: sizes up to 500 keep their draws)
+        X_all, len_all = pseudo_consortium(runs, max(SUBJECTS), N_SITES, WINDOW, seed=1)
+        if max(sweep, default=0) > max(SUBJECTS):
+            X_more, len_more = pseudo_consortium(runs, max(sweep) - max(SUBJECTS), N_SITES, WINDOW, seed=2)
+            X_all = [np.hstack([a, b]) for a, b in zip(X_all, X_more)]
+            len_all = [a + b for a, b in zip(len_all, len_more)]
+
+        def consortium(sizes):
+            return ([X[:, :m * WINDOW] for X, m in zip(X_all, sizes)], [ln[:m] for ln, m in zip(len_all, sizes)])
+
         for subjects in subjects_grid:
-            X_sites = [X[:, :subjects * WINDOW] for X in X_all]
-            lengths = [ln[:subjects] for ln in len_all]
+            X_sites, lengths = consortium([subjects] * N_SITES)
             seen = set()
             for run in runs_grid:
-                (ica, con, um), bound = _model(run), run[2]
+                (ica, con, um) = _model(run)
                 if ica == "temporal" and subjects > TEMPORAL_MAX_SUBJECTS:
                     continue  # 40 private rounds over every time point: the largest sizes take too long
-                fields, spatial = _settings(ica, um)
-                kw = dict(ica=ica, pca_contribution=con, pca_subject_bound=bound, parcels=0, **fields)
-                ref = run_maps(base_config(tmp, N_SITES, plan="none", seed=0, **kw), X_sites, lengths,
-                               spatial_options=spatial)
-                row0 = {"subjects": subjects, "ica": _label(ica, um), "contribution": con, "bound": bound}
-                if (ica, con, um) not in seen:
-                    seen.add((ica, con, um))
-                    rows.append({**row0, "epsilon": "none", "r_median": mean_r(ref, ref_maps[ica, con, um]),
-                                 "r_min": "", "pca_epsilon": "", "above_edge": "", "seeds": 1,
-                                 "reference": "real 33"})
-                    print(rows[-1], flush=True)
-                cfg0 = base_config(tmp, N_SITES, **kw)
-                for eps in epsilons:
-                    try:
-                        plan = plan_for_target(cfg0, [SiteShape(s.name, tuple(ln)) for s, ln in
-                                                      zip(cfg0.sites, lengths)], D, eps)
-                    except ConfigError as exc:  # e.g. 40 ICA rounds cannot share a total eps of 1
-                        rows.append({**row0, "epsilon": eps, "r_median": "", "r_min": "", "pca_epsilon": "",
-                                     "above_edge": "", "seeds": 0, "reference": f"refused by the planner: {exc}"})
-                        print(rows[-1], flush=True)
-                        continue
-                    cfg, sigma = plan.config, plan.noise().get("covariance")
-                    r, above = [], []
-                    for s in seeds:
-                        maps, red = run_maps(replace(cfg, seed=s), X_sites, lengths, spatial_options=spatial,
-                                             with_release=True)
-                        r.append(mean_r(maps, ref))
-                        # released eigenvalues above the noise's edge (dpneuro.rmt); a variance release's are
-                        # not the covariance's
-                        if sigma is not None and not cfg.pca_variances:
-                            above.append(components_above_edge(red.eigenvalues, sigma, D))
-                    rows.append({**row0, "epsilon": eps, "r_median": statistics.median(r), "r_min": min(r),
-                                 "pca_epsilon": round(cfg.pca_epsilon, 3),
-                                 "above_edge": statistics.median(above) if above else "", "seeds": len(seeds),
-                                 "reference": "non-private, same data"})
-                    print(rows[-1], flush=True)
-    keys = ["subjects", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "above_edge",
+                new = private_rows(tmp, X_sites, lengths, run, epsilons, seeds, D,
+                                   reference=None if (ica, con, um) in seen else ref_maps[ica, con, um])
+                seen.add((ica, con, um))
+                rows += new
+        for sizes, eps_grid in [*(([m] * N_SITES, sweep_eps) for m in sweep), (unequal, epsilons),
+                                (equal, epsilons)]:
+            if sizes and not (sizes is equal and sizes[0] in subjects_grid):  # already in the grid
+                X_sites, lengths = consortium(sizes)
+                rows += private_rows(tmp, X_sites, lengths, DEFAULT_RUN, eps_grid, seeds, D)
+    keys = ["subjects", "sites", "ica", "contribution", "bound", "epsilon", "r_median", "r_min", "pca_epsilon", "above_edge",
             "seeds", "reference"]
     meta = {"data": d["source"], "people": len(runs), "regions": D, "window": WINDOW, "n_sites": N_SITES,
             "n_components": N_COMPONENTS, "subjects_per_site": list(subjects_grid), "epsilons": list(epsilons),
+            "sweep": list(sweep), "sweep_epsilons": list(sweep_eps), "unequal": list(unequal), "equal": list(equal),
             "runs": [list(r) for r in runs_grid], "seeds": len(seeds), "delta": 1e-5, "agreement": agreement,
             "runtime_s": time.perf_counter() - t0}
     write_results("real_frontier" + ("_quick" if args.quick else ""), rows, meta, keys=keys, digits=4)
     if not args.quick:
-        figure(rows, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"),
+        grid = [r for r in rows if r["sites"] == "equal" and r["subjects"] in subjects_grid]
+        figure(grid, subjects_grid, RESULTS / "real_frontier.png", series=("ica", "contribution", "bound"),
                value="r_median", ylabel="mean |r| with the non-private maps", hline=0.7)
     return 0
 

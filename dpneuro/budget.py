@@ -433,16 +433,43 @@ def components_supported(plan: BudgetPlan) -> int | None:
     return None if spec is None else supported_components(spec, plan.dim, cfg.contribution, cfg.n_components)
 
 
+#: the squared overlap of the last component's eigenvector (:func:`maps_overlap`) at which private maps agree with
+#: the non-private ones at mean |r| >= 0.8: on real fMRI pseudo-consortia (benchmarks/real_frontier.py, 4 sites,
+#: 50-1000 subjects each, eps 1-16, subject subspaces) every cell above it did and every cell below it did not
+MAPS_OVERLAP = 0.9
+#: what subjects_needed asks of a plan
+CRITERIA = ("components", "maps")
+
+
+def maps_overlap(plan: BudgetPlan) -> float | None:
+    """The squared overlap with its noise-free eigenvector expected for the ``n_components``-th eigenvector of
+    typical region-level fMRI under ``plan``'s covariance noise (spiked Wigner, :mod:`dpneuro.rmt`); None where
+    the reference spectrum does not apply (fewer than 50 or more than 400 features) or nothing is released."""
+    sigma = plan.noise().get("covariance")
+    cfg = plan.config
+    if sigma is None or not REFERENCE_DIMS[0] <= plan.dim <= REFERENCE_DIMS[1]:
+        return None
+    spec = reference_spectrum(cfg.contribution, cfg.n_components)
+    return float(eigenvector_overlap([spec[min(cfg.n_components, len(spec)) - 1]], sigma, plan.dim)[0])
+
+
 def subjects_needed(cfg: RunConfig, dim: int, target_epsilon: float, *, timepoints: int = 150,
-                    max_subjects: int = 20000) -> int | None:
+                    max_subjects: int = 20000, criterion: str = "components") -> int | None:
     """The fewest subjects per site (equal sites of ``timepoints`` volumes each) at which a run of ``cfg``
     spending ``target_epsilon`` keeps all ``cfg.n_components`` components above its covariance noise
-    (:func:`components_supported`, the planner's own warning); None where the reference does not apply or
-    ``max_subjects`` is not enough.
+    (``criterion="components"``: :func:`components_supported`, the planner's own warning), or gives maps that
+    agree with the non-private ones at about 0.8 (``"maps"``: :func:`maps_overlap` >= :data:`MAPS_OVERLAP`);
+    None where the reference does not apply or ``max_subjects`` is not enough.
     """
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+
     def enough(n: int) -> bool | None:
-        shapes = site_shapes(cfg, subjects=n, timepoints=timepoints)
-        supported = components_supported(plan_for_target(cfg, shapes, dim, target_epsilon))
+        plan = plan_for_target(cfg, site_shapes(cfg, subjects=n, timepoints=timepoints), dim, target_epsilon)
+        if criterion == "maps":
+            overlap = maps_overlap(plan)
+            return None if overlap is None else overlap >= MAPS_OVERLAP
+        supported = components_supported(plan)
         return None if supported is None else supported >= cfg.n_components
 
     if not enough(max_subjects):

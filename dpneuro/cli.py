@@ -13,7 +13,7 @@ from numbers import Integral
 from pathlib import Path
 
 from . import __version__
-from .budget import plan_for_target, site_shapes, spend, subjects_needed
+from .budget import CRITERIA, MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
 from .config import SYNTHETIC_CONSORTIUM as SC
 from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
                      constraint, summary)
@@ -220,16 +220,18 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     dim = features(cfg, args.features)
     # a total epsilon in the configuration is planned as the run plans it (budget.apply_target)
     target = args.target_epsilon if args.target_epsilon is not None else cfg.epsilon
-    needed = None
+    needed = for_maps = None
     if target is not None:
         plan = plan_for_target(replace(cfg, epsilon=None), shapes, dim, target, pca_share=args.pca_share)
         # equal sites of the median subject's length: what a consortium of this kind needs at this budget
         volumes = int(statistics.median(n for s in shapes for n in s.lengths))
-        needed = subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes)
+        needed, for_maps = (subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes,
+                                            criterion=c) for c in CRITERIA)
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "subjects_needed": needed}, indent=1, default=str))
+        print(json.dumps({**plan.to_dict(), "subjects_needed": needed, "subjects_for_maps": for_maps}, indent=1,
+                         default=str))
         return EXIT_OK
     print(plan)
     if target is not None:
@@ -237,6 +239,10 @@ def _cmd_budget(args: argparse.Namespace) -> int:
               + (f"{needed} ({len(shapes)} equal sites of {volumes} volumes per subject; region-level fMRI's "
                  "reference spectrum)" if needed else "the reference spectrum of region-level fMRI does not apply "
                  f"to D = {dim} features (it covers 50 to 400)"))
+        if for_maps:
+            print(f"Subjects per site for maps that agree with the non-private ones at about 0.8 (component "
+                  f"{cfg.n_components}'s eigenvector at squared overlap >= {MAPS_OVERLAP:g}; calibrated on real "
+                  f"fMRI): {for_maps}")
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ import json
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -408,6 +409,56 @@ def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise
         site_shapes(cfg, subjects=[30, 60, 90])
 
 
+def test_subjects_for_maps_is_the_fewest_whose_last_eigenvector_keeps_its_overlap(tmp_path):
+    """criterion="maps": at the answer the last component's expected squared overlap reaches MAPS_OVERLAP, one
+    subject fewer it does not; it asks more than every component above the edge, and less at a larger budget."""
+    from dpneuro.budget import MAPS_OVERLAP, maps_overlap, subjects_needed
+    from dpneuro.config import RunConfig
+
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
+                               "out": str(tmp_path / "o"), "parcels": 100, "n_components": 20})
+
+    def overlap(n, eps):
+        return maps_overlap(plan_for_target(cfg, site_shapes(cfg, subjects=n), 100, eps))
+
+    needed = {eps: subjects_needed(cfg, 100, eps, criterion="maps") for eps in (1.0, 2.0, 4.0)}
+    for eps, n in needed.items():
+        assert overlap(n, eps) >= MAPS_OVERLAP > overlap(n - 1, eps)
+        assert n > subjects_needed(cfg, 100, eps)
+    assert needed[1.0] > needed[2.0] > needed[4.0]
+    assert subjects_needed(cfg, 1000, 4.0, criterion="maps") is None  # outside the reference's 50-400 features
+    with pytest.raises(ValueError, match="criterion must be one of"):
+        subjects_needed(cfg, 100, 4.0, criterion="pretty maps")
+
+
+def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
+    """benchmarks/real_frontier.py's default cells (4 sites, 122 regions, 20 components, 50-1000 subjects, eps
+    1-16): the planner's expected overlap reaches MAPS_OVERLAP exactly where the measured maps agree at >= 0.8,
+    and the size it asks for at eps 1, 2 and 4 lies between the largest measured size below 0.8 and the
+    smallest at or above it."""
+    import csv
+
+    from dpneuro.budget import MAPS_OVERLAP, maps_overlap, subjects_needed
+    from dpneuro.config import RunConfig
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "real_frontier.csv"
+    rows = [r for r in csv.DictReader(path.read_text().splitlines()) if r["ica"] == "spatial"
+            and r["contribution"] == "subspace" and r["sites"] == "equal" and r["epsilon"] != "none"]
+    cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
+                               "out": str(tmp_path / "o"), "parcels": 0, "n_components": 20})
+    D = 122
+    assert len(rows) >= 30
+    for r in rows:
+        m, eps, agree = int(r["subjects"]), float(r["epsilon"]), float(r["r_median"])
+        overlap = maps_overlap(plan_for_target(cfg, site_shapes(cfg, subjects=m), D, eps))
+        assert (overlap >= MAPS_OVERLAP) == (agree >= 0.8), (m, eps, overlap, agree)
+    for eps in (1.0, 2.0, 4.0):
+        cells = {int(r["subjects"]): float(r["r_median"]) for r in rows if float(r["epsilon"]) == eps}
+        below = max(m for m, v in cells.items() if v < 0.8)
+        good = min(m for m, v in cells.items() if v >= 0.8 and m > below)
+        assert below < subjects_needed(cfg, D, eps, criterion="maps") <= good
+
+
 def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys, tmp_path):
     from dpneuro.budget import subjects_needed
     from dpneuro.config import RunConfig
@@ -418,6 +469,9 @@ def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys,
     cfg = RunConfig.from_dict({"sites": [{"name": f"site-{i:02d}", "path": ""} for i in range(1, 5)], "out": ""})
     assert plan["subjects_needed"] == subjects_needed(cfg, 100, 2.0) > 120  # default features: 100 parcels
     assert main(["budget", "--subjects", "30,60,90,120", "--target-epsilon", "2"]) == 0
-    assert f"needs for all 20 components above the noise: {plan['subjects_needed']} " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"needs for all 20 components above the noise: {plan['subjects_needed']} " in out
+    assert plan["subjects_for_maps"] == subjects_needed(cfg, 100, 2.0, criterion="maps") > plan["subjects_needed"]
+    assert out.rstrip().endswith(f"calibrated on real fMRI): {plan['subjects_for_maps']}")
     with pytest.raises(SystemExit):
         main(["budget", "--subjects", "30,x"])

@@ -14,7 +14,7 @@ import make_readme  # noqa: E402
 def test_every_measured_passage_of_the_readme_is_rendered_from_the_results():
     text = (ROOT / "README.md").read_text()
     blocks = make_readme.readme_blocks()
-    assert set(blocks) == {"demo", "real_frontier", "frontier", "states"}
+    assert set(blocks) == {"demo", "real_frontier", "strong_privacy", "frontier", "states"}
     assert make_readme.render_top_readme(text, blocks) == text  # the committed README is up to date
     assert text.count("<!-- measured: ") == len(blocks)
 
@@ -34,18 +34,18 @@ def test_a_changed_result_changes_the_readme(monkeypatch):
     assert changed != text and "correlate 0.50 on" in changed
 
 
-def test_a_changed_states_result_changes_the_readme(monkeypatch):
+def _rendered_with(monkeypatch, csv_name: str, edit) -> tuple[str, str]:
+    """(committed README, README rendered with ``edit(row)`` applied to every row of ``csv_name``)."""
     text = (ROOT / "README.md").read_text()
     real = make_readme.read_csv
+    monkeypatch.setattr(make_readme, "read_csv", lambda name: [edit(r) for r in real(name)] if name == csv_name
+                        else real(name))
+    return text, make_readme.render_top_readme(text, make_readme.readme_blocks())
 
-    def read_csv(name):
-        rows = real(name)
-        if name == "dfnc_states.csv":
-            rows = [{**r, "state_r": 0.5} if r["method"] == "kmeans" and r["eps"] == 4.0 else r for r in rows]
-        return rows
 
-    monkeypatch.setattr(make_readme, "read_csv", read_csv)
-    changed = make_readme.render_top_readme(text, make_readme.readme_blocks())
+def test_a_changed_states_result_changes_the_readme(monkeypatch):
+    text, changed = _rendered_with(monkeypatch, "dfnc_states.csv", lambda r: {**r, "state_r": 0.5} if
+                                   r["method"] == "kmeans" and r["eps"] == 4.0 else r)
     assert changed != text and "r = 0.50 at a states budget of eps 4" in changed
 
 
@@ -55,3 +55,34 @@ def test_a_missing_or_repeated_marker_is_refused():
     twice = "<!-- measured: demo -->\n<!-- /measured -->\n" * 2
     with pytest.raises(SystemExit, match="exactly once"):
         make_readme.render_top_readme(twice, {"demo": "x"})
+
+
+def _default_rows(cells):
+    return [{"subjects": m, "sites": "equal", "ica": "spatial", "contribution": "subspace", "bound": 0.25,
+             "epsilon": e, "r_median": v} for (m, e), v in cells.items()]
+
+
+def test_the_size_a_budget_needs_is_the_smallest_from_which_the_maps_stay_good():
+    rows = _default_rows({(50, 2.0): 0.5, (100, 2.0): 0.82, (250, 2.0): 0.79, (500, 2.0): 0.9, (1000, 2.0): 0.95,
+                          (100, 4.0): 0.85})
+    # 100 reaches 0.8 but 250 falls below: the size is the one from which every larger size stays at 0.8
+    assert make_readme.subjects_for(rows, 2.0) == (500, 0.9)
+    assert make_readme.subjects_for(rows, 4.0) == (100, 0.85)
+    assert make_readme.subjects_for(rows, 1.0) is None
+    assert make_readme.subjects_for(rows, 2.0, level=0.96) is None
+    # other runs and unequal sites do not count
+    other = [{**r, "contribution": "moment"} for r in _default_rows({(50, 4.0): 0.99})]
+    unequal = [{**r, "sites": "30/60/90/120"} for r in _default_rows({(75, 4.0): 0.99})]
+    assert make_readme.subjects_for(rows + other + unequal, 4.0) == (100, 0.85)
+    text = make_readme._sizes_sentence(rows)
+    assert "eps 2 needs 500 subjects per site (0.90)" in text and "eps 1 more than 0 per site" in text
+
+
+def test_a_changed_frontier_changes_the_readmes_sizes(monkeypatch):
+    def edit(r):
+        default = r["ica"] == "spatial" and r["contribution"] == "subspace" and r["bound"] == 0.25
+        return {**r, "r_median": 0.99} if default and r.get("sites") == "equal" and r["epsilon"] == 4.0 else r
+
+    text, changed = _rendered_with(monkeypatch, "real_frontier.csv", edit)
+    smallest = min(r["subjects"] for r in make_readme.read_csv("real_frontier.csv") if r.get("sites") == "equal")
+    assert changed != text and f"eps 4 needs {smallest} subjects per site (0.99)" in " ".join(changed.split())
