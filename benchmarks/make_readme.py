@@ -1552,13 +1552,12 @@ def _wrap(text: str, width: int = 76) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-def _unequal_sentence(rows) -> str:
+def _unequal_sentence(rows, meta: dict) -> str:
     """README: unequal sites against equal ones of the same total, at eps 1, 2 and 4 ("" when not measured)."""
     uneq = [r for r in rows if r.get("sites", "equal") != "equal" and r["epsilon"] in (1.0, 2.0, 4.0)]
-    if not uneq:
+    if not uneq or not meta.get("equal"):
         return ""
-    total = sum(int(x) for x in str(uneq[0]["sites"]).split("/"))
-    each = total // len(str(uneq[0]["sites"]).split("/"))
+    each = meta["equal"][0]
     eq = [one(_default_real(rows), subjects=each, epsilon=e) for e in (1.0, 2.0, 4.0)]
     if None in eq:
         return ""
@@ -1609,7 +1608,7 @@ def readme_blocks() -> dict[str, str]:
             + ("\n" + _wrap(f"For maps at {GOOD_MAPS} (the smallest size measured from which the median stays there): "
                              + _sizes_sentence(rows) + "; `dpneuro budget` gives a consortium's own size from "
                              "its settings, by a criterion these cells calibrate.") if subjects_for(rows, 4.0) else "")
-            + _unequal_sentence(rows))
+            + _unequal_sentence(rows, read_json("real_frontier.json")))
     dfnc, run = read_csv("dfnc_states.csv"), read_csv("states_utility.csv")
     if dfnc and run:
         def km(eps, col="state_r"):

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     X_all, len_all = consortium(runs)
     X_con, len_con = consortium(runs[PUBLIC_PEOPLE:])
     default_ref = maps_of(release(X_all, len_all, K, None, 0), K)
-    A_pub = None
+    A_pub = con_ref = None  # the prior levers': the public people's matrix, the other 22's non-private maps
     rows = []
     for lever, value in levers:
         X, ln, k, shape, paint, ref_default = X_all, len_all, K, {}, None, default_ref
@@ -168,7 +168,8 @@ def main(argv=None) -> int:
             if A_pub is None:
                 blocks = [np.hstack(p) for p in runs[:PUBLIC_PEOPLE]]
                 A_pub = release([np.hstack(blocks)], [[b.shape[1] for b in blocks]], K, None, 0)
-            ref_default = maps_of(release(X, ln, K, None, 0), K)  # the 22 people's consortium
+                con_ref = maps_of(release(X, ln, K, None, 0), K)
+            ref_default = con_ref
         prior = value * A_pub if lever == "public prior b" else 0.0
 
         def maps(eps, seed):
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(row, flush=True)
     if A_pub is not None:
-        alone = mean_r(maps_of(A_pub, K), maps_of(release(X_con, len_con, K, None, 0), K))
+        alone = mean_r(maps_of(A_pub, K), con_ref)
         rows.append({"lever": "public data alone", "none_vs_default": "",
                      **{f"{c}_{e:g}": alone for e in epsilons for c in ("own", "default")}})
         print(rows[-1], flush=True)

@@ -197,14 +197,20 @@ def supported_components(spectral_norm: float, dim: int, contribution: str = "mo
     return sum(1 for lam in reference_spectrum(contribution, k) if lam > spectral_norm)
 
 
+def last_component_overlap(noise_std: float, dim: int, spectrum, n_components: int) -> float:
+    """The squared overlap with its noise-free eigenvector expected for the ``n_components``-th eigenvector of
+    ``spectrum`` under covariance noise of off-diagonal std ``noise_std`` (spiked Wigner, :mod:`dpneuro.rmt`)."""
+    spec = np.asarray(spectrum, np.float64)
+    return float(eigenvector_overlap([spec[min(n_components, len(spec)) - 1]], noise_std, dim)[0])
+
+
 def random_matrix_line(noise_std: float, dim: int, spectrum, n_components: int) -> str:
     """The planner's random-matrix summary for covariance noise of off-diagonal std ``noise_std``
     (:mod:`dpneuro.rmt`): the edge, how many reference eigenvalues are detectable (BBP), and the squared
     eigenvector overlap expected for the ``n_components``-th."""
     spec = np.asarray(spectrum, np.float64)
     detectable = int(np.sum(spec > detection_threshold(noise_std, dim)))
-    kth = spec[min(n_components, len(spec)) - 1]
-    overlap = float(eigenvector_overlap([kth], noise_std, dim)[0])
+    overlap = last_component_overlap(noise_std, dim, spec, n_components)
     return (f"random-matrix view: noise edge 2 sigma sqrt(D) = {wigner_edge(noise_std, dim):.3g}; an eigenvalue "
             f"above sigma sqrt(D) = {detection_threshold(noise_std, dim):.3g} leaves the noise (BBP): "
             f"{'{} or more'.format(detectable) if detectable == len(spec) else detectable} of the reference; "
@@ -442,15 +448,15 @@ CRITERIA = ("components", "maps")
 
 
 def maps_overlap(plan: BudgetPlan) -> float | None:
-    """The squared overlap with its noise-free eigenvector expected for the ``n_components``-th eigenvector of
-    typical region-level fMRI under ``plan``'s covariance noise (spiked Wigner, :mod:`dpneuro.rmt`); None where
-    the reference spectrum does not apply (fewer than 50 or more than 400 features) or nothing is released."""
+    """:func:`last_component_overlap` of typical region-level fMRI's reference spectrum under ``plan``'s
+    covariance noise; None where the reference spectrum does not apply (fewer than 50 or more than 400 features)
+    or nothing is released."""
     sigma = plan.noise().get("covariance")
     cfg = plan.config
     if sigma is None or not REFERENCE_DIMS[0] <= plan.dim <= REFERENCE_DIMS[1]:
         return None
-    spec = reference_spectrum(cfg.contribution, cfg.n_components)
-    return float(eigenvector_overlap([spec[min(cfg.n_components, len(spec)) - 1]], sigma, plan.dim)[0])
+    return last_component_overlap(sigma, plan.dim, reference_spectrum(cfg.contribution, cfg.n_components),
+                                  cfg.n_components)
 
 
 def subjects_needed(cfg: RunConfig, dim: int, target_epsilon: float, *, timepoints: int = 150,

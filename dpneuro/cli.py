@@ -13,7 +13,7 @@ from numbers import Integral
 from pathlib import Path
 
 from . import __version__
-from .budget import CRITERIA, MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
+from .budget import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
 from .config import SYNTHETIC_CONSORTIUM as SC
 from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
                      constraint, summary)
@@ -225,8 +225,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
         plan = plan_for_target(replace(cfg, epsilon=None), shapes, dim, target, pca_share=args.pca_share)
         # equal sites of the median subject's length: what a consortium of this kind needs at this budget
         volumes = int(statistics.median(n for s in shapes for n in s.lengths))
-        needed, for_maps = (subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes,
-                                            criterion=c) for c in CRITERIA)
+        needed = subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes)
+        for_maps = subjects_needed(replace(cfg, epsilon=None), dim, target, timepoints=volumes, criterion="maps")
     else:
         plan = spend(cfg, shapes, dim)
     if args.json:
