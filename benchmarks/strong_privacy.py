@@ -33,10 +33,23 @@ Levers (none is the default; the table says why):
   without the release. The "public" people come from the same study, task and
   atlas as the consortium: a public dataset's best case.
 
-    python benchmarks/strong_privacy.py            # ~15 min on 2 cores
+Limits (``--part limits``): at the sizes and budgets of the goals (4 x 50 and
+4 x 100 subjects, eps 1 to 8), what caps the default's maps. Against the same
+size's non-private maps: the default's private maps; FastICA on the released
+basis started from the rotation closest to the non-private maps (where the
+ICA's criterion lands from a perfect start, not what a run can do); and two
+ceilings of the released top 20 eigenvectors: per map, each non-private map's
+largest |r| with any map in their span; and for a rotation, the largest mean
+matched |r| any rotation of the whitened basis reaches (the maps of every
+spatial ICA of the release are such a rotation, so none can agree more). A
+random basis (no data) gives the chance level of each.
+
+    python benchmarks/strong_privacy.py            # ~20 min on 2 cores
+    python benchmarks/strong_privacy.py --part limits   # the limits alone, ~4 min
     python benchmarks/strong_privacy.py --quick    # smoke run (writes *_quick.*)
 
-Writes benchmarks/results/strong_privacy.{csv,json}.
+Writes benchmarks/results/strong_privacy.{csv,json} (levers) and
+strong_privacy_limits.{csv,json} (limits).
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ from real_frontier import N_SITES, WINDOW, pseudo_consortium, real_subjects  # n
 
 from dpneuro.algorithms import pca  # noqa: E402
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
-from dpneuro.algorithms.spatial_ica import spatial_ica  # noqa: E402
+from dpneuro.algorithms.spatial_ica import guided_ica, spatial_ica  # noqa: E402
 from dpneuro.budget import SiteShape, plan_for_target  # noqa: E402
 
 K = 20
@@ -67,6 +80,9 @@ PUBLIC_PEOPLE = 11  # of the 33: the "public dataset" of the prior lever
 LEVERS = ([("default", None)] + [("rank r", r) for r in (10, 15, 30)] + [("weights a", a) for a in (0.5, 1.0)]
           + [("features g", g) for g in (40, 61, 90)] + [("components k", k) for k in (5, 10)]
           + [("public prior b", b) for b in (0.0, 0.5, 1.0, 2.0)])
+#: the issue's goals: (subjects per site, total eps) -> mean |r| with the non-private maps
+GOALS = {(100, 1.0): 0.6, (100, 2.0): 0.75, (100, 4.0): 0.85, (50, 4.0): 0.7}
+LIMIT_SUBJECTS = (50, 100)
 
 
 @contextlib.contextmanager
@@ -117,6 +133,61 @@ def agree(maps: np.ndarray, ref: np.ndarray) -> float:
     return mean_r(ref, maps) if maps.shape[1] < ref.shape[1] else mean_r(maps, ref)
 
 
+def subspace_ceilings(basis: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(per map, rotation): how far maps built from span(``basis``) can agree with ``ref``'s maps (mean |r|).
+
+    Per map: the mean over ``ref``'s maps of the largest |r| any map in the span reaches with it (correlation
+    centres both, so the best map is the centred reference's projection on the centred span). Rotation: the
+    largest mean matched |r| of maps that are a rotation of the whitened basis, as a spatial ICA's are: with
+    Z the whitened centred basis and C = Z^T ref_std / D (the correlations of its directions with the
+    references), a rotation U and any matching and signs give sum |r| = tr(U'^T C) for an orthogonal U',
+    at most C's nuclear norm, which the Procrustes rotation reaches.
+    """
+    Zc = basis - basis.mean(axis=0)
+    Q, _ = np.linalg.qr(Zc)
+    R = (ref - ref.mean(axis=0)) / ref.std(axis=0)
+    D, k = ref.shape
+    per_map = float(np.mean(np.linalg.norm(Q.T @ R, axis=0) / np.sqrt(D)))
+    rotation = float(np.linalg.svd(Q.T @ R / np.sqrt(D), compute_uv=False).sum() / k)
+    return per_map, rotation
+
+
+def limits(runs, subjects_grid, epsilons, seeds) -> list[dict]:
+    """Per size and budget: the default's maps, FastICA from the reference's rotation, the subspace ceiling."""
+    rows = []
+    for subjects in subjects_grid:
+        X, ln = pseudo_consortium(runs, subjects, N_SITES, WINDOW, seed=1)
+        X = [x.astype(np.float64) for x in X]
+        ref = maps_of(release(X, ln, K, None, 0), K)
+        # chance: a random basis (no data) through the same post-processing
+        chance = {"maps": [], "map_ceiling": [], "rotation_ceiling": []}
+        for s in seeds:
+            V = np.linalg.qr(np.random.default_rng(1000 + s).standard_normal((len(ref), K)))[0]
+            chance["maps"].append(agree(spatial_maps(V, np.ones(K), spatial_ica(V, np.ones(K)).W), ref))
+            for name, c in zip(("map_ceiling", "rotation_ceiling"), subspace_ceilings(V, ref)):
+                chance[name].append(c)
+        rows.append({"subjects": subjects, "epsilon": "random basis", "goal": "", "maps_median":
+                     statistics.median(chance["maps"]), "guided_median": "",
+                     "map_ceiling_median": statistics.median(chance["map_ceiling"]),
+                     "rotation_ceiling_median": statistics.median(chance["rotation_ceiling"]),
+                     "rotation_ceiling_max": max(chance["rotation_ceiling"])})
+        print(rows[-1], flush=True)
+        for eps in epsilons:
+            got = {"maps": [], "guided": [], "map_ceiling": [], "rotation_ceiling": []}
+            for s in seeds:
+                A = release(X, ln, K, eps, s)
+                lam, V = pca.top_eigh(A, K)
+                got["maps"].append(agree(maps_of(A, K), ref))
+                got["guided"].append(agree(guided_ica(V, ref).maps, ref))
+                for name, c in zip(("map_ceiling", "rotation_ceiling"), subspace_ceilings(V, ref)):
+                    got[name].append(c)
+            rows.append({"subjects": subjects, "epsilon": eps, "goal": GOALS.get((subjects, eps), ""),
+                         **{f"{k}_median": statistics.median(v) for k, v in got.items()},
+                         "rotation_ceiling_max": max(got["rotation_ceiling"])})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def centroid_groups(atlas, n_groups: int) -> np.ndarray:
     """Group of each region: k-means of the atlas's region centroids (mm), fixed seed."""
     import nibabel as nib
@@ -132,11 +203,28 @@ def centroid_groups(atlas, n_groups: int) -> np.ndarray:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small consortium, two levers, one budget, one seed")
+    ap.add_argument("--part", choices=("all", "levers", "limits"), default="all")
     args = ap.parse_args(argv)
-    t0 = time.perf_counter()
     d, runs = real_subjects()
+    suffix = "_quick" if args.quick else ""
+    if args.part in ("all", "limits"):
+        t0 = time.perf_counter()
+        grid, epsilons, seeds = (LIMIT_SUBJECTS, EPSILONS, (0, 1, 2)) if not args.quick else ((12,), (4.0,), (0,))
+        rows = limits(runs, grid, epsilons, seeds)
+        meta = {"n_sites": N_SITES, "window": WINDOW, "regions": runs[0][0].shape[0], "n_components": K,
+                "epsilons": list(epsilons), "seeds": len(seeds), "subjects": list(grid),
+                "runtime_s": time.perf_counter() - t0}
+        write_results("strong_privacy_limits" + suffix, rows, meta, digits=3)
+    if args.part in ("all", "levers"):
+        levers(d, runs, args.quick, suffix)
+    return 0
+
+
+def levers(d, runs, quick: bool, suffix: str) -> None:
+    """Each lever's private maps at 4 x 100 subjects against its own and the default's non-private maps."""
+    t0 = time.perf_counter()
     subjects, epsilons, seeds, levers = 100, EPSILONS, (0, 1, 2), LEVERS
-    if args.quick:
+    if quick:
         subjects, epsilons, seeds = 12, (4.0,), (0,)
         levers = [("default", None), ("rank r", 10), ("features g", 40), ("components k", 5), ("public prior b", 1.0)]
 
@@ -194,8 +282,7 @@ def main(argv=None) -> int:
         print(rows[-1], flush=True)
     meta = {"subjects_per_site": subjects, "n_sites": N_SITES, "window": WINDOW, "regions": X_all[0].shape[0], "n_components": K, "epsilons": list(epsilons), "seeds": len(seeds),
             "public_people": PUBLIC_PEOPLE, "people": len(runs), "runtime_s": time.perf_counter() - t0}
-    write_results("strong_privacy" + ("_quick" if args.quick else ""), rows, meta, digits=3)
-    return 0
+    write_results("strong_privacy" + suffix, rows, meta, digits=3)
 
 
 if __name__ == "__main__":

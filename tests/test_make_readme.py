@@ -86,3 +86,13 @@ def test_a_changed_frontier_changes_the_readmes_sizes(monkeypatch):
     text, changed = _rendered_with(monkeypatch, "real_frontier.csv", edit)
     smallest = min(r["subjects"] for r in make_readme.read_csv("real_frontier.csv") if r.get("sites") == "equal")
     assert changed != text and f"eps 4 needs {smallest} subjects per site (0.99)" in " ".join(changed.split())
+
+
+def test_a_changed_limit_changes_the_readme(monkeypatch):
+    def edit(r):
+        return {**r, "rotation_ceiling_max": 0.99} if (r["subjects"], r["epsilon"]) == (100, 4.0) else r
+
+    lim = make_readme.read_csv("strong_privacy_limits.csv")
+    eps1, eps2 = (f"{make_readme.one(lim, subjects=100, epsilon=e)['rotation_ceiling_max']:.2f}" for e in (1.0, 2.0))
+    text, changed = _rendered_with(monkeypatch, "strong_privacy_limits.csv", edit)
+    assert changed != text and f"at most at {eps1}, {eps2}, 0.99 at 4 x 100" in " ".join(changed.split())

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, spatial_ica
+from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, _whiten, spatial_ica
 from dpneuro.metrics import match_components
 from dpneuro import rmt
 
@@ -51,16 +51,24 @@ def test_keeps_the_run_the_criterion_picks(select):
     assert r.stability.shape == (V.shape[1],) and np.all((r.stability > 0) & (r.stability <= 1 + 1e-9))
 
 
-def test_restarts_recover_planted_sources_at_least_as_well_as_one_run():
-    # 20 fixed problems; n_init = 10 measured: mean recovery 0.779 against 0.774, better on 5, worse on 1
-    single, stable = [], []
-    for seed in range(20):
-        V, lam, S = _planted(seed)
-        single.append(_recovery(spatial_ica(V, lam, n_init=1).maps, S))
-        stable.append(_recovery(spatial_ica(V, lam, n_init=10).maps, S))
-    diff = np.array(stable) - np.array(single)
-    assert np.mean(stable) >= np.mean(single) - 0.002
-    assert np.sum(diff > 1e-3) >= np.sum(diff < -1e-3)
+@pytest.mark.slow  # 3,400 FastICA runs: about a minute
+def test_restarts_make_the_maps_independent_of_the_public_start():
+    # What lets private maps converge to the non-private ones (benchmarks/stable_ica.py): the kept run does not
+    # depend on which public starts were used. 40 fixed problems, starts from seed 0 against seed 1000; measured
+    # with scikit-learn 1.9: one run gives different maps on 12 problems (mean |r| 0.981 between the two),
+    # the default 20 starts on 4 (0.999). On these planted sources restarts neither help nor hurt recovery of
+    # the sources themselves (0.789 either way), so that is not asserted.
+    def start_dependent(n_init):
+        agree = []
+        for seed in range(40):
+            V, lam, _ = _planted(seed)
+            a = spatial_ica(V, lam, n_init=n_init, init_seed=0).maps
+            b = spatial_ica(V, lam, n_init=n_init, init_seed=1000).maps
+            agree.append(_recovery(a, b))
+        return int(np.sum(np.array(agree) < 0.999)), float(np.mean(agree))
+
+    single, stable = start_dependent(1), start_dependent(SPATIAL_ICA_RESTARTS)
+    assert stable[0] <= single[0] / 2 and stable[1] > single[1]
 
 
 def test_rejects_bad_settings():
@@ -141,3 +149,45 @@ def test_planner_reports_the_random_matrix_view():
     assert "edge 2 sigma sqrt(D) = 0.053" in line
     assert f"(BBP): {sum(v > 0.0024 * math.sqrt(122) for v in spec)} of the reference" in line
     assert "overlap ~0.00" in line
+
+
+def test_subspace_ceilings_bound_every_rotation_of_the_basis():
+    """benchmarks/strong_privacy.py's ceilings: no rotation of a basis (so no spatial ICA of it) agrees more."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from strong_privacy import subspace_ceilings
+
+    rng = np.random.default_rng(0)
+    D, R = 150, 6
+    V, lam, S = _planted(4, D=D, R=R)
+    Z = _whiten(V)[0]  # the ICA's whitened basis: centred, uncorrelated unit-variance columns
+    rotated = Z @ np.linalg.qr(rng.standard_normal((R, R)))[0]
+    assert subspace_ceilings(V, rotated) == pytest.approx((1.0, 1.0), abs=1e-10)
+    # maps in the span that no rotation gives at once (they are correlated): each alone is reachable
+    mixed = V @ rng.standard_normal((R, R))
+    per_map, rotation = subspace_ceilings(V, mixed)
+    assert per_map == pytest.approx(1.0, abs=1e-10) and rotation < 0.97
+    # centred references at angle theta to the centred span: the per-map ceiling is cos(theta)
+    Q, _ = np.linalg.qr(np.column_stack([V - V.mean(0), np.ones(D)]))
+    W = rng.standard_normal((D, R))
+    W -= Q @ (Q.T @ W)  # orthogonal to the span and to constants
+    W /= np.linalg.norm(W, axis=0)
+    inside = Q[:, :R] @ rng.standard_normal((R, R))
+    inside /= np.linalg.norm(inside, axis=0)
+    theta = np.linspace(0.2, 1.2, R)
+    ref = inside * np.cos(theta) + W * np.sin(theta)
+    assert subspace_ceilings(V, ref)[0] == pytest.approx(float(np.mean(np.cos(theta))), abs=1e-10)
+    assert subspace_ceilings(V, W) == pytest.approx((0.0, 0.0), abs=1e-10)
+    # every rotation of the basis, and its spatial ICA, stays at or below the rotation ceiling of noisy
+    # references, which the best rotation reaches
+    noisy = S + 1.5 * rng.standard_normal(S.shape)
+    per_map, rotation = subspace_ceilings(V, noisy)
+    assert 0.3 < rotation <= per_map < 0.9
+    rotations = [np.linalg.qr(rng.standard_normal((R, R)))[0] for _ in range(50)]
+    got = [_recovery(Z @ U, noisy) for U in rotations] + [_recovery(spatial_ica(V, lam, n_init=3).maps, noisy)]
+    assert max(got) <= rotation + 1e-12
+    C = Z.T @ ((noisy - noisy.mean(0)) / noisy.std(0)) / D
+    u, _, vt = np.linalg.svd(C)
+    assert _recovery(Z @ (u @ vt), noisy) == pytest.approx(rotation, abs=1e-10)
