@@ -33,8 +33,8 @@ Levers (none is the default; the table says why):
   without the release. The "public" people come from the same study, task and
   atlas as the consortium: a public dataset's best case.
 
-Limits (``--part limits``): at the sizes and budgets of the goals (4 x 50 and
-4 x 100 subjects, eps 1 to 8), what caps the default's maps. Against the same
+Limits (``--part limits``): at the sizes and budgets of the strong-privacy
+targets (4 x 50 and 4 x 100 subjects, eps 1 to 8), what caps the default's maps. Against the same
 size's non-private maps: the default's private maps; FastICA on the released
 basis started from the rotation closest to the non-private maps (where the
 ICA's criterion lands from a perfect start, not what a run can do); and two
@@ -80,7 +80,7 @@ PUBLIC_PEOPLE = 11  # of the 33: the "public dataset" of the prior lever
 LEVERS = ([("default", None)] + [("rank r", r) for r in (10, 15, 30)] + [("weights a", a) for a in (0.5, 1.0)]
           + [("features g", g) for g in (40, 61, 90)] + [("components k", k) for k in (5, 10)]
           + [("public prior b", b) for b in (0.0, 0.5, 1.0, 2.0)])
-#: the issue's goals: (subjects per site, total eps) -> mean |r| with the non-private maps
+#: the strong-privacy targets (issue 36): (subjects per site, total eps) -> mean |r| with the non-private maps
 GOALS = {(100, 1.0): 0.6, (100, 2.0): 0.75, (100, 4.0): 0.85, (50, 4.0): 0.7}
 LIMIT_SUBJECTS = (50, 100)
 
