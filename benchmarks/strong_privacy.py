@@ -34,15 +34,16 @@ Levers (none is the default; the table says why):
   atlas as the consortium: a public dataset's best case.
 
 Limits (``--part limits``): at the sizes and budgets of the strong-privacy
-targets (4 x 50 and 4 x 100 subjects, eps 1 to 8), what caps the default's maps. Against the same
-size's non-private maps: the default's private maps; FastICA on the released
-basis started from the rotation closest to the non-private maps (where the
-ICA's criterion lands from a perfect start, not what a run can do); and two
-ceilings of the released top 20 eigenvectors: per map, each non-private map's
-largest |r| with any map in their span; and for a rotation, the largest mean
-matched |r| any rotation of the whitened basis reaches (the maps of every
-spatial ICA of the release are such a rotation, so none can agree more). A
-random basis (no data) gives the chance level of each.
+targets (4 x 50 and 4 x 100 subjects, eps 1 to 8), what caps the default's
+maps. Against the same size's non-private maps: the default's private maps;
+FastICA on the released basis started from the rotation closest to the
+non-private maps (where the ICA's criterion lands from a perfect start, not
+what a run can do); and two ceilings of the released top 20 eigenvectors:
+per map, each non-private map's largest |r| with any map in their span; and
+for a rotation, the largest mean matched |r| any rotation of the whitened
+basis reaches (the maps of every spatial ICA of the release are such a
+rotation, so none can agree more). A random basis (no data) gives the chance
+level of each.
 
     python benchmarks/strong_privacy.py            # ~20 min on 2 cores
     python benchmarks/strong_privacy.py --part limits   # the limits alone, ~4 min
@@ -153,7 +154,7 @@ def subspace_ceilings(basis: np.ndarray, ref: np.ndarray) -> tuple[float, float]
 
 
 def limits(runs, subjects_grid, epsilons, seeds) -> list[dict]:
-    """Per size and budget: the default's maps, FastICA from the reference's rotation, the subspace ceiling."""
+    """Per size and budget: the default's maps, FastICA from the best rotation, the two ceilings."""
     rows = []
     for subjects in subjects_grid:
         X, ln = pseudo_consortium(runs, subjects, N_SITES, WINDOW, seed=1)
@@ -216,11 +217,11 @@ def main(argv=None) -> int:
                 "runtime_s": time.perf_counter() - t0}
         write_results("strong_privacy_limits" + suffix, rows, meta, digits=3)
     if args.part in ("all", "levers"):
-        levers(d, runs, args.quick, suffix)
+        lever_rows(d, runs, args.quick, suffix)
     return 0
 
 
-def levers(d, runs, quick: bool, suffix: str) -> None:
+def lever_rows(d, runs, quick: bool, suffix: str) -> None:
     """Each lever's private maps at 4 x 100 subjects against its own and the default's non-private maps."""
     t0 = time.perf_counter()
     subjects, epsilons, seeds, levers = 100, EPSILONS, (0, 1, 2), LEVERS
