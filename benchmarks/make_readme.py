@@ -1597,10 +1597,11 @@ def _ceiling_sentence() -> str:
     cells = [r for r in read_csv("strong_privacy_limits.csv") if r["goal"] != ""]
     if not cells:
         return "benchmarks/strong_privacy.py"
+    seeds = read_json("strong_privacy_limits.json").get("seeds")
     return ("no spatial ICA of the released basis can reach them: the best rotation of it agrees at most "
             + ", ".join(f"{_r2(r['rotation_ceiling_max'])} at {r['subjects']} per site and eps {r['epsilon']:g} "
                         f"(goal {_r2(r['goal'])})" for r in cells)
-            + " (best of 3 seeds; benchmarks/strong_privacy.py --part limits)")
+            + f" (best of {seeds} seeds; benchmarks/strong_privacy.py --part limits)")
 
 
 def _real_cell(rows, subjects: int, contribution: str, bound: float, epsilon: float) -> str:
@@ -1706,7 +1707,7 @@ def readme_blocks() -> dict[str, str]:
                 "What limits these budgets is the release itself (`benchmarks/strong_privacy.py --part limits`): "
                 "the best rotation of the released basis, which no spatial ICA of it can beat, agrees with the "
                 f"maps without noise at most at {lcol(100, 'rotation_ceiling_max')} at 4 x 100 subjects and eps 1, "
-                f"2, 4 (best of 3 noise draws), and at {lcol(50, 'rotation_ceiling_max', (4.0,))} at 4 x 50 and "
+                f"2, 4 (best of {read_json('strong_privacy_limits.json').get('seeds')} noise draws), and at {lcol(50, 'rotation_ceiling_max', (4.0,))} at 4 x 50 and "
                 "eps 4. The ICA loses more below that ceiling: the noise moves FastICA's optimum, and started "
                 f"from the best rotation it lands where the default does ({lcol(100, 'guided_median')} against "
                 f"{lcol(100, 'maps_median')}).")

@@ -153,6 +153,17 @@ def subspace_ceilings(basis: np.ndarray, ref: np.ndarray) -> tuple[float, float]
     return per_map, rotation
 
 
+def limit_row(subjects: int, epsilon, ref: np.ndarray, bases: list, maps: list, guided: list | None = None) -> dict:
+    """One row of the limits table: medians over the draws' bases and maps, the best draw's rotation ceiling."""
+    ceilings = [subspace_ceilings(V, ref) for V in bases]
+    rotation = [c[1] for c in ceilings]
+    return {"subjects": subjects, "epsilon": epsilon, "goal": GOALS.get((subjects, epsilon), ""),
+            "maps_median": statistics.median(agree(m, ref) for m in maps),
+            "guided_median": statistics.median(agree(m, ref) for m in guided) if guided else "",
+            "map_ceiling_median": statistics.median(c[0] for c in ceilings),
+            "rotation_ceiling_median": statistics.median(rotation), "rotation_ceiling_max": max(rotation)}
+
+
 def limits(runs, subjects_grid, epsilons, seeds) -> list[dict]:
     """Per size and budget: the default's maps, FastICA from the best rotation, the two ceilings."""
     rows = []
@@ -160,31 +171,15 @@ def limits(runs, subjects_grid, epsilons, seeds) -> list[dict]:
         X, ln = pseudo_consortium(runs, subjects, N_SITES, WINDOW, seed=1)
         X = [x.astype(np.float64) for x in X]
         ref = maps_of(release(X, ln, K, None, 0), K)
-        # chance: a random basis (no data) through the same post-processing
-        chance = {"maps": [], "map_ceiling": [], "rotation_ceiling": []}
-        for s in seeds:
-            V = np.linalg.qr(np.random.default_rng(1000 + s).standard_normal((len(ref), K)))[0]
-            chance["maps"].append(agree(spatial_maps(V, np.ones(K), spatial_ica(V, np.ones(K)).W), ref))
-            for name, c in zip(("map_ceiling", "rotation_ceiling"), subspace_ceilings(V, ref)):
-                chance[name].append(c)
-        rows.append({"subjects": subjects, "epsilon": "random basis", "goal": "", "maps_median":
-                     statistics.median(chance["maps"]), "guided_median": "",
-                     "map_ceiling_median": statistics.median(chance["map_ceiling"]),
-                     "rotation_ceiling_median": statistics.median(chance["rotation_ceiling"]),
-                     "rotation_ceiling_max": max(chance["rotation_ceiling"])})
+        # chance: a random basis (no data) through the same spatial ICA
+        bases = [np.linalg.qr(np.random.default_rng(1000 + s).standard_normal((len(ref), K)))[0] for s in seeds]
+        rows.append(limit_row(subjects, "random basis", ref, bases, [spatial_ica(V, np.ones(K)).maps for V in bases]))
         print(rows[-1], flush=True)
         for eps in epsilons:
-            got = {"maps": [], "guided": [], "map_ceiling": [], "rotation_ceiling": []}
-            for s in seeds:
-                A = release(X, ln, K, eps, s)
-                lam, V = pca.top_eigh(A, K)
-                got["maps"].append(agree(maps_of(A, K), ref))
-                got["guided"].append(agree(guided_ica(V, ref).maps, ref))
-                for name, c in zip(("map_ceiling", "rotation_ceiling"), subspace_ceilings(V, ref)):
-                    got[name].append(c)
-            rows.append({"subjects": subjects, "epsilon": eps, "goal": GOALS.get((subjects, eps), ""),
-                         **{f"{k}_median": statistics.median(v) for k, v in got.items()},
-                         "rotation_ceiling_max": max(got["rotation_ceiling"])})
+            released = [release(X, ln, K, eps, s) for s in seeds]
+            bases = [pca.top_eigh(A, K)[1] for A in released]
+            rows.append(limit_row(subjects, eps, ref, bases, [maps_of(A, K) for A in released],
+                                  [guided_ica(V, ref).maps for V in bases]))
             print(rows[-1], flush=True)
     return rows
 
