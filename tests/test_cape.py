@@ -400,13 +400,16 @@ def test_noise_is_fresh_every_round_and_ledger_counts_rounds():
 
 
 def test_dropout_after_zero_sum_redoes_round_among_survivors():
-    S = 4
+    """5 sites (one colluder assumed), one drops after the zero-sum step: the 4 survivors redo the round with fresh
+    draws and more local noise, so each keeps the guarantee the 5-site consortium promised (not the weaker one
+    4 sites would give at the same noise)."""
+    S = 5
     alg = Zeros(shape=(5000,))
     proto = cape_protocol(alg, "cape", n_sites=S)
     rel = proto._round[-1]
 
     def flaky_site(state, rnd, incoming):
-        if state["site"] == 3 and rnd == 0:
+        if state["site"] == 4 and rnd == 0:
             raise SimulatedDropout
         return rel.site(state, rnd, incoming)
 
@@ -414,15 +417,20 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
     from dpneuro.driver import simulate
 
     res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
-    assert res.sites[3] is None
-    assert res.aggregator["active"] == [0, 1, 2]
+    assert res.sites[4] is None
+    assert res.aggregator["active"] == [0, 1, 2, 3]
     assert res.aggregator["cape"]["redos"] == 1
-    survivors = [res.sites[s] for s in range(3)]
+    survivors = [res.sites[s] for s in range(4)]
     e = np.stack([st["_last_noise"]["f"][0] for st in survivors])
-    assert np.abs(e.mean(axis=0)).max() < 1e-8  # cancels among the 3 survivors
-    assert _chi2_var_ok(res.aggregator["combined"][0], 1.0 / 9)
+    assert np.abs(e.mean(axis=0)).max() < 1e-8  # cancels among the 4 survivors
+    tau = 2 * 0.5  # Zeros: noise multiplier 2, sensitivity 0.5
+    var = res.aggregator["cape"]["noise_var"]["f"]
+    assert var > tau**2 / 4**2  # above the symmetric 4-site plan's tau^2 / S^2: the price of the promise
+    assert _chi2_var_ok(res.aggregator["combined"][0], var)
+    promised = symmetric_guarantee(S, 1, ZERO_SUM_VARIANCE) * 0.5 / tau
     for st in survivors:  # the release made before the redo stays in the ledger
         assert sum(r.count for r in st["ledger"].releases) == 2
+        assert st["ledger"].releases[-1].mu_collusion == pytest.approx(promised, rel=1e-6)
 
 
 def test_mismatched_site_configuration_is_refused():

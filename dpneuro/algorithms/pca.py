@@ -150,6 +150,7 @@ from ..io import NpyColumns, column_blocks, column_norms, scale_factors, subject
 from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
 from ..cape.packing import check_symmetric_noise
 from ..cape.plans import NoisePlan
+from ..errors import UnsafeRelease
 from ..exchange import Payload
 from ..privacy import PrivacyLedger
 from ..driver import Phase, RunOptions, State, simulate
@@ -878,6 +879,11 @@ class CapePCA:
         V = np.asarray(broadcast.arrays["V"], dtype=np.float64)
         if V.shape != (src.dim, width):
             raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected {(src.dim, width)}")
+        # the release's sensitivity holds for ||V||_2 <= 1 only: a scaled V would scale it past the noise
+        if not (np.all(np.isfinite(V)) and np.linalg.norm(V, 2) <= 1 + 1e-6):
+            raise UnsafeRelease(f"site {state['site']} refuses to release: the aggregator's broadcast basis 'V' is "
+                                "not orthonormal (spectral norm above 1), so this site's sensitivity would not bound "
+                                "its release; nothing was released")
         return V
 
     # -- aggregator ----------------------------------------------------------------------

@@ -21,18 +21,21 @@ releasing site's ledger.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol as TypingProtocol
 
 import numpy as np
 
 from .. import privacy, secagg
+from ..errors import UnsafeRelease
 from ..exchange.base import Payload
 from ..privacy import PrivacyLedger, max_colluding
 from ..driver import Phase, RunOptions, SimulationResult, State, simulate
 from .packing import check_symmetric_noise, n_unique, noise_array
-from .plans import NoisePlan, Variances, plan_variances
+from .plans import NoisePlan, Variances, plan_variances, symmetric_guarantee
 
 CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
 
@@ -110,13 +113,13 @@ class CapeAlgorithm(TypingProtocol):
 
 
 def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
-                  active: list[int]) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
-    """Variances for the active sites; arrays to broadcast them."""
+                  active: list[int], consortium: int) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
+    """Variances for the active sites (survivors keep the ``consortium``'s guarantee); arrays to broadcast them."""
     w = weights[active] / weights[active].sum()
     arrays = {"cape/sites": np.asarray(active, np.int64), "cape/weights": w}
     plans = {}
     for name in specs:
-        v = plan_variances(plan, taus[name][active], w)
+        v = plan_variances(plan, taus[name][active], w, consortium=consortium)
         plans[name] = v
         arrays[f"cape/e_var/{name}"] = v.e_hat
         arrays[f"cape/g_var/{name}"] = v.g
@@ -126,9 +129,10 @@ def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.nd
 class _CapeProtocol:
     """The driver-facing protocol built by :func:`cape_protocol`."""
 
-    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, secagg_config=None):
+    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, n_sites: int, secagg_config=None):
         self.alg = algorithm
         self.plan = plan
+        self.n_sites = int(n_sites)  # the configured consortium: what every site's promise is computed for
         self.name = f"{algorithm.name}[{plan.kind}]"
         self.max_rounds = algorithm.max_rounds
         self.secagg = secagg_config
@@ -213,7 +217,7 @@ class _CapeProtocol:
             for name in first:
                 taus[name][s] = float(m.arrays[f"tau/{name}"][0])
         state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
-        plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites)
+        plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites, self.n_sites)
         state["cape"]["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
@@ -235,16 +239,19 @@ class _CapeProtocol:
             cs["f"] = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
             cs["f_round"] = rnd
 
-    def _my_plan(self, state: State) -> tuple[int, int, np.ndarray]:
-        plan = state["cape"]["plan"]
-        sites = [int(x) for x in plan["cape/sites"]]
-        me = sites.index(state["site"])
-        return me, len(sites), plan["cape/weights"]
+    def _my_plan(self, state: State, rnd: int) -> tuple[int, int, np.ndarray]:
+        """This site's position in the broadcast plan, once the site has checked the plan (:func:`verify_plan`)."""
+        cs = state["cape"]
+        plan = cs["plan"]
+        specs = self.alg.site_releases(state)
+        me = verify_plan(plan, {n: specs[n] for n in self._now(cs["specs"], rnd)}, state["site"], self.plan,
+                         self.n_sites, who=state.get("site_name"))
+        return me, len(plan["cape/sites"]), plan["cape/weights"]
 
     def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
         self._compute(state, rnd)
         cs = state["cape"]
-        me, _, w = self._my_plan(state)
+        me, _, w = self._my_plan(state, rnd)
         parts, e_hat = [], {}
         for name, spec in self._now(cs["specs"], rnd).items():
             std = float(np.sqrt(cs["plan"][f"cape/e_var/{name}"][me]))
@@ -266,7 +273,7 @@ class _CapeProtocol:
         """Send the survivors back to the zero-sum step with a plan for them."""
         cs = state["cape"]
         self.plan.check(len(active))
-        plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+        plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active, self.n_sites)
         cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
         cs["plan_sites"] = active
         cs["redos"] = cs.get("redos", 0) + 1
@@ -277,7 +284,7 @@ class _CapeProtocol:
         self._absorb(state, incoming)
         self._compute(state, rnd)
         cs = state["cape"]
-        me, S, w = self._my_plan(state)
+        me, S, w = self._my_plan(state, rnd)
         kind = self.plan.kind
         specs = self.alg.site_releases(state)
         arrays, carries, kept = {}, {}, {}
@@ -319,10 +326,99 @@ class _CapeProtocol:
         alg = self.alg.aggregator_update(state, rnd, combined)
         if self.plan.kind != "cape" and active != planned:
             cs["plan_sites"] = active
-            plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active)
+            plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active,
+                                               self.n_sites)
             cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+#: relative slack for rounding when a site compares the broadcast plan with its own promise
+_PLAN_RTOL = 1e-6
+
+
+def _plan_field(plan: dict[str, np.ndarray], key: str, n: int, refuse) -> np.ndarray:
+    if key not in plan:
+        raise refuse(key, "is missing")
+    a = np.asarray(plan[key], dtype=np.float64)
+    if a.shape != (n,) or not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise refuse(key, f"must be {n} finite non-negative numbers, got {np.array2string(a, precision=4)}")
+    return a
+
+
+def _collusion_mu(sens: float, e_var, g_var, w, me: int, n_colluding: int) -> float:
+    """The coalition's GDP mu on this site's release, from the general formula (no symmetric shortcut, whose
+    tolerance a forged plan could exploit); a plan that leaves the release without noise gives inf."""
+    others = [i for i in range(len(w)) if i != me]
+    worst = 0.0
+    for c in itertools.combinations(others, n_colluding):
+        try:
+            mu_z = privacy.mu_z_numeric(sens, e_var, g_var, w, me, list(c))
+        except np.linalg.LinAlgError:
+            return math.inf
+        if not math.isfinite(mu_z) or mu_z < 0:
+            return math.inf
+        worst = max(worst, mu_z)
+    return math.sqrt(2 * worst)
+
+
+def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], site: int, noise_plan: NoisePlan,
+                n_sites: int, *, who: str | None = None) -> int:
+    """Check a broadcast variance plan against this site's own promise before it draws any noise for it.
+
+    The plan comes from the aggregator; what a site promised comes from its own
+    configuration: each release's std tau_s = noise multiplier x sensitivity
+    (:class:`ReleaseSpec`, computed from the site's own counts), the collusion
+    assumption and zero-sum scale of its :class:`NoisePlan`, and the configured
+    number of sites. The site refuses (:class:`~dpneuro.errors.UnsafeRelease`)
+    unless
+
+    - the plan lists it, with positive weights that sum to 1 and finite variances;
+    - every release alone carries at least tau_s^2 (its single-release guarantee);
+    - under ``cape`` (plans for unequal sites ``"guarantee"``, the default), the
+      guarantee against the aggregator and the assumed colluders, computed from the
+      plan exactly as the ledger computes it, is at most what an equal consortium of
+      ``n_sites`` gives at the site's noise multiplier: the guarantee the planner
+      promised. Honest sites draw exactly the plan's variances, and whichever sites
+      collude are conditioned out, so this bound holds whatever the plan claims.
+
+    Returns the site's position in the plan.
+    """
+    name = who or f"site {site}"
+
+    def refuse(field: str, why: str) -> UnsafeRelease:
+        return UnsafeRelease(f"{name} refuses to release: the aggregator's noise plan field {field!r} {why}; "
+                             "nothing was released")
+
+    sites = np.asarray(plan.get("cape/sites", []))
+    if sites.ndim != 1 or site not in sites.tolist() or len(set(sites.tolist())) != len(sites) \
+            or not all(0 <= int(s) < n_sites for s in sites):
+        raise refuse("cape/sites", f"lists sites {sites.tolist()}, not this site among at most {n_sites}")
+    S, me = len(sites), sites.tolist().index(site)
+    w = _plan_field(plan, "cape/weights", S, refuse)
+    if np.any(w <= 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9):
+        raise refuse("cape/weights", f"must be positive and sum to 1, got {w.tolist()}")
+    kind = noise_plan.kind
+    if kind == "none":
+        return me
+    n_c = noise_plan.colluders(n_sites)
+    promised = symmetric_guarantee(n_sites, n_c, noise_plan.zero_sum_variance) if kind == "cape" else None
+    for rel, spec in releases.items():
+        e = _plan_field(plan, f"cape/e_var/{rel}", S, refuse)
+        g = _plan_field(plan, f"cape/g_var/{rel}", S, refuse)
+        tau2 = spec.tau**2
+        alone = Variances(e, g, w).release_variance()[me] if kind == "cape" else g[me]  # conv adds no zero-sum
+        if not alone >= tau2 * (1 - _PLAN_RTOL):
+            raise refuse(f"cape/g_var/{rel}", f"gives release {rel!r} noise of variance {alone:.4g} alone, below the "
+                         f"{tau2:.4g} this site's own privacy setting requires")
+        if kind == "cape" and noise_plan.unequal == "guarantee":
+            mu = _collusion_mu(spec.sensitivity, e, g, w, me, n_c)
+            limit = promised * spec.sensitivity / spec.tau
+            if not mu <= limit * (1 + _PLAN_RTOL):
+                raise refuse(f"cape/e_var/{rel}", f"would give release {rel!r} a guarantee of mu = {mu:.4g} against "
+                             f"the aggregator and {n_c} colluding site(s), above the {limit:.4g} this site's "
+                             f"configuration promises ({n_sites} sites)")
+    return me
 
 
 def noise_variance(state: State, name: str) -> float:
@@ -377,7 +473,8 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     names = list(specs[0])
     weights = np.array([float(algorithm.site_weight(st)) for st in states])
     taus = {n: np.array([sp[n].tau for sp in specs]) for n in names}
-    plan_arrays, _ = _plan_payload(plan, {n: None for n in names}, taus, weights, list(range(len(states))))
+    plan_arrays, _ = _plan_payload(plan, {n: None for n in names}, taus, weights, list(range(len(states))),
+                                   len(states))
     count = int(algorithm.max_rounds if rounds is None else rounds)
     out = []
     for me, (st, sp) in enumerate(zip(states, specs)):
@@ -404,9 +501,12 @@ def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n
     """
     plan = NoisePlan.coerce(plan)
     plan.check(n_sites)
-    if plan.kind == "cape" and secagg_config is None:
-        secagg_config = secagg.SecAggConfig(n_sites=n_sites)
-    return _CapeProtocol(algorithm, plan, secagg_config)
+    if plan.kind == "cape":
+        # the collusion assumption is the configured consortium's, also after dropouts (what each site promised)
+        plan = replace(plan, n_colluding=plan.colluders(n_sites))
+        if secagg_config is None:
+            secagg_config = secagg.SecAggConfig(n_sites=n_sites)
+    return _CapeProtocol(algorithm, plan, n_sites, secagg_config)
 
 
 def run_cape(algorithm: CapeAlgorithm, site_data: Sequence[Any], plan: NoisePlan | str = "cape", *,

@@ -165,7 +165,7 @@ def symmetric_guarantee(n_sites: int, n_colluding: int, zero_sum_variance: float
 
 
 def guarantee_plan(taus, weights, n_colluding: int, zero_sum_variance: float = ZERO_SUM_VARIANCE,
-                   site_names=None) -> Variances:
+                   site_names=None, consortium: int | None = None) -> Variances:
     """The CAPE plan for unequal sites: each at least its own guarantee, the least noise in the average.
 
     Site s's target is the guarantee an equal consortium of S sites gives
@@ -180,16 +180,22 @@ def guarantee_plan(taus, weights, n_colluding: int, zero_sum_variance: float = Z
     ledger's own computation) meets its target. The zero-sum variances are
     max(c, (S / (S - 1))^2) tau_s^2, so every release alone carries at least
     tau_s^2. Equal sites get the symmetric plan.
+
+    ``consortium`` is the number of sites the run was configured with (default
+    S): when sites have dropped out, the survivors' plan still gives each of
+    them the guarantee of the full consortium (more local noise), which is what
+    every site checks before it releases (:func:`dpneuro.cape.phases.verify_plan`).
     """
     taus = np.asarray(taus, float)
     mu = np.asarray(weights, float)
     S = len(taus)
+    consortium = S if consortium is None else int(consortium)
     names = site_names or [f"site {s}" for s in range(S)]
     _check_sites(taus, mu, names)
-    if np.allclose(taus, taus[0]) and np.allclose(mu, 1.0 / S):
+    if consortium == S and np.allclose(taus, taus[0]) and np.allclose(mu, 1.0 / S):
         v = symmetric_plan(float(taus[0]), S)
         return Variances(v.e_hat * zero_sum_variance, v.g, v.weights)
-    target = symmetric_guarantee(S, n_colluding, zero_sum_variance) / taus  # per unit sensitivity
+    target = symmetric_guarantee(consortium, n_colluding, zero_sum_variance) / taus  # per unit sensitivity
     e_hat = max(zero_sum_variance, (S / (S - 1)) ** 2) * taus**2
 
     def excess(log_t: float) -> float:  # > 0 while some site is above its target
@@ -208,13 +214,15 @@ def guarantee_plan(taus, weights, n_colluding: int, zero_sum_variance: float = Z
     return Variances(e_hat, math.exp(log_t) / mu**2, mu)
 
 
-def plan_variances(plan: NoisePlan | str, taus, weights, site_names=None) -> Variances:
+def plan_variances(plan: NoisePlan | str, taus, weights, site_names=None, consortium: int | None = None
+                   ) -> Variances:
     """The variances ``plan`` uses for one quantity, given every site's release std and aggregation weight.
 
     Under "cape" every release alone carries at least its std tau_s: equal
     sites get the symmetric plan with zero-sum variances scaled by
     ``zero_sum_variance``, unequal ones :func:`guarantee_plan` (or
     [capeDJICA]'s :func:`asymmetric_plan`, scaled, with ``unequal="papers"``).
+    ``consortium``: the configured number of sites when these are survivors (:func:`guarantee_plan`).
     """
     plan = NoisePlan.coerce(plan)
     taus = np.asarray(taus, float)
@@ -226,7 +234,8 @@ def plan_variances(plan: NoisePlan | str, taus, weights, site_names=None) -> Var
         return Variances(np.zeros(S), taus**2, w)
     c = plan.zero_sum_variance
     if plan.unequal == "guarantee":
-        return guarantee_plan(taus, w, plan.colluders(S), c, site_names)
+        consortium = S if consortium is None else int(consortium)
+        return guarantee_plan(taus, w, plan.colluders(consortium), c, site_names, consortium)
     if np.allclose(taus, taus[0]) and np.allclose(w, 1.0 / S):
         v = symmetric_plan(float(taus[0]), S)
     else:
