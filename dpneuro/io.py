@@ -10,7 +10,8 @@ Every input file is checked from its header *before* any image data is read
 (existence, readability, gzip integrity, 4-D, grid and affine equal to the
 mask's, enough volumes, consistent TR); problems raise
 :class:`DataValidationError` naming the file and the problem. Non-finite
-values can only be found while reading and are reported the same way.
+values and runs without signal (every mask voxel 0, or constant in time) can
+only be found while reading and are reported the same way.
 """
 
 from __future__ import annotations
@@ -374,14 +375,18 @@ class ColumnWriter:
     """Write a D x N float32 ``.npy`` (column-major) from consecutive column blocks.
 
     The file is complete only when exactly N columns were written; otherwise
-    leaving the ``with`` block raises and removes it.
+    leaving the ``with`` block raises and removes it. The columns go to a
+    hidden ``.<name>.<pid>.part`` beside it, renamed to ``path`` only when
+    complete: a process killed mid-write never leaves a partial ``path``.
     """
 
     def __init__(self, path, shape: tuple[int, int]):
         self.path, self.shape, self.written = Path(path), (int(shape[0]), int(shape[1])), 0
+        self.part = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
 
     def __enter__(self) -> ColumnWriter:
-        self._f = open(self.path, "wb")
+        self.path.unlink(missing_ok=True)  # an older matrix must not pass for this one if writing fails
+        self._f = open(self.part, "wb")
         np.lib.format.write_array_header_1_0(
             self._f, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": True,
                       "shape": self.shape})
@@ -397,11 +402,12 @@ class ColumnWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._f.close()
-        if exc_type is None and self.written != self.shape[1]:
-            self.path.unlink(missing_ok=True)
+        if exc_type is None and self.written == self.shape[1]:
+            os.replace(self.part, self.path)
+            return
+        self.part.unlink(missing_ok=True)
+        if exc_type is None:
             raise RuntimeError(f"{self.path}: {self.written} of {self.shape[1]} columns written")
-        if exc_type is not None:
-            self.path.unlink(missing_ok=True)
 
 
 def site_matrix(X):
@@ -431,17 +437,26 @@ def column_blocks(X, ranges=None, *, block_bytes: int = 1 << 26) -> Iterator[tup
 # mask helpers
 # ---------------------------------------------------------------------------
 
-def _load_image(path: Path, what: str = "file"):
+def _load_image(path: Path, what: str = "file", *, series: bool = True):
+    """A NIfTI's header (nibabel image, data not read); ``series``: it must be a 4-D time series (a run).
+
+    Raises :class:`DataValidationError` naming the file: not found, a folder, unreadable, or (``series``)
+    not 4-D. The planner reads runs through it too, so both refuse a 3-D run alike.
+    """
     if not path.exists():
         raise DataValidationError(f"{path}: {what} not found")
     if path.is_dir():
         raise DataValidationError(f"{path}: is a folder, expected a NIfTI {what}")
     try:
-        return nib.load(str(path))
+        img = nib.load(str(path))
     except Exception as exc:  # nibabel raises many types for bad files
         raise DataValidationError(
             f"{path}: unreadable or corrupted NIfTI ({type(exc).__name__}: {exc})"
         ) from exc
+    if series and len(img.shape) != 4:
+        shape = tuple(int(n) for n in img.shape)
+        raise DataValidationError(f"{path}: is {len(shape)}-D with shape {shape}, expected a 4-D time series")
+    return img
 
 
 def load_mask(mask) -> tuple[np.ndarray, np.ndarray]:
@@ -466,7 +481,7 @@ def load_mask(mask) -> tuple[np.ndarray, np.ndarray]:
     """
     if isinstance(mask, (str, os.PathLike)):
         name = str(mask)
-        img = _load_image(Path(mask), "mask file")
+        img = _load_image(Path(mask), "mask file", series=False)
     elif hasattr(mask, "dataobj") and hasattr(mask, "affine"):
         img = mask
         name = img.get_filename() or "mask image"
@@ -506,7 +521,7 @@ def mask_to_image(values, mask) -> nib.Nifti1Image:
         vector, 4-D (one volume per column) for a matrix.
     """
     if isinstance(mask, (str, os.PathLike)):
-        mask = _load_image(Path(mask), "mask file")
+        mask = _load_image(Path(mask), "mask file", series=False)
     mask_bool, affine = load_mask(mask)
     vals = np.asarray(values)
     D = int(mask_bool.sum())
@@ -947,12 +962,8 @@ def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int
     A run in an MNI space (its name or header says so) on another grid is resampled to the analysis grid:
     ``resample_from`` describes its grid; None when it is on the analysis grid already.
     """
-    img = _load_image(path)
+    img = _load_image(path)  # refuses a run that is not 4-D
     shape = tuple(int(s) for s in img.shape)
-    if len(shape) != 4:
-        raise DataValidationError(
-            f"{path}: is {len(shape)}-D with shape {shape}, expected a 4-D time series"
-        )
     dtype = img.header.get_data_dtype()
     if dtype.fields is not None or not np.issubdtype(dtype, np.number) or np.issubdtype(
         dtype, np.complexfloating
@@ -1037,7 +1048,7 @@ class RunPlan:
 
 def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
     """Fraction of the analysis mask's voxels inside a run's own brain mask (fMRIPrep ``desc-brain_mask``)."""
-    img = _load_image(Path(run_mask), "brain mask")
+    img = _load_image(Path(run_mask), "brain mask", series=False)
     if img.shape[:3] != mask.shape or np.abs(img.affine - target.affine).max() > _AFFINE_ATOL:
         from nilearn.image import resample_to_img  # deferred: nilearn is slow to load, only resampling needs it
 
@@ -1130,12 +1141,32 @@ def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool
         raise DataValidationError(
             f"{path}: non-finite values (NaN/inf) in {n_bad} mask voxel(s)"
         )
+    why = _no_signal(block)
+    if why:  # it would enter the site's matrix as zeros (or a constant) and count as a subject
+        raise DataValidationError(f"{path}: no signal inside the mask: {why}")
     if cleaning is not None and cleaning.temporal:
         try:
             return clean_block(block, tr=tr, cleaning=cleaning, confounds=confounds, sample_mask=sample_mask)
         except CleaningError as exc:
             raise DataValidationError(f"{path}: {exc}") from exc
     return preprocess(block, standardize=standardize, detrend=detrend)
+
+
+def _no_signal(block: np.ndarray) -> str | None:
+    """Why a run's masked D x T block carries no signal (every voxel 0, or every voxel constant in time), or None.
+
+    A real run differs from its first volume at once, so this reads one or two columns of the block, not all.
+    """
+    first = np.asarray(block[:, 0], dtype=np.float64)
+    if block.shape[1] > 1:
+        tol = 10 * np.finfo(np.float32).eps * np.maximum(np.abs(first), 1.0)  # float32 precision, as preprocess
+        if any((np.abs(block[:, j] - first) > tol).any() for j in range(1, block.shape[1])):
+            return None
+    if not first.any():
+        return "every mask voxel is 0 in every volume"
+    if block.shape[1] > 1:
+        return f"every mask voxel is constant over its {block.shape[1]} volumes"
+    return None
 
 
 def decode_run(path, *, mask: np.ndarray, standardize: bool, detrend: bool, parcels=None, plan: RunPlan | None = None,
@@ -1286,8 +1317,9 @@ def load_site(
     exclude : sequence of str
         Subjects to leave out (listed in ``SiteData.excluded``).
     on_bad_subject : {"stop", "skip"}
-        "skip": a subject whose data fail validation or decoding is left out
-        and listed with the reason, instead of stopping the site.
+        "skip": a subject whose data fail validation or decoding (a 3-D
+        image, NaNs, no signal, ...) is left out and listed with the reason
+        (``SiteData.excluded``), instead of stopping the site.
 
     Returns
     -------
@@ -1299,9 +1331,10 @@ def load_site(
         Naming the file and the problem: not found, unreadable/corrupted
         (incl. truncated gzip), not 4-D, grid or affine different from the
         mask's (affine tolerance 1e-3) for a run that is not in an MNI space, fewer than `min_volumes` volumes,
-        TR different from the first file's, a file listed twice, or
-        non-finite values inside the mask (found while reading; a partly
-        written `memmap_path` is then removed).
+        TR different from the first file's, a file listed twice,
+        non-finite values inside the mask, or no signal inside it (every
+        mask voxel 0, or constant in time) (both found while reading; a
+        partly written `memmap_path` is then removed).
     """
     if (
         isinstance(min_volumes, bool)

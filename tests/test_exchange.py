@@ -440,9 +440,39 @@ def test_gather_timeout_lists_missing_sites(make_exchange):
 
 def test_receive_timeout(make_exchange):
     ex = make_exchange(1)
-    with pytest.raises(SiteTimeout, match="site 0 timed out.*aggregator, round 5") as err:
+    # the slow party is the aggregator; the site that waited only reports it
+    with pytest.raises(SiteTimeout, match=r"^the aggregator did not broadcast round 5, topic 't' within 0.1 s "
+                                          r"\(reported by site 0, which waited for it\)$") as err:
         ex.receive(0, 5, "t", timeout=0.1)
     assert err.value.missing == [AGGREGATOR]
+
+
+def test_inprocess_errors_name_sites_by_name():
+    names = ["site-01", "site-02", "site-03"]
+    ex = InProcessExchange(3, run_id="r1", key=KEY, site_names=names)
+    with pytest.raises(SiteTimeout) as err:
+        ex.receive(1, 4, "grad", timeout=0.05)
+    msg = str(err.value)
+    assert msg.startswith("the aggregator did not broadcast round 4, topic 'grad' within 0.05 s"), msg
+    assert "reported by site 'site-02'" in msg and "site 1" not in msg
+    ex.send(0, 0, "t", _msg())
+    ex.send(2, 0, "t", _msg())
+    with pytest.raises(SiteTimeout) as err:
+        ex.gather(0, "t", range(3), timeout=0.05)
+    msg = str(err.value)
+    assert msg.startswith("site 'site-02' did not send round 0, topic 't'") and "the aggregator, which waited" in msg
+    assert "site 1" not in msg and err.value.missing == [1]
+    with pytest.raises(ExchangeError, match="site 'site-03', round 0, topic 't'.*different message"):
+        ex.send(2, 0, "t", _msg(2))
+    # rejected on receipt, by the declared spec and by the codec (a message moved to another site's slot)
+    ex.send(1, 1, "u", Payload({"v": np.zeros(3, np.int64)}))
+    with pytest.raises(MessageRejected, match="from site 'site-02', round 1, topic 'u'.*dtype int64"):
+        ex.gather(1, "u", [1], timeout=1, expect=MessageSpec({"v": ArraySpec("float64", (3,))}))
+    ex._sent[(1, "u", 0)] = ex._sent[(1, "u", 1)]
+    with pytest.raises(MessageRejected, match="from site 'site-01', round 1, topic 'u'.*address mismatch"):
+        ex.gather(1, "u", [0], timeout=1)
+    with pytest.raises(ValueError, match="site_names must be 2 distinct names"):
+        InProcessExchange(2, site_names=["site-01"])
 
 
 def test_close_unblocks_waiters(make_exchange):

@@ -10,7 +10,7 @@ algorithm logic.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,17 @@ class MessageSpec:
         return out
 
 
-def describe(sender: int, round: int, topic: str) -> str:
-    who = "aggregator" if sender == AGGREGATOR else f"site {sender}"
+def party(sender: int, names: Sequence[str] | None = None) -> str:
+    """A party as errors name it: ``the aggregator``; a site by its name when the names are known
+    (``site 'site-02'``), else by its 0-based id (``site 1``)."""
+    if sender == AGGREGATOR:
+        return "the aggregator"
+    return f"site {names[sender]!r}" if names is not None else f"site {sender}"
+
+
+def describe(sender: int, round: int, topic: str, names: Sequence[str] | None = None) -> str:
+    """``sender``'s message of ``(round, topic)`` in words; ``names``: the sites' names, by id."""
+    who = "aggregator" if sender == AGGREGATOR else party(sender, names)
     return f"{who}, round {round}, topic {topic!r}"
 
 

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,12 @@ from .base import (
     AGGREGATOR,
     Exchange,
     ExchangeError,
+    MessageRejected,
     MessageSpec,
     Payload,
     SiteTimeout,
     describe,
+    party,
     egress_record,
     validate,
 )
@@ -59,19 +61,31 @@ def check_round(round: int) -> int:
     return operator.index(round)
 
 
+def check_site_names(n_sites: int, site_names: Sequence[str] | None) -> list[str] | None:
+    """``site_names`` as a list if they are ``n_sites`` distinct valid names (not 'aggregator'), else ValueError."""
+    if site_names is None:
+        return None
+    names = [check_name("site name", n) for n in site_names]
+    if len(names) != int(n_sites) or len(set(names)) != len(names) or "aggregator" in names:
+        raise ValueError(f"site_names must be {n_sites} distinct names (not 'aggregator'), got {names}")
+    return names
+
+
 def gather_timeout_message(round: int, topic: str, missing: Iterable[int], timeout: float | None,
                            who=None) -> str:
-    """``who(site)`` names a site (default ``site <id>``)."""
-    who = who or (lambda s: f"site {s}")
+    """The aggregator's timeout: the sites that did not send are named, not the aggregator that waited.
+    ``who(party)`` names a party (default :func:`~dpneuro.exchange.base.party`: ``site <id>``)."""
+    who = who or party
     missing = sorted(missing)
-    return (f"timed out after {timeout} s in round {round}, topic {topic!r}: no message from "
-            + ", ".join(who(s) for s in missing))
+    return (", ".join(who(s) for s in missing) + f" did not send round {round}, topic {topic!r} within {timeout} s "
+            f"(reported by {who(AGGREGATOR)}, which waited for it)")
 
 
 def receive_timeout_message(site: int, round: int, topic: str, timeout: float | None, who=None) -> str:
-    who = who or (lambda s: f"site {s}")
-    return (f"{who(site)} timed out after {timeout} s waiting for the broadcast "
-            f"({describe(AGGREGATOR, round, topic)})")
+    """A site's timeout: the aggregator was slow; the site that waited only reports it."""
+    who = who or party
+    return (f"{who(AGGREGATOR)} did not broadcast round {round}, topic {topic!r} within {timeout} s "
+            f"(reported by {who(site)}, which waited for it)")
 
 
 class InProcessExchange(Exchange):
@@ -89,6 +103,8 @@ class InProcessExchange(Exchange):
         Largest array payload accepted on receipt.
     liveness_timeout : float
         Seconds after which a silent site is no longer reported by :meth:`alive`.
+    site_names : sequence of str, optional
+        The sites' names, by id: errors then name a site ``site 'site-02'`` instead of by its 0-based id.
 
     Notes
     -----
@@ -101,10 +117,12 @@ class InProcessExchange(Exchange):
     def __init__(
         self, n_sites: int, *, run_id: str | None = None, key: bytes | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES, liveness_timeout: float = 60.0,
+        site_names: Sequence[str] | None = None,
     ) -> None:
         if int(n_sites) < 1:
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
         self.n_sites = int(n_sites)
+        self.site_names = check_site_names(self.n_sites, site_names)
         self.run_id = check_name("run id", run_id if run_id is not None else uuid.uuid4().hex)
         self._key = bytes(key) if key is not None else os.urandom(32)
         if len(self._key) < 16:
@@ -121,6 +139,10 @@ class InProcessExchange(Exchange):
         self._closed = False
 
     # -- helpers -----------------------------------------------------------------
+    def who(self, sender: int) -> str:
+        """The party as errors name it: ``the aggregator``, ``site 'site-02'`` with site names, else ``site 1``."""
+        return party(sender, self.site_names)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ExchangeError("exchange closed")
@@ -132,9 +154,16 @@ class InProcessExchange(Exchange):
         return min(self.max_bytes, expect.max_bytes) if expect is not None else self.max_bytes
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
-        payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
-                                 key=self._key, max_bytes=self._limit(expect))
-        return validate(payload, expect, sender, round, topic)
+        try:
+            payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
+                                     key=self._key, max_bytes=self._limit(expect))
+            return validate(payload, expect, sender, round, topic)
+        except MessageRejected as exc:
+            if self.site_names is None:
+                raise
+            # the codec names the sender by id; the reader knows the sites by name
+            raise MessageRejected(str(exc).replace(describe(sender, round, topic),
+                                                   describe(sender, round, topic, self.site_names), 1)) from exc
 
     def _store(self, table: dict, addr: tuple, blob: bytes, sender: int, round: int, topic: str) -> bool:
         """Store ``blob`` at ``addr`` (lock held); False if the same bytes were already there."""
@@ -142,8 +171,8 @@ class InProcessExchange(Exchange):
         if old is not None:
             if old == blob:
                 return False
-            raise ExchangeError(f"{describe(sender, round, topic)} already sent a different message "
-                                "for this address; a party must never send two different messages")
+            raise ExchangeError(f"{describe(sender, round, topic, self.site_names)} already sent a different "
+                                "message for this address; a party must never send two different messages")
         table[addr] = blob
         return True
 
@@ -171,7 +200,7 @@ class InProcessExchange(Exchange):
             ok = self._cond.wait_for(lambda: self._closed or addr in self._broadcasts, timeout)
             self._check_open()
             if not ok:
-                raise SiteTimeout(receive_timeout_message(site, round, topic, timeout),
+                raise SiteTimeout(receive_timeout_message(site, round, topic, timeout, self.who),
                                   missing=[AGGREGATOR], received={})
             self._seen(site)
             blob = self._broadcasts[addr]
@@ -196,7 +225,7 @@ class InProcessExchange(Exchange):
         received = {s: self._decode(b, s, round, topic, expect) for s, b in blobs.items()}
         missing = [s for s in wanted if s not in received]
         if missing:
-            raise SiteTimeout(gather_timeout_message(round, topic, missing, timeout),
+            raise SiteTimeout(gather_timeout_message(round, topic, missing, timeout, self.who),
                               missing=missing, received=received)
         return received
 
