@@ -224,6 +224,7 @@ def run_aggregator(
     if record is None:
         state = protocol.aggregator_init()
         state.setdefault("active", list(range(exchange.n_sites)))
+        state.setdefault("site_names", getattr(exchange, "site_names", None))  # to name a site that is refused
         rnd, idx, attempt, pending = 0, 0, 0, None
     else:
         state = protocol.aggregator_init()

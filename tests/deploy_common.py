@@ -77,3 +77,14 @@ def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:
             elif va != vb:
                 return False
     return True
+
+
+def party_keys(folder: Path, sites: list[str]) -> tuple[Path, dict[str, Path]]:
+    """A consortium's keys: each party's private key file and the keys file pinning every public key."""
+    from dpneuro.exchange.keys import generate_key, write_public_keys
+
+    folder.mkdir(parents=True, exist_ok=True)
+    private = {p: folder / f"{p}.key" for p in ["aggregator", *sites]}
+    public = {p: generate_key(path) for p, path in private.items()}
+    return write_public_keys(folder / "consortium.keys", public), private
+

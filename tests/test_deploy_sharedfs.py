@@ -78,13 +78,28 @@ def _kill_all(procs):
 
 
 def _run_all(cfg: Path, man: dict, tmp_path: Path) -> None:
-    """The aggregator and every site as processes on ``cfg``, to the end (logs in ``tmp_path``)."""
+    """The aggregator and every site as processes on ``cfg``, to the end (logs in ``tmp_path``), each signing with
+    its own key from `dpneuro keygen`, every public key pinned in one keys file."""
     logs = [tmp_path / "aggregator.log"] + [tmp_path / f"{s['site']}.log" for s in man["sites"]]
+    parties = ["aggregator"] + [s["site"] for s in man["sites"]]
+    keys = tmp_path / "keys"
+    keys.mkdir(exist_ok=True)
+    lines = []
+    for p in parties:
+        if not (keys / f"{p}.key").exists():
+            r = subprocess.run([sys.executable, "-m", "dpneuro.cli", "keygen", str(keys / f"{p}.key"), "--party", p],
+                               capture_output=True, text=True, timeout=60, env={**os.environ, "NO_ET": "1"})
+            assert r.returncode == 0, r.stderr
+            lines.append(r.stdout.strip().splitlines()[-1])
+    if lines:
+        (keys / "consortium.keys").write_text("\n".join(lines) + "\n")
+    pin = ["--keys", keys / "consortium.keys"]
     procs = []
     try:
-        procs.append(_start(["aggregator", cfg, "-q"], logs[0]))
+        procs.append(_start(["aggregator", cfg, "-q", "--key-file", keys / "aggregator.key", *pin], logs[0]))
         for s, log in zip(man["sites"], logs[1:]):
-            procs.append(_start(["site", cfg, "--site", s["site"], "-q"], log))
+            procs.append(_start(["site", cfg, "--site", s["site"], "-q", "--key-file", keys / f"{s['site']}.key",
+                                 *pin], log))
         _wait_all(procs, logs)
     finally:
         _kill_all(procs)
@@ -149,8 +164,8 @@ def test_site_and_aggregator_processes_equal_inprocess(consortium, tmp_path):
     _check_outputs(tmp_path / "out" / "dpneuro", man, ref)  # <out>/<run id>, the default run id
     egress = _egress_ok(tmp_path / "shared", 4)
     assert [r["round"] for r in egress[0] if r["stage"] == "unmix" and r["topic"] == "release"] == list(range(12))
-    key = tmp_path / "shared" / "dpneuro" / "run.key"
-    assert key.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "keys" / "site-01.key").stat().st_mode & 0o777 == 0o600
+    assert not list((tmp_path / "shared").rglob("*.key"))  # nothing secret in the shared folder
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
@@ -263,12 +278,13 @@ def test_each_party_writes_under_its_run_id(consortium, tmp_path, monkeypatch):
     monkeypatch.setattr(sharedfs, "run_site_analysis", lambda ctx: seen.append(("site", ctx)) or {})
     out, shared = tmp_path / "out", tmp_path / "shared"
     cfg = dc.run_config(man, out, backend="directory", exchange_dir=str(shared))
+    keys, private = dc.party_keys(tmp_path / "keys", [s.name for s in cfg.sites])
     for run_id in (None, "second"):
-        sharedfs.aggregator_main(cfg, run_id=run_id)
-        sharedfs.site_main(cfg, "site-02", run_id=run_id)
+        sharedfs.aggregator_main(cfg, run_id=run_id, key_file=private["aggregator"], keys_file=keys)
+        sharedfs.site_main(cfg, "site-02", run_id=run_id, key_file=private["site-02"], keys_file=keys)
     named = dc.run_config(man, out, backend="directory", exchange_dir=str(shared), run_id="third")
-    sharedfs.aggregator_main(named)
-    sharedfs.site_main(named, "site-02")
+    sharedfs.aggregator_main(named, key_file=private["aggregator"], keys_file=keys)
+    sharedfs.site_main(named, "site-02", key_file=private["site-02"], keys_file=keys)
     got = [(role, ctx.out, ctx.work) for role, ctx in seen]
     assert got == [
         ("aggregator", out / "dpneuro", out / ".dpneuro" / "dpneuro" / "aggregator"),
@@ -343,7 +359,7 @@ def test_templates_cover_every_field_and_agree():
         assert getattr(site, name) == getattr(run, name), name  # a site copies the coordinator's settings
     assert [s.name for s in site.sites] == [s.name for s in run.sites]
     readme = (dc.TEMPLATES / "README.md").read_text()
-    for needle in ("privacy.json", "sites.<name>.epsilon`", "epsilon_single_release", "What leaves your site", "run.key",
+    for needle in ("privacy.json", "sites.<name>.epsilon`", "epsilon_single_release", "What leaves your site", "dpneuro keygen",
                    "--key-file", "timecourses.tsv"):
         assert needle in readme
 

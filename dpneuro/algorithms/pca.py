@@ -844,17 +844,21 @@ class CapePCA:
     def site_releases(self, state: State) -> dict[str, ReleaseSpec]:
         D = int(state["dim"])
         basis_rounds = tuple(range(self.n_iter)) if self.variances else None
+        # ||A_s||_F <= tr(A_s) <= 1 for unit-norm columns, or the subjects' clipped contribution bound; V and its
+        # block have spectral norm <= 1 (checked at the site), so A_s V and V^T A_s V are bounded alike
+        bound = max(1.0, float(self.bound or 1.0), float(self.subject_bound or 1.0))
         if self.mode == "covariance":
             out = {"A": ReleaseSpec((D, D), state["sensitivity"], self.z, symmetric=True, unit=state["unit"],
                                     stage=self.name, neighbour=self.neighbour,
-                                    symmetric_noise=self.symmetric_noise, rounds=basis_rounds)}
+                                    symmetric_noise=self.symmetric_noise, rounds=basis_rounds, bound=bound)}
         else:
             out = {"AV": ReleaseSpec((D, self.block), state["sensitivity"], self.z, unit=state["unit"],
-                                     stage=f"{self.name}-power", neighbour=self.neighbour, rounds=basis_rounds)}
+                                     stage=f"{self.name}-power", neighbour=self.neighbour, rounds=basis_rounds,
+                                     bound=bound)}
         if self.variances:
             out["H"] = ReleaseSpec((self.k, self.k), state["sensitivity_variances"], self.z_variances, symmetric=True,
                                    unit=state["unit"], stage=f"{self.name}-variances", neighbour=self.neighbour,
-                                   symmetric_noise=self.symmetric_noise, rounds=(self.n_iter,))
+                                   symmetric_noise=self.symmetric_noise, rounds=(self.n_iter,), bound=bound)
         return out
 
     def site_weight(self, state: State) -> float:

@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import privacy, secagg
 from ..errors import UnsafeRelease
-from ..exchange.base import Payload
+from ..exchange.base import MessageRejected, Payload
 from ..privacy import PrivacyLedger, max_colluding
 from ..driver import Phase, RunOptions, SimulationResult, State, simulate
 from .packing import check_symmetric_noise, n_unique, noise_array
@@ -51,7 +51,8 @@ class ReleaseSpec:
     release gets noise on its unique entries, shaped by ``symmetric_noise``
     (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`). ``rounds`` lists the
     rounds it is released in (None: every round); the protocol and the planner
-    both read it, so they count the same releases.
+    both read it, so they count the same releases. ``bound`` is public: the
+    aggregator checks every release against it (:func:`release_problem`).
     """
 
     shape: tuple[int, ...]
@@ -63,6 +64,9 @@ class ReleaseSpec:
     neighbour: str = "replace"
     symmetric_noise: str = "symmetrized"
     rounds: tuple[int, ...] | None = None
+    #: a public bound on ||f(x_s)||_F (from the clipping the sensitivity rests on): the aggregator refuses a
+    #: release whose norm exceeds it plus its noise's tail bound (None: no norm check)
+    bound: float | None = None
 
     def __post_init__(self):
         check_symmetric_noise(self.symmetric_noise)
@@ -190,7 +194,8 @@ class _CapeProtocol:
         specs = self.alg.site_releases(state)
         state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric,
                                        "symmetric_noise": v.symmetric_noise,
-                                       "rounds": None if v.rounds is None else [int(r) for r in v.rounds]}
+                                       "rounds": None if v.rounds is None else [int(r) for r in v.rounds],
+                                       "bound": v.bound}
                                    for k, v in specs.items()},
                          "f_round": -1}
         arrays = {"weight": np.array([float(self.alg.site_weight(state))])}
@@ -218,9 +223,32 @@ class _CapeProtocol:
                 taus[name][s] = float(m.arrays[f"tau/{name}"][0])
         state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
         plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites, self.n_sites)
-        state["cape"]["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
+        self._keep_plan(state["cape"], plans, sites)
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
+
+    @staticmethod
+    def _keep_plan(cs: dict, plans: dict[str, Variances], sites: list[int]) -> None:
+        """What the aggregator keeps of a plan: the average's noise, and each site's release noise (its bound)."""
+        cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
+        cs["release_var"] = {name: dict(zip(map(str, sites), map(float, v.release_variance())))
+                             for name, v in plans.items()}
+
+    def _check_releases(self, state: State, rnd: int, msgs: dict[int, Payload], active: list[int]) -> None:
+        """Refuse, naming the site, a release that is missing, misshapen, not finite or beyond its public bound."""
+        cs = state["cape"]
+        post = getattr(self.alg, "site_postprocess", None)
+        names = state.get("site_names")
+        for s in active:
+            who = f"site {names[s]!r}" if names else f"site {s}"
+            for name, spec in self._now(cs["specs"], rnd).items():
+                if name not in msgs[s].arrays:
+                    raise MessageRejected(f"rejected release {name!r} from {who}: it is missing")
+                var = cs["release_var"][name][str(s)] if self.plan.kind != "none" else 0.0
+                why = release_problem(np.asarray(msgs[s].arrays[name]), spec, var, check_shape=post is None)
+                if why:
+                    raise MessageRejected(f"rejected release {name!r} from {who}, round {rnd}: {why}; the run "
+                                          "stops rather than use it")
 
     @staticmethod
     def _now(specs: dict[str, dict], rnd: int) -> dict[str, dict]:
@@ -274,7 +302,7 @@ class _CapeProtocol:
         cs = state["cape"]
         self.plan.check(len(active))
         plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active, self.n_sites)
-        cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
+        self._keep_plan(cs, plans, active)
         cs["plan_sites"] = active
         cs["redos"] = cs.get("redos", 0) + 1
         return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
@@ -320,6 +348,7 @@ class _CapeProtocol:
         planned = cs["plan_sites"]
         if self.plan.kind == "cape" and active != planned:
             return self._redo(state, rnd, active)
+        self._check_releases(state, rnd, msgs, active)
         w = cs["weights"][active] / cs["weights"][active].sum()
         combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active))
                     for name in self._now(cs["specs"], rnd)}
@@ -328,9 +357,41 @@ class _CapeProtocol:
             cs["plan_sites"] = active
             plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active,
                                                self.n_sites)
-            cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
+            self._keep_plan(cs, plans, active)
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+#: the tail probability a release's noise may exceed its bound with (Laurent & Massart's chi-square bound)
+_NOISE_TAIL = 50.0  # e^-50, about 2e-22 per release
+
+
+def release_problem(a: np.ndarray, spec: dict, noise_var: float, *, check_shape: bool = True) -> str | None:
+    """Why the aggregator must refuse release ``a`` of a site (None: nothing wrong).
+
+    ``spec`` is the release as every site declared it at set-up (shape, symmetric, public ``bound``);
+    ``noise_var`` the per-entry variance of that site's noise under the plan. An honest release is
+    f(x_s) + noise with ||f(x_s)||_F <= bound and ||noise||^2 <= var (n + 2 sqrt(n t) + 2 t) except with
+    probability e^-t (n draws; a symmetric array's entry is mirrored at most ndim! times).
+    """
+    shape = tuple(spec["shape"])
+    if a.dtype.kind != "f":
+        return f"dtype {a.dtype}, expected floating point"
+    if check_shape and a.shape != shape:
+        return f"shape {a.shape}, expected {shape}"
+    if not np.all(np.isfinite(a)):
+        return "it contains NaN or infinite values"
+    if spec.get("bound") is None:
+        return None
+    n, t = n_unique(shape, bool(spec["symmetric"])), _NOISE_TAIL
+    mirrored = math.sqrt(math.factorial(len(shape))) if spec["symmetric"] else 1.0  # an entry's copies, at most
+    noise = mirrored * math.sqrt(noise_var * (n + 2 * math.sqrt(n * t) + 2 * t))
+    limit = float(spec["bound"]) + noise
+    norm = float(np.linalg.norm(a))
+    if norm > limit:
+        return (f"its norm {norm:.4g} exceeds the public bound {limit:.4g} (the clipped statistic's "
+                f"{float(spec['bound']):.4g} plus its noise's tail bound)")
+    return None
 
 
 #: relative slack for rounding when a site compares the broadcast plan with its own promise

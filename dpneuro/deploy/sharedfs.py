@@ -5,22 +5,23 @@ one shared folder (``exchange_dir`` in the configuration: NFS, SMB, a synced
 cloud folder with atomic renames). Layout of a run::
 
     <exchange_dir>/<run_id>/manifest.json     the run manifest (written by the aggregator)
-    <exchange_dir>/<run_id>/run.key           the run's message key (0600), unless --key-file is used
     <exchange_dir>/<run_id>/reduce/...        capePCA messages (DirectoryExchange)
     <exchange_dir>/<run_id>/unmix/...         capeDJICA messages
     <exchange_dir>/<run_id>/summary/...       ledgers in, reported unmixing out
-    <exchange_dir>/<run_id>/failed/<party>-<hash>.json  a party that stopped with an error, and why
+    <exchange_dir>/<run_id>/failed/<party>-<hash>.json  a party that stopped with an error, and why (signed)
+    <exchange_dir>/<run_id>/keys/<party>.pub  published public keys (simulations only)
 
-Trust assumptions. Messages are authenticated with an HMAC key per run.
-By default the aggregator writes it to ``run.key`` with permissions 0600, so
-whoever can read that file (the account(s) that run the parties, and the
-file server's administrators) could forge messages: use it when the shared
-folder is reachable only by the consortium's service account. Otherwise
-hand out a key file out of band (``--key-file`` on every party; 32 random
-bytes, hex) and nothing secret lies in the shared folder. What is *in* the
-messages is protected regardless of who reads the folder: only CAPE-noised
-or secure-aggregation-masked arrays and public metadata leave a site; the
-key only guards integrity.
+Trust assumptions (docs/privacy.md, "Threat model"). Every party signs what it
+sends with its own Ed25519 key (``--key-file``, made by ``dpneuro keygen``)
+and checks every message against the public keys the consortium pinned out of
+band in one keys file (``--keys``), so no party can write as another and
+nothing secret lies in the shared folder. A run without a keys file is
+refused unless the configuration says it is a simulation (then each party
+publishes its public key in the shared folder: trust on first use). What is
+*in* the messages is protected regardless of who reads the folder: only
+CAPE-noised or secure-aggregation-masked arrays and public metadata leave a
+site, and each site checks the noise plan it is sent against its own
+configuration before it releases anything.
 
 Outputs go to ``<out>/<run_id>/`` (the aggregator's: maps, privacy.json,
 report.html) and ``<out>/<run_id>/<site>/`` (a site's own), so a run with
@@ -37,10 +38,11 @@ instead of computing it again, so nothing is ever released twice.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import secrets
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +51,21 @@ from typing import Any
 from ..config import DEFAULT_RUN_ID, ConfigError, RunConfig
 from ..exchange import DirectoryExchange, PartyFailed
 from ..exchange.codec import check_name
-from ..exchange.directory import check_failure_notices, clear_failure_notice, write_failure_notice
+from ..exchange.directory import (
+    check_failure_notices,
+    clear_failure_notice,
+    reserve_failure_notice,
+    write_failure_notice,
+)
+from ..exchange.keys import (
+    AGGREGATOR_NAME,
+    KeyFileError,
+    PartyKeys,
+    generate_key,
+    load_private_key,
+    public_hex,
+    read_public_keys,
+)
 from ..driver import RunOptions
 from .party import (
     AggregatorContext,
@@ -87,39 +103,71 @@ def run_folder(cfg: RunConfig, run_id: str) -> Path:
     return Path(cfg.exchange_dir) / check_name("run id", run_id)
 
 
-def _read_key_file(path) -> bytes:
-    text = Path(path).read_text().strip()
+def _own_key(cfg: RunConfig, me: str, key_file, pinned: bool):
+    """This party's private key: ``key_file``, else its default place in the party's private folder (made there on
+    first use only when nothing is pinned, i.e. in a simulation)."""
+    path = Path(key_file) if key_file else Path(cfg.out) / ".dpneuro" / "keys" / f"{me}.key"
+    if not path.exists() and not key_file and not pinned:
+        public = generate_key(path)
+        print(f"{me}: made its signing key {path} (public key {public})", file=sys.stderr, flush=True)
+    if not path.exists():
+        raise KeyFileError(f"{me}: no private key at {path}: pass --key-file with the key made by "
+                           "`dpneuro keygen` whose public key the consortium pinned in its keys file")
+    return load_private_key(path)
+
+
+def _published_keys(cfg: RunConfig, folder: Path, me: str, private, timeout: float | None) -> dict[str, str]:
+    """Trust on first use, for simulations only: each party publishes its public key in the shared folder and
+    takes the others' from there; a name already published with another key is refused."""
+    keys_dir = folder / "keys"
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    mine = public_hex(private)
+    tmp = keys_dir / f".{me}.{os.getpid()}.tmp"
+    tmp.write_text(mine)
     try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        raise ConfigError(f"key file {path}: expected hex digits (e.g. 64 for a 32-byte key)") from None
-    if len(key) < 16:
-        raise ConfigError(f"key file {path}: the key must be at least 16 bytes (32 hex digits)")
-    return key
-
-
-def _create_key(path: Path) -> bytes:
-    """The run key at ``path``: created (0600) if absent, else read.
-
-    Written to a private temporary file and hard-linked into place, so a site
-    never reads a half-written key and two aggregators cannot both create one.
-    """
-    if path.exists():
-        return _read_key_file(path)
-    tmp = path.with_name(f".run.key.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_bytes(32).hex() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another aggregator process won the race: use its key
+        os.link(tmp, keys_dir / f"{me}.pub")  # atomic create-if-absent
+    except FileExistsError:
+        pass
     finally:
         tmp.unlink(missing_ok=True)
-    return _read_key_file(path)
+    have = (keys_dir / f"{me}.pub").read_text().strip()
+    if have != mine:
+        raise KeyFileError(f"{me}: another key is already published as {me!r} in {keys_dir}: another process uses "
+                           "this party's name (or an earlier run with other keys used this run id)")
+    out = {}
+    for party in [AGGREGATOR_NAME, *[s.name for s in cfg.sites]]:
+        path = keys_dir / f"{party}.pub"
+        _wait_for(path, timeout, f"{party}'s public key", folder, me)
+        out[party] = path.read_text().strip()
+    return out
+
+
+def _party_keys(cfg: RunConfig, folder: Path, me: str, key_file, keys_file) -> PartyKeys:
+    """This party's signing key and every party's public key, pinned by the consortium's keys file."""
+    sites = [s.name for s in cfg.sites]
+    if keys_file:
+        private = _own_key(cfg, me, key_file, pinned=True)
+        return PartyKeys(me, private, read_public_keys(keys_file), sites)
+    if not cfg.simulation:
+        raise ConfigError(
+            f"{me} refuses to run without the consortium's keys file (--keys): every party signs what it sends "
+            "with its own key, and only public keys pinned out of band stop one party from writing as another. "
+            "Each party runs `dpneuro keygen <its key file>` and hands out the public key it prints; the "
+            "consortium collects them into one file (`aggregator = \"...\"`, `site-01 = \"...\"`, ...) that every "
+            "party passes with --keys, and its own key with --key-file. (A test or simulation may set "
+            "simulation = true to publish keys in the shared folder instead.)")
+    private = _own_key(cfg, me, key_file, pinned=False)
+    return PartyKeys(me, private, _published_keys(cfg, folder, me, private, cfg.timeout), sites)
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Refuse, before anything is released, an output folder this party cannot write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dpneuro-write-check."):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be written ({exc.strerror or exc}); nothing was released") from None
 
 
 def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: str) -> None:
@@ -153,7 +201,7 @@ def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _exchange_factory(folder: Path, cfg: RunConfig, key: bytes):
+def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys):
     names = [s.name for s in cfg.sites]
     try:
         [check_name("site name", n) for n in names]
@@ -179,21 +227,40 @@ def _party_work(cfg: RunConfig, run_id: str, party: str) -> Path:
     return Path(cfg.out) / ".dpneuro" / run_id / party
 
 
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"the disk holding {exc.filename or 'its files'} is full (no space left on device)"
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped by its operator (interrupted)"
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+
+
 def _reporting(folder: Path, party: str, run):
-    """Run ``run()``; if it fails, leave a notice so that the other parties stop at once, naming ``party``."""
+    """Run ``run(signer)``; if it fails, leave a notice so that the other parties stop at once, naming ``party``.
+
+    The notice's space is set aside first (a full disk can still carry it), and it is signed with the party's key
+    once ``run`` has put it in ``signer["keys"]``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     clear_failure_notice(folder, party)  # a restarted party is alive again
+    reserve_failure_notice(folder, party)
+    signer: dict[str, Any] = {}
     try:
-        return run()
+        return run(signer)
     except PartyFailed:
         raise  # another party's failure: it left its own notice
     except BaseException as exc:
-        write_failure_notice(folder, party, str(exc) if isinstance(exc, ValueError)
-                             else f"{type(exc).__name__}: {exc}")
+        try:
+            write_failure_notice(folder, party, _why(exc), signer.get("keys"))
+        except OSError as notice_exc:
+            print(f"{party}: could not leave a failure notice in {folder} ({notice_exc}); the other parties "
+                  "stop at their timeout", file=sys.stderr)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise OSError(exc.errno, _why(exc)) from exc
         raise
 
 
-def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
+def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None, keys_file=None,
                     progress: bool = False) -> dict[str, Any]:
     """Run the aggregator of ``cfg`` over ``exchange_dir``; write the consortium outputs to ``<cfg.out>/<run_id>/``.
 
@@ -205,23 +272,26 @@ def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
     cfg, run_id = _with_run_id(cfg, run_id)
     folder = run_folder(cfg, run_id)
 
-    def run() -> dict[str, Any]:
-        key = _read_key_file(key_file) if key_file else _create_key(folder / "run.key")
-        _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
+    def run(signer: dict[str, Any]) -> dict[str, Any]:
         out = cfg.run_dir
-        transport = ("Messages are authenticated with the run's HMAC key " + (
-            "handed out of band (--key-file): only its holders can forge them." if key_file else
-            f"in {folder / 'run.key'} (0600): whoever can read that file could forge messages (change the "
-            "broadcast basis or unmixing, or stop the run), but not learn more than the noised releases allow."))
+        _check_writable(out, "the aggregator's output folder")
+        _check_writable(_party_work(cfg, run_id, "aggregator"), "the aggregator's working folder")
+        _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
+        keys = signer["keys"] = _party_keys(cfg, folder, AGGREGATOR_NAME, key_file, keys_file)
+        transport = ("Every message is signed with its sender's own Ed25519 key and checked against the public "
+                     "keys " + ("the consortium pinned in its keys file (--keys): no party can write as another."
+                                if keys_file else "the parties published in the shared folder (a simulation: "
+                                "trust on first use)."))
         ctx = AggregatorContext(cfg=cfg, work=_party_work(cfg, run_id, "aggregator"), out=out,
-                                exchange=_exchange_factory(folder, cfg, key),
+                                exchange=_exchange_factory(folder, cfg, keys),
                                 options=RunOptions(timeout=cfg.timeout, progress=progress), transport=transport)
         return run_aggregator_analysis(ctx)
 
     return _reporting(folder, "aggregator", run)
 
 
-def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=None) -> dict[str, Any]:
+def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=None,
+              keys_file=None) -> dict[str, Any]:
     """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/<run_id>/<site>/``.
 
     ``run_id``: default the configuration's.
@@ -234,18 +304,16 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=
     cfg, run_id = _with_run_id(cfg, run_id)
     folder = run_folder(cfg, run_id)
 
-    def run() -> dict[str, Any]:
+    def run(signer: dict[str, Any]) -> dict[str, Any]:
         manifest_path = folder / "manifest.json"
         _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest", folder, site)
         check_manifest(cfg, json.loads(manifest_path.read_text()), party=f"site {site!r}",
                        source=f"the aggregator's run manifest {manifest_path}")
-        if key_file:
-            key = _read_key_file(key_file)
-        else:
-            _wait_for(folder / "run.key", cfg.timeout, "the run key", folder, site)
-            key = _read_key_file(folder / "run.key")
+        _check_writable(cfg.run_dir / site, f"site {site!r}'s output folder")
+        _check_writable(_party_work(cfg, run_id, site), f"site {site!r}'s working folder")
+        keys = signer["keys"] = _party_keys(cfg, folder, site, key_file, keys_file)
         ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=cfg.run_dir / site,
-                          exchange=_exchange_factory(folder, cfg, key), timeout=cfg.timeout)
+                          exchange=_exchange_factory(folder, cfg, keys), timeout=cfg.timeout)
         return run_site_analysis(ctx)
 
     return _reporting(folder, site, run)

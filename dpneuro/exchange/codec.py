@@ -6,7 +6,11 @@ Messages
 authenticated byte string::
 
     b"DPNX" | version (uint16 LE) | header length (uint32 LE)
-    | JSON header | raw array bytes (C order, little endian) | HMAC-SHA256 tag
+    | JSON header | raw array bytes (C order, little endian) | tag
+
+The tag is the sending party's Ed25519 signature (format version 2, keys of
+:mod:`dpneuro.exchange.keys`: no party can write as another) or, for parties
+inside one process, an HMAC-SHA256 with a key they share (version 1).
 
 The JSON header holds the message's address (``run_id``, ``sender``,
 ``round``, ``topic``), its ``meta`` and ``carries`` and a manifest with one
@@ -66,7 +70,8 @@ __all__ = [
 ]
 
 MAGIC = b"DPNX"
-VERSION = 1
+VERSION = 1  # tagged with an HMAC every party shares (one process)
+SIGNED_VERSION = 2  # signed by the sending party's own Ed25519 key (dpneuro.exchange.keys)
 _PREFIX = struct.Struct("<4sHI")  # magic, version, header length
 _TAG_BYTES = 32  # HMAC-SHA256
 MAX_HEADER_BYTES = 1 << 20  # meta is meant to be small; this bounds the JSON parse
@@ -125,13 +130,40 @@ def check_name(kind: str, name: str) -> str:
 
 def blob_limit(max_bytes: int) -> int:
     """Largest encoded message that can hold at most ``max_bytes`` of array data."""
-    return _PREFIX.size + MAX_HEADER_BYTES + int(max_bytes) + _TAG_BYTES
+    return _PREFIX.size + MAX_HEADER_BYTES + int(max_bytes) + 64  # the longer tag: an Ed25519 signature
 
 
 def _check_key(key: bytes) -> bytes:
     if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
         raise ValueError("the run key must be bytes of length >= 16")
     return bytes(key)
+
+
+class _Hmac:
+    """One key shared by every party: for parties inside one process only (anyone holding it can write as anyone)."""
+
+    version, tag_bytes = VERSION, _TAG_BYTES
+
+    def __init__(self, key: bytes):
+        self._key = _check_key(key)
+
+    def sign(self, sender: int, body: bytes) -> bytes:
+        return hmac.new(self._key, body, hashlib.sha256).digest()
+
+    def verify(self, sender: int, body: bytes, tag: bytes) -> bool:
+        return hmac.compare_digest(self.sign(sender, body), tag)
+
+
+def authenticator(key: Any) -> Any:
+    """What signs and checks messages: ``bytes`` (an HMAC key every party shares) or a
+    :class:`~dpneuro.exchange.keys.PartyKeys` (each party signs with its own Ed25519 key)."""
+    if isinstance(key, (bytes, bytearray)):
+        return _Hmac(bytes(key))
+    if callable(getattr(key, "sign", None)) and callable(getattr(key, "verify", None)):
+        if not hasattr(key, "version"):
+            key.version = SIGNED_VERSION
+        return key
+    raise ValueError("the run key must be bytes of length >= 16 or the parties' signing keys (PartyKeys)")
 
 
 def _json_default(obj: Any) -> Any:
@@ -163,8 +195,9 @@ def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, to
         JSON-safe ``meta`` and per-array ``carries``.
     run_id, sender, round, topic
         The address the message is written to; it is authenticated with it.
-    key : bytes
-        The run's HMAC key (at least 16 bytes).
+    key : bytes or PartyKeys
+        The parties' signing keys (the sender signs with its own), or an HMAC key (at least 16 bytes) that
+        parties inside one process share.
 
     Returns
     -------
@@ -172,7 +205,7 @@ def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, to
         The encoded message. Encoding is deterministic: the same payload and
         address always give the same bytes.
     """
-    key = _check_key(key)
+    auth = authenticator(key)
     where = describe(sender, round, topic)
     manifest, chunks, offset = [], [], 0
     for name, arr in payload.arrays.items():
@@ -197,8 +230,8 @@ def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, to
         raise ValueError(f"cannot send {where}: {exc}") from exc
     if len(hjson) > MAX_HEADER_BYTES:
         raise ValueError(f"cannot send {where}: header is {len(hjson)} bytes, limit {MAX_HEADER_BYTES} (meta too big?)")
-    body = b"".join([_PREFIX.pack(MAGIC, VERSION, len(hjson)), hjson, *chunks])
-    return body + hmac.new(key, body, hashlib.sha256).digest()
+    body = b"".join([_PREFIX.pack(MAGIC, auth.version, len(hjson)), hjson, *chunks])
+    return body + auth.sign(sender, body)
 
 
 def _is_int(x: Any) -> bool:
@@ -217,8 +250,8 @@ def decode_payload(
         What was read.
     run_id, sender, round, topic
         Where it was read from; the authenticated address must match.
-    key : bytes
-        The run's HMAC key.
+    key : bytes or PartyKeys
+        As for :func:`encode_payload`: a signature is checked with the public key of ``sender``.
     max_bytes : int, optional
         Limit on the total array bytes.
 
@@ -234,26 +267,30 @@ def decode_payload(
         key, addressed elsewhere, uses a forbidden dtype, has an inconsistent
         manifest or is too large. The error names the sender, round and topic.
     """
-    key = _check_key(key)
+    auth = authenticator(key)
     where = describe(sender, round, topic)
 
     def reject(why: str) -> MessageRejected:
         return MessageRejected(f"rejected message from {where}: {why}")
 
     blob = bytes(blob)
-    if len(blob) < _PREFIX.size + _TAG_BYTES:
+    if len(blob) < _PREFIX.size + auth.tag_bytes:
         raise reject(f"malformed: only {len(blob)} bytes")
     magic, version, hlen = _PREFIX.unpack_from(blob, 0)
     if magic != MAGIC:
         raise reject("malformed: not a dpneuro message (bad magic)")
-    if version != VERSION:
+    if version not in (VERSION, SIGNED_VERSION):
         raise reject(f"malformed: unsupported format version {version}")
+    if version != auth.version:
+        raise reject("not signed by its sender's own key, which this run requires" if version == VERSION
+                     else "signed with a party key, but this run uses a shared key")
     if max_bytes is not None and len(blob) > blob_limit(max_bytes):
         raise reject(f"oversized: {len(blob)} bytes, limit {max_bytes} bytes of array data")
 
-    body, tag = blob[:-_TAG_BYTES], blob[-_TAG_BYTES:]
-    if not hmac.compare_digest(hmac.new(key, body, hashlib.sha256).digest(), tag):
-        raise reject("authentication failed (message tampered with, or wrong run key)")
+    body, tag = blob[:-auth.tag_bytes], blob[-auth.tag_bytes:]
+    if not auth.verify(sender, body, tag):
+        raise reject("authentication failed (tampered with, or not written by the party it claims: "
+                     "wrong run key or signature)")
 
     # authenticated from here on: what follows guards against a buggy or
     # compromised party holding the key, not against the network

@@ -43,6 +43,7 @@ from .base import (
     validate,
 )
 from .codec import (
+    authenticator,
     blob_limit,
     check_name,
     decode_payload,
@@ -106,12 +107,51 @@ def _notice_path(root, party: str) -> Path:
     return Path(root) / "failed" / f"{safe}-{hashlib.sha256(party.encode()).hexdigest()[:8]}.json"
 
 
-def write_failure_notice(root, party: str, error: str) -> None:
-    """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error`` (the other parties' waits end)."""
+#: bytes a party sets aside for its failure notice when it starts, so that a full disk can still carry it
+NOTICE_BYTES = 4096
+
+
+def _reserve_path(root, party: str) -> Path:
+    path = _notice_path(root, party)
+    return path.with_name(f".{path.stem}.reserved")
+
+
+def reserve_failure_notice(root, party: str) -> None:
+    """Set aside the space of ``party``'s failure notice now, while the disk has room (see :data:`NOTICE_BYTES`)."""
+    path = _reserve_path(root, party)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.stat().st_size < NOTICE_BYTES:
+        with open(path, "wb") as f:
+            f.write(b" " * NOTICE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _notice_body(party: str, error: str) -> bytes:
+    return json.dumps({"party": party, "error": error}, sort_keys=True).encode()
+
+
+def write_failure_notice(root, party: str, error: str, keys=None) -> None:
+    """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error`` (the other parties' waits end).
+
+    Signed with ``party``'s own key when ``keys`` (:class:`~dpneuro.exchange.keys.PartyKeys`) is given. Written
+    into the space :func:`reserve_failure_notice` set aside when there is one: overwriting allocated bytes and a
+    rename need no free space, so a party that stops because the disk is full can still say so.
+    """
     path = _notice_path(root, party)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"party": party, "error": str(error)[:2000]}))
+    error = str(error)[:600]  # escaped, signed and wrapped, still within NOTICE_BYTES
+    notice = {"party": party, "error": error}
+    if keys is not None:
+        notice["signature"] = keys.sign_named(_notice_body(party, error)).hex()
+    blob = json.dumps(notice).encode()
+    blob = blob + b" " * max(0, NOTICE_BYTES - len(blob))  # JSON ignores trailing white space
+    reserved = _reserve_path(root, party)
+    tmp = reserved if reserved.exists() else path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    with open(tmp, "r+b" if tmp.exists() else "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
 
 
@@ -120,8 +160,12 @@ def clear_failure_notice(root, party: str) -> None:
     _notice_path(root, party).unlink(missing_ok=True)
 
 
-def check_failure_notices(root, me: str) -> None:
-    """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``."""
+def check_failure_notices(root, me: str, keys=None) -> None:
+    """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``.
+
+    With ``keys``, a notice whose signature is not its party's still stops the run (any party may abort it),
+    but is reported as unauthenticated instead of blaming the party it names.
+    """
     d = Path(root) / "failed"
     if not d.is_dir():
         return
@@ -133,8 +177,18 @@ def check_failure_notices(root, me: str) -> None:
             info = json.loads(f.read_text())
         except (OSError, ValueError):
             continue  # being replaced: seen on the next poll
-        who = "the aggregator" if info.get("party") == "aggregator" else f"site {info.get('party')!r}"
-        raise PartyFailed(f"{who} stopped with an error: {info.get('error')}")
+        party, error = str(info.get("party")), str(info.get("error"))
+        who = "the aggregator" if party == "aggregator" else f"site {party!r}"
+        if keys is not None:
+            sig = info.get("signature")
+            try:
+                ok = isinstance(sig, str) and keys.verify_named(party, _notice_body(party, error), bytes.fromhex(sig))
+            except (ValueError, KeyError):
+                ok = False
+            if not ok:
+                raise PartyFailed(f"the run was stopped by a failure notice not signed by {who}, whom it names "
+                                  f"({f.name}): {error}")
+        raise PartyFailed(f"{who} stopped with an error: {error}")
 
 
 class DirectoryExchange(Exchange):
@@ -185,8 +239,7 @@ class DirectoryExchange(Exchange):
                     or "aggregator" in site_names:
                 raise ValueError(f"site_names must be {n_sites} distinct names (not 'aggregator'), got {site_names}")
         self.site_names = list(site_names) if site_names is not None else None
-        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
-            raise ValueError("the run key must be bytes of length >= 16")
+        authenticator(key)  # bytes of >= 16 or PartyKeys, else ValueError
         self.n_sites = int(n_sites)
         self.run_id = check_name("run id", run_id)
         self.root = Path(root)
@@ -196,7 +249,7 @@ class DirectoryExchange(Exchange):
         self.liveness_timeout = float(liveness_timeout)
         self.heartbeat_interval = float(heartbeat_interval)
         self.stats = ExchangeStats()
-        self._key = bytes(key)
+        self._key = bytes(key) if isinstance(key, (bytes, bytearray)) else key
         self._closed = threading.Event()
         self._lock = threading.Lock()  # several parties may share one instance (threads)
         self._logged: dict[int, set[tuple[int, str]]] = {}
@@ -222,7 +275,7 @@ class DirectoryExchange(Exchange):
 
     # -- failures ----------------------------------------------------------------
     def _check_failures(self, me: int) -> None:
-        check_failure_notices(self.root, self._party(me))
+        check_failure_notices(self.root, self._party(me), None if isinstance(self._key, bytes) else self._key)
 
     def message_path(self, sender: int, round: int, topic: str) -> Path:
         """Where the message from ``sender`` (a site id or ``AGGREGATOR``) for ``(round, topic)`` lives."""
@@ -235,7 +288,10 @@ class DirectoryExchange(Exchange):
         return self.run_dir / "alive" / self._party(site)
 
     def _check_run_file(self) -> None:
-        check = hmac.new(self._key, _KEY_CHECK + self.run_id.encode(), hashlib.sha256).hexdigest()
+        if isinstance(self._key, bytes):
+            check = hmac.new(self._key, _KEY_CHECK + self.run_id.encode(), hashlib.sha256).hexdigest()
+        else:  # the pinned public keys: a party holding another keys file would reject every message
+            check = "ed25519:" + self._key.digest()
         info = {"format": 1, "run_id": self.run_id, "n_sites": self.n_sites, "key_check": check}
         path = self.run_dir / "run.json"
         _publish(path, json.dumps(info, sort_keys=True).encode())
@@ -244,7 +300,8 @@ class DirectoryExchange(Exchange):
             raise ExchangeError(f"run {self.run_id!r} in {self.run_dir} has {have.get('n_sites')} sites, "
                                 f"not {self.n_sites}")
         if not hmac.compare_digest(str(have.get("key_check")), check):
-            raise ExchangeError(f"the key does not match run {self.run_id!r} in {self.run_dir}")
+            raise ExchangeError(f"the key does not match run {self.run_id!r} in {self.run_dir}: every party must "
+                                "hold the same consortium keys file (or, in one process, the same run key)")
 
     # -- helpers -----------------------------------------------------------------
     def _check_open(self) -> None:
@@ -266,9 +323,16 @@ class DirectoryExchange(Exchange):
             return None
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
-        payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
-                                 key=self._key, max_bytes=self._limit(expect))
-        return validate(payload, expect, sender, round, topic)
+        try:
+            payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
+                                     key=self._key, max_bytes=self._limit(expect))
+            return validate(payload, expect, sender, round, topic)
+        except MessageRejected as exc:
+            if self.site_names is None:
+                raise
+            # the codec names the sender by id; the reader knows the sites by name
+            raise MessageRejected(str(exc).replace(describe(sender, round, topic),
+                                                   describe(sender, round, topic, self.site_names), 1)) from exc
 
     def _wait(self, deadline: float | None) -> None:
         delay = self.poll_interval
