@@ -106,7 +106,8 @@ TRANSPORT = (
     "manifest: it catches corrupted, misplaced or replayed files, not forgery. An active attacker on "
     "COINSTAC's path (or COINSTAC's operator) could therefore forge or alter messages: change the broadcast "
     "basis or unmixing (wrong results), or withhold messages (the run stops). It could not learn more about a "
-    "subject than the noised and masked releases allow: privacy rests on the noise, not on the tag.")
+    "subject than the noised and masked releases allow: privacy rests on the noise, not on the tag, and every "
+    "site checks the noise plan it is sent against its own configuration before it releases anything.")
 #: iterations the remote may stay in the same wait before it ends the run (owner input max_stalled_iterations)
 MAX_STALLED_ITERATIONS = 8
 RUN_ID = "coinstac"
@@ -232,8 +233,14 @@ def compspec_defaults() -> dict[str, Any]:
     return out
 
 
-def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    """The consortium settings (RunConfig fields) from the computation's inputs; defaults for missing ones."""
+def settings_from_inputs(inputs: dict[str, Any], *, n_sites: int | None = None) -> dict[str, Any]:
+    """The consortium settings (RunConfig fields) from the computation's inputs; defaults for missing ones.
+
+    ``n_sites``: the number of sites when known (the remote's set-up knows it; a site's first iteration does
+    not), to refuse a collusion assumption CAPE does not cover here already (the configuration refuses it too).
+    """
+    from ..config import check_colluding  # the collusion rule's one place
+
     inputs = {k: _value(v) for k, v in inputs.items()}
     defaults = RunConfig(sites=[], out="")
     out: dict[str, Any] = {}
@@ -241,8 +248,13 @@ def settings_from_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
         out[name] = _coerce(name, typ, inputs[name]) if inputs.get(name) is not None else getattr(defaults, name)
         if name in TEXT_INPUTS and inputs.get(name) is not None:
             out[name] = TEXT_INPUTS[name][0](out[name])
-    if out["n_colluding"] is not None and out["n_colluding"] < 0:
+    if out["n_colluding"] is not None and out["n_colluding"] < -1:
+        raise ConfigError(f"COINSTAC input 'n_colluding': {out['n_colluding']}; give the number of sites that may "
+                          "collude with the aggregator (>= 0), or -1 for the most CAPE allows, ceil(S/3) - 1")
+    if out["n_colluding"] == -1:
         out["n_colluding"] = None  # -1: the most CAPE allows, ceil(S/3) - 1
+    if n_sites is not None:
+        check_colluding(out["plan"], out["n_colluding"], n_sites)
     for name in OFF_AS_ZERO:
         if out[name] is not None and out[name] == 0:
             out[name] = None

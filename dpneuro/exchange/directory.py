@@ -57,6 +57,7 @@ from .inprocess import (
     ExchangeStats,
     check_round,
     check_site,
+    decode_checked,
     gather_timeout_message,
     receive_timeout_message,
 )
@@ -323,16 +324,7 @@ class DirectoryExchange(Exchange):
             return None
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
-        try:
-            payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
-                                     key=self._key, max_bytes=self._limit(expect))
-            return validate(payload, expect, sender, round, topic)
-        except MessageRejected as exc:
-            if self.site_names is None:
-                raise
-            # the codec names the sender by id; the reader knows the sites by name
-            raise MessageRejected(str(exc).replace(describe(sender, round, topic),
-                                                   describe(sender, round, topic, self.site_names), 1)) from exc
+        return decode_checked(self, blob, sender, round, topic, expect)
 
     def _wait(self, deadline: float | None) -> None:
         delay = self.poll_interval

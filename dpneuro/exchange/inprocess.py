@@ -61,6 +61,20 @@ def check_round(round: int) -> int:
     return operator.index(round)
 
 
+def decode_checked(ex, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
+    """Decode and check a message read by exchange ``ex``; a rejection names the sender by its site name."""
+    try:
+        payload = decode_payload(blob, run_id=ex.run_id, sender=sender, round=round, topic=topic,
+                                 key=ex._key, max_bytes=ex._limit(expect))
+        return validate(payload, expect, sender, round, topic)
+    except MessageRejected as exc:
+        if ex.site_names is None:
+            raise
+        # the codec names the sender by id; the reader knows the sites by name
+        raise MessageRejected(str(exc).replace(describe(sender, round, topic),
+                                               describe(sender, round, topic, ex.site_names), 1)) from exc
+
+
 def check_site_names(n_sites: int, site_names: Sequence[str] | None) -> list[str] | None:
     """``site_names`` as a list if they are ``n_sites`` distinct valid names (not 'aggregator'), else ValueError."""
     if site_names is None:
@@ -154,16 +168,7 @@ class InProcessExchange(Exchange):
         return min(self.max_bytes, expect.max_bytes) if expect is not None else self.max_bytes
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
-        try:
-            payload = decode_payload(blob, run_id=self.run_id, sender=sender, round=round, topic=topic,
-                                     key=self._key, max_bytes=self._limit(expect))
-            return validate(payload, expect, sender, round, topic)
-        except MessageRejected as exc:
-            if self.site_names is None:
-                raise
-            # the codec names the sender by id; the reader knows the sites by name
-            raise MessageRejected(str(exc).replace(describe(sender, round, topic),
-                                                   describe(sender, round, topic, self.site_names), 1)) from exc
+        return decode_checked(self, blob, sender, round, topic, expect)
 
     def _store(self, table: dict, addr: tuple, blob: bytes, sender: int, round: int, topic: str) -> bool:
         """Store ``blob`` at ``addr`` (lock held); False if the same bytes were already there."""

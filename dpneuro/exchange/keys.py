@@ -26,6 +26,7 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from .base import AGGREGATOR
 
@@ -41,8 +42,6 @@ class KeyFileError(ValueError):
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
@@ -53,8 +52,6 @@ def public_hex(private: Ed25519PrivateKey) -> str:
 
 def generate_key(path: str | os.PathLike[str]) -> str:
     """Create a private key at ``path`` (0600, 64 hex digits; never overwritten) and return its public key."""
-    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
