@@ -25,7 +25,7 @@ compute their own time courses.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from .algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE, WindowSet, site_window
 from .algorithms.djica import reported_unmixing, whitening_matrix
 from .algorithms.pca import SiteSource, as_source
 from .algorithms.spatial_ica import spatial_ica
-from .build import ica_algorithm, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
+from .build import ica_algorithm, noise_plan, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
 from .cape import cape_protocol
 from .config import RunConfig
 from .errors import ConfigError
@@ -167,7 +167,7 @@ def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
 
 def unmix_protocol(cfg: RunConfig, n_sites: int):
     """The run's temporal unmixing under its noise plan, as driver phases."""
-    return cape_protocol(ica_algorithm(cfg), cfg.plan, n_sites=n_sites)
+    return cape_protocol(ica_algorithm(cfg), noise_plan(cfg), n_sites=n_sites)
 
 
 @dataclass
@@ -266,7 +266,7 @@ def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int],
     st = states_settings(cfg)
     ws = site_windows(cfg, S, lengths, where=f"site {site}")
     alg = st.algorithm(step, D=ws.D, n_sites=n_sites, groups={site: max(ws.lengths)}, previous=previous)
-    r = run_site(cape_protocol(alg, cfg.plan, n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
+    r = run_site(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
                  checkpoint=checkpoint, timeout=timeout)
     r["ledger"].note(DFNC_UNIT_NOTE)
     return {"ledger": r["ledger"], **st.site_result(step, r.get("final"), previous)}
@@ -279,7 +279,7 @@ def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites:
     st = states_settings(cfg)
     D = cfg.n_components * (cfg.n_components - 1) // 2
     alg = st.algorithm(step, D=D, n_sites=n_sites, previous=previous)
-    state = run_aggregator(cape_protocol(alg, cfg.plan, n_sites=n_sites), exchange, checkpoint=checkpoint,
+    state = run_aggregator(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites), exchange, checkpoint=checkpoint,
                            options=options)
     return st.aggregator_result(step, state, previous)
 
@@ -290,13 +290,15 @@ class SummaryProtocol:
     """One phase: sites send public metadata (ledger, counts), the aggregator answers with ``reply``.
 
     Site data: a JSON-safe dict (what the site declares). The aggregator keeps
-    them in ``state["sites"]`` keyed by site id.
+    them in ``state["sites"]`` keyed by site id. ``reply`` is a payload, or a
+    function of what the sites declared (site id -> dict) that makes it: the
+    aggregator then answers with what it gathered (every site's counts).
     """
 
     name = "summary"
     max_rounds = 1
 
-    def __init__(self, reply: Payload | None = None):
+    def __init__(self, reply: Payload | Callable[[dict[int, dict]], Payload] | None = None):
         self.reply = reply or Payload()
 
     def phases(self, round: int) -> Sequence[Phase]:
@@ -313,8 +315,8 @@ class SummaryProtocol:
 
     def _aggregator(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
         state["sites"] = {str(s): dict(m.meta["summary"]) for s, m in msgs.items()}
-        return Payload(dict(self.reply.arrays), {**self.reply.meta, "stop": True},
-                       carries={k: "public" for k in self.reply.arrays})
+        reply = self.reply({int(s): d for s, d in state["sites"].items()}) if callable(self.reply) else self.reply
+        return Payload(dict(reply.arrays), {**reply.meta, "stop": True}, carries={k: "public" for k in reply.arrays})
 
 
 def summary_site(site: int, info: dict, exchange: Exchange, *, checkpoint: Checkpoint | None = None,
@@ -323,8 +325,9 @@ def summary_site(site: int, info: dict, exchange: Exchange, *, checkpoint: Check
     return run_site(SummaryProtocol(), site, info, exchange, checkpoint=checkpoint, timeout=timeout)["final"]
 
 
-def summary_aggregator(reply: Payload, exchange: Exchange, *, checkpoint: Checkpoint | None = None,
-                       options: RunOptions | None = None) -> dict[int, dict]:
-    """Collect every site's declared metadata; answer with ``reply`` (public arrays)."""
+def summary_aggregator(reply: Payload | Callable[[dict[int, dict]], Payload], exchange: Exchange, *,
+                       checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[int, dict]:
+    """Collect every site's declared metadata; answer with ``reply`` (public arrays and metadata; a function of
+    what the sites declared, to broadcast it)."""
     st = run_aggregator(SummaryProtocol(reply), exchange, checkpoint=checkpoint, options=options)
     return {int(s): info for s, info in st["sites"].items()}

@@ -72,7 +72,7 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
     cleaning = cfg.cleaning()
 
     def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
-        n = int(_load_image(f).shape[3])
+        n = int(_load_image(f).shape[3])  # _load_image refuses a 3-D image, naming the file
         if not cleaning.confounds:
             return n
         _, kept = run_confounds(f, cleaning, n)
@@ -418,17 +418,28 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     return planned
 
 
-def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES) -> tuple[RunConfig, BudgetPlan | None]:
-    """``cfg`` with ``pca_epsilon`` / ``ica_epsilon_i`` planned from ``cfg.epsilon`` and the sites' headers.
+def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES, *,
+                 shapes: list[SiteShape] | None = None, dim: int | None = None) -> tuple[RunConfig, BudgetPlan | None]:
+    """``cfg`` with its per-stage settings (:func:`planned_settings`) planned from ``cfg.epsilon`` and the sites'
+    counts: ``shapes``, else read from the sites' headers; ``dim``, else the run's features.
 
     Every simulation entry point (the estimators, ``dpneuro run``, the Pydra
     workflow) calls this before the first stage, so the run spends what the
-    plan printed. Without ``cfg.epsilon`` the configuration is returned as is.
+    plan printed; every party of a deployed run calls it on the counts the
+    sites announced (:mod:`dpneuro.deploy.party`), so all plan the same split.
+    Without ``cfg.epsilon`` the configuration is returned as is.
     """
     if cfg.epsilon is None:
         return cfg, None
-    plan = plan_for_target(replace(cfg, epsilon=None), site_shapes(cfg), features(cfg), cfg.epsilon, stages=stages)
+    shapes = site_shapes(cfg) if shapes is None else shapes
+    plan = plan_for_target(replace(cfg, epsilon=None), shapes, features(cfg, dim), cfg.epsilon, stages=stages)
     return replace(plan.config, epsilon=cfg.epsilon), plan
+
+
+def planned_settings(cfg: RunConfig) -> dict[str, float]:
+    """The settings a total ``epsilon`` plans in a run of ``cfg``: the eps of each stage that spends."""
+    return {epsilon_field(cfg, st): float(getattr(cfg, epsilon_field(cfg, st)))
+            for st in RELEASING_STAGES if releases_in(cfg, st)}
 
 
 def components_supported(plan: BudgetPlan) -> int | None:

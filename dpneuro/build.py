@@ -1,7 +1,8 @@
 """A run's algorithms, built from its :class:`~dpneuro.config.RunConfig` in exactly one place.
 
 capePCA or PD-SVD (reduce), capeDJICA or the cumulant ICA (unmix) and the dFNC
-brain states' releases, with their seeds, noise plans and the
+brain states' releases, with their seeds, noise plans (:func:`noise_plan`: the
+configured collusion assumption reaches every protocol and ledger) and the
 refusals of what cannot fit. The roles that run them (:mod:`dpneuro.analysis`)
 and the planner that predicts what they spend (:mod:`dpneuro.budget`) both
 build them here. Each algorithm reports what it spends
@@ -13,13 +14,14 @@ says which setting a releasing stage's budget is.
 
 from __future__ import annotations
 
-
+from dataclasses import replace
 
 from .algorithms.dfnc import StateSettings
 from .algorithms.cumulant_ica import CapeCumulantICA, release_bytes
 from .algorithms.djica import OPTIMIZERS, CapeDJICA
 from .algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
 from .algorithms.pdsvd import PDSVD
+from .cape.plans import NoisePlan
 from .config import ConfigError, RunConfig
 from .exchange.inprocess import DEFAULT_MAX_BYTES
 from .grid import features
@@ -30,11 +32,21 @@ def stage_seed(cfg: RunConfig, stage: int) -> int | None:
     return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
 
 
+def noise_plan(cfg: RunConfig) -> NoisePlan:
+    """The run's noise plan: ``plan`` under the configured collusion assumption ``n_colluding``.
+
+    Every protocol of a run gets it, so each ledger (and the planner, which records with the same function)
+    computes the guarantee against the colluders the configuration assumes.
+    """
+    return NoisePlan(kind=cfg.plan, n_colluding=cfg.n_colluding)
+
+
 # -- reduce: capePCA or PD-SVD --------------------------------------------------------------
 
-def reduce_plan(cfg: RunConfig) -> str:
+def reduce_plan(cfg: RunConfig) -> NoisePlan:
     """Noise plan of the reduction: ``reduction = "none"`` runs the PCA without noise (PD-SVD adds none)."""
-    return "none" if cfg.reduction in ("none", "pdsvd") else cfg.plan
+    plan = noise_plan(cfg)
+    return replace(plan, kind="none") if cfg.reduction in ("none", "pdsvd") else plan
 
 
 #: what PD-SVD as the reduction reveals, and to whom (the report's privacy box and every ledger carry it)
@@ -134,7 +146,8 @@ def ica_algorithm(cfg: RunConfig) -> CapeDJICA | CapeCumulantICA:
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(f"config field 'optimizer': {cfg.optimizer!r}, use one of {sorted(OPTIMIZERS)}")
     return CapeDJICA(R=cfg.n_components, epsilon_i=cfg.ica_epsilon_i, delta_i=cfg.ica_delta_i, clip_G=cfg.clip_G,
-                     clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer], plan=cfg.plan,
+                     clip_h=cfg.clip_h, rounds=cfg.ica_rounds, optimizer=OPTIMIZERS[cfg.optimizer],
+                     plan=cfg.plan,  # the kind: its per-release noise needs no more; its protocol gets noise_plan
                      calibration=cfg.calibration, random_state=stage_seed(cfg, 2), clip_unit=cfg.ica_clip_unit,
                      bias=cfg.ica_bias)
 
@@ -148,7 +161,7 @@ def states_settings(cfg: RunConfig) -> StateSettings:
         raise ConfigError("config field 'brain_states': 0, the run has no brain-states stage")
     private = cfg.plan != "none"
     return StateSettings(cfg.brain_states, cfg.states_epsilon if private else None, cfg.pca_delta,
-                         method=cfg.states_method, plan=cfg.plan, metric=cfg.states_metric,
+                         method=cfg.states_method, plan=noise_plan(cfg), metric=cfg.states_metric,
                          random_state=stage_seed(cfg, 3))
 
 

@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .exchange.codec import check_name
 from .io import BIDS_FILTERS, ON_BAD_SUBJECT, SPACES, load_mask, load_space
 from .privacy import CALIBRATIONS, noise_multiplier
+from .privacy.cape_delta import check_collusion
 from .privacy.ledger import UNITS
 
 BACKENDS = ("inprocess", "directory")
@@ -287,6 +288,18 @@ def check_delta(delta: float, n_subjects: int) -> None:
                           "(the usual choice is far below, e.g. 1e-5)")
 
 
+def check_colluding(plan: str, n_colluding: int | None, n_sites: int) -> None:
+    """Refuse a collusion assumption CAPE's theorem does not cover: more than ceil(S/3) - 1 of ``n_sites``, or
+    fewer than 0 (the rule and its reason: :func:`dpneuro.privacy.cape_delta.check_collusion`)."""
+    if plan != "cape" or n_colluding is None or n_sites < 3:  # fewer sites: the 'plan' field is refused
+        return
+    try:
+        check_collusion(n_sites, n_colluding)
+    except ValueError as exc:
+        raise ConfigError(f"config field 'n_colluding': {exc}; leave n_colluding out for the most CAPE "
+                          "allows") from None
+
+
 def setting(default=MISSING, *, doc: str, constraint: Constraint, section: str, agree: bool = False,
             stages: tuple[str, ...] = (), example: tuple[str, ...] = (), template: str | None = None,
             estimator: str | None = None, flag: str | None = None, factory=MISSING):
@@ -421,12 +434,12 @@ class RunConfig:
     epsilon: float | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Real, 0, None, closed="neither"),
                                                    "the per-release settings are used as they are"),
-        example=("8.0",),
+        agree=True, example=("8.0",),
         doc="Total epsilon per site in the headline sense, against the aggregator and its colluders. When set, "
-            "`dpneuro run` plans pca_epsilon and ica_epsilon_i from the sites' subject counts (as "
-            "`dpneuro budget --target-epsilon` does) and those fields are ignored. A deployed party cannot see "
-            "every site's counts: plan with `dpneuro budget run.toml --target-epsilon E` and write the proposed "
-            "values into the configuration instead.")
+            "the run plans the per-stage settings (pca_epsilon, ica_epsilon_i, cumulant_epsilon, states_epsilon) "
+            "from the sites' subject counts (as `dpneuro budget --target-epsilon` does) and those fields are "
+            "ignored. A deployed run first exchanges every site's public counts (subjects and their time points); "
+            "every party then plans the same split, and each site refuses one that would spend more than this.")
     pca_epsilon: float = setting(
         6.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
         agree=True, flag="pca-epsilon",
@@ -742,12 +755,6 @@ class RunConfig:
                 "seed is in the shared configuration, so anyone could regenerate a site's noise and remove it. "
                 "Leave 'seed' out (noise then comes from OS entropy); only a test or simulation may set "
                 "simulation = true to keep it")
-        if self.epsilon is not None:
-            raise ConfigError(
-                f"config field 'epsilon': {party} cannot plan a total budget: the split depends on every site's "
-                "subject counts, which no single party sees. Plan it once with `dpneuro budget run.toml "
-                "--target-epsilon E` (or --sites/--subjects) and write the proposed pca_epsilon and "
-                "ica_epsilon_i into the configuration instead")
         return self
 
     # -- validation ----------------------------------------------------------------------
@@ -815,6 +822,7 @@ class RunConfig:
             bad("pca_contribution", "PD-SVD sums the data's second moment; 'subspace' is capePCA's (use 'auto')")
         if self.plan == "cape" and len(self.sites) < 3:
             bad("plan", f"CAPE needs at least 3 sites, got {len(self.sites)}; use 'conv'")
+        check_colluding(self.plan, self.n_colluding, len(self.sites))
         if self.backend == "directory" and not self.exchange_dir:
             bad("exchange_dir", "the directory backend needs a shared folder")
         if self.epsilon is not None and (self.plan == "none" or self.reduction in ("none", "pdsvd")):

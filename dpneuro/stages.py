@@ -30,7 +30,7 @@ import numpy as np
 from . import analysis
 from .algorithms.pca import check_sources
 from .algorithms.djica import time_courses
-from .build import PDSVD_THREAT_MODEL, ica_algorithm, pca_algorithm, reduce_plan, states_settings
+from .build import PDSVD_THREAT_MODEL, ica_algorithm, noise_plan, pca_algorithm, reduce_plan, states_settings
 from .cape import planned_ledgers as cape_planned
 from .config import RunConfig
 from .driver import RunOptions, run_parties
@@ -149,7 +149,7 @@ def _unmix_input(cfg, X, public):
 
 def _unmix_planned(cfg, shapes, dim):
     ica = ica_algorithm(cfg)
-    return cape_planned(ica, cfg.plan, [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
+    return cape_planned(ica, noise_plan(cfg), [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
 
 
 def _unmix_check(cfg, inputs, lengths):

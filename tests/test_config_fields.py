@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # What deploy/party.py (CONSORTIUM_FIELDS) and pipeline.py (STAGE_FIELDS) listed by hand before the fields' metadata
 # described them: the derived sets must not change by accident.
 FROZEN_CONSORTIUM = {
-    "plan", "n_colluding", "delta", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb",
+    "plan", "n_colluding", "delta", "epsilon", "pca_epsilon", "pca_subject_bound", "pca_contribution", "max_memory_gb",
     "ica_epsilon_i", "ica_delta_i", "ica_rounds", "ica_unmixing", "cumulant_epsilon",
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",

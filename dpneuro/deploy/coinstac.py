@@ -72,7 +72,7 @@ from typing import Any
 
 from ..build import check_reduction_fits
 from ..cleaning import STRATEGIES
-from ..config import ConfigError, RunConfig, SiteEntry
+from ..config import ConfigError, RunConfig, SiteEntry, check_colluding
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
 from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
@@ -239,8 +239,6 @@ def settings_from_inputs(inputs: dict[str, Any], *, n_sites: int | None = None) 
     ``n_sites``: the number of sites when known (the remote's set-up knows it; a site's first iteration does
     not), to refuse a collusion assumption CAPE does not cover here already (the configuration refuses it too).
     """
-    from ..config import check_colluding  # the collusion rule's one place
-
     inputs = {k: _value(v) for k, v in inputs.items()}
     defaults = RunConfig(sites=[], out="")
     out: dict[str, Any] = {}

@@ -22,6 +22,12 @@ iteration (:mod:`dpneuro.deploy.coinstac`), where an exchange raises
 :class:`~dpneuro.exchange.Suspend` when a message is not there yet and the
 program simply returns until it is.
 
+A total ``epsilon`` (rather than per-stage settings) is split before any
+release: every site announces its public counts (subjects and their time
+points), the aggregator broadcasts them all, and every party runs the planner
+(:func:`dpneuro.budget.apply_target`) on them, so all plan the same split; each
+site checks its own counts and what the split spends for it first.
+
 The run manifest (:func:`run_manifest`) is the public description of a run
 every party must agree with: the sites and their order, the privacy budget,
 the collusion assumption, the data grid and every other setting that changes
@@ -33,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -45,8 +52,10 @@ import numpy as np
 
 from .. import analysis
 from ..atlases import atlas_image
+from ..budget import SiteShape, apply_target, planned_settings
 from ..build import check_reduction_fits
 from ..config import ConfigError, RunConfig, check_delta, consortium_fields
+from ..errors import UnsafeRelease
 from ..driver import RunOptions
 from ..exchange import DirectoryCheckpoint, Exchange, Payload
 from ..exchange.codec import load_state_file, save_state_file
@@ -159,9 +168,9 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
     for name in CONSORTIUM_FIELDS:
         if _norm(mine["config"][name]) != _norm(theirs.get(name)):
             what = {"n_colluding": "the collusion assumption", "plan": "the noise plan"}.get(
-                name, "the privacy budget" if name in ("delta", "pca_epsilon", "ica_epsilon_i", "ica_delta_i",
-                                                       "ica_rounds", "cumulant_epsilon", "clip_G", "clip_h",
-                                                       "ica_clip_unit", "ica_bias", "calibration")
+                name, "the privacy budget" if name in ("delta", "epsilon", "pca_epsilon", "ica_epsilon_i",
+                                                       "ica_delta_i", "ica_rounds", "cumulant_epsilon", "clip_G",
+                                                       "clip_h", "ica_clip_unit", "ica_bias", "calibration")
                 else "what is computed")
             refuse(name, mine["config"][name], theirs.get(name), what)
     grid = manifest.get("grid", {})
@@ -267,6 +276,94 @@ def _dim(space: dict) -> int:
     return int(space["n_parcels"]) if space.get("parcels") else int(space["n_voxels"])
 
 
+# -- a total budget, split on the sites' announced counts ----------------------------------------
+
+#: the exchange topic on which the sites announce their counts and the aggregator broadcasts them all
+COUNTS_TOPIC = "counts"
+#: relative slack for rounding when a site compares the planned split with its configured total
+_EPS_RTOL = 1e-9
+
+
+def _check_counts(cfg: RunConfig, counts: Any, where: str) -> dict[str, list[int]]:
+    """Every site's counts (site name -> its subjects' time points), in the run's site order; refuse what is not
+    that, naming ``where`` they came from."""
+    names = [s.name for s in cfg.sites]
+    if not isinstance(counts, dict) or sorted(counts) != sorted(names):
+        got = sorted(counts) if isinstance(counts, dict) else counts
+        raise ValueError(f"{where}: counts for {got!r}, but the run's sites are {names}")
+    for name in names:
+        ln = counts[name]
+        if not isinstance(ln, list) or not ln or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                         for n in ln):
+            raise ValueError(f"{where}: site {name!r}'s counts must be its subjects' time points (whole numbers "
+                             f">= 1, at least one subject), got {ln!r}")
+    return {name: [int(n) for n in counts[name]] for name in names}
+
+
+def _plan_total(cfg: RunConfig, counts: dict[str, list[int]], dim: int) -> dict[str, Any]:
+    """The split of ``cfg.epsilon`` on these counts, as every party computes it: the planner's own function
+    (the one the simulation and ``dpneuro budget`` call), so every party gets the same settings."""
+    planned, plan = apply_target(cfg, shapes=[SiteShape(s.name, tuple(counts[s.name])) for s in cfg.sites],
+                                 dim=dim)
+    return {"counts": counts, "settings": planned_settings(planned), "epsilon": plan.epsilon}
+
+
+def _same_settings(theirs: Any, mine: dict[str, float]) -> bool:
+    try:
+        return set(theirs) == set(mine) and all(math.isclose(float(theirs[k]), v, rel_tol=_EPS_RTOL)
+                                                for k, v in mine.items())
+    except (TypeError, ValueError):
+        return False
+
+
+def _site_plan(ctx: SiteContext, lengths: list[int], dim: int) -> dict[str, Any]:
+    """Announce this site's counts, receive every site's, plan the split and check it before any release."""
+    cfg, me, mine = ctx.cfg, ctx.site, [int(n) for n in lengths]
+    who = f"site {me!r} refuses"
+    reply = analysis.summary_site(ctx.index, {"site": me, "lengths": mine}, ctx.exchange(COUNTS_TOPIC),
+                                  checkpoint=ctx.checkpoint(COUNTS_TOPIC), timeout=ctx.timeout)
+    counts = _check_counts(cfg, reply.meta.get("counts"), f"{who}: the broadcast counts")
+    if counts[me] != mine:
+        raise UnsafeRelease(f"{who}: the broadcast counts give it {len(counts[me])} subjects of {counts[me]} time "
+                            f"points, but it announced {len(mine)} of {mine}; nothing was released")
+    planned = _plan_total(cfg, counts, dim)
+    spent = planned["epsilon"][me]
+    if not spent <= cfg.epsilon * (1 + _EPS_RTOL):
+        raise UnsafeRelease(f"{who}: the split planned from the broadcast counts ({planned['settings']}) would "
+                            f"spend eps = {spent:.6g} at this site, above its configured total epsilon = "
+                            f"{cfg.epsilon:g}; nothing was released")
+    if not _same_settings(reply.meta.get("settings"), planned["settings"]):
+        raise UnsafeRelease(f"{who}: the aggregator planned {reply.meta.get('settings')!r} from the broadcast counts, "
+                            f"this site plans {planned['settings']} from the same counts (config field 'epsilon'); "
+                            "nothing was released")
+    return planned
+
+
+def _aggregator_plan(ctx: AggregatorContext, dim: int) -> dict[str, Any]:
+    """Gather every site's counts, plan the split and broadcast the counts with it."""
+    cfg, planned = ctx.cfg, {}
+
+    def gathered(declared: dict[int, dict]) -> dict[str, list[int]]:
+        counts = {}
+        for s, site in enumerate(cfg.sites):
+            d = declared.get(s) or {}
+            if d.get("site") != site.name:
+                raise ValueError(f"the aggregator refuses the counts of site {s}: it announced itself as "
+                                 f"{d.get('site')!r}, the run expects {site.name!r}")
+            counts[site.name] = d.get("lengths")
+        return _check_counts(cfg, counts, "the aggregator refuses the announced counts")
+
+    def reply(declared: dict[int, dict]) -> Payload:
+        planned.update(_plan_total(cfg, gathered(declared), dim))
+        return Payload(meta={"counts": planned["counts"], "settings": planned["settings"]})
+
+    declared = analysis.summary_aggregator(reply, ctx.exchange(COUNTS_TOPIC), checkpoint=ctx.checkpoint(COUNTS_TOPIC),
+                                           options=ctx.options)
+    if not planned:  # resumed after the broadcast: the same plan from the same counts
+        planned.update(_plan_total(cfg, gathered(declared), dim))
+    return planned
+
+
 # -- a site ------------------------------------------------------------------------------------
 
 class _Party:
@@ -367,6 +464,11 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
     clock = _Clock(work)
+    if cfg.epsilon is not None:  # a total budget: split on every site's counts before any release
+        planned = _cached(work / f"{COUNTS_TOPIC}.result.npz", lambda: _site_plan(ctx, lengths, dim), clock,
+                          label(cfg, COUNTS_TOPIC))
+        cfg = replace(cfg, **planned["settings"])
+        ctx = replace(ctx, cfg=cfg)
     public: dict[str, dict[str, Any]] = {}
     inputs: dict[str, Any] = {}
     leds = []
@@ -512,6 +614,11 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     clock = _Clock(work)
     _, space = _space(cfg, work)
     dim = _dim(space)
+    if cfg.epsilon is not None:  # a total budget: split on every site's counts before any release
+        planned = _cached(work / f"{COUNTS_TOPIC}.result.npz", lambda: _aggregator_plan(ctx, dim), clock,
+                          label(cfg, COUNTS_TOPIC))
+        cfg = replace(cfg, **planned["settings"])
+        ctx = replace(ctx, cfg=cfg)
     public: dict[str, dict[str, Any]] = {}
     for rel in active_releases(cfg):
         if rel.reads:
