@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -18,9 +19,10 @@ from .config import SYNTHETIC_CONSORTIUM as SC
 from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
                      constraint, summary)
 from .deploy.sharedfs import aggregator_main, load_party_config, site_main
+from .exchange.keys import generate_key
 from .grid import features
 from .io import SPACES
-from .pipeline import progress
+from .pipeline import Interrupted, progress
 from .privacy.summary import headline_lines, privacy_warnings
 from .synth import MODELS as SYNTH_MODELS
 from .synth import make_consortium
@@ -136,6 +138,10 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
 
@@ -144,8 +150,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.run_id is not None:
         cfg.run_id = args.run_id
     cfg.validate()
-    est = DecentralizedICA.from_config(cfg, engine="pydra" if args.plugin == "serial" else f"pydra-{args.plugin}",
-                                       verbose=int(not args.quiet)).fit()
+    # SIGTERM ends the run as Ctrl-C does, through main's message (inside the workflow, which also stops its
+    # workers: workflows.consortium.run_workflow), rather than at once
+    before = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        est = DecentralizedICA.from_config(cfg, engine="pydra" if args.plugin == "serial" else f"pydra-{args.plugin}",
+                                           verbose=int(not args.quiet)).fit()
+    finally:
+        signal.signal(signal.SIGTERM, before)
     if not args.quiet:
         _print_summary(est, time.perf_counter() - t0)
     else:
@@ -249,7 +261,7 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 def _cmd_site(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_party_config(args.config, site=args.site)
-    res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file)
+    res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file, keys_file=args.keys)
     if not args.quiet:
         print(f"site {args.site}: done in {time.perf_counter() - t0:.1f} s")
         print(f"components:  {res['components']}")
@@ -262,7 +274,8 @@ def _cmd_site(args: argparse.Namespace) -> int:
 def _cmd_aggregator(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_party_config(args.config)
-    res = aggregator_main(cfg, run_id=args.run_id, key_file=args.key_file, progress=not args.quiet)
+    res = aggregator_main(cfg, run_id=args.run_id, key_file=args.key_file, keys_file=args.keys,
+                          progress=not args.quiet)
     if not args.quiet:
         print(f"aggregator: done in {time.perf_counter() - t0:.1f} s; {res['ica_rounds']} ICA rounds "
               f"({res['ica_status']})")
@@ -270,6 +283,14 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         print(f"components: {res['components']}")
         print(f"privacy:    {res['privacy']}")
         _print_privacy(json.loads(Path(res["privacy"]).read_text()), res.get("warnings"))
+    return EXIT_OK
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    public = generate_key(args.key_file)
+    print(f"private key: {args.key_file} (0600: keep it on this machine)")
+    print("public key, for the consortium's keys file (every party gets the same file, passed with --keys):")
+    print(f'"{args.party}" = "{public}"')
     return EXIT_OK
 
 
@@ -281,8 +302,11 @@ def _add_party_parsers(sub) -> None:
                         help=f"field run_id: {summary('run_id')} Default: the configuration's, {DEFAULT_RUN_ID!r} "
                              "unless set")
     common.add_argument("--key-file", default=None,
-                        help="the run's message key (hex), handed out of band; default: the aggregator "
-                             "writes <exchange_dir>/<run-id>/run.key (0600)")
+                        help="this party's private signing key (from `dpneuro keygen`); it never leaves this "
+                             "machine")
+    common.add_argument("--keys", default=None,
+                        help="the consortium's keys file: every party's public key, pinned out of band "
+                             "(required unless the configuration sets simulation = true)")
     common.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     s = sub.add_parser("site", parents=[common],
                        help="run one site's part of a consortium run over the shared folder exchange_dir",
@@ -292,10 +316,18 @@ def _add_party_parsers(sub) -> None:
                                    "<out>/<run-id>/<site>/.")
     s.add_argument("--site", required=True, help="this site's name (as listed in the config's sites)")
     s.set_defaults(func=_cmd_site)
+    s = sub.add_parser("keygen", help="make a party's signing key and print its public key",
+                       description="Makes this party's private Ed25519 key (0600, never overwritten) and prints "
+                                   "the line for the consortium's keys file. Every party (the aggregator and each "
+                                   "site) runs it once; the consortium collects the printed lines into one file "
+                                   "and checks each by a channel it trusts (e.g. read out on a call).")
+    s.add_argument("key_file", help="where to write the private key")
+    s.add_argument("--party", required=True, help="the party's name in the run: a site's name, or 'aggregator'")
+    s.set_defaults(func=_cmd_keygen, quiet=True)
     s = sub.add_parser("aggregator", parents=[common],
                        help="run the aggregator of a consortium run over the shared folder exchange_dir",
                        description="The aggregator of a deployed run: writes the run manifest (the settings every "
-                                   "site must share) and the run key into exchange_dir, combines the sites' "
+                                   "site must share) into exchange_dir, combines the sites' signed "
                                    "releases, and writes the maps, privacy.json and report.html to "
                                    "<out>/<run-id>/. It holds no data.")
     s.set_defaults(func=_cmd_aggregator)
@@ -405,6 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupted_message(command: str, exc: KeyboardInterrupt) -> str:
+    """One line: which signal stopped what, and for `dpneuro run` that the same command resumes."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    line = f"dpneuro {command}: interrupted by {signal.Signals(signum).name}"
+    if getattr(exc, "stage", ""):
+        line += f" while {exc.stage}"
+    if command == "run":
+        line += "; workers stopped, finished stages kept: run the same command again to resume"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -414,12 +457,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with progress(not getattr(args, "quiet", True)):
             return int(args.func(args))
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, PermissionError) as exc:
         print(f"dpneuro {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except OSError as exc:  # a full disk, a read-only folder: the file and the reason, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"dpneuro {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:  # Ctrl-C; SIGTERM too while `dpneuro run` works (pipeline.Interrupted)
+        print(_interrupted_message(args.command, exc), file=sys.stderr)
+        return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -52,6 +52,20 @@ from .synth_dfnc import window_labels
 from .timings import label, timed
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT (Ctrl-C) or SIGTERM. ``stage`` says what was running (empty when unknown);
+    the finished stages' files stay, so running the same command again resumes after them."""
+
+    def __init__(self, signum: int, stage: str = ""):
+        super().__init__(signum, stage)
+        self.signum, self.stage = int(signum), stage
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a process stopped by a signal: 128 + its number (130, 143)."""
+        return 128 + self.signum
+
+
 def _digest(*parts: Any) -> str:
     h = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode())
     return h.hexdigest()[:12]
@@ -155,6 +169,8 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = 
     out = d / "site.json"
     if out.exists():
         return str(out)
+    for part in d.glob(".*.part"):  # what a killed load was writing (io.ColumnWriter): never finished, so dropped
+        part.unlink(missing_ok=True)
     parcels = space_parcels(space)
     decoder = None
     if cfg.cluster:  # the site's own cluster decodes its subjects (same matrix as the threads here)

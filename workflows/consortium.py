@@ -8,19 +8,25 @@ budget re-runs only the stages downstream of it.
 """
 
 
+import asyncio
+import contextlib
 import os
 import shutil
+import signal
+import threading
 import traceback
 import typing as ty
 from pathlib import Path
 
 os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs seconds offline
 
+import cloudpickle  # noqa: E402  (Pydra's own format for its results)
 import pydra  # noqa: E402
 
 from dpneuro import pipeline, stages  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
 from dpneuro.io import resolve_workers  # noqa: E402
+from dpneuro.timings import label  # noqa: E402
 
 
 #: a stage's error travels through the remaining tasks as this prefix and its message (see :func:`_guard`)
@@ -111,6 +117,100 @@ def _one_line(exc: BaseException) -> str:
     return msg + (f" (crash report: {crash})" if crash else "")
 
 
+# -- interruption: SIGINT (Ctrl-C) or SIGTERM stops every worker and leaves a cache the same command resumes from
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """Inside, SIGINT and SIGTERM raise :class:`~dpneuro.pipeline.Interrupted` in this process, so that
+    :func:`run_workflow` can stop its workers and clean up (a SIGTERM would otherwise end it at once and
+    orphan them). Pydra's cf workers are forked from this process and inherit the handler: there it lets
+    the signal end the worker at once, and this process cleans up after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:  # a forked worker
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        for s in _SIGNALS:  # the first signal starts the clean-up: a second one must not cut it short
+            signal.signal(s, signal.SIG_IGN)
+        raise pipeline.Interrupted(signum)
+
+    before = {s: signal.signal(s, handler) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _stop_workers(sub: pydra.Submitter, timeout: float = 5.0) -> None:
+    """End the worker processes and the submitter's pending tasks, before the submitter closes (its
+    process pool would otherwise wait for the running stages to finish)."""
+    pool = getattr(sub.worker, "pool", None)  # the cf plugin's ProcessPoolExecutor (serial has none)
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for p in workers:
+        p.terminate()
+    for p in workers:
+        p.join(timeout)
+        if p.is_alive():  # stuck in C code that does not return to Python to die
+            p.kill()
+            p.join(timeout)
+
+    def quiet(loop, context):  # the task the signal hit holds it, and asyncio would print it as never retrieved
+        if not isinstance(context.get("exception"), KeyboardInterrupt):
+            loop.default_exception_handler(context)
+
+    sub.loop.set_exception_handler(quiet)
+    # cancelled rather than dropped: asyncio complains about tasks destroyed while pending, and Pydra
+    # releases its locks as they unwind
+    pending = asyncio.all_tasks(sub.loop)
+    for t in pending:
+        t.cancel()
+    if pending and not sub.loop.is_closed():
+        sub.loop.run_until_complete(asyncio.wait(pending, timeout=timeout))
+
+
+def _finished(node) -> bool:
+    """Whether Pydra saved a complete result for ``node`` (every site's, for the split load)."""
+    try:
+        res = node.result()
+    except Exception:  # noqa: BLE001 - a node that never started may not even have its inputs
+        return False
+    results = res if isinstance(res, list) else [res]
+    return all(r is not None and not r.errored and r.output is not None for r in results)
+
+
+def _running_stage(wf: pydra.Workflow, cfg: RunConfig) -> str:
+    """What the run was doing: the first stage, in run order, that has no complete result."""
+    doing = {"space": "preparing the mask and features (space)", "load": "loading the sites' data (load)",
+             "maps": "writing the maps and privacy record (maps)", "report": "writing the report (report)"}
+    for name in pipeline.run_order():
+        node = getattr(wf, name if name in doing else f"release_{name}")
+        if not _finished(node):
+            return doing.get(name, f"running stage {label(cfg, name)}")
+    return "finishing the run"
+
+
+def _clear_interrupted(cache_dir: Path) -> None:
+    """Drop the Pydra results a killed run left: Pydra saves a task's result even when a signal stops it,
+    with no output and not marked as failed, and would hand that result to the next run as finished."""
+    for result in Path(cache_dir).glob("*/_result.pklz"):
+        try:
+            res = cloudpickle.loads(result.read_bytes())
+            stale = res.output is None and not res.errored
+        except Exception:  # noqa: BLE001 - a result cut off mid-write is as stale
+            stale = True
+        if stale:
+            shutil.rmtree(result.parent, ignore_errors=True)
+
+
 def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared: bool = False,
                  **plugin_args) -> dict:
     """Build and run the workflow; returns each stage's output file, as :func:`dpneuro.pipeline.run_stages`.
@@ -121,17 +221,31 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
     says the caller already did. ``plugin``: Pydra's concurrent worker by
     default (the sites load at the same time, one process per usable core), or
     "serial". A stage's error is raised as :class:`WorkflowError`, in one line.
+
+    SIGINT (Ctrl-C) or SIGTERM (in the main thread) raises :class:`dpneuro.pipeline.Interrupted` naming the
+    stage that was running, once the workers have stopped and Pydra's cache (which an interrupted run
+    leaves unusable) is removed: the stages' own files stay, so the same call resumes after the finished ones.
     """
     if not prepared:
         cfg, _ = pipeline.prepare(cfg)
     wf = build_workflow(cfg, cache_dir)
+    _clear_interrupted(wf.cache_dir)  # what a run killed outright (SIGKILL, power cut) left
     if plugin == "cf":
         plugin_args.setdefault("n_procs", resolve_workers())  # the sites load in parallel, one per core
-    try:
-        with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
-            sub(wf)
-    except Exception as exc:  # noqa: BLE001 - re-raised as one readable line
-        raise WorkflowError(_one_line(exc)) from exc
+    with _signals_interrupt():
+        try:
+            with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
+                try:
+                    sub(wf)
+                except KeyboardInterrupt:
+                    _stop_workers(sub)
+                    raise
+        except KeyboardInterrupt as exc:
+            stage = _running_stage(wf, cfg)
+            shutil.rmtree(wf.cache_dir, ignore_errors=True)
+            raise pipeline.Interrupted(getattr(exc, "signum", signal.SIGINT), stage) from None
+        except Exception as exc:  # noqa: BLE001 - re-raised as one readable line
+            raise WorkflowError(_one_line(exc)) from exc
     res = wf.result(return_inputs=False)
     if res.errored:
         raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")
