@@ -165,6 +165,9 @@ def run_site(
         if record.get("done"):
             state["final"] = incoming
             return state
+    names = getattr(exchange, "site_names", None)
+    if names:  # a site's refusals name it as the consortium knows it
+        state.setdefault("site_name", f"site {names[site]!r}")
 
     while rnd < protocol.max_rounds:
         phases = protocol.phases(rnd)
