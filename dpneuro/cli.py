@@ -261,7 +261,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 def _cmd_site(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_party_config(args.config, site=args.site)
-    res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file, keys_file=args.keys)
+    res = site_main(cfg, args.site, run_id=args.run_id, key_file=args.key_file, keys_file=args.keys,
+                    progress=not args.quiet)
     if not args.quiet:
         print(f"site {args.site}: done in {time.perf_counter() - t0:.1f} s")
         print(f"components:  {res['components']}")

@@ -253,3 +253,45 @@ def test_an_unwritable_output_folder_is_refused_before_anything_is_written(tmp_p
     assert not (tmp_path / "shared" / "dpneuro" / "manifest.json").exists()
     notices = list((tmp_path / "shared" / "dpneuro" / "failed").glob("*.json"))
     assert len(notices) == 1 and "cannot be written" in notices[0].read_text()
+
+
+# -- operators: what a deployed party says, and what a stopped site keeps --------------------------------
+
+def test_a_waiting_party_says_whom_it_waits_for(tmp_path, keys):
+    told = []
+    site = DirectoryExchange(tmp_path, 3, run_id="run", key=keys["site-02"], site_names=SITES, notify=told.append,
+                             notify_interval=0.05)
+    with pytest.raises(Exception, match="the aggregator did not broadcast"):
+        site.receive(1, 3, "release", timeout=0.3)
+    assert told and all("site-02: waiting" in t and "the aggregator's broadcast" in t and "round 3" in t
+                        for t in told)
+    told.clear()
+    agg = DirectoryExchange(tmp_path, 3, run_id="run", key=keys["aggregator"], site_names=SITES,
+                            notify=told.append, notify_interval=0.05)
+    with pytest.raises(Exception, match="did not send"):
+        agg.gather(0, "release", [0, 2], timeout=0.3)
+    assert told and "aggregator: waiting" in told[-1] and "site 'site-01', site 'site-03'" in told[-1]
+
+
+def test_a_site_stopped_in_its_own_maps_keeps_the_consortiums_outputs(tmp_path, monkeypatch):
+    """The consortium's maps and the site's privacy.json are written as soon as the protocol ends; a site
+    stopped while it computes its own time courses and voxel maps (minutes at 2 mm) still has them."""
+    from dpneuro.deploy import party
+
+    man = dc.consortium(tmp_path / "data")
+    cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), ica="spatial", timeout=120)
+    keys_file, private = dc.party_keys(tmp_path / "keys", [s.name for s in cfg.sites])
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(party, "write_site_outputs", stopped)
+    out: dict = {}
+    for t in _parties(cfg, keys_file, private, out):
+        t.join(timeout=110)
+    assert isinstance(out["aggregator"], dict)  # the consortium's run completed
+    for s in cfg.sites:
+        assert isinstance(out[s.name], KeyboardInterrupt)
+        own = tmp_path / "out" / "dpneuro" / s.name
+        assert (own / "components.nii.gz").is_file() and (own / "privacy.json").is_file()
+        assert not (own / "report.html").exists()

@@ -69,7 +69,7 @@ from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
 from ..pipeline import stage_load, stage_space
 from ..privacy import PrivacyLedger, privacy_report
 from ..report import report_headline, write_report
-from ..site_maps import consortium_section, site_note
+from ..site_maps import consortium_section, made, site_note
 from ..stages import Release, active_releases, from_reply, sites_reply
 from ..timings import label
 
@@ -414,6 +414,12 @@ class SiteContext(_Party):
     exchange: Callable[[str], Exchange]
     timeout: float | None = None
     message_limit: int = DEFAULT_MAX_BYTES
+    #: where the site says how far it is (one line per step; None: silent)
+    progress: Callable[[str], None] | None = None
+
+    def say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
 
     @property
     def index(self) -> int:
@@ -458,8 +464,10 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     done = work / "site-result.json"
     if done.exists():
         return json.loads(done.read_text())
+    ctx.say(f"site {ctx.site}: loading and checking its subjects")
     info = load_site_data(ctx)
     check_delta(cfg.delta, int(info["n_subjects"]))  # each site its own N: the smallest site refuses
+    ctx.say(f"site {ctx.site}: {info['n_subjects']} subjects, {info['n_samples']} time points loaded")
     X = info["X"]  # the .npy path: read subject by subject, never mapped whole
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
@@ -490,6 +498,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                 return rel.site(cfg, step, i, data, lengths, ctx.exchange(step), n_sites=n, dim=dim,
                                 previous=previous, checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
 
+            ctx.say(f"site {ctx.site}: {label(cfg, rel.name)} ({step}): taking part")
             previous = _cached(work / f"{step}.result.npz", compute, clock, label(cfg, rel.name))
             leds.append(previous["ledger"])
             public[rel.name].update({k: v for k, v in previous.items() if k != "ledger"})
@@ -514,8 +523,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
 def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict, ledger: PrivacyLedger,
                         clock: _Clock) -> dict:
     cfg, out = ctx.cfg, ctx.out
-    own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
-                             timecourses=inputs.get("states"), timer=clock.timed)
+    # the consortium's results first: a site stopped while it computes its own maps still has them
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     W = np.asarray(public["unmix"]["W"])
     with clock.timed(label(cfg, "maps")):
@@ -530,6 +538,11 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
             "note": "What this site released, composed from its own ledger. The consortium's privacy.json "
                     "(written by the aggregator) holds every site's ledger and the assumptions."}
     priv_path = write_json(out / "privacy.json", priv)
+    ctx.say(f"site {ctx.site}: protocol finished; the consortium's maps are in {comp} and what this site spent in "
+            f"{priv_path}; now its own time courses{' and voxel maps' if made(cfg, info['space']) else ''} "
+            "and its report")
+    own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
+                             timecourses=inputs.get("states"), timer=clock.timed)
     site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
     report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock,
                                          states=None if states is None else {"matrices": states,

@@ -201,7 +201,11 @@ def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys):
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys, progress: bool = False):
     names = [s.name for s in cfg.sites]
     try:
         [check_name("site name", n) for n in names]
@@ -209,7 +213,8 @@ def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys):
         names = None  # names that cannot be file names: the exchange numbers the sites instead
 
     def make(stage: str) -> DirectoryExchange:
-        return DirectoryExchange(folder, len(cfg.sites), run_id=stage, key=key, site_names=names)
+        return DirectoryExchange(folder, len(cfg.sites), run_id=stage, key=key, site_names=names,
+                                 notify=_say if progress else None)
 
     return make
 
@@ -283,7 +288,7 @@ def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
                                 if keys_file else "the parties published in the shared folder (a simulation: "
                                 "trust on first use)."))
         ctx = AggregatorContext(cfg=cfg, work=_party_work(cfg, run_id, "aggregator"), out=out,
-                                exchange=_exchange_factory(folder, cfg, keys),
+                                exchange=_exchange_factory(folder, cfg, keys, progress),
                                 options=RunOptions(timeout=cfg.timeout, progress=progress), transport=transport)
         return run_aggregator_analysis(ctx)
 
@@ -291,7 +296,7 @@ def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
 
 
 def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=None,
-              keys_file=None) -> dict[str, Any]:
+              keys_file=None, progress: bool = False) -> dict[str, Any]:
     """Run site ``site`` of ``cfg`` over ``exchange_dir``; its outputs go to ``<cfg.out>/<run_id>/<site>/``.
 
     ``run_id``: default the configuration's.
@@ -313,7 +318,8 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=
         _check_writable(_party_work(cfg, run_id, site), f"site {site!r}'s working folder")
         keys = signer["keys"] = _party_keys(cfg, folder, site, key_file, keys_file)
         ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=cfg.run_dir / site,
-                          exchange=_exchange_factory(folder, cfg, keys), timeout=cfg.timeout)
+                          exchange=_exchange_factory(folder, cfg, keys, progress), timeout=cfg.timeout,
+                          progress=_say if progress else None)
         return run_site_analysis(ctx)
 
     return _reporting(folder, site, run)

@@ -25,7 +25,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +214,8 @@ class DirectoryExchange(Exchange):
         Seconds after which a silent site is no longer reported by :meth:`alive`.
     heartbeat_interval : float
         While a site waits in :meth:`receive` its heartbeat is refreshed this often.
+    notify : callable, optional
+        Told, every ``notify_interval`` seconds of waiting, whom this party waits for and for what.
 
     Notes
     -----
@@ -230,7 +232,8 @@ class DirectoryExchange(Exchange):
         self, root: str | os.PathLike[str], n_sites: int, *, run_id: str, key: bytes,
         poll_interval: float = 0.01, max_bytes: int = DEFAULT_MAX_BYTES,
         liveness_timeout: float = 60.0, heartbeat_interval: float = 1.0,
-        site_names: Sequence[str] | None = None,
+        site_names: Sequence[str] | None = None, notify: Callable[[str], None] | None = None,
+        notify_interval: float = 30.0,
     ) -> None:
         if int(n_sites) < 1:
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
@@ -250,6 +253,7 @@ class DirectoryExchange(Exchange):
         self.liveness_timeout = float(liveness_timeout)
         self.heartbeat_interval = float(heartbeat_interval)
         self.stats = ExchangeStats()
+        self.notify, self.notify_interval = notify, float(notify_interval)
         self._key = bytes(key) if isinstance(key, (bytes, bytearray)) else key
         self._closed = threading.Event()
         self._lock = threading.Lock()  # several parties may share one instance (threads)
@@ -325,6 +329,15 @@ class DirectoryExchange(Exchange):
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
         return decode_checked(self, blob, sender, round, topic, expect)
+
+    def _waiting(self, since: float, told: float, me: int, whom: str, round: int, topic: str) -> float:
+        """Tell ``notify`` that ``me`` still waits for ``whom`` (at most every ``notify_interval`` s); when told."""
+        now = time.monotonic()
+        if self.notify is None or now - told < self.notify_interval:
+            return told
+        self.notify(f"{self._party(me)}: waiting {now - since:.0f} s for {whom} (stage {self.run_id!r}, round "
+                    f"{round}, {topic!r})")
+        return now
 
     def _wait(self, deadline: float | None) -> None:
         delay = self.poll_interval
@@ -404,13 +417,14 @@ class DirectoryExchange(Exchange):
         path = self.message_path(AGGREGATOR, round, topic)
         limit = self._limit(expect)
         self.heartbeat(site)
-        last_beat = time.monotonic()
+        last_beat = since = told = time.monotonic()
         while True:
             self._check_open()
             self._check_failures(site)
             blob = self._read(path, AGGREGATOR, round, topic, limit)
             if blob is not None:
                 return self._decode(blob, AGGREGATOR, round, topic, expect)
+            told = self._waiting(since, told, site, "the aggregator's broadcast", round, topic)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise SiteTimeout(receive_timeout_message(site, round, topic, timeout, self.who),
@@ -433,9 +447,12 @@ class DirectoryExchange(Exchange):
         deadline = None if timeout is None else time.monotonic() + timeout
         limit = self._limit(expect)
         received: dict[int, Payload] = {}
+        since = told = time.monotonic()
         while True:
             self._check_open()
             self._check_failures(AGGREGATOR)
+            if waiting:
+                told = self._waiting(since, told, AGGREGATOR, ", ".join(self.who(s) for s in waiting), round, topic)
             for s in list(waiting):
                 blob = self._read(self.message_path(s, round, topic), s, round, topic, limit)
                 if blob is not None:
