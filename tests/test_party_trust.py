@@ -295,3 +295,22 @@ def test_a_site_stopped_in_its_own_maps_keeps_the_consortiums_outputs(tmp_path, 
         own = tmp_path / "out" / "dpneuro" / s.name
         assert (own / "components.nii.gz").is_file() and (own / "privacy.json").is_file()
         assert not (own / "report.html").exists()
+
+
+def test_coinstac_parties_sign_with_their_own_keys_and_check_the_manifests_pin(tmp_path):
+    from dpneuro.deploy import coinstac as dcc
+    from dpneuro.exchange import CoinstacExchange
+    from dpneuro.exchange.keys import public_hex
+
+    mine, other = dcc._signing_key(tmp_path / "a"), dcc._signing_key(tmp_path / "b")
+    assert public_hex(dcc._signing_key(tmp_path / "a")) == public_hex(mine)  # kept for the run
+    manifest = {"sites": SITES, "public_keys": {"aggregator": public_hex(other), "site-01": public_hex(other),
+                                                "site-02": public_hex(mine), "site-03": public_hex(other)}}
+    with pytest.raises(ConfigError, match="pins another public key for 'site-01'"):
+        dcc._party_keys(manifest, "site-01", mine)
+    keys = dcc._party_keys(manifest, "site-02", mine)
+    ex = CoinstacExchange(run_id="reduce", key=keys, n_sites=3, base_dir=tmp_path / "base",
+                          transfer_dir=tmp_path / "transfer", state_dir=tmp_path / "state", site=1)
+    with pytest.raises(PermissionError, match="cannot write as site-01"):
+        ex.send(0, 0, "release", Payload({"A": np.zeros(2)}))
+    ex.send(1, 0, "release", Payload({"A": np.zeros(2)}))

@@ -38,11 +38,16 @@ Iterations, read from the input keys:
    ledger to its ``outputDirectory``; once every site reports ``done`` the
    remote returns the final output with ``"success": true``.
 
-Message authentication: the HMAC key is derived from the run manifest's
-canonical JSON (COINSTAC carries the manifest through Node.js, which writes
-20.0 as 20), so it guards against corrupted, misplaced or replayed files; who
-the parties are is COINSTAC's business (its own authenticated transport, see
-:data:`TRANSPORT`, which ``privacy.json`` repeats).
+Message authentication: every party signs its messages with its own Ed25519
+key (:mod:`dpneuro.exchange.keys`), made in its private state folder at the
+run's first iteration. A site's public key travels in its first output (over
+COINSTAC's authenticated transport, which identifies its client); the remote
+pins every site's key and its own in the run manifest, and each site checks
+that the manifest pins its own key unchanged. From then on no party, nor
+anyone on the path of the message files, can write as another. An owner input
+``public_keys`` (party -> 64 hex digits, from ``dpneuro keygen``) pins the
+sites' keys in advance instead (a member then passes its private key file as
+``signing_key``).
 
 Lost messages: COINSTAC can lose a transfer file. The remote's output lists
 what it still waits for (``missing``) and each site's output what it waits for
@@ -75,6 +80,7 @@ from ..cleaning import STRATEGIES
 from ..config import ConfigError, RunConfig, SiteEntry, check_colluding
 from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
 from ..exchange.codec import canonical_json
+from ..exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
 from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
 from ..driver import RunOptions
 from ..io import BIDS_FILTERS
@@ -94,7 +100,6 @@ __all__ = [
     "compspec_defaults",
     "CoinstacExchange",
     "local",
-    "manifest_key",
     "remote",
     "settings_from_inputs",
 ]
@@ -102,12 +107,11 @@ __all__ = [
 #: what authenticates a COINSTAC run's messages (privacy.json and docs/privacy.md say it)
 TRANSPORT = (
     "Messages travel through COINSTAC, whose authenticated, encrypted transport (the client's login and "
-    "TLS to the remote) is what identifies the parties. dpneuro's own message tag is keyed by the public run "
-    "manifest: it catches corrupted, misplaced or replayed files, not forgery. An active attacker on "
-    "COINSTAC's path (or COINSTAC's operator) could therefore forge or alter messages: change the broadcast "
-    "basis or unmixing (wrong results), or withhold messages (the run stops). It could not learn more about a "
-    "subject than the noised and masked releases allow: privacy rests on the noise, not on the tag, and every "
-    "site checks the noise plan it is sent against its own configuration before it releases anything.")
+    "TLS to the remote) identifies the parties in the run's first iteration. Every message is then signed with "
+    "its sender's own Ed25519 key, pinned in the run manifest (or pinned by the owner in advance), so neither "
+    "a party nor anyone on the path of the message files can write as another; an attacker there could still "
+    "withhold messages (the run stops). Privacy rests on the noise, not on the signatures: every site checks "
+    "the noise plan it is sent against its own configuration before it releases anything.")
 #: iterations the remote may stay in the same wait before it ends the run (owner input max_stalled_iterations)
 MAX_STALLED_ITERATIONS = 8
 RUN_ID = "coinstac"
@@ -276,13 +280,23 @@ def _files(inputs: dict[str, Any], base_dir: Path) -> list[str]:
     return [str(base_dir / f) for f in files]
 
 
-def manifest_key(manifest: dict[str, Any]) -> bytes:
-    """The run's message key, derived from the (public) manifest: integrity, not secrecy (module notes).
+def _signing_key(sd: Path, inputs_key: Any = None):
+    """This party's private key: the member's own key file (input ``signing_key``), else one made in its state
+    folder at the run's first iteration and kept for the run."""
+    if inputs_key:
+        return load_private_key(inputs_key)
+    path = sd / "party.key"
+    if not path.exists():
+        generate_key(path)
+    return load_private_key(path)
 
-    Taken over the manifest's canonical JSON: the sites receive the manifest
-    through COINSTAC's Node.js, which rewrites numbers (20.0 -> 20).
-    """
-    return hashlib.sha256(b"dpneuro/coinstac/v2\0" + canonical_json(manifest).encode()).digest()
+
+def _party_keys(manifest: dict[str, Any], me: str, private) -> PartyKeys:
+    pinned = manifest.get("public_keys") or {}
+    if me in pinned and pinned[me] != public_hex(private):
+        raise ConfigError(f"COINSTAC party {me!r} refuses the run manifest: it pins another public key for "
+                          f"{me!r} than this party's own ({public_hex(private)[:16]}...)")
+    return PartyKeys(me, private, pinned, manifest["sites"])
 
 
 def _state_dir(state: dict[str, Any], role: str, *, fresh: bool = False) -> Path:
@@ -352,13 +366,19 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     if "dpneuro" not in inputs:  # first iteration: the computation's inputs
         settings = settings_from_inputs(inputs)
         files = _files(inputs, Path(state["baseDirectory"]))
-        write_json(sd / "inputs.json", {"settings": settings, "files": files})
+        key_file = _value(inputs.get("signing_key")) or None
+        pinned = _value(inputs.get("public_keys")) or {}
+        if not isinstance(pinned, dict):
+            raise ConfigError(f"COINSTAC input 'public_keys': party -> public key (64 hex digits), got {pinned!r}")
+        write_json(sd / "inputs.json", {"settings": settings, "files": files, "signing_key": key_file})
+        public = public_hex(_signing_key(sd, key_file))
         limit = _coerce("max_stalled_iterations", int,
                         _value(inputs.get("max_stalled_iterations", MAX_STALLED_ITERATIONS)))
         if limit < 1:
             raise ConfigError(f"COINSTAC input 'max_stalled_iterations': must be >= 1, got {limit}")
         return {"output": {"dpneuro": {"phase": "hello", "settings": settings, "n_files": len(files),
-                                       "max_stalled_iterations": limit}},
+                                       "max_stalled_iterations": limit, "public_key": public,
+                                       "pinned_keys": pinned}},
                 "cache": {"dpneuro": "hello"}}
     if not (sd / "inputs.json").exists():
         raise RuntimeError(f"site {me!r}: its state folder {sd} lost the inputs of iteration 1")
@@ -369,7 +389,8 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     cfg = _config(saved["settings"], manifest["sites"], sd / "work", (me, saved["files"]))
     cfg.validate(data_sites=[me])
     check_manifest(cfg, manifest, party=f"COINSTAC site {me!r}", source="the remote's run manifest")
-    key, index, n = manifest_key(manifest), manifest["sites"].index(me), len(manifest["sites"])
+    key = _party_keys(manifest, me, _signing_key(sd, saved.get("signing_key")))
+    index, n = manifest["sites"].index(me), len(manifest["sites"])
 
     def exchange(stage: str) -> CoinstacExchange:
         return CoinstacExchange(run_id=stage, key=key, n_sites=n, base_dir=state["baseDirectory"],
@@ -406,6 +427,17 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
                                   f"{sites[0]!r} has {first.get(k)!r}; every site must run the same settings")
     cfg = _config(first, sites, sd / "work").validate(data_sites=[])
     manifest = run_manifest(cfg, RUN_ID)
+    pinned = outs[sites[0]].get("pinned_keys") or {}
+    for c in sites:
+        if canonical_json(outs[c].get("pinned_keys") or {}) != canonical_json(pinned):
+            raise ConfigError(f"COINSTAC input 'public_keys': site {c!r} holds other pinned keys than site "
+                              f"{sites[0]!r}; every site must get the owner's same keys")  # keys pinned in advance win; else each site's own, as COINSTAC's transport delivered it
+        announced = outs[c].get("public_key")
+        if c in pinned and announced != pinned[c]:
+            raise ConfigError(f"COINSTAC site {c!r} announced a public key other than the one the owner pinned "
+                              "(input 'public_keys'); the remote refuses to run with it")
+    manifest["public_keys"] = {**{c: pinned.get(c) or outs[c].get("public_key") for c in sites},
+                               AGGREGATOR_NAME: public_hex(_signing_key(sd))}
     grid = manifest["grid"]
     dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
     check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
@@ -444,7 +476,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
                 else _remote_setup(outs, sd))
     settings = json.loads((sd / "settings.json").read_text())
     cfg = _config(settings, manifest["sites"], sd / "work")
-    key = manifest_key(manifest)
+    key = _party_keys(manifest, AGGREGATOR_NAME, _signing_key(sd))
 
     def exchange(stage: str) -> CoinstacExchange:
         return CoinstacExchange(run_id=stage, key=key, n_sites=len(manifest["sites"]),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import AGGREGATOR, Exchange, ExchangeError, MessageSpec, Payload, Suspend, describe, egress_record, validate
-from .codec import blob_limit, check_name, decode_payload, encode_payload
+from .codec import authenticator, blob_limit, check_name, decode_payload, encode_payload
 
 __all__ = ["MAX_MESSAGE_BYTES", "SUFFIX", "CoinstacExchange", "message_name"]
 
@@ -54,8 +54,9 @@ class CoinstacExchange(Exchange):
     ----------
     run_id : str
         The stage (``"reduce"``, ``"unmix"``, ``"summary"``); part of every address.
-    key : bytes
-        The run's HMAC key (:func:`manifest_key`).
+    key : PartyKeys or bytes
+        This party's signing key and every party's public key (:mod:`dpneuro.exchange.keys`), or an HMAC key
+        the parties share (tests).
     n_sites : int
     base_dir, transfer_dir : path
         The party's ``state.baseDirectory`` and ``state.transferDirectory``.
@@ -77,11 +78,10 @@ class CoinstacExchange(Exchange):
 
     suspends = True
 
-    def __init__(self, *, run_id: str, key: bytes, n_sites: int, base_dir, transfer_dir, state_dir,
+    def __init__(self, *, run_id: str, key, n_sites: int, base_dir, transfer_dir, state_dir,
                  site: int | None = None, site_dirs: Iterable[str] | None = None,
                  max_bytes: int = MAX_MESSAGE_BYTES) -> None:
-        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
-            raise ValueError("the run key must be bytes of length >= 16")
+        authenticator(key)  # bytes of >= 16 or PartyKeys, else ValueError
         self.run_id = check_name("run id", run_id)
         self.n_sites = int(n_sites)
         self.base_dir, self.transfer_dir, self.state_dir = Path(base_dir), Path(transfer_dir), Path(state_dir)
@@ -90,7 +90,7 @@ class CoinstacExchange(Exchange):
         if self.site_dirs is not None and len(self.site_dirs) != self.n_sites:
             raise ValueError(f"{len(self.site_dirs)} site folders for {self.n_sites} sites")
         self.max_bytes = int(max_bytes)
-        self._key = bytes(key)
+        self._key = bytes(key) if isinstance(key, (bytes, bytearray)) else key
         self._lock = threading.Lock()
         for sub in ("sent", "egress"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
