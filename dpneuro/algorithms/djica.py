@@ -694,9 +694,10 @@ class CapeDJICA:
         else:
             (dG, dh), z = self.sensitivity(state), self.z
         stage = self.ledger_stages[0]
-        out = {"G": ReleaseSpec((R, R), dG, z, stage=stage)}
+        private = self.plan != "none"  # then clipped: a mean of terms of norm <= B has norm <= B
+        out = {"G": ReleaseSpec((R, R), dG, z, stage=stage, bound=float(self.BG) if private else None)}
         if self.bias:
-            out["h"] = ReleaseSpec((R,), dh, z, stage=stage)
+            out["h"] = ReleaseSpec((R,), dh, z, stage=stage, bound=float(self.Bh) if private else None)
         return out
 
     def site_weight(self, state) -> float:
