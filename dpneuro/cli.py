@@ -13,20 +13,20 @@ from dataclasses import fields, replace
 from numbers import Integral
 from pathlib import Path
 
-from . import __version__
-from .budget import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
-from .config import SYNTHETIC_CONSORTIUM as SC
-from .config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
+from dpneuro import __version__
+from dpneuro.run.planner import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
+from dpneuro.config import SYNTHETIC_CONSORTIUM as SC
+from dpneuro.config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
                      constraint, summary)
-from .deploy.sharedfs import aggregator_main, load_party_config, site_main
-from .exchange.keys import generate_key
-from .grid import features
-from .io import SPACES
-from .pipeline import Interrupted, progress
-from .privacy.summary import headline_lines, privacy_warnings
-from .synth import MODELS as SYNTH_MODELS
-from .synth import make_consortium
-from .timings import lines as timing_lines
+from dpneuro.deploy.sharedfs import aggregator_main, load_party_config, site_main
+from dpneuro.protocol.exchange.keys import generate_key
+from dpneuro.run.features import features
+from dpneuro.data.io import SPACES
+from dpneuro.run.pipeline import Interrupted, progress
+from dpneuro.privacy.summary import headline_lines, privacy_warnings
+from dpneuro.datasets.synth import MODELS as SYNTH_MODELS
+from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.timings import lines as timing_lines
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -70,7 +70,7 @@ DEMO = _demo_settings()
 
 def _demo_estimator(out: Path, manifest: dict, args: argparse.Namespace):
     """The demo's analysis: the library's defaults, with the synthetic consortium's number of networks."""
-    from .estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
+    from dpneuro.estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
 
     return DecentralizedICA(n_components=DEMO["n_components"], mask=manifest["mask"], truth=str(out / "data"),
                             random_state=args.seed, out=out, run_id="run", engine="pydra-cf",
@@ -143,7 +143,7 @@ def _raise_interrupted(signum, frame):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
+    from dpneuro.estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
 
     t0 = time.perf_counter()
     cfg = RunConfig.read(args.config)

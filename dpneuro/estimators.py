@@ -8,7 +8,7 @@
 
 An estimator turns its parameters into a :class:`~dpneuro.config.RunConfig`
 and runs the same stages as ``dpneuro run`` and the Pydra workflow
-(:func:`dpneuro.pipeline.run_stages`), so the three give the same numbers for
+(:func:`dpneuro.run.pipeline.run_stages`), so the three give the same numbers for
 the same seed. ``role="site"`` / ``"aggregator"`` runs one party of a deployed
 run over a shared folder, through the code ``dpneuro site`` /
 ``dpneuro aggregator`` use.
@@ -36,20 +36,20 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from . import grid, pipeline
-from .algorithms.djica import time_courses
-from .analysis import unmixing_input
-from .budget import plan_for_target, site_shapes, spend
-from .config import ConfigError, RunConfig, SiteEntry, estimator_name
-from .deploy.sharedfs import aggregator_main, site_main
-from .io import load_mask, load_site, mask_to_image, private_dir
-from .maps import read_timecourses
-from .outputs import to_voxels
-from .parcellation import space_parcels
-from .pipeline import progress, public_results, run_privacy
-from .privacy import PrivacyLedger, privacy_report
-from .privacy.cape_delta import max_colluding
-from .privacy.summary import headline_lines
+from dpneuro.run import features, pipeline
+from dpneuro.algorithms.djica import time_courses
+from dpneuro.run.roles import unmixing_input
+from dpneuro.run.planner import plan_for_target, site_shapes, spend
+from dpneuro.config import ConfigError, RunConfig, SiteEntry, estimator_name
+from dpneuro.deploy.sharedfs import aggregator_main, site_main
+from dpneuro.data.io import load_mask, load_site, mask_to_image, private_dir
+from dpneuro.report.figures import read_timecourses
+from dpneuro.run.outputs import to_voxels
+from dpneuro.data.parcellation import space_parcels
+from dpneuro.run.pipeline import progress, public_results, run_privacy
+from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.privacy.cape_delta import max_colluding
+from dpneuro.privacy.summary import headline_lines
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 
@@ -364,7 +364,7 @@ class _Decentralized(BaseEstimator):
             if self._until != "report":
                 raise ValueError(f"engine {self.engine!r} runs the whole workflow; {type(self).__name__} needs "
                                  "'serial'")
-            from .workflows import run_workflow  # deferred: it loads Pydra, which only the pydra engines need
+            from dpneuro.workflows import run_workflow  # deferred: it loads Pydra, which only the pydra engines need
 
             outputs = run_workflow(cfg, plugin="cf" if self.engine == "pydra-cf" else "serial", prepared=True)
         else:
@@ -601,7 +601,7 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
     ``timepoints`` per subject), or a mapping site name -> data (counts are
     read from the file headers). ``settings``: other parameters of the
     estimators, which are the RunConfig fields (``parcels``, ``plan``,
-    ``ica_rounds``, ...). Returns a :class:`~dpneuro.budget.BudgetPlan`, which
+    ``ica_rounds``, ...). Returns a :class:`~dpneuro.run.planner.BudgetPlan`, which
     prints as a table.
     """
     if not isinstance(sites, Mapping) and subjects is None:
@@ -616,5 +616,5 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
                            "n_components": n_components})
         cfg.validate(data_sites=())
         shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
-        dim = grid.features(cfg, features)
+        dim = features.features(cfg, features)
         return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)

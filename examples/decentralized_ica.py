@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import dpneuro
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 
 args = [a for a in sys.argv[1:] if a != "--small"]
 out = Path(args[0] if args else "dpneuro_example")

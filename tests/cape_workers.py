@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.cape import ReleaseSpec, cape_protocol
-from dpneuro.exchange import DirectoryCheckpoint, DirectoryExchange, Payload
-from dpneuro.driver import run_site
+from dpneuro.protocol.cape import ReleaseSpec, cape_protocol
+from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, Payload
+from dpneuro.protocol.driver import run_site
 
 DIE_EXIT_CODE = 23
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro import pipeline, stages
+from dpneuro.run import pipeline, stages
 from dpneuro.config import RunConfig
 from dpneuro.privacy import PrivacyLedger
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "site_templates"
@@ -81,7 +81,7 @@ def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:
 
 def party_keys(folder: Path, sites: list[str]) -> tuple[Path, dict[str, Path]]:
     """A consortium's keys: each party's private key file and the keys file pinning every public key."""
-    from dpneuro.exchange.keys import generate_key, write_public_keys
+    from dpneuro.protocol.exchange.keys import generate_key, write_public_keys
 
     folder.mkdir(parents=True, exist_ok=True)
     private = {p: folder / f"{p}.key" for p in ["aggregator", *sites]}

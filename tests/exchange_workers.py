@@ -1,7 +1,7 @@
 """A toy protocol for the exchange tests, and a site process entry point.
 
 Run as a script, this module is one site of the toy protocol over a
-:class:`~dpneuro.exchange.DirectoryExchange`, with a checkpoint, optionally
+:class:`~dpneuro.protocol.exchange.DirectoryExchange`, with a checkpoint, optionally
 crashing at a chosen point (``--crash ROUND:TOPIC:WHEN``) to test restarts.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.exchange import ArraySpec, DirectoryCheckpoint, DirectoryExchange, MessageSpec, Payload
-from dpneuro.driver import Phase, run_site
+from dpneuro.protocol.exchange import ArraySpec, DirectoryCheckpoint, DirectoryExchange, MessageSpec, Payload
+from dpneuro.protocol.driver import Phase, run_site
 
 D = 4  # length of every toy array
 SEED = 20240611

@@ -18,10 +18,10 @@ from dpneuro.algorithms.agn import (
     prepare_site,
     sensitivities,
 )
-from dpneuro.cape import NoisePlan, ReleaseSpec, ledgers, n_unique, run_cape
-from dpneuro.cape.packing import noise_array, pack_weighted
-from dpneuro.exchange import Payload
-from dpneuro.metrics import q_comp
+from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, ledgers, n_unique, run_cape
+from dpneuro.protocol.cape.packing import noise_array, pack_weighted
+from dpneuro.protocol.exchange import Payload
+from dpneuro.algorithms.metrics import q_comp
 from dpneuro.privacy import PrivacyLedger, gaussian, gaussian_sigma
 from dpneuro.privacy.noise import vector_laplace
 

@@ -13,12 +13,12 @@ import pytest
 from nibabel.affines import apply_affine
 from sklearn.utils import Bunch
 
-import dpneuro.atlases as atlases
-from dpneuro.atlases import atlas_image, coordinates, sphere_labels
-from dpneuro.grid import features
+import dpneuro.data.atlases as atlases
+from dpneuro.data.atlases import atlas_image, coordinates, sphere_labels
+from dpneuro.run.features import features
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.io import load_space
-from dpneuro.parcellation import atlas_labels, is_probabilistic
+from dpneuro.data.io import load_space
+from dpneuro.data.parcellation import atlas_labels, is_probabilistic
 
 
 @pytest.fixture(autouse=True)
@@ -143,8 +143,8 @@ def test_a_run_with_dosenbach_coordinates_end_to_end(tmp_path):
     and the features of a whole run, and the manifest tells a 5 mm run from an 8 mm one."""
     import dpneuro
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
-    from dpneuro.pipeline import stage_space
-    from dpneuro.synth import make_consortium
+    from dpneuro.run.pipeline import stage_space
+    from dpneuro.datasets.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=2, n_components=3, n_timepoints=30,
                           space="mni6mm", random_state=5)
@@ -238,7 +238,7 @@ def test_a_fetched_atlas_resolves_once_with_nilearns_data_folder_and_reaches_the
     assert calls == [{"data_dir": None, "verbose": 0, "n_rois": 200, "yeo_networks": 7, "resolution_mm": 2}]
     assert features(cfg) == 12
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
-    from dpneuro.grid import feature_labels
+    from dpneuro.run.features import feature_labels
 
     labels, weighting = feature_labels(cfg, mask, affine)
     assert weighting == "orthonormal" and labels.max() + 1 == 12
@@ -300,7 +300,7 @@ def test_offline_without_a_cache_the_run_is_refused_saying_how_to_provide_the_at
     msg = str(err.value)
     assert msg.startswith("config field 'atlas': 'difumo:256': nilearn could not fetch it (ConnectionError")
     assert str(tmp_path / "cache" / "difumo_atlases") in msg
-    assert "python -m dpneuro.atlases difumo:256" in msg and "NIfTI file" in msg
+    assert "python -m dpneuro.data.atlases difumo:256" in msg and "NIfTI file" in msg
     assert atlases.cache_folder("difumo") == tmp_path / "cache" / "difumo_atlases"
     # a failure is not remembered: once the cache is there, the same process reads it
     monkeypatch.setattr("nilearn.datasets.fetch_atlas_difumo", lambda **kw: Bunch(maps=_label_file(

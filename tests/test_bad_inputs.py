@@ -10,10 +10,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro.budget import site_shapes
+from dpneuro.run.planner import site_shapes
 from dpneuro.config import RunConfig
-from dpneuro.errors import ConfigError
-from dpneuro.io import DataValidationError, _load_image, describe_site_inputs, load_site
+from dpneuro._utils.errors import ConfigError
+from dpneuro.data.io import DataValidationError, _load_image, describe_site_inputs, load_site
 
 SHAPE = (4, 3, 2)  # a tiny grid: 24 voxels, all in the mask
 T = 12

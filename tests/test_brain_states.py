@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from dpneuro import analysis, stages
+from dpneuro.run import roles, stages
 from dpneuro.algorithms import dfnc
-from dpneuro.budget import SiteShape
+from dpneuro.run.planner import SiteShape
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
-from dpneuro.metrics import match_components
-from dpneuro.synth_dfnc import make_dfnc_consortium
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.datasets.states import make_dfnc_consortium
 
 R, K = 6, 3
 
@@ -41,7 +41,7 @@ def test_the_stage_without_noise_is_gifts_pooled_kmeans(seed):
     cfg = _cfg(plan="none")
     res = stages.states_inprocess(cfg, S, lengths)
     assert res["vectors"].shape == (R * (R - 1) // 2, K)
-    X = np.concatenate([analysis.site_windows(cfg, s, ln).X for s, ln in zip(S, lengths)], axis=1)
+    X = np.concatenate([roles.site_windows(cfg, s, ln).X for s, ln in zip(S, lengths)], axis=1)
     pooled = KMeans(K, n_init=10, random_state=0).fit(X.T).cluster_centers_.T
     assert match_components(np.tanh(res["vectors"]), np.tanh(pooled))[1].min() > 0.98
     _, corr = match_components(np.tanh(res["vectors"]), np.tanh(dfnc.matrix_to_vector(P.states)))
@@ -54,7 +54,7 @@ def test_the_stage_is_the_library_function_and_spends_states_epsilon():
     _, S, lengths = _planted(2, subjects=20)
     cfg = _cfg(states_epsilon=3.0)
     res = stages.states_inprocess(cfg, S, lengths)
-    ws = [analysis.site_windows(cfg, s, ln) for s, ln in zip(S, lengths)]
+    ws = [roles.site_windows(cfg, s, ln) for s, ln in zip(S, lengths)]
     st = stages.states_settings(cfg)
     lib = dfnc.dfnc_states(ws, K, st.epsilon, st.delta, random_state=st.random_state, method=st.method,
                            metric=st.metric, plan=st.plan)
@@ -80,8 +80,8 @@ def test_the_planner_predicts_the_stage_ledgers():
 def test_window_counts_match_the_windows():
     cfg = _cfg(states_window=20, states_step=3)
     S = np.random.default_rng(0).standard_normal((R, 50 + 61))
-    ws = analysis.site_windows(cfg, S, [50, 61])
-    assert ws.lengths == analysis.window_counts(cfg, [50, 61]) == [11, 14]
+    ws = roles.site_windows(cfg, S, [50, 61])
+    assert ws.lengths == roles.window_counts(cfg, [50, 61]) == [11, 14]
 
 
 def test_a_subject_shorter_than_a_window_is_refused_naming_the_setting():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import deploy_common as dc
-from dpneuro.budget import CUMULANT_PCA_SHARE, TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
+from dpneuro.run.planner import CUMULANT_PCA_SHARE, TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
 from dpneuro.cli import main
 from dpneuro.privacy import PrivacyLedger
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 
 DELTA = 1e-5
 
@@ -173,7 +173,7 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     with_total = tmp_path / "run_eps.toml"
     with_total.write_text(toml.read_text().replace("n_components = 4\n", "n_components = 4\nepsilon = 6.0\n"))
     assert main(["budget", str(with_total), "--json"]) == 0
-    from dpneuro.budget import apply_target
+    from dpneuro.run.planner import apply_target
     from dpneuro.config import RunConfig
 
     assert json.loads(capsys.readouterr().out)["epsilon"] == apply_target(RunConfig.read(with_total))[1].epsilon
@@ -216,7 +216,7 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
 
 
 def test_planner_says_how_many_components_a_budget_supports(capsys):
-    from dpneuro.budget import REFERENCE_SPECTRUM, supported_components
+    from dpneuro.run.planner import REFERENCE_SPECTRUM, supported_components
 
     # more noise, fewer components; the reference speaks for region-level data only
     counts = [supported_components(norm, 120) for norm in (0.3, 0.03, 0.01, 0.005, 0.001)]
@@ -249,7 +249,7 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
     from scipy import stats
 
     from dpneuro.algorithms import cape_pca
-    from dpneuro.budget import expected_noise
+    from dpneuro.run.planner import expected_noise
     from dpneuro.config import RunConfig
 
     D, S, Ns = 100, 4, 300
@@ -271,7 +271,7 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
 
 
 def test_subspace_reference_spectra_are_what_consistent_subspaces_give():
-    from dpneuro.budget import REFERENCE_SUBSPACE_SPECTRA, reference_spectrum, supported_components
+    from dpneuro.run.planner import REFERENCE_SUBSPACE_SPECTRA, reference_spectrum, supported_components
 
     for k, spec in REFERENCE_SUBSPACE_SPECTRA.items():
         # k lam_j of averaged projectors: in (0, 1], decreasing, summing to at most k over the top k
@@ -305,7 +305,7 @@ def test_subject_contribution_follows_the_ica_model_and_whitening_gets_variances
     with pytest.raises(ConfigError, match="pca_contribution"):
         cfg(pca_contribution="projector").validate(data_sites=[])
     # the run uses what the field resolves to
-    from dpneuro.build import pca_algorithm
+    from dpneuro.run.factory import pca_algorithm
 
     spatial, temporal = pca_algorithm(cfg(parcels=100), dim=100), pca_algorithm(cfg(ica="temporal", parcels=100), dim=100)
     assert (spatial.contribution, spatial.variances, spatial.max_rounds) == ("subspace", False, 1)
@@ -320,7 +320,7 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
     plan cannot exist here), the planner predicts every site's eps by name, the site with the longest scans spends
     exactly what an equal consortium spends at the same settings (or the target), and the others less."""
     from dpneuro import DecentralizedICA
-    from dpneuro.budget import SiteShape
+    from dpneuro.run.planner import SiteShape
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=[15, 30, 60], n_components=4,
                           n_timepoints=[100, 120, 150], space="grid30", random_state=2)
@@ -360,9 +360,9 @@ STAGE_CASES = {
 def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp_path, case):
     """The planner finds a target through what a stage's algorithms report: the setting's eps, delta and
     calibration, and the ledger's names of their releases; every release a run records belongs to one stage."""
-    from dpneuro.budget import SiteShape, releases_in
-    from dpneuro.build import epsilon_field
-    from dpneuro.stages import release
+    from dpneuro.run.planner import SiteShape, releases_in
+    from dpneuro.run.factory import epsilon_field
+    from dpneuro.run.stages import release
     from dpneuro.config import RunConfig
 
     kw, fields = STAGE_CASES[case]
@@ -389,7 +389,7 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
 def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise(tmp_path):
     """At the answer every component stands above the planned covariance noise, one subject fewer it does not;
     a larger budget needs fewer subjects; unequal sites are planned from counts alone."""
-    from dpneuro.budget import components_supported, subjects_needed
+    from dpneuro.run.planner import components_supported, subjects_needed
     from dpneuro.config import ConfigError, RunConfig
 
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
@@ -412,7 +412,7 @@ def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise
 def test_subjects_for_maps_is_the_fewest_whose_last_eigenvector_keeps_its_overlap(tmp_path):
     """criterion="maps": at the answer the last component's expected squared overlap reaches MAPS_OVERLAP, one
     subject fewer it does not; it asks more than every component above the edge, and less at a larger budget."""
-    from dpneuro.budget import MAPS_OVERLAP, maps_overlap, subjects_needed
+    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
     from dpneuro.config import RunConfig
 
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
@@ -438,7 +438,7 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
     smallest at or above it."""
     import csv
 
-    from dpneuro.budget import MAPS_OVERLAP, maps_overlap, subjects_needed
+    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
     from dpneuro.config import RunConfig
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "real_frontier.csv"
@@ -460,7 +460,7 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
 
 
 def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys, tmp_path):
-    from dpneuro.budget import subjects_needed
+    from dpneuro.run.planner import subjects_needed
     from dpneuro.config import RunConfig
 
     assert main(["budget", "--subjects", "30,60,90,120", "--target-epsilon", "2", "--json"]) == 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpneuro.cape import (
+from dpneuro.protocol.cape import (
     NoisePlan,
     ReleaseSpec,
     asymmetric_plan,
@@ -17,11 +17,11 @@ from dpneuro.cape import (
     run_cape,
     symmetric_plan,
 )
-from dpneuro.cape.packing import multiplicity, noise_array, pack, pack_weighted
-from dpneuro.cape.plans import ZERO_SUM_VARIANCE, guarantee_plan, plan_variances, symmetric_guarantee
+from dpneuro.protocol.cape.packing import multiplicity, noise_array, pack, pack_weighted
+from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, guarantee_plan, plan_variances, symmetric_guarantee
 from dpneuro.privacy import cape_release_mu
-from dpneuro.exchange import InProcessExchange, Payload
-from dpneuro.driver import Phase, RunOptions, SimulatedDropout
+from dpneuro.protocol.exchange import InProcessExchange, Payload
+from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout
 
 
 class Zeros:
@@ -414,7 +414,7 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
         return rel.site(state, rnd, incoming)
 
     proto._round[-1] = Phase(rel.topic, flaky_site, rel.aggregator, rel.site_spec, rel.broadcast_spec, True)
-    from dpneuro.driver import simulate
+    from dpneuro.protocol.driver import simulate
 
     res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
     assert res.sites[4] is None

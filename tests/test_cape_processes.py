@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 import cape_workers as cw
-from dpneuro.cape import cape_protocol, run_cape
-from dpneuro.exchange import DirectoryCheckpoint, DirectoryExchange
-from dpneuro.driver import RunOptions, run_aggregator
+from dpneuro.protocol.cape import cape_protocol, run_cape
+from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange
+from dpneuro.protocol.driver import RunOptions, run_aggregator
 
 KEY = bytes(range(32))
 WORKER = str(Path(__file__).with_name("cape_workers.py"))

@@ -31,7 +31,7 @@ import pytest
 import deploy_common as dc
 from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy import coinstac_sim as sim
-from dpneuro.maps import read_timecourses
+from dpneuro.report.figures import read_timecourses
 
 HERE = Path(__file__).resolve().parent / "coinstac_pipeline"
 COINSTAC = dc.TEMPLATES / "coinstac"

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 import deploy_common as dc
-from dpneuro import analysis
-from dpneuro.budget import apply_target, planned_settings, site_shapes
+from dpneuro.run import roles
+from dpneuro.run.planner import apply_target, planned_settings, site_shapes
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy.party import (ManifestMismatch, SiteContext, _site_plan, check_manifest,
                                    run_manifest)
 from dpneuro.deploy.sharedfs import load_party_config
-from dpneuro.errors import UnsafeRelease
-from dpneuro.exchange.base import Payload
-from dpneuro.exchange.codec import load_state_file
-from dpneuro.exchange.inprocess import InProcessExchange
-from dpneuro.stages import reduce_inprocess
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.protocol.exchange.base import Payload
+from dpneuro.protocol.exchange.codec import load_state_file
+from dpneuro.protocol.exchange.inprocess import InProcessExchange
+from dpneuro.run.stages import reduce_inprocess
 from test_deploy_sharedfs import _run_all, write_config
 
 BEYOND = "config field 'n_colluding'.*ceil\\(S/3\\) - 1 = 0 colluding sites when S = 3"
@@ -118,7 +118,7 @@ def _counts_parties(cfg: RunConfig, forged: dict, settings: dict, tmp_path: Path
     threads = [threading.Thread(target=site, args=(i,)) for i in range(len(cfg.sites))]
     for t in threads:
         t.start()
-    analysis.summary_aggregator(Payload(meta={"counts": forged, "settings": settings}), ex)
+    roles.summary_aggregator(Payload(meta={"counts": forged, "settings": settings}), ex)
     for t in threads:
         t.join(30)
     return outcome

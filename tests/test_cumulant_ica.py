@@ -12,8 +12,8 @@ from dpneuro.algorithms.cumulant_ica import (REFINE_SHARE, CapeCumulantICA, cape
                                              default_clips, gaussian_part_of, polish_directions,
                                              power_directions, separate, subject_cumulant, subject_second_moment,
                                              symmetrize4)
-from dpneuro.cape.packing import pack_weighted
-from dpneuro.metrics import qngi
+from dpneuro.protocol.cape.packing import pack_weighted
+from dpneuro.algorithms.metrics import qngi
 from dpneuro.privacy import noise_multiplier
 
 DELTA = 1e-5
@@ -207,7 +207,7 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
     """One site; subject 0 is one of two subjects whose clipped cumulants differ most. The likelihood-ratio
     statistic of the noisy release (in the coordinates its noise is iid in) has unit std in units of the
     recorded sigma, and the worlds sit ||Delta||_w / sigma apart, never more than Delta / sigma = 1 / z."""
-    from dpneuro.cape import run_cape
+    from dpneuro.protocol.cape import run_cape
 
     R, T, B = 2, 4, 0.8
     rng = np.random.default_rng(11)
@@ -239,7 +239,7 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
 def test_the_cumulant_unmixing_reads_linearly_scaled_time_points():
     """Unit-norm time points flatten the amplitude fluctuations a cumulant reads: with ica_unmixing = "cumulant"
     the unmixing (and the time courses) get x / sqrt(D) whitened, every other run unit-norm time points."""
-    from dpneuro.analysis import site_whiten, unmixing_input
+    from dpneuro.run.roles import site_whiten, unmixing_input
     from dpneuro.config import RunConfig
 
     rng = np.random.default_rng(4)

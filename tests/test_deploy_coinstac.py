@@ -16,17 +16,17 @@ import pytest
 
 import cape_workers as cw
 import deploy_common as dc
-from dpneuro.build import check_reduction_fits
-from dpneuro.cape import cape_protocol, run_cape
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.protocol.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy import coinstac_sim as sim
 from dpneuro.deploy.party import ManifestMismatch
-from dpneuro.exchange import DirectoryCheckpoint
-from dpneuro.exchange import Suspend
-from dpneuro.maps import read_timecourses
-from dpneuro.site_maps import site_note
-from dpneuro.driver import run_aggregator, run_site
+from dpneuro.protocol.exchange import DirectoryCheckpoint
+from dpneuro.protocol.exchange import Suspend
+from dpneuro.report.figures import read_timecourses
+from dpneuro.run.site_maps import site_note
+from dpneuro.protocol.driver import run_aggregator, run_site
 
 COINSTAC = dc.TEMPLATES / "coinstac"
 ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}
@@ -138,7 +138,7 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
     """A select's values are a copy of the configuration's choices: they must not drift apart."""
     from dpneuro import config
     from dpneuro.algorithms.djica import OPTIMIZERS
-    from dpneuro.io import ON_BAD_SUBJECT, SPACES
+    from dpneuro.data.io import ON_BAD_SUBJECT, SPACES
 
     accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),
@@ -344,7 +344,7 @@ def node(obj):
 
 def test_everything_derived_from_a_message_survives_nodes_json(tmp_path):
     """Node writes 20.0 as 20 and -0.0 as 0, rounds ints beyond 2**53 and may reorder keys."""
-    from dpneuro.exchange.codec import canonical_json
+    from dpneuro.protocol.exchange.codec import canonical_json
 
     cfg = dc.run_config(dc.consortium(tmp_path / "c"), tmp_path / "o", simulation=True)
     manifest = dcc.run_manifest(cfg, "coinstac")

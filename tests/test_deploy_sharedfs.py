@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import deploy_common as dc
-from dpneuro.maps import read_timecourses
+from dpneuro.report.figures import read_timecourses
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, run_manifest

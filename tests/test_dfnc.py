@@ -10,9 +10,9 @@ from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
 from dpneuro.algorithms.agn import _M3Stage, moment_stage, prepare_site
-from dpneuro.cape import ledgers, run_cape
-from dpneuro.metrics import match_components
-from dpneuro.synth_dfnc import make_dfnc_consortium, window_labels
+from dpneuro.protocol.cape import ledgers, run_cape
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.datasets.states import make_dfnc_consortium, window_labels
 
 DELTA = 1e-5
 
@@ -176,7 +176,7 @@ def test_unequal_sites_stay_within_the_budget():
 
 def _subject_contribution(alg, ws, C):
     """Site 0's released sums and counts for centroids C (the site step)."""
-    from dpneuro.exchange import Payload
+    from dpneuro.protocol.exchange import Payload
 
     st = alg.site_init(0, ws)
     return alg.site_compute(st, 0, Payload({"centroids": C, "noise_var": np.zeros(C.shape[1])}))

@@ -25,12 +25,12 @@ from dpneuro.algorithms.djica import (
     time_courses,
     whiten,
 )
-from dpneuro.cape import cape_protocol
-from dpneuro.exchange import DirectoryCheckpoint, InProcessExchange
-from dpneuro.metrics import qngi
+from dpneuro.protocol.cape import cape_protocol
+from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
+from dpneuro.algorithms.metrics import qngi
 from dpneuro.privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, rdp_closed_form_epsilon
-from dpneuro.driver import run_aggregator, run_site
-from dpneuro.synth import paper_ica_data
+from dpneuro.protocol.driver import run_aggregator, run_site
+from dpneuro.datasets.synth import paper_ica_data
 
 # -- data helpers --------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dpneuro.exchange import (
+from dpneuro.protocol.exchange import (
     AGGREGATOR,
     ArraySpec,
     DirectoryCheckpoint,
@@ -34,7 +34,7 @@ from dpneuro.exchange import (
     Payload,
     SiteTimeout,
 )
-from dpneuro.exchange.codec import (
+from dpneuro.protocol.exchange.codec import (
     ALLOWED_DTYPES,
     decode_payload,
     decode_state,
@@ -44,7 +44,7 @@ from dpneuro.exchange.codec import (
     register_state_type,
     save_state_file,
 )
-from dpneuro.driver import RunOptions, run_aggregator, simulate
+from dpneuro.protocol.driver import RunOptions, run_aggregator, simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exchange_workers as ew  # noqa: E402
@@ -776,8 +776,8 @@ def test_killed_site_resumes_from_checkpoint_without_redrawing(tmp_path, crash):
 
 
 def test_failure_notices_name_the_party_whatever_its_name(tmp_path):
-    from dpneuro.exchange import PartyFailed
-    from dpneuro.exchange.directory import check_failure_notices, clear_failure_notice, write_failure_notice
+    from dpneuro.protocol.exchange import PartyFailed
+    from dpneuro.protocol.exchange.directory import check_failure_notices, clear_failure_notice, write_failure_notice
 
     write_failure_notice(tmp_path, "Site A (Lyon)", "sub-03_bold.nii.gz: truncated")
     check_failure_notices(tmp_path, "Site A (Lyon)")  # a party never stops on its own notice

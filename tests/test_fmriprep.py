@@ -13,10 +13,10 @@ from nilearn import signal
 from nilearn.image import resample_to_img
 from nilearn.interfaces.fmriprep import load_confounds_strategy
 
-from dpneuro.cleaning import Cleaning
+from dpneuro.data.cleaning import Cleaning
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.io import DataValidationError, describe_site_inputs, load_mask, load_site, preprocess
-from dpneuro.synth_fmriprep import analysis_mask, write_fmriprep_site
+from dpneuro.data.io import DataValidationError, describe_site_inputs, load_mask, load_site, preprocess
+from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scal
     dtype, and the whole run's non-finite voxels are counted."""
     from nilearn.image import smooth_img
 
-    from dpneuro.io import resampled_block
+    from dpneuro.data.io import resampled_block
 
     mask_path = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask_path)
@@ -166,7 +166,7 @@ def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scal
 def test_resampling_in_chunks_bounds_memory(tmp_path):
     import tracemalloc
 
-    from dpneuro.io import resampled_block
+    from dpneuro.data.io import resampled_block
 
     mask_path = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask_path)
@@ -244,8 +244,8 @@ def test_bad_data_found_while_decoding_is_left_out_too(tmp_path):
 
 
 def test_the_load_stage_records_and_reports_it(tmp_path):
-    from dpneuro.pipeline import stage_load, stage_space
-    from dpneuro.report import data_section
+    from dpneuro.run.pipeline import stage_load, stage_space
+    from dpneuro.report.html import data_section
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-03",), random_state=7)
@@ -392,7 +392,7 @@ def test_cleaning_is_a_consortium_setting(tmp_path):
 def test_the_planner_counts_what_the_site_reads(tmp_path):
     """Planner = run for an fMRIPrep site: the default desc, a subject left out by exclude, and the volumes
     scrubbing keeps (from the confounds tables alone) give the lengths the load stage writes."""
-    from dpneuro.budget import site_shapes
+    from dpneuro.run.planner import site_shapes
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     site = write_fmriprep_site(tmp_path / "s", n_subjects=3, random_state=7)
@@ -440,7 +440,7 @@ def test_the_fmriprep_template_runs_on_fmriprep_outputs(tmp_path, monkeypatch):
     from sklearn.utils import Bunch
 
     import dpneuro
-    from dpneuro import atlases
+    from dpneuro.data import atlases
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     m, affine = load_mask(mask)
@@ -476,7 +476,7 @@ def test_time_courses_name_each_runs_session_run_volume_and_onset(tmp_path):
     removes volumes: every column of the table names its run and the volume's index and onset in it."""
     import csv
 
-    from dpneuro.maps import TIMECOURSE_INDEX, read_timecourses, write_timecourses
+    from dpneuro.report.figures import TIMECOURSE_INDEX, read_timecourses, write_timecourses
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     site = write_fmriprep_site(tmp_path / "s", n_subjects=3, n_volumes=40, tr=1.5, random_state=2)
@@ -543,8 +543,8 @@ def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
 def test_a_costly_site_keeps_its_voxels_once_for_its_voxel_maps(tmp_path):
     """Resampled and smoothed runs are decoded once: the voxel maps read the voxels the loader kept, which are
     the runs as a fresh decode gives them (column for column)."""
-    from dpneuro.io import voxel_decoder
-    from dpneuro.parcellation import Parcellation, coordinate_parcels
+    from dpneuro.data.io import voxel_decoder
+    from dpneuro.data.parcellation import Parcellation, coordinate_parcels
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask)

@@ -27,9 +27,32 @@ DEFERRED = {
     "websockets": "COINSTAC's simulator only; an optional extra (coinstac, test)",
     "dp_accounting": "the RDP cross-check of a ledger only; a large accounting library",
     "dpneuro.estimators": "the demo and run commands only; it loads scikit-learn (BaseEstimator)",
-    "dpneuro.workflows": ("the Pydra engine and a site's cluster workers only: it loads pydra (about 0.2 s), "
-                          "and the workflows package imports dpneuro.pipeline (a cycle if loaded there)"),
+    "dpneuro.workflows": ("the Pydra engine only: it loads pydra (about 0.2 s), and its workflow imports "
+                          "dpneuro.run.pipeline (a cycle if loaded there)"),
+    "dpneuro.deploy.cluster": "a site's cluster workers only (Dask or SLURM through Pydra): it loads pydra",
 }
+
+#: the package's layers, lowest first: a module may import only from its own layer and those below (the folders
+#: are the layers; the estimators and the command line sit on top)
+LAYERS = (
+    ("dpneuro._utils",),
+    ("dpneuro.privacy",),
+    ("dpneuro.protocol",),
+    ("dpneuro.data",),
+    ("dpneuro.algorithms",),
+    ("dpneuro.config",),
+    ("dpneuro.datasets",),
+    ("dpneuro.report",),
+    ("dpneuro.run",),
+    ("dpneuro.deploy", "dpneuro.workflows"),
+    ("dpneuro.estimators", "dpneuro.cli"),
+)
+#: imports that reach up a layer, each deferred into a function, and why
+UPWARD = {
+    ("dpneuro.run.pipeline", "dpneuro.deploy.cluster"): "the load stage hands a site's decoding to its cluster "
+                                                         "(Pydra's workers) only when the site configured one",
+}
+
 
 def _modules() -> dict[str, Path]:
     """Every module of the package by its dotted name (a package by its own name, for its __init__.py)."""
@@ -194,6 +217,45 @@ def test_no_function_level_imports():
     bad = [f"{path}:{line} imports {name}" for path, line, name in function_imports() if _deferred(name) is None]
     assert not bad, ("imports inside functions (move them to the top of the module, or add a heavy optional "
                      "dependency to DEFERRED with the reason):\n" + "\n".join(bad))
+
+
+def layer(name: str) -> int | None:
+    """The index in :data:`LAYERS` of the module ``name`` (the longest matching package), None outside them."""
+    best = None
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or name.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def upward_imports() -> list[tuple[str, str, int]]:
+    """(module, imported module, line) of every import, at load time or in a function, of a higher layer."""
+    out = []
+    for module, tree in _trees().items():
+        here = layer(module)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for name in _imported(module, node):
+                    there = layer(name) if name in MODULES else None
+                    if here is not None and there is not None and there > here:
+                        out.append((module, name, node.lineno))
+    return out
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in MODULES if m != "dpneuro" and layer(m) is None] == []
+
+
+def test_no_module_imports_from_a_higher_layer():
+    bad = [f"{m} imports {name} (line {line})" for m, name, line in upward_imports() if (m, name) not in UPWARD]
+    assert not bad, "imports from a higher layer (tests/test_import_graph.py LAYERS):\n" + "\n".join(bad)
+    assert {(m, n) for m, n, _ in upward_imports()} == set(UPWARD)  # every listed exception is still needed
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer("dpneuro.protocol.cape.phases") < layer("dpneuro.algorithms.pca") < layer("dpneuro.run.stages")
+    assert layer("dpneuro.run.pipeline") < layer("dpneuro.deploy.party") < layer("dpneuro.cli")
 
 
 def test_every_deferred_dependency_is_deferred_somewhere():

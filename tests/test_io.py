@@ -1,4 +1,4 @@
-"""Tests for dpneuro.io (NIfTI validation, masking, site matrices)."""
+"""Tests for dpneuro.data.io (NIfTI validation, masking, site matrices)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from nibabel.testing import data_path
 
-from dpneuro.io import (
+from dpneuro.data.io import (
     DataValidationError,
     SiteData,
     find_nifti,
@@ -23,7 +23,7 @@ from dpneuro.io import (
     open_site_data,
     subject_id_from_path,
 )
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 
 FUNCTIONAL = Path(data_path) / "functional.nii"  # 17 x 21 x 3 x 20, TR 2 s
 EXAMPLE4D = Path(data_path) / "example4d.nii.gz"  # 128 x 96 x 24 x 2
@@ -294,7 +294,7 @@ def test_truncated_gzip_detected_from_header_pass(grid_files):
 def test_valid_gzip_needs_no_full_decompression(grid, monkeypatch):
     # the header pass must rely on the gzip trailer for complete files, not
     # decompress every subject twice
-    import dpneuro.io as dio
+    import dpneuro.data.io as dio
 
     def fail(*args, **kwargs):
         raise AssertionError("header pass decompressed a complete file")
@@ -496,8 +496,8 @@ def test_one_site_data_type_feeds_every_stage():
     """A SiteData from an array carries its subjects to capePCA and capeDJICA; one scaling for both."""
     from dpneuro.algorithms.djica import cape_djica
     from dpneuro.algorithms.pca import as_source, second_moment
-    from dpneuro.analysis import unit_columns
-    from dpneuro.io import SiteData
+    from dpneuro.run.roles import unit_columns
+    from dpneuro.data.io import SiteData
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((6, 40))

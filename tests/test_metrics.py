@@ -1,4 +1,4 @@
-"""Tests for dpneuro.metrics (definitions in its docstrings)."""
+"""Tests for dpneuro.algorithms.metrics (definitions in its docstrings)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dpneuro.metrics import (
+from dpneuro.algorithms.metrics import (
     align_components,
     captured_energy,
     match_components,

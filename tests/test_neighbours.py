@@ -20,8 +20,8 @@ from scipy.optimize import brentq
 from dpneuro.algorithms.agn import _M2Stage
 from dpneuro.algorithms.djica import CapeDJICA
 from dpneuro.algorithms.pca import CapePCA, as_source, cape_pca
-from dpneuro.cape.packing import pack
-from dpneuro.exchange import Payload
+from dpneuro.protocol.cape.packing import pack
+from dpneuro.protocol.exchange import Payload
 
 RNG = np.random.default_rng(7)
 
@@ -196,7 +196,7 @@ def test_capepca_variance_release_worst_case_is_the_second_moments(bound):
     # the k x k release of variances=True is the second moment projected on the public basis V: rank-one
     # subjects along two axes inside span(V) are the worst pair, sqrt(2) c n / N (c = 1 without a bound),
     # measured in the Frobenius norm the noise is calibrated to
-    from dpneuro.cape.packing import pack_weighted
+    from dpneuro.protocol.cape.packing import pack_weighted
 
     D, k, lengths = 3, 2, [3, 2, 2]
     base = _pca_site(lengths, D)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 

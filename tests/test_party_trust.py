@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 import deploy_common as dc
-from dpneuro.cape import cape_protocol
+from dpneuro.protocol.cape import cape_protocol
 from dpneuro.config import ConfigError
 from dpneuro.deploy import sharedfs
-from dpneuro.driver import Phase, RunOptions, simulate
-from dpneuro.exchange import DirectoryExchange, InProcessExchange, MessageRejected, PartyFailed, Payload
-from dpneuro.exchange import codec
-from dpneuro.exchange.directory import check_failure_notices, write_failure_notice
-from dpneuro.exchange.keys import KeyFileError, PartyKeys, load_private_key, read_public_keys
+from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.exchange import DirectoryExchange, InProcessExchange, MessageRejected, PartyFailed, Payload
+from dpneuro.protocol.exchange import codec
+from dpneuro.protocol.exchange.directory import check_failure_notices, write_failure_notice
+from dpneuro.protocol.exchange.keys import KeyFileError, PartyKeys, load_private_key, read_public_keys
 
 from test_cape import Zeros
 
@@ -158,11 +158,11 @@ def test_the_aggregator_refuses_a_bad_release_naming_the_site(corrupt, why):
 def test_honest_releases_stay_inside_their_bound():
     """1,000 honest releases of the declared noise (and a statistic at its bound) pass the norm check: the tail
     bound is e^-50 per release, so a false refusal never happens in practice."""
-    from dpneuro.cape.phases import release_problem
+    from dpneuro.protocol.cape.phases import release_problem
 
     rng = np.random.default_rng(0)
     spec = {"shape": [40, 40], "symmetric": True, "bound": 1.0}
-    from dpneuro.cape.packing import noise_array
+    from dpneuro.protocol.cape.packing import noise_array
 
     for _ in range(1000):
         f = np.eye(40) / np.sqrt(40)  # ||f||_F = 1
@@ -192,7 +192,7 @@ def _parties(cfg, keys_file, private, out):
 
 
 def test_a_full_disk_at_a_site_stops_every_party_naming_it(tmp_path, monkeypatch):
-    from dpneuro.exchange import directory
+    from dpneuro.protocol.exchange import directory
 
     man = dc.consortium(tmp_path / "data")
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), ica="spatial", timeout=120)
@@ -223,7 +223,7 @@ def test_a_notice_fits_in_its_reserved_space_when_the_disk_is_full(tmp_path, key
     import shutil
     import subprocess
 
-    from dpneuro.exchange.directory import reserve_failure_notice
+    from dpneuro.protocol.exchange.directory import reserve_failure_notice
 
     mnt = tmp_path / "tiny"
     mnt.mkdir()
@@ -299,8 +299,8 @@ def test_a_site_stopped_in_its_own_maps_keeps_the_consortiums_outputs(tmp_path, 
 
 def test_coinstac_parties_sign_with_their_own_keys_and_check_the_manifests_pin(tmp_path):
     from dpneuro.deploy import coinstac as dcc
-    from dpneuro.exchange import CoinstacExchange
-    from dpneuro.exchange.keys import public_hex
+    from dpneuro.protocol.exchange import CoinstacExchange
+    from dpneuro.protocol.exchange.keys import public_hex
 
     mine, other = dcc._signing_key(tmp_path / "a"), dcc._signing_key(tmp_path / "b")
     assert public_hex(dcc._signing_key(tmp_path / "a")) == public_hex(mine)  # kept for the run

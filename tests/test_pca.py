@@ -8,10 +8,10 @@ from scipy import stats
 
 from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
 from dpneuro.algorithms.pca import VARIANCE_FLOOR, VARIANCE_SHARE, pca_sensitivity, top_eigh
-from dpneuro.cape import run_cape
-from dpneuro.cape.packing import pack, pack_weighted
-from dpneuro.exchange import InProcessExchange
-from dpneuro.metrics import captured_energy
+from dpneuro.protocol.cape import run_cape
+from dpneuro.protocol.cape.packing import pack, pack_weighted
+from dpneuro.protocol.exchange import InProcessExchange
+from dpneuro.algorithms.metrics import captured_energy
 from dpneuro.privacy import gaussian_sigma
 
 DELTA = 0.01
@@ -137,7 +137,7 @@ def test_subject_level_units_and_sensitivities():
 
 
 def test_sitedata_boundaries_make_the_unit_subject():
-    class FakeSiteData:  # the attributes of dpneuro.io.SiteData the sources use
+    class FakeSiteData:  # the attributes of dpneuro.data.io.SiteData the sources use
         def __init__(self, X, bounds):
             self.X, self.boundaries = X, bounds
 

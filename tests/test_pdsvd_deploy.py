@@ -30,10 +30,10 @@ import pytest
 
 from dpneuro.algorithms.pca import as_source
 from dpneuro.algorithms.pdsvd import PDSVD, SiteInput, pd_pca, pd_svd
-from dpneuro.driver import RunOptions, run_aggregator, run_site, simulate
-from dpneuro.exchange import DirectoryCheckpoint, DirectoryExchange, InProcessExchange, Payload
-from dpneuro.io import column_norms, scale_factors
-from dpneuro.secagg import SecAggError, group_secret, group_secret_phase
+from dpneuro.protocol.driver import RunOptions, run_aggregator, run_site, simulate
+from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, InProcessExchange, Payload
+from dpneuro.data.io import column_norms, scale_factors
+from dpneuro.protocol.secagg import SecAggError, group_secret, group_secret_phase
 
 CLEAR = {"public", "secagg-mask", "secagg-share", "encrypted-share"}
 D, K, S, N_ITER = 30, 5, 4, 40
@@ -211,7 +211,7 @@ def test_a_tampered_ciphertext_is_refused_by_its_recipient():
 
 def test_group_secret_helper_on_its_own():
     """Direct use of the phase functions: decrypt once, cache, refuse a wrong or missing broadcast."""
-    from dpneuro.secagg import SecAggConfig, setup_phases
+    from dpneuro.protocol.secagg import SecAggConfig, setup_phases
 
     cfg = SecAggConfig(n_sites=3)
     phases = setup_phases(cfg) + [group_secret_phase(cfg, "gs")]

@@ -158,7 +158,7 @@ def test_cape_closed_form_equals_numeric(S, c):
 def test_a_larger_zero_sum_variance_tends_to_the_pooled_guarantee():
     """mu_z falls with c towards S Delta^2 / (2 S_H tau^2): Delta^2 / (2 tau^2) with no colluders, what the pooled
     average (noise tau / S, sensitivity Delta / S) reveals; at the default c = 100 within 1 % of the limit."""
-    from dpneuro.cape.plans import ZERO_SUM_VARIANCE
+    from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE
 
     tau, sens = 0.5, 0.02
     for S in (3, 4, 10):
@@ -270,7 +270,7 @@ def test_no_public_function_spells_the_seed_otherwise():
     """Every public function and class of the package takes its seed as ``random_state``, never ``seed`` / ``rng``."""
     # the noise primitives take the party's own generator, which is not a seed
     allowed = {("dpneuro.privacy.noise", "gaussian"), ("dpneuro.privacy.noise", "vector_laplace"),
-               ("dpneuro.secagg.fixedpoint", "encode")}
+               ("dpneuro.protocol.secagg.fixedpoint", "encode")}
     found = []
     for mod in pkgutil.walk_packages(dpneuro.__path__, "dpneuro."):
         m = importlib.import_module(mod.name)

@@ -12,9 +12,9 @@ import pytest
 
 from browser import chromium, inspect_page
 from dpneuro.config import RunConfig
-from dpneuro.maps import read_timecourses, template_problem
-from dpneuro.io import load_space
-from dpneuro.synth import make_consortium
+from dpneuro.report.figures import read_timecourses, template_problem
+from dpneuro.data.io import load_space
+from dpneuro.datasets.synth import make_consortium
 from dpneuro.workflows import run_workflow
 
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from dpneuro.config import RunConfig, SiteEntry
-from dpneuro.io import load_space
-from dpneuro.maps import colorbar_ticks, component_figure, timecourse_plot
-from dpneuro.pipeline import prepare, run_stages
-from dpneuro.report import run_settings
-from dpneuro.synth import make_consortium
-from dpneuro.timings import label
+from dpneuro.data.io import load_space
+from dpneuro.report.figures import colorbar_ticks, component_figure, timecourse_plot
+from dpneuro.run.pipeline import prepare, run_stages
+from dpneuro.report.html import run_settings
+from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.timings import label
 
 R = 3
 SITES = ("site-01", "site-02", "site-03")
@@ -199,7 +199,7 @@ def test_time_courses_are_z_scored_and_their_spectrum_is_in_hz():
 
 def test_figures_drawn_by_worker_processes_are_the_ones_drawn_here(tmp_path):
     """A report's many figures go to worker processes; each PNG must be byte for byte what this process draws."""
-    from dpneuro.maps import PARALLEL_FIGURES, render_many
+    from dpneuro.report.figures import PARALLEL_FIGURES, render_many
 
     mask, affine = load_space("mni6mm")
     rng = np.random.default_rng(3)

@@ -12,13 +12,13 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro import pipeline
-from dpneuro.analysis import site_whiten
-from dpneuro.stages import reduce_inprocess
-from dpneuro.build import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
+from dpneuro.run import pipeline
+from dpneuro.run.roles import site_whiten
+from dpneuro.run.stages import reduce_inprocess
+from dpneuro.run.factory import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
-from dpneuro.synth import make_consortium
+from dpneuro.data.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
+from dpneuro.datasets.synth import make_consortium
 
 R = 4
 
@@ -150,7 +150,7 @@ def test_covariance_mode_refused_before_any_data_are_read(consortium, monkeypatc
     root, man = consortium
     cfg = _config(root, man, "big", max_memory_gb=0.01)  # 900 voxels need 9 * 8 * 900^2 B = 0.054 GB
     read = []
-    monkeypatch.setattr("dpneuro.io._read_subject", lambda *a, **k: read.append(a) or None)
+    monkeypatch.setattr("dpneuro.data.io._read_subject", lambda *a, **k: read.append(a) or None)
     with pytest.raises(ConfigError, match="capepca-power.*Nothing was released"):
         pipeline.prepare(cfg)
     assert read == []
@@ -169,7 +169,7 @@ def test_covariance_release_larger_than_a_message_is_refused_before_any_data_are
     cfg = _config(root, man, "msg")  # 900 voxels: fits max_memory_gb, the release is 8 * 900^2 B
     limit = covariance_release_bytes(900) - 1
     read = []
-    monkeypatch.setattr("dpneuro.io._read_subject", lambda *a, **k: read.append(a) or None)
+    monkeypatch.setattr("dpneuro.data.io._read_subject", lambda *a, **k: read.append(a) or None)
     with pytest.raises(ConfigError, match="message of 6 MB, more than the exchange carries.*Nothing was released"):
         check_reduction_fits(cfg, message_limit=limit)
     assert read == []
@@ -180,8 +180,8 @@ def test_covariance_release_larger_than_a_message_is_refused_before_any_data_are
 def test_covariance_release_bytes_is_what_a_site_sends():
     """The size the refusal models is the array bytes of the release a site actually makes."""
     from dpneuro.algorithms.pca import covariance_release_bytes
-    from dpneuro.exchange.base import Payload
-    from dpneuro.exchange.inprocess import InProcessExchange
+    from dpneuro.protocol.exchange.base import Payload
+    from dpneuro.protocol.exchange.inprocess import InProcessExchange
 
     rng = np.random.default_rng(0)
     D, sizes = 40, []

@@ -1,6 +1,6 @@
-"""Tests for dpneuro.secagg: fixed point, Shamir, masks, and the phases under the driver.
+"""Tests for dpneuro.protocol.secagg: fixed point, Shamir, masks, and the phases under the driver.
 
-End-to-end runs use :func:`dpneuro.driver.simulate` with a one-second
+End-to-end runs use :func:`dpneuro.protocol.driver.simulate` with a one-second
 gather timeout; every dropout therefore costs about one second.
 """
 
@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpneuro.exchange import Payload
-from dpneuro.exchange.codec import decode_state, encode_state
-from dpneuro.driver import Phase, RunOptions, SimulatedDropout, simulate
-from dpneuro.secagg import (
+from dpneuro.protocol.exchange import Payload
+from dpneuro.protocol.exchange.codec import decode_state, encode_state
+from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout, simulate
+from dpneuro.protocol.secagg import (
     PRIME,
     SecAggConfig,
     SecAggError,
@@ -33,7 +33,7 @@ from dpneuro.secagg import (
     setup_phases,
     sum_phases,
 )
-from dpneuro.secagg import prg, shamir
+from dpneuro.protocol.secagg import prg, shamir
 
 TIMEOUT = 1.0  # aggregator's gather timeout in the simulations (s)
 STAGES = ["secagg-keys", "secagg-share-keys", "sum-masked", "sum-unmask"]

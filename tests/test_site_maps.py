@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from dpneuro.algorithms.spatial_ica import guided_ica
-from dpneuro.analysis import unit_columns
+from dpneuro.run.roles import unit_columns
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.io import DataValidationError, decode_run
-from dpneuro.maps import zscore_columns
-from dpneuro.metrics import match_components
-from dpneuro.pipeline import prepare, run_stages
-from dpneuro.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
-from dpneuro.synth import make_consortium
+from dpneuro.data.io import DataValidationError, decode_run
+from dpneuro.report.figures import zscore_columns
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.run.pipeline import prepare, run_stages
+from dpneuro.run.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
+from dpneuro.datasets.synth import make_consortium
 
 R = 4
 

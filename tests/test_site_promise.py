@@ -11,12 +11,12 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.cape import NoisePlan, ReleaseSpec, cape_protocol
-from dpneuro.cape.phases import verify_plan
-from dpneuro.cape.plans import ZERO_SUM_VARIANCE, plan_variances, symmetric_guarantee
-from dpneuro.driver import Phase, RunOptions, simulate
-from dpneuro.errors import UnsafeRelease
-from dpneuro.exchange import InProcessExchange, Payload
+from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, cape_protocol
+from dpneuro.protocol.cape.phases import verify_plan
+from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, plan_variances, symmetric_guarantee
+from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.protocol.exchange import InProcessExchange, Payload
 from dpneuro.privacy import cape_release_mu
 
 from test_cape import Zeros
@@ -173,9 +173,9 @@ def test_a_plan_signed_with_the_aggregators_own_key_is_refused_by_every_site(tmp
     import threading
 
     import deploy_common as dc
-    from dpneuro.driver import run_aggregator, run_site
-    from dpneuro.exchange import DirectoryExchange
-    from dpneuro.exchange.keys import PartyKeys, load_private_key, read_public_keys
+    from dpneuro.protocol.driver import run_aggregator, run_site
+    from dpneuro.protocol.exchange import DirectoryExchange
+    from dpneuro.protocol.exchange.keys import PartyKeys, load_private_key, read_public_keys
 
     names = ["site-01", "site-02", "site-03", "site-04"]
     keys_file, private = dc.party_keys(tmp_path / "keys", names)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, _whiten, spatial_ica
-from dpneuro.metrics import match_components
-from dpneuro import rmt
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.privacy import rmt
 
 
 def _planted(seed: int, D: int = 200, R: int = 8, noise: float = 0.5):
@@ -141,7 +141,7 @@ def test_post_processing_reads_released_values_and_public_facts_only(monkeypatch
 
 
 def test_planner_reports_the_random_matrix_view():
-    from dpneuro.budget import random_matrix_line, reference_spectrum
+    from dpneuro.run.planner import random_matrix_line, reference_spectrum
 
     spec = reference_spectrum("subspace", 20)
     # off-diagonal std 0.0024 at D = 122 (4 x 100 subjects, eps 1): edge 0.053, 9 reference eigenvalues detectable

@@ -1,4 +1,4 @@
-"""The stage table (dpneuro.stages.RELEASES) drives every entry point: a stage added there, and nowhere else,
+"""The stage table (dpneuro.run.stages.RELEASES) drives every entry point: a stage added there, and nowhere else,
 runs in the simulation, the Pydra workflow and a deployment (shared folder, one thread per party)."""
 
 import json
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import deploy_common as dc
-from dpneuro import analysis, pipeline, stages
-from dpneuro.cape import ReleaseSpec, cape_protocol
+from dpneuro.run import roles, pipeline, stages
+from dpneuro.protocol.cape import ReleaseSpec, cape_protocol
 from dpneuro.deploy.sharedfs import aggregator_main, site_main
-from dpneuro.driver import run_aggregator, run_site
-from dpneuro.exchange import Payload
+from dpneuro.protocol.driver import run_aggregator, run_site
+from dpneuro.protocol.exchange import Payload
 from dpneuro.privacy import noise_multiplier
-from dpneuro.workflows.consortium import run_workflow
+from dpneuro.deploy.workflow import run_workflow
 
 
 class _Mean:
@@ -65,7 +65,7 @@ def _toy_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, chec
 
 
 TOY = stages.Release("toy", lambda cfg: ("toy",),
-                     lambda cfg, X, public: analysis.site_whiten(X, public["reduce"]["basis"],
+                     lambda cfg, X, public: roles.site_whiten(X, public["reduce"]["basis"],
                                                                  public["reduce"]["eigenvalues"]),
                      _toy_site, _toy_aggregator)
 

@@ -1,4 +1,4 @@
-"""Tests for dpneuro.synth (synthetic multi-site consortium)."""
+"""Tests for dpneuro.datasets.synth (synthetic multi-site consortium)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import kurtosis
 
-from dpneuro.io import load_space
-from dpneuro.synth import garch_sources, load_manifest, make_consortium
+from dpneuro.data.io import load_space
+from dpneuro.datasets.synth import garch_sources, load_manifest, make_consortium
 
 
 def masked(path, mask):
@@ -314,7 +314,7 @@ def test_cli_synth(tmp_path, capsys):
     assert "n_sites" in capsys.readouterr().err
 
     # the realistic model: what the library's network_model gives for the same seed
-    from dpneuro.synth import network_model
+    from dpneuro.datasets.synth import network_model
 
     net = tmp_path / "net"
     assert main(["synth", "--out", str(net), "--sites", "1", "--subjects", "1", "--space", "grid30",
@@ -365,7 +365,7 @@ def test_workers_do_not_change_a_byte(tmp_path, kw):
 
 
 def test_uncompressed_nii_same_data_and_found_by_the_loaders(tmp_path):
-    from dpneuro.io import find_subjects
+    from dpneuro.data.io import find_subjects
 
     kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", random_state=2,
               dtype="int16")
@@ -399,7 +399,7 @@ def test_bold_encoding_is_what_nib_save_writes(tmp_path, space, dtype, offset):
     offset 5: all in-mask values positive, so the zeros outside the mask (mni6mm; grid30 has none) set the
     int16 range.
     """
-    from dpneuro.synth import _nifti, _SubjectWriter, _to_volume
+    from dpneuro.datasets.synth import _nifti, _SubjectWriter, _to_volume
 
     mask, affine = load_space(space)
     X = (np.random.default_rng(0).standard_normal((int(mask.sum()), 7)) + offset).astype(np.float32)
@@ -415,7 +415,7 @@ def test_bold_encoding_is_what_nib_save_writes(tmp_path, space, dtype, offset):
 def test_bold_gzip_is_what_nib_save_writes(tmp_path, monkeypatch, space):
     """The .nii.gz files are nib.save's at gzip level 1, header included: the files did not change."""
     monkeypatch.setattr(nib.openers.Opener, "default_compresslevel", 1)
-    from dpneuro.synth import _nifti, _to_volume
+    from dpneuro.datasets.synth import _nifti, _to_volume
 
     man = make_consortium(tmp_path / "c", 1, 2, n_components=3, n_timepoints=6, space=space, random_state=4, workers=2)
     mask, affine = load_space(space)
@@ -426,8 +426,8 @@ def test_bold_gzip_is_what_nib_save_writes(tmp_path, monkeypatch, space):
 
 
 def test_every_space_has_its_model_parameters():
-    from dpneuro.io import SPACES
-    from dpneuro.synth import _BLOB_SIGMA, _NET_GLOBAL_SMOOTH, _NET_PHYSIO_SMOOTH, _NET_SIGMA
+    from dpneuro.data.io import SPACES
+    from dpneuro.datasets.synth import _BLOB_SIGMA, _NET_GLOBAL_SMOOTH, _NET_PHYSIO_SMOOTH, _NET_SIGMA
 
     for table in (_BLOB_SIGMA, _NET_SIGMA, _NET_PHYSIO_SMOOTH, _NET_GLOBAL_SMOOTH):
         assert set(table) == set(SPACES)
@@ -469,7 +469,7 @@ def test_progress_bar_with_workers(tmp_path, terminal, workers):
 
 
 def test_a_failing_subject_stops_the_run(tmp_path, monkeypatch):
-    import dpneuro.synth as synth
+    import dpneuro.datasets.synth as synth
 
     real = synth._subject_data
 

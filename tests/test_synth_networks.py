@@ -1,4 +1,4 @@
-"""Tests for the realistic "networks" model of dpneuro.synth (and that the default blobs model is unchanged)."""
+"""Tests for the realistic "networks" model of dpneuro.datasets.synth (and that the default blobs model is unchanged)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from scipy import ndimage
 from scipy.stats import kurtosis
 
-from dpneuro.io import load_space, preprocess, scale_columns
-from dpneuro.parcellation import Parcellation, coordinate_parcels
-from dpneuro.synth import (
+from dpneuro.data.io import load_space, preprocess, scale_columns
+from dpneuro.data.parcellation import Parcellation, coordinate_parcels
+from dpneuro.datasets.synth import (
     MODELS,
     NETWORK_DEFAULTS,
     NetworkModel,

@@ -1,4 +1,4 @@
-"""Tests for the planted dFNC connectivity states of dpneuro.synth."""
+"""Tests for the planted dFNC connectivity states of dpneuro.datasets.synth."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dpneuro.algorithms import dfnc
-from dpneuro.synth import garch_sources, load_manifest, make_consortium
-from dpneuro.synth_dfnc import StateProcess, default_dwell, state_correlations
+from dpneuro.datasets.synth import garch_sources, load_manifest, make_consortium
+from dpneuro.datasets.states import StateProcess, default_dwell, state_correlations
 
 GRID = np.ones((30, 30, 1), bool)  # grid30: the whole grid is the mask
 
@@ -201,7 +201,7 @@ def test_states_recoverable_by_pooled_kmeans_of_windows(tmp_path):
     ws = dfnc.site_windows([np.load(sub["sources"]) for *_, sub in subjects(man)])
     km = KMeans(K, n_init=10, random_state=0).fit(ws.X.T)
     planted = dfnc.matrix_to_vector(np.load(man["truth"]["states"]).astype(np.float64))
-    from dpneuro.metrics import match_components
+    from dpneuro.algorithms.metrics import match_components
 
     _, corr = match_components(np.tanh(km.cluster_centers_.T), np.tanh(planted))
     assert np.all(corr > 0.85)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dpneuro.cli import main
-from dpneuro.maps import read_timecourses
+from dpneuro.report.figures import read_timecourses
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.synth import make_consortium
+from dpneuro.datasets.synth import make_consortium
 from dpneuro.workflows import run_workflow
 
 R = 4
@@ -90,7 +90,7 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
 
 def test_brain_states_node_equals_the_stages_and_reruns_alone(consortium):
     """The Pydra workflow's brain-states node: the numbers of run_stages; a new states budget re-runs it alone."""
-    from dpneuro import pipeline
+    from dpneuro.run import pipeline
 
     root, man = consortium
     cfg = _config(root, man, "states-wf", ica="spatial", brain_states=2, states_epsilon=30.0)
@@ -114,7 +114,7 @@ def test_brain_states_node_equals_the_stages_and_reruns_alone(consortium):
 def test_runs_with_other_run_ids_keep_their_own_outputs(tmp_path, consortium):
     """Two runs into one out: each run id's outputs in <out>/<run_id>/, the first's untouched by the second; the
     stages' cache in <out>/work is shared (the second loads nothing again)."""
-    from dpneuro import pipeline
+    from dpneuro.run import pipeline
 
     root, man = consortium
     sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])

@@ -1,5 +1,5 @@
 """Pydra workflows for dpneuro (installed as ``dpneuro.workflows``)."""
 
-from .consortium import build_workflow, run_workflow
+from dpneuro.deploy.workflow import build_workflow, run_workflow
 
 __all__ = ["build_workflow", "run_workflow"]

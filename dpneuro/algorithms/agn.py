@@ -18,7 +18,7 @@ Models ([CAPE-TF] App. B). Samples are columns.
 Protocol (two CAPE runs, each one release per site):
 
 1. stage ``agn-m2``: each site releases its second moment (D x D, symmetric
-   noise on the D(D+1)/2 unique entries, shaped as :mod:`dpneuro.cape.packing`
+   noise on the D(D+1)/2 unique entries, shaped as :mod:`dpneuro.protocol.cape.packing`
    says: "symmetrized" by default, the papers' "mirrored" on request) with
    budget (eps_1, delta_1). The
    aggregator averages, estimates sigma^2 if not given (post-processing),
@@ -75,14 +75,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import privacy
-from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
-from ..cape.packing import check_symmetric_noise, noise_array
-from ..cape.plans import NoisePlan
-from ..exchange import Payload
-from ..privacy import PrivacyLedger, noise_multiplier
-from ..privacy.noise import vector_laplace
-from . import tensor as tz
+from dpneuro import privacy
+from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from dpneuro.protocol.cape.packing import check_symmetric_noise, noise_array
+from dpneuro.protocol.cape.plans import NoisePlan
+from dpneuro.protocol.exchange import Payload
+from dpneuro.privacy import PrivacyLedger, noise_multiplier
+from dpneuro.privacy.noise import vector_laplace
+from dpneuro.algorithms import tensor as tz
 
 __all__ = [
     "AGNResult",
@@ -573,7 +573,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
         Privacy unit; "subject" with the samples each subject owns (per site).
     symmetric_noise : {"symmetrized", "mirrored"}
         How the noise on the moments' unique entries is shaped
-        (:mod:`dpneuro.cape.packing`): "symmetrized" (default) divides an entry
+        (:mod:`dpneuro.protocol.cape.packing`): "symmetrized" (default) divides an entry
         standing for m entries of the full array by sqrt(m), at the same
         guarantee; "mirrored" is the papers'.
 

@@ -61,12 +61,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import privacy
-from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
-from ..cape.plans import NoisePlan
-from ..exchange import Payload
-from ..io import subject_ranges
-from ..privacy import PrivacyLedger
+from dpneuro import privacy
+from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from dpneuro.protocol.cape.plans import NoisePlan
+from dpneuro.protocol.exchange import Payload
+from dpneuro.data.io import subject_ranges
+from dpneuro.privacy import PrivacyLedger
 
 __all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "contrast",
            "default_clips", "gaussian_part_of", "polish_directions", "power_directions",
@@ -234,7 +234,7 @@ def default_clips(R: int, n: int) -> tuple[float, float]:
 
 
 class CapeCumulantICA:
-    """The refinement and the cumulant release as a :mod:`dpneuro.cape` algorithm (module docstring).
+    """The refinement and the cumulant release as a :mod:`dpneuro.protocol.cape` algorithm (module docstring).
 
     Parameters
     ----------
@@ -383,7 +383,7 @@ def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float | None =
                       refine_clip: float | None = None, refine_share: float = REFINE_SHARE, plan="cape",
                       random_state=None, exchange=None, options=None) -> CumulantICAResult:
     """Run the cumulant ICA over the sites' whitened data (``subjects``: per site, a count, the lengths or the
-    column ranges, as :func:`dpneuro.io.subject_ranges` reads them). W's rows unmix the given data."""
+    column ranges, as :func:`dpneuro.data.io.subject_ranges` reads them). W's rows unmix the given data."""
     plan = NoisePlan.coerce(plan)
     if plan.kind != "none" and (epsilon is None or math.isinf(epsilon)):
         raise ValueError("a private plan needs a finite epsilon")

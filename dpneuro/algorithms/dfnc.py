@@ -67,13 +67,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import privacy
-from ..cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, noise_variance, planned_ledgers, run_cape
-from ..cape.plans import symmetric_guarantee
-from ..exchange import Payload
-from ..privacy import PrivacyLedger
-from . import tensor as tz
-from .agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
+from dpneuro import privacy
+from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, noise_variance, planned_ledgers, run_cape
+from dpneuro.protocol.cape.plans import symmetric_guarantee
+from dpneuro.protocol.exchange import Payload
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.algorithms import tensor as tz
+from dpneuro.algorithms.agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
 
 __all__ = [
     "DFNCStates",
@@ -317,7 +317,7 @@ def noise_multipliers(epsilon: float | None, delta: float, shares: dict[str, flo
     over all its ``repeats`` (rounds; default 1): one release of share f made
     r times gets mu_i = sqrt(f / r) mu(epsilon, delta) against the headline
     adversary; under CAPE one release at noise multiplier z is worth m / z
-    against it (m = :func:`dpneuro.cape.plans.symmetric_guarantee`), so
+    against it (m = :func:`dpneuro.protocol.cape.plans.symmetric_guarantee`), so
     z_i = m / mu_i. ``epsilon`` None needs plan "none": zeros (not private).
     """
     plan = NoisePlan.coerce(plan)

@@ -67,7 +67,7 @@ per round instead of two; whitened data are centred).
 
 Entry points: :func:`cape_djica` (simulation, any plan), :func:`local_dp_ica`
 (one site), :class:`CapeDJICA` (the protocol object for
-:func:`dpneuro.cape.cape_protocol` in deployments), :func:`whiten`,
+:func:`dpneuro.protocol.cape.cape_protocol` in deployments), :func:`whiten`,
 :func:`spatial_maps` and :func:`time_courses` (stages around it).
 """
 
@@ -81,18 +81,18 @@ from typing import Any
 
 import numpy as np
 
-from .. import privacy
-from ..cape import ReleaseSpec, cape_protocol, ledgers
-from ..cape.plans import PLAN_KINDS, NoisePlan
-from ..exchange import Payload
-from ..privacy import PrivacyLedger
-from ..driver import (
+from dpneuro import privacy
+from dpneuro.protocol.cape import ReleaseSpec, cape_protocol, ledgers
+from dpneuro.protocol.cape.plans import PLAN_KINDS, NoisePlan
+from dpneuro.protocol.exchange import Payload
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.driver import (
     RunOptions,
     SimulationResult,
     simulate,
 )
-from ..io import SiteData, subject_ranges
-from ..metrics import qngi
+from dpneuro.data.io import SiteData, subject_ranges
+from dpneuro.algorithms.metrics import qngi
 
 __all__ = [
     "DJICAResult",
@@ -590,9 +590,9 @@ CLIP_UNITS = ("sample", "subject")
 
 @dataclass
 class CapeDJICA:
-    """capeDJICA as a :class:`~dpneuro.cape.CapeAlgorithm` (run it with :func:`~dpneuro.cape.run_cape`).
+    """capeDJICA as a :class:`~dpneuro.protocol.cape.CapeAlgorithm` (run it with :func:`~dpneuro.protocol.cape.run_cape`).
 
-    Site data: a :class:`dpneuro.io.SiteData` of the R x N_s whitened data, or
+    Site data: a :class:`dpneuro.data.io.SiteData` of the R x N_s whitened data, or
     the pair ``(Z_s, subjects_s)`` with subjects_s the number of subjects
     (equal lengths) or their lengths in samples, in column order. Subject lengths are public metadata (as in
     [capeDJICA] Sec. IV, where N_m is "known a priori").
@@ -954,7 +954,7 @@ def cape_djica(
 
     Parameters
     ----------
-    Z_sites : list of ndarray (R, N_s) or of :class:`dpneuro.io.SiteData`
+    Z_sites : list of ndarray (R, N_s) or of :class:`dpneuro.data.io.SiteData`
         Whitened data of every site (see :func:`whiten`), samples as columns,
         subjects one after the other.
     subjects_per_site : int or list, optional

@@ -7,7 +7,7 @@ Methods
 -------
 :func:`cape_pca`
     Every site releases its second-moment matrix ``A_s = X_s X_s^T / N_s``
-    with noise under a :class:`~dpneuro.cape.NoisePlan`: ``"cape"``
+    with noise under a :class:`~dpneuro.protocol.cape.NoisePlan`: ``"cape"``
     (correlated noise: the weighted average carries the pooled noise
     variance), ``"conv"`` (independent noise of the full std at every site)
     or ``"none"`` (no noise: the pooled non-private answer). The aggregator
@@ -59,7 +59,7 @@ unit", which under-states what a swap of one person for another changes.
   N_s A_s by ||x x^T||_F = ||x||^2 <= 1. Every bound here is on the Frobenius
   norm, which is exactly the L2 norm of the vector the noise is drawn on,
   w(A) = the upper triangle with the off-diagonal entries times sqrt(2)
-  (``symmetric_noise="symmetrized"``; :mod:`dpneuro.cape.packing`), and bounds
+  (``symmetric_noise="symmetrized"``; :mod:`dpneuro.protocol.cape.packing`), and bounds
   the unique entries u(A) the papers' "mirrored" noise is drawn on. So
   Delta = 1 / N_s.
 * Subject level (``subjects`` given, or the site's data come as per-subject
@@ -145,15 +145,15 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from .. import privacy
-from ..io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
-from ..cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
-from ..cape.packing import check_symmetric_noise
-from ..cape.plans import NoisePlan
-from ..errors import UnsafeRelease
-from ..exchange import Payload
-from ..privacy import PrivacyLedger
-from ..driver import Phase, RunOptions, State, simulate
+from dpneuro import privacy
+from dpneuro.data.io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
+from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from dpneuro.protocol.cape.packing import check_symmetric_noise
+from dpneuro.protocol.cape.plans import NoisePlan
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.protocol.exchange import Payload
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
 
 __all__ = [
     "CapePCA",
@@ -230,8 +230,8 @@ class SiteSource:
     ----------
     data
         One of: a D x N array (in memory or a ``numpy.memmap``); the path of a
-        ``.npy`` file or a :class:`dpneuro.io.NpyColumns` (read block by block
-        from the file); a :class:`dpneuro.io.SiteData` (its
+        ``.npy`` file or a :class:`dpneuro.data.io.NpyColumns` (read block by block
+        from the file); a :class:`dpneuro.data.io.SiteData` (its
         subject boundaries are used); a sequence of D x N_m arrays (one per
         subject); or a callable returning a fresh iterable of D x N_m blocks on
         every call (e.g. ``site_data.iter_subjects``), one block per subject.
@@ -658,7 +658,7 @@ def _check_variances(variances, share, contribution: str, calibration: str, tol)
 
 
 class CapePCA:
-    """capePCA (covariance mode) and the noisy subspace iteration (power mode) for :mod:`dpneuro.cape`.
+    """capePCA (covariance mode) and the noisy subspace iteration (power mode) for :mod:`dpneuro.protocol.cape`.
 
     Parameters
     ----------
@@ -700,7 +700,7 @@ class CapePCA:
         docstring). None or 1: no clipping (unit-norm columns give 1).
     symmetric_noise : {"symmetrized", "mirrored"}
         Covariance mode: how the noise on the D x D release's unique entries
-        is shaped (:mod:`dpneuro.cape.packing`). "symmetrized" (default)
+        is shaped (:mod:`dpneuro.protocol.cape.packing`). "symmetrized" (default)
         gives the off-diagonal entries std / sqrt(2) at the same guarantee;
         "mirrored" is the papers' (every unique entry the full std).
     contribution : {"moment", "subspace"}

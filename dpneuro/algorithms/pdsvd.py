@@ -22,8 +22,8 @@ Protocol (block power iteration, [PD-ML-Lite] Alg. 3-4, on the generic driver)
                  seed, and a public run nonce.
 ``pdsvd-group-secret``  ``group_secret=True`` only, after secure aggregation's
                  setup: the sites agree the blinding key K
-                 (:func:`dpneuro.secagg.group_secret_phase`, see below).
-secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App. C)
+                 (:func:`dpneuro.protocol.secagg.group_secret_phase`, see below).
+secure sums      (secure aggregation, dpneuro.protocol.secagg; SECSUM of [PD-ML-Lite] App. C)
   ``pdsvd-n``     the total count n (the aggregator learns it, see below);
   ``pdsvd-mean``  PD-PCA only ([PD-ML-Lite] App. D, Alg. 6): the global mean
                   mu = sum_s X_s 1 / n; each site then works with
@@ -47,7 +47,7 @@ secure sums      (secure aggregation, dpneuro.secagg; SECSUM of [PD-ML-Lite] App
                   subspace, whose accuracy is (lambda_{k+1}/lambda_k)^t.
 ``scale="unit"`` first brings every column (time point) to unit L2 norm at
 its site, block by block as the data are streamed (the per-column scaling of
-:func:`dpneuro.io.scale_columns` and capePCA's ``scale="unit"``, in float64);
+:func:`dpneuro.data.io.scale_columns` and capePCA's ``scale="unit"``, in float64);
 everything above, the norm check included, then concerns the scaled columns
 and the eigenvalues are those of the scaled data.
 Data are divided by a public ``norm_bound`` (every column norm <= it; for a
@@ -118,7 +118,7 @@ Who learns what (honest-but-curious parties):
   and the convergence profile (the Sigma-revealing SECSUM variant of [PD-ML-Lite]).
   The individual sites' inputs stay protected by secure aggregation unless
   the aggregator also gathers the Shamir threshold's worth of sites
-  (dpneuro.secagg). Coalitions of sites without the aggregator see only
+  (dpneuro.protocol.secagg). Coalitions of sites without the aggregator see only
   the outputs above. A malicious aggregator could send sites a V of its
   choosing; only honest-but-curious behaviour is covered.
 
@@ -144,12 +144,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import secagg
-from ..exchange import Payload
-from ..io import column_norms, scale_factors
-from ..privacy import PrivacyLedger, resolve_random_state
-from ..driver import Phase, RunOptions, State, simulate
-from .pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
+from dpneuro.protocol import secagg
+from dpneuro.protocol.exchange import Payload
+from dpneuro.data.io import column_norms, scale_factors
+from dpneuro.privacy import PrivacyLedger, resolve_random_state
+from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
+from dpneuro.algorithms.pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
 
 __all__ = [
     "KSPrivacyResult",
@@ -188,7 +188,7 @@ def _max_scaled_norm(src: SiteSource, scale: str | None) -> float:
     """The largest column norm of a validated source's data as PD-SVD uses them (after ``scale``)."""
     if scale != "unit":
         return float(src.max_norm)
-    # unit scaling (dpneuro.io.scale_factors) brings every nonzero column to norm 1 and keeps zero
+    # unit scaling (dpneuro.data.io.scale_factors) brings every nonzero column to norm 1 and keeps zero
     # columns at 0: the scaled data's largest column norm is 1 unless every column is zero
     return 1.0 if src.max_norm > 0 else 0.0
 
@@ -207,7 +207,7 @@ class Blinding:
 
 
 class PDSVD:
-    """PD-SVD / PD-PCA as a protocol for :mod:`dpneuro.driver` (see the module docstring).
+    """PD-SVD / PD-PCA as a protocol for :mod:`dpneuro.protocol.driver` (see the module docstring).
 
     Parameters
     ----------
@@ -228,7 +228,7 @@ class PDSVD:
     blinding : Blinding, optional
     group_secret : bool
         Agree the sites' blinding secret K inside the run (the phase
-        ``pdsvd-group-secret``, :func:`dpneuro.secagg.group_secret_phase`)
+        ``pdsvd-group-secret``, :func:`dpneuro.protocol.secagg.group_secret_phase`)
         instead of taking it from ``SiteInput(data, secret)``; needs
         ``secure=True``. Sites then take plain data (no secret).
     eigenvalues : bool
@@ -241,7 +241,7 @@ class PDSVD:
     scale : None or "unit"
         ``"unit"``: every column (time point) is scaled to unit L2 norm at its
         site, block by block, before anything is computed from it (the
-        scaling of :func:`dpneuro.io.scale_columns` and of capePCA's
+        scaling of :func:`dpneuro.data.io.scale_columns` and of capePCA's
         ``scale="unit"``; zero columns stay zero). The norm check then applies
         to the scaled columns, so ``norm_bound=1.0`` admits raw data.
     privacy_note : str, optional

@@ -1,6 +1,6 @@
 """Deployments: each party of a run in its own process or machine.
 
-- :mod:`dpneuro.analysis`: every stage split into a site role and an
+- :mod:`dpneuro.run.roles`: every stage split into a site role and an
   aggregator role (shared with the in-process simulation);
 - :mod:`dpneuro.deploy.party`: a site's and the aggregator's whole analysis,
   resumable, over any exchange; the run manifest every party checks;

@@ -12,10 +12,10 @@ The analysis is dpneuro's own site and aggregator programs
 (:func:`dpneuro.deploy.party.run_site_analysis`,
 :func:`~dpneuro.deploy.party.run_aggregator_analysis`) over a
 :class:`CoinstacExchange`: a message is an authenticated codec blob
-(:mod:`dpneuro.exchange.codec`: raw little-endian arrays plus a JSON header,
+(:mod:`dpneuro.protocol.exchange.codec`: raw little-endian arrays plus a JSON header,
 never arrays in JSON) written as one file into the transfer directory and
 read from the base directory. When the message a party waits for has not
-arrived yet, the exchange raises :class:`~dpneuro.exchange.Suspend`; the
+arrived yet, the exchange raises :class:`~dpneuro.protocol.exchange.Suspend`; the
 party's checkpoint already holds everything, so ``local``/``remote`` return
 to COINSTAC, and the next iteration resumes at that very phase. Each
 iteration thus advances the protocol by one phase; no state lives in process
@@ -39,7 +39,7 @@ Iterations, read from the input keys:
    remote returns the final output with ``"success": true``.
 
 Message authentication: every party signs its messages with its own Ed25519
-key (:mod:`dpneuro.exchange.keys`), made in its private state folder at the
+key (:mod:`dpneuro.protocol.exchange.keys`), made in its private state folder at the
 run's first iteration. A site's public key travels in its first output (over
 COINSTAC's authenticated transport, which identifies its client); the remote
 pins every site's key and its own in the run manifest, and each site checks
@@ -75,16 +75,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..build import check_reduction_fits
-from ..cleaning import STRATEGIES
-from ..config import ConfigError, RunConfig, SiteEntry, check_colluding
-from ..exchange.base import AGGREGATOR, ExchangeError, Suspend
-from ..exchange.codec import canonical_json
-from ..exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
-from ..exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
-from ..driver import RunOptions
-from ..io import BIDS_FILTERS
-from .party import (
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.data.cleaning import STRATEGIES
+from dpneuro.config import ConfigError, RunConfig, SiteEntry, check_colluding
+from dpneuro.protocol.exchange.base import AGGREGATOR, ExchangeError, Suspend
+from dpneuro.protocol.exchange.codec import canonical_json
+from dpneuro.protocol.exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
+from dpneuro.protocol.exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
+from dpneuro.protocol.driver import RunOptions
+from dpneuro.data.io import BIDS_FILTERS
+from dpneuro.deploy.party import (
     AggregatorContext,
     SiteContext,
     check_manifest,

@@ -1,16 +1,16 @@
 """One party of a deployed run: the whole analysis as a site sees it, or as the aggregator does.
 
-A site: load and validate its own subjects (:func:`dpneuro.pipeline.stage_load`),
-then for each releasing stage of :data:`dpneuro.stages.RELEASES` (capePCA or
+A site: load and validate its own subjects (:func:`dpneuro.run.pipeline.stage_load`),
+then for each releasing stage of :data:`dpneuro.run.stages.RELEASES` (capePCA or
 PD-SVD, the unmixing, the brain states) its input computed locally from its
 data and the public results so far (a stage that reads results only the
 aggregator holds, such as the brain states reading the spatial ICA's
 unmixing, first receives them), and its site step; then it sends its
 ledger (public), receives what every stage sends the sites (the unmixing,
 the states) and writes its own outputs
-(:func:`dpneuro.outputs.write_site_outputs`; time courses stay at the site).
+(:func:`dpneuro.run.outputs.write_site_outputs`; time courses stay at the site).
 The aggregator runs each stage's aggregator step and the summary, then writes
-the consortium's outputs (:func:`dpneuro.outputs.write_consortium_outputs`:
+the consortium's outputs (:func:`dpneuro.run.outputs.write_consortium_outputs`:
 maps, ``privacy.json`` composed from every site's ledger) and ``report.html``.
 
 Both programs run over any exchange (one per stage, from a factory) and keep
@@ -19,13 +19,13 @@ stage and a result file per finished stage. Run again, they skip what is
 finished and resume what is not, which is what both deployments need: a
 restarted site process (:mod:`dpneuro.deploy.sharedfs`) and a COINSTAC
 iteration (:mod:`dpneuro.deploy.coinstac`), where an exchange raises
-:class:`~dpneuro.exchange.Suspend` when a message is not there yet and the
+:class:`~dpneuro.protocol.exchange.Suspend` when a message is not there yet and the
 program simply returns until it is.
 
 A total ``epsilon`` (rather than per-stage settings) is split before any
 release: every site announces its public counts (subjects and their time
 points), the aggregator broadcasts them all, and every party runs the planner
-(:func:`dpneuro.budget.apply_target`) on them, so all plan the same split; each
+(:func:`dpneuro.run.planner.apply_target`) on them, so all plan the same split; each
 site checks its own counts and what the split spends for it first.
 
 The run manifest (:func:`run_manifest`) is the public description of a run
@@ -50,28 +50,28 @@ from typing import Any
 
 import numpy as np
 
-from .. import analysis
-from ..atlases import atlas_image
-from ..budget import SiteShape, apply_target, planned_settings
-from ..build import check_reduction_fits
-from ..config import ConfigError, RunConfig, check_delta, consortium_fields
-from ..errors import UnsafeRelease
-from ..driver import RunOptions
-from ..exchange import DirectoryCheckpoint, Exchange, Payload
-from ..exchange.codec import load_state_file, save_state_file
-from ..exchange.inprocess import DEFAULT_MAX_BYTES
-from ..io import private_dir, write_json
-from ..maps import convergence_figure, render_components, render_site_maps, site_timecourse_figure
-from ..outputs import headline as consortium_headline
-from ..algorithms.dfnc import state_matrices
-from ..outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
-from ..parcellation import atlas_labels, atlas_maps, is_probabilistic
-from ..pipeline import stage_load, stage_space
-from ..privacy import PrivacyLedger, privacy_report
-from ..report import report_headline, write_report
-from ..site_maps import consortium_section, made, site_note
-from ..stages import Release, active_releases, from_reply, sites_reply
-from ..timings import label
+from dpneuro.run import roles
+from dpneuro.data.atlases import atlas_image
+from dpneuro.run.planner import SiteShape, apply_target, planned_settings
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.config import ConfigError, RunConfig, check_delta, consortium_fields
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.protocol.driver import RunOptions
+from dpneuro.protocol.exchange import DirectoryCheckpoint, Exchange, Payload
+from dpneuro.protocol.exchange.codec import load_state_file, save_state_file
+from dpneuro.protocol.exchange.inprocess import DEFAULT_MAX_BYTES
+from dpneuro.data.io import private_dir, write_json
+from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
+from dpneuro.run.outputs import headline as consortium_headline
+from dpneuro.algorithms.dfnc import state_matrices
+from dpneuro.run.outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
+from dpneuro.data.parcellation import atlas_labels, atlas_maps, is_probabilistic
+from dpneuro.run.pipeline import stage_load, stage_space
+from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.report.html import report_headline, write_report
+from dpneuro.run.site_maps import consortium_section, made, site_note
+from dpneuro.run.stages import Release, active_releases, from_reply, sites_reply
+from dpneuro.report.timings import label
 
 __all__ = [
     "AggregatorContext",
@@ -320,7 +320,7 @@ def _site_plan(ctx: SiteContext, lengths: list[int], dim: int) -> dict[str, Any]
     """Announce this site's counts, receive every site's, plan the split and check it before any release."""
     cfg, me, mine = ctx.cfg, ctx.site, [int(n) for n in lengths]
     who = f"site {me!r} refuses"
-    reply = analysis.summary_site(ctx.index, {"site": me, "lengths": mine}, ctx.exchange(COUNTS_TOPIC),
+    reply = roles.summary_site(ctx.index, {"site": me, "lengths": mine}, ctx.exchange(COUNTS_TOPIC),
                                   checkpoint=ctx.checkpoint(COUNTS_TOPIC), timeout=ctx.timeout)
     counts = _check_counts(cfg, reply.meta.get("counts"), f"{who}: the broadcast counts")
     if counts[me] != mine:
@@ -357,7 +357,7 @@ def _aggregator_plan(ctx: AggregatorContext, dim: int) -> dict[str, Any]:
         planned.update(_plan_total(cfg, gathered(declared), dim))
         return Payload(meta={"counts": planned["counts"], "settings": planned["settings"]})
 
-    declared = analysis.summary_aggregator(reply, ctx.exchange(COUNTS_TOPIC), checkpoint=ctx.checkpoint(COUNTS_TOPIC),
+    declared = roles.summary_aggregator(reply, ctx.exchange(COUNTS_TOPIC), checkpoint=ctx.checkpoint(COUNTS_TOPIC),
                                            options=ctx.options)
     if not planned:  # resumed after the broadcast: the same plan from the same counts
         planned.update(_plan_total(cfg, gathered(declared), dim))
@@ -483,7 +483,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     for rel in active_releases(cfg):
         if rel.reads:  # earlier results only the aggregator holds (stages.Release.reads)
             def fetch(topic: str = f"{rel.name}-reads") -> dict[str, Any]:
-                return dict(analysis.summary_site(i, {}, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
+                return dict(roles.summary_site(i, {}, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                                   timeout=ctx.timeout).arrays)
 
             got = _cached(work / f"{rel.name}-reads.result.npz", fetch, clock, label(cfg, rel.name))
@@ -508,7 +508,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                 "tr": info.get("tr"), "ledger": ledger.to_dict()}
 
     def summary() -> dict[str, Any]:
-        reply = analysis.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
+        reply = roles.summary_site(i, declared, ctx.exchange("summary"), checkpoint=ctx.checkpoint("summary"),
                                       timeout=ctx.timeout)
         return dict(reply.arrays)  # what every stage sends the sites (stages.sites_reply)
 
@@ -637,7 +637,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
         if rel.reads:
             def send(rel: Release = rel, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
                 reply = Payload({f"{st}.{k}": np.asarray(public[st][k]) for st, k in rel.reads})
-                analysis.summary_aggregator(reply, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
+                roles.summary_aggregator(reply, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                             options=ctx.options)
                 return {}
 
@@ -654,7 +654,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
 
     def summary() -> dict[str, Any]:
         reply = Payload({k: np.asarray(v) for k, v in sites_reply(public).items()})
-        return {"sites": analysis.summary_aggregator(reply, ctx.exchange("summary"),
+        return {"sites": roles.summary_aggregator(reply, ctx.exchange("summary"),
                                                      checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
     summ = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
@@ -694,7 +694,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
     warnings = cons["warnings"]
     headline = consortium_headline(cfg, priv, n_components=W.shape[0], n_subjects=sum(n_subjects.values()),
                                    warnings=warnings,
-                                   ica=analysis.describe_unmixing(cfg, int(ica["rounds"]), str(ica["status"])))
+                                   ica=roles.describe_unmixing(cfg, int(ica["rounds"]), str(ica["status"])))
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:

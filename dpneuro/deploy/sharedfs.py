@@ -48,16 +48,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_RUN_ID, ConfigError, RunConfig
-from ..exchange import DirectoryExchange, PartyFailed
-from ..exchange.codec import check_name
-from ..exchange.directory import (
+from dpneuro.config import DEFAULT_RUN_ID, ConfigError, RunConfig
+from dpneuro.protocol.exchange import DirectoryExchange, PartyFailed
+from dpneuro.protocol.exchange.codec import check_name
+from dpneuro.protocol.exchange.directory import (
     check_failure_notices,
     clear_failure_notice,
     reserve_failure_notice,
     write_failure_notice,
 )
-from ..exchange.keys import (
+from dpneuro.protocol.exchange.keys import (
     AGGREGATOR_NAME,
     KeyFileError,
     PartyKeys,
@@ -66,8 +66,8 @@ from ..exchange.keys import (
     public_hex,
     read_public_keys,
 )
-from ..driver import RunOptions
-from .party import (
+from dpneuro.protocol.driver import RunOptions
+from dpneuro.deploy.party import (
     AggregatorContext,
     ManifestMismatch,
     SiteContext,

@@ -1,6 +1,6 @@
 """Privacy core: Gaussian calibration, accounting, CAPE delta, noise draws."""
 
-from .cape_delta import (
+from dpneuro.privacy.cape_delta import (
     cape_delta,
     cape_delta_asymmetric,
     cape_mu_z,
@@ -10,7 +10,7 @@ from .cape_delta import (
     max_colluding,
     mu_z_numeric,
 )
-from .gaussian import (
+from dpneuro.privacy.gaussian import (
     CALIBRATIONS,
     GaussianBudget,
     epsilon_for_multiplier,
@@ -23,9 +23,9 @@ from .gaussian import (
     moments_accountant_epsilon,
     rdp_closed_form_epsilon,
 )
-from .ledger import PrivacyLedger, Release
-from .noise import default_rng, gaussian, resolve_random_state
-from .summary import privacy_report
+from dpneuro.privacy.ledger import PrivacyLedger, Release
+from dpneuro.privacy.noise import default_rng, gaussian, resolve_random_state
+from dpneuro.privacy.summary import privacy_report
 
 __all__ = [
     "PrivacyLedger",

@@ -21,7 +21,7 @@ which grows with S_C as it should and equals the numeric v^T Sigma^-1 v / 2.
 The paper's eq. (1) is kept as :func:`cape_mu_z_paper` for comparison.
 
 With the zero-sum draws' variance scaled by c (var(e_hat_s) = c tau^2,
-:data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`) the same inversion gives
+:data:`dpneuro.protocol.cape.plans.ZERO_SUM_VARIANCE`) the same inversion gives
 
     mu_z = S (S_H + c S) Delta^2 / (2 S_H (c S + 1) tau^2),
 
@@ -155,7 +155,7 @@ def cape_delta_asymmetric(
     """Per-site CAPE delta for the weighted/asymmetric plan of [capeDJICA] Sec. III-C.
 
     ``e_var`` are the variances of each site's zero-sum draw e_hat_s and
-    ``g_var`` of its local draw g_s (see :func:`dpneuro.cape.asymmetric_plan`).
+    ``g_var`` of its local draw g_s (see :func:`dpneuro.protocol.cape.asymmetric_plan`).
     Without an explicit ``colluding`` set, the worst case over every set of
     ``n_colluding`` other sites is taken for each site.
     """

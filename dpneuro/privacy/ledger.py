@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .gaussian import gdp_epsilon
+from dpneuro.privacy.gaussian import gdp_epsilon
 
 UNITS = ("subject", "sample")
 #: neighbouring datasets: "replace" swaps one unit for another (counts public; dpneuro's relation),
@@ -167,7 +167,7 @@ class PrivacyLedger:
         adversary by the RDP accountant. ``epsilon_single_release`` bounds the
         weaker view of someone who sees this party's releases alone (from each
         release's calibrated std; CAPE releases carry more, see
-        :data:`dpneuro.cape.plans.ZERO_SUM_VARIANCE`); that view is part of the
+        :data:`dpneuro.protocol.cape.plans.ZERO_SUM_VARIANCE`); that view is part of the
         coalition's, so it is never above the headline (a site of an unequal
         consortium can be well below its calibrated std's figure).
         """

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ledger import PrivacyLedger
+from dpneuro.privacy.ledger import PrivacyLedger
 
-#: how a symmetric release's noise is shaped from draws on its unique entries (:mod:`dpneuro.cape.packing`)
+#: how a symmetric release's noise is shaped from draws on its unique entries (:mod:`dpneuro.protocol.cape.packing`)
 SYMMETRIC_NOISE = ("symmetrized", "mirrored")
 
 
@@ -56,7 +56,7 @@ def gaussian(
     ``symmetric=True`` draws only the unique entries of a symmetric matrix
     (upper triangle incl. diagonal), so the noise matrix is symmetric as the
     quantity it protects. ``symmetric_noise`` says how
-    (:data:`dpneuro.cape.packing.SYMMETRIC_NOISE`): "symmetrized" gives the
+    (:data:`dpneuro.protocol.cape.packing.SYMMETRIC_NOISE`): "symmetrized" gives the
     off-diagonal entries std / sqrt(2) (the Gaussian mechanism on the whole
     matrix, then symmetrized), "mirrored" gives every unique entry std.
     """
@@ -74,7 +74,7 @@ def gaussian(
     iu = np.triu_indices(n)
     batch = shape[:-2]
     vals = rng.standard_normal(batch + (len(iu[0]),)) * std
-    if symmetric_noise == "symmetrized":  # an entry off the diagonal stands for 2 (dpneuro.cape.packing.multiplicity)
+    if symmetric_noise == "symmetrized":  # an entry off the diagonal stands for 2 (dpneuro.protocol.cape.packing.multiplicity)
         vals /= np.sqrt(np.where(iu[0] == iu[1], 1.0, 2.0))
     out = np.zeros(shape, dtype=np.float64)
     out[..., iu[0], iu[1]] = vals

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .cape_delta import max_colluding
-from .ledger import PrivacyLedger
+from dpneuro.privacy.cape_delta import max_colluding
+from dpneuro.privacy.ledger import PrivacyLedger
 
 #: headline eps above which a guarantee is called weak (and the run warns), and at or below which strong
 WEAK_EPSILON = 10.0

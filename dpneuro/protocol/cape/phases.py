@@ -1,0 +1,592 @@
+"""CAPE as phases of the generic driver ([capeDJICA] Alg. 1-2).
+
+An algorithm says, per round, what each site wants to release
+(:meth:`CapeAlgorithm.site_compute`) and what the aggregator does with the
+weighted average of the noisy releases (:meth:`CapeAlgorithm.aggregator_update`).
+:func:`cape_protocol` wraps it into driver phases for a :class:`NoisePlan`:
+
+round 0   ``cape-setup``       sites announce their public release parameters (weight, std per
+                               quantity); the aggregator checks them, fixes the variance plan and
+                               broadcasts it with the algorithm's first message
+          secure-aggregation key set-up (``cape`` plan only)
+each round ``zs-masked``,       sites compute f(x_s), draw e_hat_s and secure-sum mu_s e_hat_s;
+          ``zs-unmask``         the aggregator learns only the sum and broadcasts it (``cape`` only)
+          ``release``          sites release f(x_s) + e_s + g_s; the aggregator averages and updates
+
+If a site disappears after the zero-sum step, the survivors' e_s no longer
+cancel: the aggregator sends everyone back to ``zs-masked`` with a plan for
+the survivors and fresh draws. Every release already made stays in the
+releasing site's ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol as TypingProtocol
+
+import numpy as np
+
+from dpneuro import privacy
+from dpneuro.protocol import secagg
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.protocol.exchange.base import MessageRejected, Payload
+from dpneuro.privacy import PrivacyLedger, max_colluding
+from dpneuro.protocol.driver import Phase, RunOptions, SimulationResult, State, simulate
+from dpneuro.protocol.cape.packing import check_symmetric_noise, n_unique, noise_array
+from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances, symmetric_guarantee
+
+CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """One quantity a site releases every round.
+
+    ``sensitivity`` is its L2 sensitivity at this site for the privacy unit
+    ``unit``; ``noise_multiplier`` is the std per unit of sensitivity that the
+    site's (eps, delta) target calls for (``noise_multiplier(eps, delta)``), so the
+    release std is tau_s = noise_multiplier * sensitivity. A ``symmetric``
+    release gets noise on its unique entries, shaped by ``symmetric_noise``
+    (:data:`dpneuro.protocol.cape.packing.SYMMETRIC_NOISE`). ``rounds`` lists the
+    rounds it is released in (None: every round); the protocol and the planner
+    both read it, so they count the same releases. ``bound`` is public: the
+    aggregator checks every release against it (:func:`release_problem`).
+    """
+
+    shape: tuple[int, ...]
+    sensitivity: float
+    noise_multiplier: float
+    symmetric: bool = False
+    unit: str = "subject"
+    stage: str = ""
+    neighbour: str = "replace"
+    symmetric_noise: str = "symmetrized"
+    rounds: tuple[int, ...] | None = None
+    #: a public bound on ||f(x_s)||_F (from the clipping the sensitivity rests on): the aggregator refuses a
+    #: release whose norm exceeds it plus its noise's tail bound (None: no norm check)
+    bound: float | None = None
+
+    def __post_init__(self):
+        check_symmetric_noise(self.symmetric_noise)
+
+    def count(self, n_rounds: int) -> int:
+        """How many times it is released in rounds 0 .. n_rounds - 1."""
+        return n_rounds if self.rounds is None else sum(1 for r in set(self.rounds) if 0 <= r < n_rounds)
+
+    @property
+    def tau(self) -> float:
+        return self.noise_multiplier * self.sensitivity
+
+    @property
+    def size(self) -> int:
+        return n_unique(tuple(self.shape), self.symmetric)
+
+
+class CapeAlgorithm(TypingProtocol):
+    """What an algorithm supplies to run under CAPE (or a baseline plan).
+
+    Optional: ``site_postprocess(state, name, noisy) -> ndarray``. If the
+    algorithm defines it, a site applies it to each noisy release
+    f(x_s) + e_s + g_s before sending, and the aggregator averages the
+    post-processed arrays (e.g. capeAGN sends (M3_s + noise)(W, W, W),
+    K x K x K, instead of the D x D x D tensor). It must be a *linear* map,
+    the *same* at every site (a function of public, broadcast values only):
+    then sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0 and CAPE's cancellation
+    holds. Privacy is that of the noisy release (post-processing); the ledger
+    records the release as declared in ``site_releases``.
+    """
+
+    name: str
+    max_rounds: int
+
+    def site_init(self, site: int, data: Any) -> State: ...
+
+    def site_releases(self, state: State) -> dict[str, ReleaseSpec]: ...
+
+    def site_weight(self, state: State) -> float: ...
+
+    def site_compute(self, state: State, round: int, broadcast: Payload) -> dict[str, np.ndarray]: ...
+
+    def aggregator_init(self) -> State: ...
+
+    def aggregator_first(self, state: State) -> Payload: ...
+
+    def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload: ...
+
+
+def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
+                  active: list[int], consortium: int) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
+    """Variances for the active sites (survivors keep the ``consortium``'s guarantee); arrays to broadcast them."""
+    w = weights[active] / weights[active].sum()
+    arrays = {"cape/sites": np.asarray(active, np.int64), "cape/weights": w}
+    plans = {}
+    for name in specs:
+        v = plan_variances(plan, taus[name][active], w, consortium=consortium)
+        plans[name] = v
+        arrays[f"cape/e_var/{name}"] = v.e_hat
+        arrays[f"cape/g_var/{name}"] = v.g
+    return arrays, plans
+
+
+class _CapeProtocol:
+    """The driver-facing protocol built by :func:`cape_protocol`."""
+
+    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, n_sites: int, secagg_config=None):
+        self.alg = algorithm
+        self.plan = plan
+        self.n_sites = int(n_sites)  # the configured consortium: what every site's promise is computed for
+        self.name = f"{algorithm.name}[{plan.kind}]"
+        self.max_rounds = algorithm.max_rounds
+        self.secagg = secagg_config
+        self._setup = [Phase("cape-setup", self._site_setup, self._agg_setup)]
+        self._round: list[Phase] = []
+        if plan.kind == "cape":
+            self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
+            masked, unmask = secagg.sum_phases(secagg_config, "zs", self._zero_sum_input, self._agg_zero_sum)
+            self._round += [self._wrap(masked), self._wrap(unmask)]
+        self._round.append(Phase("release", self._site_release, self._agg_release, allow_dropout=True))
+
+    # -- driver interface ------------------------------------------------------------
+    def phases(self, round: int) -> Sequence[Phase]:
+        return self._setup + self._round if round == 0 else self._round
+
+    def site_init(self, site: int, data: Any) -> State:
+        state = self.alg.site_init(site, data)
+        state.setdefault("ledger", PrivacyLedger(owner=f"site-{site}"))
+        state.setdefault("rng", privacy.default_rng())
+        state.setdefault("site", site)
+        # stochastic rounding in secure aggregation: not privacy noise, but
+        # reproducible with the site's seed (and checkpointed) so backends and
+        # restarted parties give identical sums
+        state.setdefault("rounding_rng", np.random.default_rng(state["rng"].bit_generator.seed_seq.spawn(1)[0]))
+        return state
+
+    def aggregator_init(self) -> State:
+        return self.alg.aggregator_init()
+
+    def _restart_index(self, round: int) -> int:
+        return (len(self._setup) if round == 0 else 0)
+
+    def _wrap(self, phase: Phase) -> Phase:
+        site_fn = phase.site
+
+        def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
+            self._absorb(state, incoming)
+            return site_fn(state, rnd, incoming)
+
+        return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
+                     phase.allow_dropout)
+
+    @staticmethod
+    def _absorb(state: State, incoming: Payload | None) -> None:
+        """Keep the algorithm's broadcast and the current plan from whatever phase brought them."""
+        if incoming is None:
+            return
+        if incoming.meta.get("cape_alg"):
+            state["cape"]["alg_in"] = incoming
+        if "cape/sites" in incoming.arrays:
+            state["cape"]["plan"] = {k: np.asarray(v) for k, v in incoming.arrays.items() if k.startswith("cape/")}
+
+    # -- set-up ----------------------------------------------------------------------
+    def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        specs = self.alg.site_releases(state)
+        state["cape"] = {"specs": {k: {"shape": list(v.shape), "symmetric": v.symmetric,
+                                       "symmetric_noise": v.symmetric_noise,
+                                       "rounds": None if v.rounds is None else [int(r) for r in v.rounds],
+                                       "bound": v.bound}
+                                   for k, v in specs.items()},
+                         "f_round": -1}
+        arrays = {"weight": np.array([float(self.alg.site_weight(state))])}
+        for name, spec in specs.items():
+            if not (spec.sensitivity > 0 and spec.noise_multiplier > 0) and self.plan.kind != "none":
+                raise ValueError(f"site {state['site']}: release {name!r} needs positive sensitivity and noise")
+            arrays[f"tau/{name}"] = np.array([spec.tau])
+        meta = {"releases": state["cape"]["specs"]}
+        return Payload(arrays, meta, carries={k: "public" for k in arrays})
+
+    def _agg_setup(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        sites = sorted(msgs)
+        self.plan.check(len(sites))
+        first = msgs[sites[0]].meta["releases"]
+        for s in sites[1:]:
+            if msgs[s].meta["releases"] != first:
+                raise ValueError(f"site {s} declares releases {msgs[s].meta['releases']} but site {sites[0]} "
+                                 f"declares {first}: all sites must run the same configuration")
+        n = max(sites) + 1
+        weights = np.zeros(n)
+        taus = {name: np.zeros(n) for name in first}
+        for s, m in msgs.items():
+            weights[s] = float(m.arrays["weight"][0])
+            for name in first:
+                taus[name][s] = float(m.arrays[f"tau/{name}"][0])
+        state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
+        plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites, self.n_sites)
+        self._keep_plan(state["cape"], plans, sites)
+        alg = self.alg.aggregator_first(state)
+        return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
+
+    @staticmethod
+    def _keep_plan(cs: dict, plans: dict[str, Variances], sites: list[int]) -> None:
+        """What the aggregator keeps of a plan: the average's noise, and each site's release noise (its bound)."""
+        cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
+        cs["release_var"] = {name: dict(zip(map(str, sites), map(float, v.release_variance())))
+                             for name, v in plans.items()}
+
+    def _check_releases(self, state: State, rnd: int, msgs: dict[int, Payload], active: list[int]) -> None:
+        """Refuse, naming the site, a release that is missing, misshapen, not finite or beyond its public bound."""
+        cs = state["cape"]
+        post = getattr(self.alg, "site_postprocess", None)
+        names = state.get("site_names")
+        for s in active:
+            who = f"site {names[s]!r}" if names else f"site {s}"
+            for name, spec in self._now(cs["specs"], rnd).items():
+                if name not in msgs[s].arrays:
+                    raise MessageRejected(f"rejected release {name!r} from {who}: it is missing")
+                var = cs["release_var"][name][str(s)] if self.plan.kind != "none" else 0.0
+                why = release_problem(np.asarray(msgs[s].arrays[name]), spec, var, check_shape=post is None)
+                if why:
+                    raise MessageRejected(f"rejected release {name!r} from {who}, round {rnd}: {why}; the run "
+                                          "stops rather than use it")
+
+    @staticmethod
+    def _now(specs: dict[str, dict], rnd: int) -> dict[str, dict]:
+        """The declared releases made in round ``rnd``, in declaration order (sites and aggregator agree)."""
+        return {k: v for k, v in specs.items() if v.get("rounds") is None or rnd in v["rounds"]}
+
+    # -- zero-sum noise ----------------------------------------------------------------
+    def _compute(self, state: State, rnd: int) -> None:
+        """f(x_s) once per round (kept across a redo after a dropout)."""
+        cs = state["cape"]
+        if cs["f_round"] != rnd:
+            f = self.alg.site_compute(state, rnd, cs.get("alg_in"))
+            for name, spec in self._now(cs["specs"], rnd).items():
+                if name not in f or tuple(np.shape(f[name])) != tuple(spec["shape"]):
+                    raise ValueError(f"site {state['site']}: {name!r} must have shape {tuple(spec['shape'])}")
+            cs["f"] = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
+            cs["f_round"] = rnd
+
+    def _my_plan(self, state: State, rnd: int) -> tuple[int, int, np.ndarray]:
+        """This site's position in the broadcast plan, once the site has checked the plan (:func:`verify_plan`)."""
+        cs = state["cape"]
+        plan = cs["plan"]
+        specs = self.alg.site_releases(state)
+        now = {n: specs[n] for n in self._now(cs["specs"], rnd)}
+        # a plan lasts many rounds: check each plan (and set of releases) once, not every round
+        key = (sorted(now), sorted((k, np.asarray(v).tobytes()) for k, v in plan.items()),
+               [(now[n].tau, now[n].sensitivity) for n in sorted(now)])
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()
+        if cs.get("verified", {}).get("digest") != digest:
+            me = verify_plan(plan, now, state["site"], self.plan, self.n_sites, who=state.get("site_name"))
+            cs["verified"] = {"digest": digest, "me": me}
+        return cs["verified"]["me"], len(plan["cape/sites"]), plan["cape/weights"]
+
+    def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
+        self._compute(state, rnd)
+        cs = state["cape"]
+        me, _, w = self._my_plan(state, rnd)
+        parts, e_hat = [], {}
+        for name, spec in self._now(cs["specs"], rnd).items():
+            std = float(np.sqrt(cs["plan"][f"cape/e_var/{name}"][me]))
+            size = n_unique(tuple(spec["shape"]), spec["symmetric"])
+            e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
+            parts.append(w[me] * e_hat[name])
+        cs["e_hat"] = e_hat
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def _agg_zero_sum(self, state: State, rnd: int, total: np.ndarray) -> Payload:
+        cs = state["cape"]
+        cs["summed"] = sorted(int(s) for s in state["secagg"]["last"]["included"])
+        active = sorted(state["active"])
+        if cs["summed"] != active or cs["plan_sites"] != active:
+            return self._redo(state, rnd, active)
+        return Payload({"cape/esum": np.asarray(total, np.float64)}, {"active": active})
+
+    def _redo(self, state: State, rnd: int, active: list[int]) -> Payload:
+        """Send the survivors back to the zero-sum step with a plan for them."""
+        cs = state["cape"]
+        self.plan.check(len(active))
+        plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active, self.n_sites)
+        self._keep_plan(cs, plans, active)
+        cs["plan_sites"] = active
+        cs["redos"] = cs.get("redos", 0) + 1
+        return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
+
+    # -- release ---------------------------------------------------------------------
+    def _site_release(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        self._absorb(state, incoming)
+        self._compute(state, rnd)
+        cs = state["cape"]
+        me, S, w = self._my_plan(state, rnd)
+        kind = self.plan.kind
+        specs = self.alg.site_releases(state)
+        arrays, carries, kept = {}, {}, {}
+        post = getattr(self.alg, "site_postprocess", None)
+        offset = 0
+        for name, spec in self._now(cs["specs"], rnd).items():
+            shape, sym = tuple(spec["shape"]), spec["symmetric"]
+            size = n_unique(shape, sym)
+            g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
+            e = np.zeros(size)
+            if kind == "cape":
+                esum = incoming.arrays["cape/esum"][offset:offset + size]
+                e = cs["e_hat"][name] - esum / (w[me] * S)
+            g = privacy.gaussian(state["rng"], (size,), g_std, state["ledger"]) if kind != "none" else 0.0
+            noise = e + g
+            kept[name] = (e, g)
+            offset += size
+            arrays[name] = cs["f"][name] + noise_array(noise, shape, sym, spec["symmetric_noise"])
+            if post is not None:
+                # linear map applied identically at every site (see CapeAlgorithm): the
+                # zero-sum parts still cancel, sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0
+                arrays[name] = np.asarray(post(state, name, arrays[name]), dtype=np.float64)
+            carries[name] = CARRIES[kind]
+            record_release(state["ledger"], self.plan, name, specs[name], cs["plan"], me,
+                           stage=self.alg.name, cache=cs.setdefault("mu_collusion", {}))
+        cs.pop("e_hat", None)
+        state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
+        return Payload(arrays, {}, carries)
+
+    def _agg_release(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        cs = state["cape"]
+        active = sorted(state["active"])
+        planned = cs["plan_sites"]
+        if self.plan.kind == "cape" and active != planned:
+            return self._redo(state, rnd, active)
+        self._check_releases(state, rnd, msgs, active)
+        w = cs["weights"][active] / cs["weights"][active].sum()
+        combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active))
+                    for name in self._now(cs["specs"], rnd)}
+        alg = self.alg.aggregator_update(state, rnd, combined)
+        if self.plan.kind != "cape" and active != planned:
+            cs["plan_sites"] = active
+            plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active,
+                                               self.n_sites)
+            self._keep_plan(cs, plans, active)
+            alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
+        return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+
+#: the tail probability a release's noise may exceed its bound with (Laurent & Massart's chi-square bound)
+_NOISE_TAIL = 50.0  # e^-50, about 2e-22 per release
+
+
+def release_problem(a: np.ndarray, spec: dict, noise_var: float, *, check_shape: bool = True) -> str | None:
+    """Why the aggregator must refuse release ``a`` of a site (None: nothing wrong).
+
+    ``spec`` is the release as every site declared it at set-up (shape, symmetric, public ``bound``);
+    ``noise_var`` the per-entry variance of that site's noise under the plan. An honest release is
+    f(x_s) + noise with ||f(x_s)||_F <= bound and ||noise||^2 <= var (n + 2 sqrt(n t) + 2 t) except with
+    probability e^-t (n draws; a symmetric array's entry is mirrored at most ndim! times).
+    """
+    shape = tuple(spec["shape"])
+    if a.dtype.kind != "f":
+        return f"dtype {a.dtype}, expected floating point"
+    if check_shape and a.shape != shape:
+        return f"shape {a.shape}, expected {shape}"
+    if not np.all(np.isfinite(a)):
+        return "it contains NaN or infinite values"
+    if spec.get("bound") is None:
+        return None
+    n, t = n_unique(shape, bool(spec["symmetric"])), _NOISE_TAIL
+    mirrored = math.sqrt(math.factorial(len(shape))) if spec["symmetric"] else 1.0  # an entry's copies, at most
+    noise = mirrored * math.sqrt(noise_var * (n + 2 * math.sqrt(n * t) + 2 * t))
+    limit = float(spec["bound"]) + noise
+    norm = float(np.linalg.norm(a))
+    if norm > limit:
+        return (f"its norm {norm:.4g} exceeds the public bound {limit:.4g} (the clipped statistic's "
+                f"{float(spec['bound']):.4g} plus its noise's tail bound)")
+    return None
+
+
+#: relative slack for rounding when a site compares the broadcast plan with its own promise
+_PLAN_RTOL = 1e-6
+
+
+def _plan_field(plan: dict[str, np.ndarray], key: str, n: int, refuse) -> np.ndarray:
+    if key not in plan:
+        raise refuse(key, "is missing")
+    a = np.asarray(plan[key], dtype=np.float64)
+    if a.shape != (n,) or not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise refuse(key, f"must be {n} finite non-negative numbers, got {np.array2string(a, precision=4)}")
+    return a
+
+
+def _collusion_mu(sens: float, e_var, g_var, w, me: int, n_colluding: int) -> float:
+    """The coalition's GDP mu on this site's release, from the general formula (no symmetric shortcut, whose
+    tolerance a forged plan could exploit); a plan that leaves the release without noise gives inf."""
+    others = [i for i in range(len(w)) if i != me]
+    worst = 0.0
+    for c in itertools.combinations(others, n_colluding):
+        try:
+            mu_z = privacy.mu_z_numeric(sens, e_var, g_var, w, me, list(c))
+        except np.linalg.LinAlgError:
+            return math.inf
+        if not math.isfinite(mu_z) or mu_z < 0:
+            return math.inf
+        worst = max(worst, mu_z)
+    return math.sqrt(2 * worst)
+
+
+def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], site: int, noise_plan: NoisePlan,
+                n_sites: int, *, who: str | None = None) -> int:
+    """Check a broadcast variance plan against this site's own promise before it draws any noise for it.
+
+    The plan comes from the aggregator; what a site promised comes from its own
+    configuration: each release's std tau_s = noise multiplier x sensitivity
+    (:class:`ReleaseSpec`, computed from the site's own counts), the collusion
+    assumption and zero-sum scale of its :class:`NoisePlan`, and the configured
+    number of sites. The site refuses (:class:`~dpneuro._utils.errors.UnsafeRelease`)
+    unless
+
+    - the plan lists it, with positive weights that sum to 1 and finite variances;
+    - every release alone carries at least tau_s^2 (its single-release guarantee);
+    - under ``cape`` (plans for unequal sites ``"guarantee"``, the default), the
+      guarantee against the aggregator and the assumed colluders, computed from the
+      plan exactly as the ledger computes it, is at most what an equal consortium of
+      ``n_sites`` gives at the site's noise multiplier: the guarantee the planner
+      promised. Honest sites draw exactly the plan's variances, and whichever sites
+      collude are conditioned out, so this bound holds whatever the plan claims.
+
+    Returns the site's position in the plan.
+    """
+    name = who or f"site {site}"
+
+    def refuse(field: str, why: str) -> UnsafeRelease:
+        return UnsafeRelease(f"{name} refuses to release: the aggregator's noise plan field {field!r} {why}; "
+                             "nothing was released")
+
+    sites = np.asarray(plan.get("cape/sites", []))
+    if sites.ndim != 1 or site not in sites.tolist() or len(set(sites.tolist())) != len(sites) \
+            or not all(0 <= int(s) < n_sites for s in sites):
+        raise refuse("cape/sites", f"lists sites {sites.tolist()}, not this site among at most {n_sites}")
+    S, me = len(sites), sites.tolist().index(site)
+    w = _plan_field(plan, "cape/weights", S, refuse)
+    if np.any(w <= 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9):
+        raise refuse("cape/weights", f"must be positive and sum to 1, got {w.tolist()}")
+    kind = noise_plan.kind
+    if kind == "none":
+        return me
+    n_c = noise_plan.colluders(n_sites)
+    promised = symmetric_guarantee(n_sites, n_c, noise_plan.zero_sum_variance) if kind == "cape" else None
+    for rel, spec in releases.items():
+        e = _plan_field(plan, f"cape/e_var/{rel}", S, refuse)
+        g = _plan_field(plan, f"cape/g_var/{rel}", S, refuse)
+        tau2 = spec.tau**2
+        alone = Variances(e, g, w).release_variance()[me] if kind == "cape" else g[me]  # conv adds no zero-sum
+        if not alone >= tau2 * (1 - _PLAN_RTOL):
+            raise refuse(f"cape/g_var/{rel}", f"gives release {rel!r} noise of variance {alone:.4g} alone, below the "
+                         f"{tau2:.4g} this site's own privacy setting requires")
+        if kind == "cape" and noise_plan.unequal == "guarantee":
+            mu = _collusion_mu(spec.sensitivity, e, g, w, me, n_c)
+            limit = promised * spec.sensitivity / spec.tau
+            if not mu <= limit * (1 + _PLAN_RTOL):
+                raise refuse(f"cape/e_var/{rel}", f"would give release {rel!r} a guarantee of mu = {mu:.4g} against "
+                             f"the aggregator and {n_c} colluding site(s), above the {limit:.4g} this site's "
+                             f"configuration promises ({n_sites} sites)")
+    return me
+
+
+def noise_variance(state: State, name: str) -> float:
+    """Per-entry variance of the noise in the aggregator's combined release ``name`` under the run's plan (the
+    zero-sum part cancels): public, so an algorithm's aggregator step may weigh a noisy release by it."""
+    return float(state["cape"]["noise_var"][name])
+
+
+def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: ReleaseSpec,
+                   plan_arrays: dict[str, np.ndarray], me: int, *, stage: str, count: int = 1,
+                   cache: dict | None = None) -> None:
+    """Record one release of ``name`` by the site at position ``me`` of the variance plan.
+
+    The one place a CAPE release enters a ledger: the protocol calls it after
+    every release, the budget planner (:func:`planned_ledgers`) with the
+    number of rounds, so the two always agree.
+    """
+    if plan.kind == "none":
+        ledger.mark_not_private("plan 'none': releases carry no noise and are not private")
+        return
+    # the site's calibrated std: exactly what one release carries under the papers' plan, a lower bound on it
+    # when the zero-sum part is scaled up (the single-release figure is then an upper bound on its eps)
+    var = min(_release_variance(plan_arrays, name, me), spec.tau**2)
+    mu_c = 0.0
+    if plan.kind == "cape":
+        cache = {} if cache is None else cache
+        sites = np.asarray(plan_arrays["cape/sites"]).tolist()
+        key = f"{name}:{spec.sensitivity!r}:{sites}"
+        if key not in cache:
+            n_c = max_colluding(len(sites)) if plan.n_colluding is None else plan.n_colluding
+            cache[key] = privacy.cape_release_mu(spec.sensitivity, plan_arrays[f"cape/e_var/{name}"],
+                                                 plan_arrays[f"cape/g_var/{name}"], plan_arrays["cape/weights"],
+                                                 me, n_c)
+        mu_c = cache[key]
+    ledger.record(name, spec.sensitivity, float(np.sqrt(var)), count, unit=spec.unit, stage=spec.stage or stage,
+                  neighbour=spec.neighbour, mu_collusion=mu_c)
+
+
+def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Sequence[State], *,
+                    rounds: int | None = None) -> list[PrivacyLedger]:
+    """The ledgers a run of ``algorithm`` under ``plan`` would fill, from the sites' public states alone.
+
+    ``states`` are the algorithm's ``public_state`` of every site (counts and
+    lengths, no data). The variance plan, the release std and the guarantee
+    against the aggregator come from the same functions the protocol uses;
+    every release is counted once per round it is made in among the first ``rounds``
+    (default: the algorithm's ``max_rounds``, an upper bound when a run stops early).
+    """
+    plan = NoisePlan.coerce(plan)
+    plan.check(len(states))
+    specs = [algorithm.site_releases(st) for st in states]
+    names = list(specs[0])
+    weights = np.array([float(algorithm.site_weight(st)) for st in states])
+    taus = {n: np.array([sp[n].tau for sp in specs]) for n in names}
+    plan_arrays, _ = _plan_payload(plan, {n: None for n in names}, taus, weights, list(range(len(states))),
+                                   len(states))
+    count = int(algorithm.max_rounds if rounds is None else rounds)
+    out = []
+    for me, (st, sp) in enumerate(zip(states, specs)):
+        led = st.get("ledger") or PrivacyLedger(owner=f"site-{me}")
+        for n in names:
+            made = sp[n].count(count)
+            if made:
+                record_release(led, plan, n, sp[n], plan_arrays, me, stage=algorithm.name, count=made)
+        out.append(led)
+    return out
+
+
+def _release_variance(plan: dict[str, np.ndarray], name: str, me: int) -> float:
+    v = Variances(plan[f"cape/e_var/{name}"], plan[f"cape/g_var/{name}"], plan["cape/weights"])
+    return float(v.release_variance()[me])
+
+
+def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n_sites: int,
+                  secagg_config=None):
+    """Wrap ``algorithm`` into a driver protocol under ``plan``.
+
+    Refuses a plan outside CAPE's assumptions (fewer than 3 sites, too many
+    colluders) before anything runs.
+    """
+    plan = NoisePlan.coerce(plan)
+    plan.check(n_sites)
+    if plan.kind == "cape":
+        # the collusion assumption is the configured consortium's, also after dropouts (what each site promised)
+        plan = replace(plan, n_colluding=plan.colluders(n_sites))
+        if secagg_config is None:
+            secagg_config = secagg.SecAggConfig(n_sites=n_sites)
+    return _CapeProtocol(algorithm, plan, n_sites, secagg_config)
+
+
+def run_cape(algorithm: CapeAlgorithm, site_data: Sequence[Any], plan: NoisePlan | str = "cape", *,
+             exchange=None, options: RunOptions | None = None, secagg_config=None) -> SimulationResult:
+    """Simulate ``algorithm`` under ``plan`` with every party in this process."""
+    proto = cape_protocol(algorithm, plan, n_sites=len(site_data), secagg_config=secagg_config)
+    return simulate(proto, site_data, exchange=exchange, options=options)
+
+
+def ledgers(result: SimulationResult) -> list[PrivacyLedger | None]:
+    """Each site's ledger from a simulation (None for a site that dropped out)."""
+    return [s["ledger"] if s is not None else None for s in result.sites]
+
+

@@ -1,0 +1,178 @@
+"""The consortium's outputs, written the same way by a simulation and by a deployed aggregator.
+
+A simulated run (:mod:`dpneuro.run.pipeline`) and the aggregator of a deployed
+run (:mod:`dpneuro.deploy.party`) both end with the same three things: the
+spatial maps painted back to voxels, ``privacy.json`` composed from every
+site's ledger, and the report's headline. They call these functions, so a
+deployment and its simulation write the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpneuro.algorithms.djica import spatial_maps, time_courses
+from dpneuro.algorithms.dfnc import site_dynamics, state_matrices
+from dpneuro.run.roles import SCALING_NOTE, site_windows, unmixing_input
+from dpneuro.run.planner import run_warnings
+from dpneuro.config import RunConfig
+from dpneuro.data.io import write_json
+from dpneuro.report.figures import (states_figure, template_problem, write_components, write_dynamics,
+                   write_timecourses, zscore_columns)
+from dpneuro.data.parcellation import space_parcels
+from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.report.html import report_headline
+from dpneuro.run.site_maps import made, write_site_maps
+from dpneuro.report.timings import label
+
+__all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
+           "write_states"]
+
+
+def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
+    """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
+    maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
+    parcels = space_parcels(space)
+    covered = None if parcels is None else parcels.covered
+    if covered is None or np.all(covered):
+        return zscore_columns(maps)
+    # an atlas's voxels in no region stay 0, outside the z-scoring
+    out = np.zeros(maps.shape)
+    out[covered] = zscore_columns(maps[covered])
+    return out
+
+
+def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
+    """Feature values (rows) painted back to the mask's voxels: parcels expanded, voxels as they are."""
+    parcels = space_parcels(space)
+    return parcels.expand(A) if parcels is not None else A
+
+
+def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
+    """``components.nii.gz`` (one volume per component on the mask's grid) and the voxel maps written."""
+    maps = component_maps(space, basis, eigenvalues, W)
+    return write_components(maps, space["mask"], path), maps
+
+
+def write_states(vectors, occupancy, folder, *, method: str = "") -> dict[str, Any]:
+    """The dFNC states' files in ``folder``: ``states.npy`` (K x R x R connectivity matrices, ordered like the
+    components) and ``states.json`` (the consortium's occupancy, the state vectors' meaning)."""
+    folder = Path(folder)
+    mats = state_matrices(vectors)
+    np.save(folder / "states.npy", mats)
+    occ = [float(x) for x in occupancy]
+    write_json(folder / "states.json", {
+        "n_states": int(mats.shape[0]), "occupancy": occ, "method": method,
+        "states": "states.npy: K x R x R correlation matrices between the components (components.nii.gz order), "
+                  "the centroids of the consortium's dFNC windows (Fisher z averaged, then tanh)"})
+    return {"matrices": str(folder / "states.npy"), "json": str(folder / "states.json"), "occupancy": occ}
+
+
+def states_section(states: dict, figs: Path) -> dict:
+    """The report's brain-states section: ``states`` has the paths of :func:`write_states`, the consortium's
+    ``occupancy`` and optionally ``truth`` (matched correlations with a synthetic truth)."""
+    mats = np.load(states["matrices"])
+    return {"n_states": int(mats.shape[0]), "occupancy": states["occupancy"], "truth": states.get("truth"),
+            "figure": str(states_figure(mats, states["occupancy"], figs / "states.png"))}
+
+
+def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subjects: dict[str, int], *,
+                       assumptions: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``privacy.json``: every site's ledger composed and summarised, with the run's assumptions in words."""
+    for name, led in ledgers.items():
+        led.owner = name
+    priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
+                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
+    priv["assumptions"] += list(assumptions)
+    return priv
+
+
+def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, warnings: list[str],
+             ica: str = "") -> list[str]:
+    """The box at the top of the consortium's report: what ran, the privacy headline, the warnings."""
+    what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
+            + (f"; {ica}" if ica else "") + ".")
+    return report_headline(what, priv, warnings)
+
+
+def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],
+                             n_subjects: dict[str, int], n_samples: dict[str, int], out: Path, *,
+                             assumptions: tuple[str, ...] = (), transport: str = "") -> dict[str, Any]:
+    """The consortium's files in ``out`` from the stages' public results (:mod:`dpneuro.run.stages`) and every
+    site's ledger: ``components.nii.gz``, ``privacy.json``, the brain states; and the run's warnings.
+
+    The simulation's maps stage and the deployed aggregator both write them here. Returns the paths, the
+    voxel maps (``maps``), the privacy record (``priv``), ``warnings``, the mask's ``template_problem`` and,
+    with brain states, ``states`` (paths and the consortium's occupancy).
+    ``transport``: what authenticates a deployment's messages, recorded among the assumptions.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
+    W = np.asarray(public["unmix"]["W"])
+    comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
+    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else [])))
+    if transport:
+        priv["transport"] = transport
+    warnings = run_warnings(cfg, n_samples, int(V.shape[0]), priv)
+    problem = template_problem(space["mask"])
+    if problem:
+        warnings.append(f"WARNING: {problem}")
+    if np.any(lam <= 0):
+        warnings.append(f"WARNING: {int(np.sum(lam <= 0))} of the {lam.size} released eigenvalues are <= 0: the "
+                        "noise exceeds the signal in those directions, so their components are noise (whitened with "
+                        "a floor). Ask for fewer components or spend more budget (dpneuro budget says how many it "
+                        "supports).")
+    result: dict[str, Any] = {"components": str(comp_path), "maps": maps,
+                              "privacy": str(write_json(out / "privacy.json", priv)), "priv": priv,
+                              "warnings": warnings, "template_problem": problem, "states": None}
+    states = public.get("states", {})
+    if "vectors" in states:
+        result["states"] = write_states(states["vectors"], states["occupancy"], out, method=cfg.states_method)
+    return result
+
+
+def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input=None,
+                       timecourses=None, timer, progress: bool = False) -> dict[str, Any]:
+    """A site's own files in ``out``, computed at the site from the public results and its own data:
+    ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
+    them) and ``states.tsv`` (its subjects' dFNC state statistics, with brain states). Nothing here is released.
+
+    ``info`` is the site's loader record; ``unmix_input`` its input of the unmixing when it kept it (a deployed
+    site), else whitened here from its data matrix; ``timecourses`` its time courses when the states stage
+    already computed them (a deployed site: nothing is whitened again); ``timer(name)`` a context manager that
+    times each part. The simulation's maps stage writes every site's, a deployed site its own.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    site = info["site"]
+    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
+    with timer(label(cfg, "timecourses", site)):
+        if timecourses is not None:
+            S = np.asarray(timecourses)
+        else:
+            if unmix_input is None:  # a simulation keeps no inputs; with spatial ICA the sites took no part
+                unmix_input = unmixing_input(cfg, info["X"], V, lam)
+            S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
+        result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
+                                  "site_maps": None, "site_maps_values": None, "states_occupancy": None,
+                                  "states_summary": None}
+    if made(cfg, space):
+        with timer(label(cfg, "site_maps", site)):
+            path, result["site_maps_values"] = write_site_maps(cfg, info, space, S, out / "site_maps.nii.gz",
+                                                               progress=progress)
+            result["site_maps"] = str(path)
+    C = public.get("states", {}).get("vectors")
+    if C is not None:
+        with timer(label(cfg, "occupancy", site)):
+            lengths = [b - a for a, b in info["boundaries"]]
+            ws = site_windows(cfg, S, lengths, tr=info.get("tr"), where=f"site {site}")
+            dyn = site_dynamics(ws, np.asarray(C), cfg.states_metric)
+            result["states_occupancy"] = str(write_dynamics(dyn, info["subject_ids"], out / "states.tsv"))
+            result["states_summary"] = {"occupancy": dyn["occupancy"].mean(axis=0).tolist(),
+                                        "dwell_seconds": dyn["dwell_seconds"].mean(axis=0).tolist(),
+                                        "transitions": float(dyn["transitions"].mean())}
+    return result

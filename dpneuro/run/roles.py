@@ -1,0 +1,333 @@
+"""The analysis stages split by role: what a site runs, what the aggregator runs.
+
+The stages' algorithms (capePCA or PD-SVD to reduce, spatial ICA of the basis
+or a temporal unmixing, dFNC brain states) are built from a
+:class:`~dpneuro.config.RunConfig` in exactly one place (:mod:`dpneuro.run.factory`)
+and wrapped with :func:`dpneuro.protocol.cape.cape_protocol`; each stage then has a
+*site role* (``*_site``: :func:`dpneuro.protocol.driver.run_site`) and an *aggregator
+role* (``*_aggregator``: :func:`dpneuro.protocol.driver.run_aggregator`) that run over
+whatever exchange they are given. Three callers share them:
+
+- the simulation, every party in one process (:func:`reduce_inprocess`,
+  :func:`unmix_inprocess`, called by :func:`dpneuro.run.pipeline.stage_reduce` /
+  :func:`~dpneuro.run.pipeline.stage_unmix`, hence by the Pydra workflow);
+- ``dpneuro site`` / ``dpneuro aggregator`` over a shared folder
+  (:mod:`dpneuro.deploy.sharedfs`);
+- the COINSTAC computation (:mod:`dpneuro.deploy.coinstac`).
+
+So a deployment computes what the simulation computes: with the same seeds,
+the same numbers. A third, tiny stage (:class:`SummaryProtocol`) closes a
+deployed run: every site sends its ledger and subject count (public metadata),
+the aggregator answers with the reported unmixing (public), so that sites can
+compute their own time courses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpneuro.algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE, WindowSet, site_windows as windows_of
+from dpneuro.algorithms.djica import reported_unmixing, whitening_matrix
+from dpneuro.algorithms.pca import SiteSource, as_source
+from dpneuro.algorithms.spatial_ica import spatial_ica
+from dpneuro.run.factory import ica_algorithm, noise_plan, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
+from dpneuro.protocol.cape import cape_protocol
+from dpneuro.config import RunConfig
+from dpneuro._utils.errors import ConfigError
+from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
+from dpneuro.protocol.exchange.base import Exchange, Payload
+from dpneuro.data.io import column_blocks, scale_columns, site_matrix
+from dpneuro.privacy import PrivacyLedger
+
+__all__ = [
+    "ReduceResult",
+    "SCALING_NOTE",
+    "SummaryProtocol",
+    "UnmixResult",
+    "reduce_aggregator",
+    "reduce_protocol",
+    "pca_source",
+    "reduce_site",
+    "site_whiten",
+    "check_window_fits",
+    "site_windows",
+    "window_counts",
+    "states_aggregator",
+    "states_site",
+    "summary_aggregator",
+    "summary_site",
+    "describe_unmixing",
+    "unmix_aggregator",
+    "unmix_protocol",
+    "unmix_site",
+    "unit_columns",
+]
+
+SCALING_NOTE = (
+    "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, so one subject "
+    "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
+    "time and costs no privacy."
+)
+
+
+def unit_columns(X: np.ndarray) -> np.ndarray:
+    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0).
+
+    The same scaling capePCA applies inside its site step (``scale="unit"``): one implementation,
+    :func:`dpneuro.data.io.scale_columns`.
+    """
+    return scale_columns(X, "unit")
+
+
+# -- reduce: capePCA or PD-SVD ------------------------------------------------------------
+
+def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
+    """The run's reduction as driver phases: capePCA under the run's noise plan, or PD-SVD."""
+    if cfg.reduction == "pdsvd":
+        return pdsvd_protocol(cfg, n_sites)
+    return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
+
+
+def pca_source(X, lengths: Sequence[int]):
+    """A site's data for capePCA; a source the caller validated already is used as it is (read once)."""
+    return X if isinstance(X, SiteSource) else as_source(X, [int(n) for n in lengths])
+
+
+@dataclass
+class ReduceResult:
+    """What the reduction released: the basis, its eigenvalues, each site's ledger, its rounds (0: unknown)."""
+
+    basis: np.ndarray
+    eigenvalues: np.ndarray
+    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+    rounds: int = 0
+
+
+def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+                dim: int | None = None, checkpoint: Checkpoint | None = None,
+                timeout: float | None = None) -> ReduceResult:
+    """One site's part of capePCA: X is its D x N matrix, ``lengths`` its subjects' time points.
+
+    Returns the public basis and eigenvalues (the aggregator's final
+    broadcast) and this site's ledger (``ledgers[0]``).
+    """
+    st = run_site(reduce_protocol(cfg, n_sites, dim), site, pca_source(X, lengths), exchange,
+                  checkpoint=checkpoint, timeout=timeout)
+    final = st["final"]
+    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
+
+
+def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> ReduceResult:
+    """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
+    st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
+    return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]), rounds=int(st.get("rounds", 0)))
+
+
+# -- unmix: spatial ICA, or capeDJICA / the cumulant ICA --------------------------------
+
+def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
+    """A site's whitened data Z = Lambda^{-1/2} V^T x for its unit-norm time points (float32).
+
+    ``linear``: x / sqrt(D) instead of x / ||x||: the same scale on average for standardized features (each of
+    unit variance), without rescaling each time point, which would flatten the amplitude fluctuations that
+    make sources non-Gaussian (the cumulant unmixing reads them; :func:`unmixing_input`).
+
+    ``X`` is the site's D x N matrix, or the path of its ``.npy`` file: it is
+    read in column blocks, so only the k x N result and one block are in
+    memory. The basis is made C-contiguous first: BLAS rounds a float32
+    product differently for another memory layout, and the basis reaches a
+    site in different layouts (from ``np.load`` of a Fortran-ordered file in
+    a simulation, from a decoded message in a deployment).
+    """
+    V = np.ascontiguousarray(basis, dtype=np.float64)
+    lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
+    X = site_matrix(X)
+    T = whitening_matrix(V, lam, np.float32)  # checked and formed once, not per block; unit_columns gives float32
+    if X.ndim != 2 or X.shape[0] != T.shape[1]:
+        raise ValueError(f"X must be D x N with D = {T.shape[1]}, got shape {X.shape}")
+    Z = np.empty((T.shape[0], X.shape[1]), dtype=np.float32)
+    scale = np.float32(1.0 / math.sqrt(T.shape[1]))
+    for a, b, blk in column_blocks(X):
+        Z[:, a:b] = T @ (np.asarray(blk, np.float32) * scale if linear else unit_columns(blk))
+    return Z
+
+
+def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
+    """The whitened data a run's unmixing and time courses use: unit-norm time points, or with the cumulant
+    unmixing the linear scaling, which keeps the amplitude fluctuations its cumulants read (unit-norm time points
+    flatten them). Its releases clip each subject's whole term, so no time point needs a norm bound."""
+    return site_whiten(X, basis, eigenvalues, linear=cfg.cumulant_unmixing)
+
+
+def unmix_protocol(cfg: RunConfig, n_sites: int):
+    """The run's temporal unmixing under its noise plan, as driver phases."""
+    return cape_protocol(ica_algorithm(cfg), noise_plan(cfg), n_sites=n_sites)
+
+
+@dataclass
+class UnmixResult:
+    """What the unmixing stage produced (the aggregator's view) and each site's ledger."""
+
+    W: np.ndarray
+    b: np.ndarray
+    history: dict[str, list[float]] = field(default_factory=dict)
+    rounds: int = 0
+    status: str = ""
+    ledgers: list[PrivacyLedger | None] = field(default_factory=list)
+
+
+def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
+    if "ica" not in agg:  # the cumulant ICA: its two releases, then W
+        W = np.asarray(agg["W"])
+        return UnmixResult(W, np.zeros(W.shape[0]), {}, 2 if "P" in agg else 1, "separated", ledgers)
+    st = agg["ica"]
+    W, b = reported_unmixing(st)  # the Polyak average when the optimizer keeps one, else the last iterate
+    hist = {k: [float(x) for x in v] for k, v in st["history"].items()}
+    return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]), ledgers)
+
+
+def _spatial_result(basis, eigenvalues, ledgers: list) -> UnmixResult:
+    r = spatial_ica(basis, eigenvalues)
+    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status, ledgers)
+
+
+def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
+    """How the maps were unmixed, for a report's headline."""
+    if cfg.ica == "spatial":
+        return f"spatial ICA of the released basis, no further release (FastICA {status})"
+    if cfg.cumulant_unmixing:
+        return "temporal ICA, the whitening refined and the subjects' fourth-order cumulants released (2 releases)"
+    return f"temporal ICA, {rounds} capeDJICA rounds ({status})"
+
+
+def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+               checkpoint: Checkpoint | None = None, timeout: float | None = None) -> PrivacyLedger:
+    """One site's part of the temporal unmixing on its whitened data Z (R x N); returns its ledger.
+
+    Spatial ICA is the aggregator's post-processing of the released basis: the
+    site sends nothing and its ledger stays empty.
+    """
+    if cfg.ica == "spatial":
+        return PrivacyLedger()
+    st = run_site(unmix_protocol(cfg, n_sites), site, (Z, [int(n) for n in lengths]), exchange,
+                  checkpoint=checkpoint, timeout=timeout)
+    return st["ledger"]
+
+
+def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+                     options: RunOptions | None = None, basis=None, eigenvalues=None) -> UnmixResult:
+    """The aggregator's part of the temporal unmixing (capeDJICA: averages the noisy gradients, updates W and b).
+
+    With spatial ICA it unmixes the released ``basis`` and ``eigenvalues`` alone (no messages).
+    """
+    if cfg.ica == "spatial":
+        return _spatial_result(basis, eigenvalues, [])
+    st = run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
+    return _unmix_result(st, [])
+
+
+# -- states: dFNC brain states -----------------------------------------------------------
+
+def window_counts(cfg: RunConfig, lengths: Sequence[int]) -> list[int]:
+    """Each subject's number of dFNC windows from its volume count (the planner needs no data)."""
+    return [(int(n) - cfg.states_window) // cfg.states_step + 1 for n in lengths]
+
+
+def check_window_fits(cfg: RunConfig, lengths: Sequence[int], where: str) -> None:
+    """Refuse a subject shorter than one window, naming the setting."""
+    short = min(int(n) for n in lengths)
+    if short < cfg.states_window:
+        raise ConfigError(f"config field 'states_window': {where} has a subject of {short} volumes, fewer than one "
+                          f"window of {cfg.states_window}; lower states_window or leave such subjects out "
+                          "(min_volumes)")
+
+
+def site_windows(cfg: RunConfig, S, lengths: Sequence[int], *, tr: float | None = None,
+                 where: str = "this site") -> WindowSet:
+    """A site's dFNC windows from its component time courses S (R x N, subjects' columns in order)."""
+    check_window_fits(cfg, lengths, where)
+    S = np.asarray(S, np.float64)
+    bounds = np.cumsum([0, *[int(n) for n in lengths]])
+    return windows_of([S[:, a:b] for a, b in zip(bounds[:-1], bounds[1:])], window=cfg.states_window,
+                      step=cfg.states_step, tr=tr or 2.0)
+
+
+def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *,
+                n_sites: int, previous: dict | None = None, checkpoint: Checkpoint | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """One site's part of one brain-states release, on its component time courses S (R x N); ``previous`` is
+    its result of the stage's previous release. Returns the site's ledger and what the release made public."""
+    st = states_settings(cfg)
+    ws = site_windows(cfg, S, lengths, where=f"site {site}")
+    alg = st.algorithm(step, D=ws.D, n_sites=n_sites, groups={site: max(ws.lengths)}, previous=previous)
+    r = run_site(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
+                 checkpoint=checkpoint, timeout=timeout)
+    r["ledger"].note(DFNC_UNIT_NOTE)
+    return {"ledger": r["ledger"], **st.site_result(step, r.get("final"), previous)}
+
+
+def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, previous: dict | None = None,
+                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[str, Any]:
+    """The aggregator's part of one brain-states release; after the last, the states' ``vectors`` (D x K,
+    Fisher z of the connectivity pairs) and the consortium's ``occupancy`` (K)."""
+    st = states_settings(cfg)
+    D = cfg.n_components * (cfg.n_components - 1) // 2
+    alg = st.algorithm(step, D=D, n_sites=n_sites, previous=previous)
+    state = run_aggregator(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites), exchange, checkpoint=checkpoint,
+                           options=options)
+    return st.aggregator_result(step, state, previous)
+
+
+# -- summary: close a deployed run --------------------------------------------------------
+
+class SummaryProtocol:
+    """One phase: sites send public metadata (ledger, counts), the aggregator answers with ``reply``.
+
+    Site data: a JSON-safe dict (what the site declares). The aggregator keeps
+    them in ``state["sites"]`` keyed by site id. ``reply`` is a payload, or a
+    function of what the sites declared (site id -> dict) that makes it: the
+    aggregator then answers with what it gathered (every site's counts).
+    """
+
+    name = "summary"
+    max_rounds = 1
+
+    def __init__(self, reply: Payload | Callable[[dict[int, dict]], Payload] | None = None):
+        self.reply = reply or Payload()
+
+    def phases(self, round: int) -> Sequence[Phase]:
+        return [Phase("summary", self._site, self._aggregator)]
+
+    def site_init(self, site: int, data: Any) -> State:
+        return {"site": site, "info": dict(data)}
+
+    def aggregator_init(self) -> State:
+        return {"sites": {}}
+
+    def _site(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
+        return Payload(meta={"summary": state["info"]})  # public metadata only, no arrays
+
+    def _aggregator(self, state: State, rnd: int, msgs: dict[int, Payload]) -> Payload:
+        state["sites"] = {str(s): dict(m.meta["summary"]) for s, m in msgs.items()}
+        reply = self.reply({int(s): d for s, d in state["sites"].items()}) if callable(self.reply) else self.reply
+        return Payload(dict(reply.arrays), {**reply.meta, "stop": True}, carries={k: "public" for k in reply.arrays})
+
+
+def summary_site(site: int, info: dict, exchange: Exchange, *, checkpoint: Checkpoint | None = None,
+                 timeout: float | None = None) -> Payload:
+    """Send ``info`` (public) to the aggregator; return its reply."""
+    return run_site(SummaryProtocol(), site, info, exchange, checkpoint=checkpoint, timeout=timeout)["final"]
+
+
+def summary_aggregator(reply: Payload | Callable[[dict[int, dict]], Payload], exchange: Exchange, *,
+                       checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[int, dict]:
+    """Collect every site's declared metadata; answer with ``reply`` (public arrays and metadata; a function of
+    what the sites declared, to broadcast it)."""
+    st = run_aggregator(SummaryProtocol(reply), exchange, checkpoint=checkpoint, options=options)
+    return {int(s): info for s, info in st["sites"].items()}
