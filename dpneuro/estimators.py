@@ -36,7 +36,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from dpneuro.run import features, pipeline
+from dpneuro.run import pipeline
+from dpneuro.run.features import features as feature_count
 from dpneuro.algorithms.djica import time_courses
 from dpneuro.run.roles import unmixing_input
 from dpneuro.run.planner import plan_for_target, site_shapes, spend
@@ -616,5 +617,5 @@ def plan_budget(epsilon: float | None = None, *, sites=4, subjects: int | None =
                            "n_components": n_components})
         cfg.validate(data_sites=())
         shapes = site_shapes(cfg, subjects=None if isinstance(sites, Mapping) else subjects, timepoints=timepoints)
-        dim = features.features(cfg, features)
+        dim = feature_count(cfg, features)
         return spend(cfg, shapes, dim) if epsilon is None else plan_for_target(cfg, shapes, dim, epsilon)

@@ -11,7 +11,17 @@ from dpneuro._utils.errors import ConfigError
 from dpneuro.config.constraints import Boolean, Constraint, Interval, OrNone, StrOptions
 from dpneuro.config.docs import run_template, settings_markdown, with_settings
 from dpneuro.config.schema import (
+    CALIBRATIONS,
     DEFAULT_RUN_ID,
+    ICA_MODELS,
+    PCA_CONTRIBUTIONS,
+    PLANS,
+    REDUCTIONS,
+    STATE_METHODS,
+    STATE_METRICS,
+    TUNED_FIELDS,
+    UNITS,
+    UNMIXINGS,
     REAL_DATA_SETTINGS,
     SITE_MAPS_METHODS,
     STAGES,
@@ -29,7 +39,8 @@ from dpneuro.config.schema import (
 )
 
 __all__ = [
-    "DEFAULT_RUN_ID", "REAL_DATA_SETTINGS", "SITE_MAPS_METHODS", "STAGES", "SUBJECTS_PER_TASK",
+    "CALIBRATIONS", "ICA_MODELS", "PCA_CONTRIBUTIONS", "PLANS", "REDUCTIONS", "STATE_METHODS", "STATE_METRICS",
+    "TUNED_FIELDS", "UNITS", "UNMIXINGS", "DEFAULT_RUN_ID", "REAL_DATA_SETTINGS", "SITE_MAPS_METHODS", "STAGES", "SUBJECTS_PER_TASK",
     "SYNTHETIC_CONSORTIUM", "Boolean", "ConfigError", "Constraint", "Interval", "OrNone", "RunConfig", "SiteEntry",
     "StrOptions", "check_colluding", "check_delta", "consortium_fields", "constraint", "estimator_name",
     "run_template", "settings_markdown", "stage_fields", "summary", "with_settings",
