@@ -524,7 +524,7 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
     out = again.output_dir("remote")
     np.testing.assert_array_equal(np.load(out / again.output["W"]), ref["W"])
     priv = json.loads((out / again.output["privacy"]).read_text())
-    assert "COINSTAC" in priv["transport"] and "forge" in priv["transport"]
+    assert "COINSTAC" in priv["transport"] and "signed" in priv["transport"]
     for cid in again.clients:  # every member's own report: maps, its privacy, its time courses, its voxel maps
         page = (again.output_dir(cid) / "report.html").read_text()
         assert 'alt="time courses"' in page and "privacybox" in page and html.escape(site_note("guided_ica")) in page
