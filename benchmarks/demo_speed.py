@@ -38,7 +38,21 @@ def run_once(out: Path) -> dict:
     q = re.search(r"qNGI = ([0-9.]+)", proc.stdout)
     e = re.findall(r"eps = ([0-9.]+) \(exact GDP\)", proc.stdout)  # the headline: vs aggregator + colluders
     return {"wall_s": wall, "peak_rss_mb": max(peak, before) / 1024, "mean_abs_r": float(m.group(1)) if m else None,
-            "qngi": float(q.group(1)) if q else None, "epsilon": [float(x) for x in e], "stdout": proc.stdout}
+            "qngi": float(q.group(1)) if q else None, "epsilon": [float(x) for x in e], **described(proc.stdout),
+            "stdout": proc.stdout}
+
+
+def described(stdout: str) -> dict:
+    """What the demo ran and the numbers it reports besides the headline, as fields (benchmarks/README.md and the
+    project's README quote them)."""
+    c = re.search(r"(\d+)-site consortium \((\d+) subjects per site, (\w+)\)", stdout)
+    st = re.search(r"running the workflow \(([^)]*)\)", stdout)
+    site = re.search(r"site voxel maps: mean \|r\| with truth = ([0-9.]+)", stdout)
+    alone = re.findall(r"one site's releases alone: at most ([0-9.]+)", stdout)
+    return {"sites": int(c.group(1)) if c else None, "subjects_per_site": int(c.group(2)) if c else None,
+            "space": c.group(3) if c else None, "stages": st.group(1) if st else None,
+            "site_maps_mean_abs_r": float(site.group(1)) if site else None,
+            "epsilon_one_site_alone": [float(x) for x in alone]}
 
 
 def main(argv=None) -> int:
@@ -60,7 +74,7 @@ def main(argv=None) -> int:
            "python": platform.python_version(), "repeats": n, "median_wall_s": walls[len(walls) // 2],
            "wall_s": walls, "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
            "mean_abs_r": runs[0]["mean_abs_r"], "qngi": runs[0]["qngi"], "epsilon": runs[0]["epsilon"],
-           "last_stdout": runs[-1]["stdout"]}
+           **{k: runs[-1][k] for k in described("")}, "last_stdout": runs[-1]["stdout"]}
     RESULTS.mkdir(exist_ok=True)
     if not a.quick:
         (RESULTS / "demo_speed.json").write_text(json.dumps(res, indent=1))

@@ -9,6 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import make_readme  # noqa: E402
+from sections import real_frontier  # noqa: E402
 
 
 def test_every_measured_passage_of_the_readme_is_rendered_from_the_results():
@@ -66,15 +67,15 @@ def test_the_size_a_budget_needs_is_the_smallest_from_which_the_maps_stay_good()
     rows = _default_rows({(50, 2.0): 0.5, (100, 2.0): 0.82, (250, 2.0): 0.79, (500, 2.0): 0.9, (1000, 2.0): 0.95,
                           (100, 4.0): 0.85})
     # 100 reaches 0.8 but 250 falls below: the size is the one from which every larger size stays at 0.8
-    assert make_readme.subjects_for(rows, 2.0) == (500, 0.9)
-    assert make_readme.subjects_for(rows, 4.0) == (100, 0.85)
-    assert make_readme.subjects_for(rows, 1.0) is None
-    assert make_readme.subjects_for(rows, 2.0, level=0.96) is None
+    assert real_frontier.subjects_for(rows, 2.0) == (500, 0.9)
+    assert real_frontier.subjects_for(rows, 4.0) == (100, 0.85)
+    assert real_frontier.subjects_for(rows, 1.0) is None
+    assert real_frontier.subjects_for(rows, 2.0, level=0.96) is None
     # other runs and unequal sites do not count
     other = [{**r, "contribution": "moment"} for r in _default_rows({(50, 4.0): 0.99})]
     unequal = [{**r, "sites": "30/60/90/120"} for r in _default_rows({(75, 4.0): 0.99})]
-    assert make_readme.subjects_for(rows + other + unequal, 4.0) == (100, 0.85)
-    text = make_readme._sizes_sentence(rows)
+    assert real_frontier.subjects_for(rows + other + unequal, 4.0) == (100, 0.85)
+    text = real_frontier.sizes_sentence(rows)
     assert "eps 2 needs 500 subjects per site (0.90)" in text and "eps 1 more than 0 per site" in text
 
 
@@ -96,3 +97,24 @@ def test_a_changed_limit_changes_the_readme(monkeypatch):
     eps1, eps2 = (f"{make_readme.one(lim, subjects=100, epsilon=e)['rotation_ceiling_max']:.2f}" for e in (1.0, 2.0))
     text, changed = _rendered_with(monkeypatch, "strong_privacy_limits.csv", edit)
     assert changed != text and f"at most at {eps1}, {eps2}, 0.99 at 4 x 100" in " ".join(changed.split())
+
+
+def test_a_changed_result_changes_the_benchmarks_page_and_its_verdict(monkeypatch):
+    """The page is rendered from the results; a verdict's wording is chosen by the data (sections/site_maps.py)."""
+    env = make_readme.json.loads(make_readme.ENV.read_text())
+    page = make_readme.build(env)
+    assert page == (ROOT / "benchmarks" / "README.md").read_text()  # the committed page is up to date
+    real = make_readme.read_json
+
+    def worse(name):
+        d = real(name)
+        if name != "site_maps.json":
+            return d
+        return {**d, "summary": [{**s, "r_sites": 0.5} for s in d["summary"]]}
+
+    monkeypatch.setattr(make_readme, "read_json", worse)
+    changed = make_readme.build(env)
+    row = next(ln for ln in changed.splitlines() if ln.startswith("| Voxel maps at product scale"))
+    assert "each site's own voxel maps 0.500 at 100 parcels" in row
+    assert row.endswith("| not met: the weakest networks stay below the noise at this size |")
+    assert next(ln for ln in page.splitlines() if ln.startswith("| Voxel maps at product scale")).endswith("| met |")
