@@ -13,7 +13,7 @@ K = 5, D = 10 and K = 10, D = 50; w proportional to linspace(1, 10K, K);
 S = 5 equal sites; delta = 0.01; eps and delta split equally between the two
 stages; the papers' noise shape on the symmetric moments ("mirrored": every
 unique entry at the full std; dpneuro's default halves the off-diagonal
-variance, see dpneuro.cape.packing). MOG: a_k = first K columns of a random orthogonal matrix,
+variance, see dpneuro.protocol.cape.packing). MOG: a_k = first K columns of a random orthogonal matrix,
 sigma^2 = 0.05, N = 50k; samples are divided by a public bound zeta computed
 from the model (never from the data; see ``mog_scale``) and projected onto the
 unit ball. STM: topics = the same columns with negatives zeroed and
@@ -45,8 +45,8 @@ from scipy.stats import ortho_group
 
 from dpneuro.algorithms import tensor as tz
 from dpneuro.algorithms.agn import agn, avn, cape_agn, local_agn, otd, prepare_site
-from dpneuro.cape.packing import unique_indices
-from dpneuro.metrics import q_comp
+from dpneuro.protocol.cape.packing import unique_indices
+from dpneuro.algorithms.metrics import q_comp
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIGMA2 = 0.05

@@ -119,7 +119,7 @@ def dpneuro_maps(sites: dict[str, list[str]], mask: Path, out: Path, n_component
     """dpneuro's non-private maps (voxels x components), the run's wall time from the files, the part of it the
     report took (its figures; CanICA draws none), and the configuration."""
     import dpneuro
-    from dpneuro.timings import label
+    from dpneuro.report.timings import label
 
     t = time.perf_counter()
     ica = dpneuro.DecentralizedICA(n_components=n_components, plan="none", mask=str(mask), random_state=0,

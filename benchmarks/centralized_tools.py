@@ -1,6 +1,6 @@
 """dpneuro against the centralized, non-private tools a user would otherwise pick, on the same synthetic data.
 
-Data: one ``dpneuro.synth`` consortium (real 4-D NIfTI files) with the data set
+Data: one ``dpneuro.datasets.synth`` consortium (real 4-D NIfTI files) with the data set
 of ``dpneuro demo`` (read from ``dpneuro.cli.DEMO`` at run time; at the time of
 writing the MNI152 6 mm brain mask, D = 8,735 voxels, 4 sites x 32 subjects x
 120 volumes, R = 8 ground-truth maps), noise 0.5, seed 0. Generated once;
@@ -14,7 +14,7 @@ A. From the NIfTI files to R spatial maps (what each tool does end to end):
 ``dpneuro none``      ``dpneuro run`` in-process (Pydra workflow: load,
                       capePCA, capeDJICA, maps, report) with plan "none"
                       (not private) on the demo's number of data-independent
-                      parcels (``dpneuro.parcellation``).
+                      parcels (``dpneuro.data.parcellation``).
 ``dpneuro cape``      the same workflow with plan "cape" and capeDJICA's
                       privacy settings (FULL: pca_epsilon 16 without a subject
                       bound, eps_i 0.7, 40 rounds, clipping 0.7; the temporal
@@ -44,7 +44,7 @@ FastICA and extended infomax suffer from it and dpneuro's infomax does not
 
 Map quality: the estimated maps (CanICA's components; V Lambda^{1/2} W^{-1}
 painted back from parcels to voxels for the others) against the true maps:
-mean |Pearson r| after Hungarian matching (``dpneuro.metrics.match_components``;
+mean |Pearson r| after Hungarian matching (``dpneuro.algorithms.metrics.match_components``;
 the JSON also gives the parcel ceiling, the true maps averaged within parcels),
 and qNGI of W (A_w) where an unmixing matrix of the whitened data exists
 (not for CanICA, which never forms one). Time: wall clock and CPU time
@@ -79,9 +79,9 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
-from dpneuro.pipeline import public_results  # noqa: E402
-from dpneuro.stages import unmix_inprocess  # noqa: E402
-from dpneuro.metrics import match_components, qngi  # noqa: E402
+from dpneuro.run.pipeline import public_results  # noqa: E402
+from dpneuro.run.stages import unmix_inprocess  # noqa: E402
+from dpneuro.algorithms.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -132,7 +132,7 @@ class Whitening:
     """Whitened data of every site, with what is needed to score an unmixing matrix of them."""
 
     def __init__(self, V, lam, X_sites, parcels, A_true, unit: bool):
-        from dpneuro.analysis import site_whiten
+        from dpneuro.run.roles import site_whiten
 
         self.V, self.lam, self.parcels, self.A_true = V, lam, parcels, A_true
         if unit:  # exactly what a dpneuro site does: unit-norm time points, then the public basis
@@ -159,7 +159,7 @@ class Reference:
     """
 
     def __init__(self, cfg, A_true: np.ndarray, R: int):
-        from dpneuro.parcellation import Parcellation
+        from dpneuro.data.parcellation import Parcellation
 
         work = Path(cfg.out) / "work"  # the stage cache; the outputs are in the run's folder
         red = public_results(json.loads(next(work.glob("reduce-*/reduce.json")).read_text())["chain"])["reduce"]
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     work = Path(a.workdir or tempfile.mkdtemp(prefix="dpneuro_central_"))
     t_all = time.perf_counter()
-    from dpneuro.synth import make_consortium
+    from dpneuro.datasets.synth import make_consortium
 
     with Clock() as c_syn:
         manifest = make_consortium(work / "data", n_sites=P["sites"], subjects_per_site=P["subjects"],

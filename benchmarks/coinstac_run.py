@@ -8,7 +8,7 @@ and moves its files back. One iteration advances the protocol by one phase
 (capePCA: 6 phases; capeDJICA: 6 + 3 per further round; summary: 1, plus
 set-up and the final hand-over), so iterations grow like 3 x ICA rounds.
 The COINSTAC time is the whole run (loading the subjects, capePCA, capeDJICA,
-summary, maps and report); the in-process column is the simulation path (``dpneuro.pipeline``'s reduce
+summary, maps and report); the in-process column is the simulation path (``dpneuro.run.pipeline``'s reduce
 and unmix stages, every party a thread of one process) on the same data,
 settings and seeds, which gives bitwise the same W.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro import pipeline
+from dpneuro.run import pipeline
 from dpneuro.config import RunConfig
 from dpneuro.deploy import coinstac as dcc
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     except ImportError:
         print("needs the coinstac extra: pip install 'dpneuro[coinstac]'")
         return 1
-    from dpneuro.synth import make_consortium
+    from dpneuro.datasets.synth import make_consortium
 
     rounds = [4] if a.quick else a.rounds
     spec = json.loads((TEMPLATES / "inputspec.json").read_text())

@@ -1,6 +1,6 @@
 """dFNC states under CAPE: the private k-means and capeAGN's moments against planted states.
 
-Data: :func:`dpneuro.synth_dfnc.make_dfnc_consortium`, 4 sites x 100 subjects,
+Data: :func:`dpneuro.datasets.states.make_dfnc_consortium`, 4 sites x 100 subjects,
 R = 20 components (D = 190 window pairs), K = 4 planted states (mean dwell
 30 / 50 / 70 / 90 s, so occupancies of about 0.13 / 0.2 / 0.29 / 0.38), 200
 TRs of 2 s, low-passed at 0.15 Hz; GIFT-style windows (22 TRs, Gaussian 3 TR,
@@ -46,8 +46,8 @@ import numpy as np
 from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
-from dpneuro.metrics import match_components
-from dpneuro.synth_dfnc import make_dfnc_consortium, window_labels
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.datasets.states import make_dfnc_consortium, window_labels
 
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0, None)

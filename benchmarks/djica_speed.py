@@ -153,7 +153,7 @@ def _group(file: str, func: str) -> str:
 
 def profile_cape(sites, subjects, rounds):
     """cProfile of every party's thread during a CAPE run, tottime grouped by module."""
-    import dpneuro.driver as protocol_module
+    import dpneuro.protocol.driver as protocol_module
 
     profiles = []
     original = protocol_module.run_site

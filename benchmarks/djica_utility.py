@@ -2,9 +2,9 @@
 
 Data (generated in memory, one data set per M, fixed seed): R = 20 spatial
 maps on a 30 x 30 grid (D = 900; 1-3 Gaussian blobs each, as
-``dpneuro.synth`` draws them for ``space="grid30"``), R GARCH(1,1) source time
+``dpneuro.datasets.synth`` draws them for ``space="grid30"``), R GARCH(1,1) source time
 courses per subject (alpha ~ U(0.1, 0.2), beta ~ U(0.7, 0.8), as
-``dpneuro.synth``), 250 time points per subject, X = A S without added noise,
+``dpneuro.datasets.synth``), 250 time points per subject, X = A S without added noise,
 M subjects split equally over S = 4 sites. Whitening to R = 20 uses the
 pooled non-private PCA, as [capeDJICA] did ("we are reporting the privacy spent during
 the course of the gradient descent"), so the main table's epsilon is the ICA's
@@ -55,9 +55,9 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.algorithms.djica import PRESETS, cape_djica, local_dp_ica
-from dpneuro.cape import NoisePlan
-from dpneuro.metrics import qngi
-from dpneuro.synth import paper_ica_data
+from dpneuro.protocol.cape import NoisePlan
+from dpneuro.algorithms.metrics import qngi
+from dpneuro.datasets.synth import paper_ica_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_TOTAL = 1e-5

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from djica_utility import CONFIGS, DELTA_I, DELTA_TOTAL, data_for  # noqa: E402
 
 from dpneuro.algorithms.djica import cape_djica, local_dp_ica  # noqa: E402
-from dpneuro.metrics import match_components, qngi  # noqa: E402
+from dpneuro.algorithms.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 M_GRID = (64, 128, 256, 512, 1024)

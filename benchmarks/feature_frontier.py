@@ -76,14 +76,14 @@ QUICK_FEATURES = ("100 coordinate parcels", "MIST 122 atlas")
 
 def reducer(key: str, labels, affine, mist_img):
     """A feature type's reducer (``reduce``/``expand`` over the atlas's voxels), built as the product builds it."""
-    from dpneuro.parcellation import Parcellation, atlas_labels, coordinate_parcels
+    from dpneuro.data.parcellation import Parcellation, atlas_labels, coordinate_parcels
 
     inside = labels > 0
     if key.startswith("parcels"):
         return Parcellation(coordinate_parcels(inside, int(key[len("parcels"):]), seed=0))
     if key == "mist":
         return Parcellation(atlas_labels(mist_img, inside, affine)[0], weighting="orthonormal")
-    from dpneuro.atlases import atlas_image
+    from dpneuro.data.atlases import atlas_image
 
     return Parcellation(atlas_labels(atlas_image(key, inside, affine), inside, affine)[0], weighting="orthonormal")
 
@@ -107,7 +107,7 @@ def painting(labels, affine, smoothed: bool) -> np.ndarray:
 def features_of(sites, A: np.ndarray):
     """Site feature matrices: each subject's voxels z-scored within the window (painted: its regions z-scored), then
     reduced by ``A`` as the product reduces cleaned voxels (an atlas's weighting survives: no z-scoring after)."""
-    from dpneuro.io import preprocess
+    from dpneuro.data.io import preprocess
 
     X_sites = [np.hstack([A @ preprocess(b) for b in blocks]).astype(np.float32) for blocks in sites]
     return X_sites, [[WINDOW] * len(blocks) for blocks in sites]
@@ -126,8 +126,8 @@ def cohort_atlases(model, mask, affine, n_subjects: int, quick: bool):
     from nilearn.regions import Parcellations
     from sklearn.exceptions import ConvergenceWarning
 
-    from dpneuro.io import preprocess
-    from dpneuro.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels
+    from dpneuro.data.io import preprocess
+    from dpneuro.data.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels
 
     mask_img = nib.Nifti1Image(mask.astype(np.uint8), affine)
     imgs = []
@@ -147,9 +147,9 @@ def cohort_atlases(model, mask, affine, n_subjects: int, quick: bool):
 def synthetic(args, t0: float) -> int:
     from frontier import consortium
 
-    from dpneuro.io import load_space
-    from dpneuro.parcellation import Parcellation, coordinate_parcels
-    from dpneuro.synth import network_model
+    from dpneuro.data.io import load_space
+    from dpneuro.data.parcellation import Parcellation, coordinate_parcels
+    from dpneuro.datasets.synth import network_model
 
     subjects_grid, epsilons, seeds, features, cohort = (SYNTH_SUBJECTS, EPSILONS, list(range(args.seeds)),
                                                         SYNTH_FEATURES, COHORT)
@@ -188,7 +188,7 @@ def synthetic(args, t0: float) -> int:
                     rows.append({**base, "epsilon": eps, "vs truth": statistics.median(vt), "vs truth worst": min(vt),
                                  "vs non-private": statistics.median(vn), "ceiling": ceiling})
                     print(rows[-1], flush=True)
-    meta = {"data": "dpneuro.synth.network_model('mni6mm', 20, seed=0)", "cohort_subjects": cohort,
+    meta = {"data": "dpneuro.datasets.synth.network_model('mni6mm', 20, seed=0)", "cohort_subjects": cohort,
             "n_sites": N_SITES, "window": WINDOW, "subjects": list(subjects_grid), "epsilons": list(epsilons),
             "seeds": seeds}
     return _write(rows, meta, "feature_frontier_synthetic", args.quick, t0)

@@ -1,6 +1,6 @@
 """A consortium of fMRIPrep derivatives, end to end: discovery, resampling, nilearn cleaning, the report.
 
-Data: ``dpneuro.synth_fmriprep.write_fmriprep_site`` per site (generated, nothing
+Data: ``dpneuro.datasets.fmriprep.write_fmriprep_site`` per site (generated, nothing
 downloaded): BOLD on a 2 mm grid resampled to the 4 mm analysis grid, confounds
 tables nilearn reads, brain masks, boldrefs, anat/, figures/, AROMA copies,
 space-T1w runs, surface/CIFTI placeholders, and a planted motion artefact.
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.cleaning import Cleaning
+from dpneuro.data.cleaning import Cleaning
 from dpneuro.config import RunConfig
-from dpneuro.io import load_site
-from dpneuro.pipeline import prepare, run_stages
-from dpneuro.synth_fmriprep import analysis_mask, write_fmriprep_site
+from dpneuro.data.io import load_site
+from dpneuro.run.pipeline import prepare, run_stages
+from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
 
 
 def artefact_corr(X, tc, k: int = 2) -> float:

@@ -1,10 +1,10 @@
 """The privacy-utility frontier on realistic data: spatial vs temporal group ICA, with and without a subject bound.
 
-Data: ``dpneuro.synth.network_model`` (the "networks" model: distributed,
+Data: ``dpneuro.datasets.synth.network_model`` (the "networks" model: distributed,
 partly bilateral, overlapping network maps; low-frequency, near-Gaussian,
 correlated time courses; global signal, structured and white noise), 20
 networks on the 6 mm MNI grid, 4 sites, 150 volumes per subject at TR 2 s.
-Every subject is prepared as a site prepares it (``dpneuro.io.preprocess``:
+Every subject is prepared as a site prepares it (``dpneuro.data.io.preprocess``:
 each voxel z-scored) and averaged into data-independent parcels of the mask
 (``coordinate_parcels(mask, P, seed=0)``, what the pipeline's space stage
 computes; P = 100, the default, and 400). Consortia of different sizes are
@@ -14,7 +14,7 @@ parcel-level result can exceed it.
 
 Per cell (subjects per site x total eps x ICA model x parcels x subject bound
 x noise seed) the run's own stage functions run in memory
-(``dpneuro.stages.reduce_inprocess`` and ``unmix_inprocess``, the functions
+(``dpneuro.run.stages.reduce_inprocess`` and ``unmix_inprocess``, the functions
 the pipeline and the deployed parties call), with the budget planner choosing
 the per-stage settings for the total eps (headline sense: against the
 aggregator and its colluders, every stage, delta 1e-5). The maps (painted back
@@ -61,7 +61,7 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 
     Each subject is generated and prepared once and averaged into every parcellation.
     """
-    from dpneuro.io import preprocess
+    from dpneuro.data.io import preprocess
 
     blocks = {P: [[] for _ in range(n_sites)] for P in parcellations}
     for s in range(n_sites):
@@ -76,7 +76,7 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 def subject_frobenius(X_sites, lengths) -> np.ndarray:
     """Every subject's ||X_m X_m^T / n_m||_F with unit-norm time points: what the subject bound compares."""
     from dpneuro.algorithms.pca import gram_frobenius
-    from dpneuro.analysis import unit_columns
+    from dpneuro.run.roles import unit_columns
 
     out = []
     for X, ln in zip(X_sites, lengths):
@@ -98,7 +98,7 @@ def base_config(tmp: Path, n_sites: int, **kw):
 
 def planned(cfg, lengths, target: float, dim: int = PARCELS):
     """``cfg`` with the per-stage settings the planner chooses for the total (headline) eps ``target``."""
-    from dpneuro.budget import SiteShape, plan_for_target
+    from dpneuro.run.planner import SiteShape, plan_for_target
 
     shapes = [SiteShape(s.name, tuple(ln)) for s, ln in zip(cfg.sites, lengths)]
     return plan_for_target(cfg, shapes, dim, target).config
@@ -111,7 +111,7 @@ def run_maps(cfg, X_sites, lengths, parcels=None, *, spatial_options=None, with_
     ICA, post-processing of the same release); ``with_release``: also return the reduction's result.
     """
     from dpneuro.algorithms.djica import spatial_maps
-    from dpneuro.stages import reduce_inprocess, unmix_inprocess
+    from dpneuro.run.stages import reduce_inprocess, unmix_inprocess
 
     red = reduce_inprocess(cfg, X_sites, lengths)
     if spatial_options is not None and cfg.ica == "spatial":
@@ -139,7 +139,7 @@ def write_results(stem: str, rows: list[dict], meta: dict, *, keys=None, digits:
 
 
 def mean_r(est, ref) -> float:
-    from dpneuro.metrics import match_components
+    from dpneuro.algorithms.metrics import match_components
 
     return float(np.mean(np.abs(match_components(est, ref)[1])))
 
@@ -151,8 +151,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from dataclasses import replace
 
-    from dpneuro.parcellation import Parcellation, coordinate_parcels
-    from dpneuro.synth import network_model
+    from dpneuro.data.parcellation import Parcellation, coordinate_parcels
+    from dpneuro.datasets.synth import network_model
 
     t0 = time.perf_counter()
     if args.quick:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontier import base_config, mean_r, planned, run_maps  # noqa: E402
 from real_frontier import N_SITES, WINDOW, pseudo_consortium, real_subjects  # noqa: E402
 
-from dpneuro.cape.plans import ZERO_SUM_VARIANCE  # noqa: E402
+from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA = 1e-5
@@ -58,9 +58,9 @@ def private_maps(cfg, X_sites, lengths, z: float, how: str, c: float, pca_epsilo
     variance ``c``."""
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.analysis import pca_source
-    from dpneuro.build import pca_algorithm
-    from dpneuro.cape import NoisePlan, run_cape
+    from dpneuro.run.roles import pca_source
+    from dpneuro.run.factory import pca_algorithm
+    from dpneuro.protocol.cape import NoisePlan, run_cape
     from dpneuro.privacy import epsilon_for_multiplier
 
     D = X_sites[0].shape[0]

@@ -8,7 +8,7 @@ float32 ``.npy`` file per subject. Every site streams its subjects one at a time
 is scaled to unit norm (``scale="unit"``), the fMRI unit being one subject.
 
 Each run has the aggregator in this process and every site in its own OS
-process over a :class:`~dpneuro.exchange.DirectoryExchange`; the site processes
+process over a :class:`~dpneuro.protocol.exchange.DirectoryExchange`; the site processes
 report wall time, CPU time, peak resident memory (``ru_maxrss``) and the peak
 of traced allocations (``tracemalloc``: numpy arrays included).
 
@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def brain_mask(quick: bool) -> np.ndarray:
     if quick:
-        from dpneuro.io import load_space
+        from dpneuro.data.io import load_space
 
         return load_space("mni6mm")[0]
     from nilearn import datasets
@@ -96,9 +96,9 @@ def site_worker(cfg: dict) -> None:
     import tracemalloc
 
     from dpneuro.algorithms.pca import CapePCA, SiteSource
-    from dpneuro.cape import cape_protocol
-    from dpneuro.exchange import DirectoryExchange
-    from dpneuro.driver import run_site
+    from dpneuro.protocol.cape import cape_protocol
+    from dpneuro.protocol.exchange import DirectoryExchange
+    from dpneuro.protocol.driver import run_site
 
     rss0 = _vm_hwm_mb()
     tracemalloc.start()
@@ -127,9 +127,9 @@ def site_worker(cfg: dict) -> None:
 
 def run(plan: str, epsilon, args, sites, D: int, workdir: Path, n_iter: int | None = None) -> dict:
     from dpneuro.algorithms.pca import CapePCA
-    from dpneuro.cape import cape_protocol
-    from dpneuro.exchange import DirectoryExchange
-    from dpneuro.driver import RunOptions, run_aggregator
+    from dpneuro.protocol.cape import cape_protocol
+    from dpneuro.protocol.exchange import DirectoryExchange
+    from dpneuro.protocol.driver import RunOptions, run_aggregator
 
     S = len(sites)
     run_id = f"power-{plan}-{secrets.token_hex(4)}"

@@ -15,7 +15,7 @@ calibrated with the analytic Gaussian mechanism; ``--classic`` adds rows with
 the papers' classic formula for eps < 1 (the only range where it is valid).
 The noise has the papers' shape ("mirrored": every unique entry of the
 covariance at the full std); dpneuro's default ("symmetrized") halves the
-off-diagonal variance at the same guarantee (dpneuro.cape.packing).
+off-diagonal variance at the same guarantee (dpneuro.protocol.cape.packing).
 
 Writes benchmarks/results/pca_utility.csv (median and quartiles over the
 repeats), pca_utility.json (set-up and timing) and pca_utility.png.
@@ -37,7 +37,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms import cape_pca, dpdispca, local_pca, pooled_dp_pca  # noqa: E402
-from dpneuro.metrics import captured_energy  # noqa: E402
+from dpneuro.algorithms.metrics import captured_energy  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = ("capePCA", "conv", "DPdisPCA", "local", "pooled DP")

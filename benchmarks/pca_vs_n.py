@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pca_utility import METHODS, make_data, plot_ratio, run_method  # noqa: E402
 
-from dpneuro.metrics import captured_energy  # noqa: E402
+from dpneuro.algorithms.metrics import captured_energy  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N_S = (100, 250, 500, 1000, 2500, 5000, 10000)

@@ -3,7 +3,7 @@
 A site whose runs are at 2 mm (``res-2``, 99 x 117 x 95 voxels) resamples
 each one to the analysis grid (here mni4mm) with nilearn before masking. The
 whole run at once holds every volume at 2 mm (0.88 GB of float32 for 200
-volumes) plus nilearn's resampled copy; ``dpneuro.io.RESAMPLE_CHUNK`` volumes
+volumes) plus nilearn's resampled copy; ``dpneuro.data.io.RESAMPLE_CHUNK`` volumes
 at a time (50) hold a quarter of it. Each mode runs in a fresh process:
 ``load_site`` on one subject (one float32 run, generated: a smooth brain-like
 image plus noise), its wall time and the growth of the process's peak RSS
@@ -59,7 +59,7 @@ def child(run: str, chunk: str, out: str) -> None:
     """One mode in this process: load the subject twice (RSS, then tracemalloc); save the matrix."""
     import tracemalloc
 
-    from dpneuro import io
+    from dpneuro.data import io
 
     io.RESAMPLE_CHUNK = None if chunk == "none" else int(chunk)
     mask = io.load_space("mni4mm")

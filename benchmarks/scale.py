@@ -62,7 +62,7 @@ def _vm_hwm_mb() -> float:
 
 def child(cfg_path: str, until: str) -> None:
     """One stage in this fresh process: the earlier stages are read from the run's cache."""
-    from dpneuro import pipeline
+    from dpneuro.run import pipeline
     from dpneuro.config import RunConfig
 
     cfg = RunConfig.from_dict(json.loads(Path(cfg_path).read_text()))
@@ -84,7 +84,7 @@ def stage(cfg_path: Path, until: str) -> dict:
 def make_data(root: Path, space: str, sites: int, subjects: int, T: int, R: int,
               model: str = "blobs") -> tuple[dict, float]:
     """The consortium's files under ``root`` (reused when there), and the seconds it took to write them."""
-    from dpneuro.synth import load_manifest, make_consortium
+    from dpneuro.datasets.synth import load_manifest, make_consortium
 
     folder = root / f"{'data' if model == 'blobs' else model}-{space}-{sites}x{subjects}x{T}"
     if (folder / "manifest.json").exists():
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         return 0
     os.environ.setdefault("NO_ET", "1")
     from dpneuro.config import RunConfig
-    from dpneuro.io import resolve_workers
+    from dpneuro.data.io import resolve_workers
 
     if args.quick:
         sites, T, R, sizes, configs = 3, 30, 4, [3], QUICK_CONFIGS
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                         parcels=parcels, n_components=R, seed=0, truth=str(Path(man["mask"]).parent),
                         reduction="none" if reduction == "none" else "capepca"))
                     if reduction == "private":
-                        from dpneuro.build import pca_mode
+                        from dpneuro.run.factory import pca_mode
                         from dpneuro.config import ConfigError
 
                         try:
@@ -249,7 +249,7 @@ def save(rows: list[dict], synth: dict, workers: int, seconds: float, quick: boo
 
 
 def _n_voxels(mask_path: str) -> int:
-    from dpneuro.io import load_mask
+    from dpneuro.data.io import load_mask
 
     return int(load_mask(mask_path)[0].sum())
 

@@ -1,4 +1,4 @@
-"""Per-round cost of one secure sum (dpneuro.secagg) over the in-process exchange.
+"""Per-round cost of one secure sum (dpneuro.protocol.secagg) over the in-process exchange.
 
 For S sites and a float payload of D values, the protocol runs the secure
 aggregation setup once (round 0, not timed) and then one secure sum per
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.exchange import InProcessExchange, Payload
-from dpneuro.driver import Phase, RunOptions, simulate
-from dpneuro.secagg import SecAggConfig, setup_phases, sum_phases
+from dpneuro.protocol.exchange import InProcessExchange, Payload
+from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.secagg import SecAggConfig, setup_phases, sum_phases
 
 PAYLOADS = {"420": (420,), "900x900": (900, 900)}
 SITES = (4, 16)

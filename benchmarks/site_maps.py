@@ -1,7 +1,7 @@
 """Each site's own voxel maps against the consortium's painted parcels: realistic networks at 4 mm, from files.
 
 Data: ``make_consortium(model="networks")`` (20 distributed, bilateral,
-overlapping networks with correlated slow time courses; ``dpneuro.synth``) on
+overlapping networks with correlated slow time courses; ``dpneuro.datasets.synth``) on
 the 4 mm MNI grid (29,398 voxels), 4 sites x M subjects x 150 volumes at TR
 2 s, int16 gzip NIfTI, seed 0. Every cell runs the pipeline from the files,
 as ``dpneuro run`` does (``pipeline.run_stages``: load, capePCA, spatial
@@ -55,7 +55,7 @@ SEEDS = (0, 1, 2)
 def run_cell(man: dict, out: Path, M: int, R: int, space: str, parcels: int, private: bool, seed: int) -> dict:
     """One run from the files up to the maps; the maps stage timed on its own (it decodes every file again)."""
     from dpneuro.config import RunConfig
-    from dpneuro.pipeline import prepare, run_stages
+    from dpneuro.run.pipeline import prepare, run_stages
 
     sites = [{"name": s["site"], "path": s["path"],
               "files": sorted(str(p) for p in Path(s["path"]).glob("*.nii*"))[:M]} for s in man["sites"]]
@@ -89,10 +89,10 @@ def _dual_regression_r(res: dict, mp: dict) -> list[float]:
     import nibabel as nib
     import numpy as np
 
-    from dpneuro.io import load_mask
-    from dpneuro.maps import read_timecourses
-    from dpneuro.metrics import match_components
-    from dpneuro.site_maps import site_voxel_maps
+    from dpneuro.data.io import load_mask
+    from dpneuro.report.figures import read_timecourses
+    from dpneuro.algorithms.metrics import match_components
+    from dpneuro.run.site_maps import site_voxel_maps
 
     space = json.loads(Path(mp["space"]).read_text())
     mask, _ = load_mask(space["mask"])

@@ -17,7 +17,7 @@ Data: the pseudo-consortia of ``benchmarks/real_frontier.py`` (33 real people,
    (cluster all runs' maps, average linkage on 1 - |r|, the member most
    similar to its cluster), each against the same rule on the non-private
    basis; 4 x 100 (eps 1, 2, 4, 8, 16) and 4 x 250 (eps 4, 16), 3 noise seeds.
-3. Random-matrix view (``dpneuro.rmt``) of the same releases: the public noise
+3. Random-matrix view (``dpneuro.privacy.rmt``) of the same releases: the public noise
    std (the planner's, from the ledgers), released eigenvalues above the edge
    2 sigma sqrt(D), the released eigenvalues' error against the non-private
    ones before and after spiked-Wigner debiasing, and whether the debiased
@@ -79,10 +79,10 @@ def maps_by(rule, V, lam) -> np.ndarray:
 def main(argv=None) -> int:
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.budget import SiteShape, plan_for_target
-    from dpneuro.build import pca_mode
-    from dpneuro.stages import reduce_inprocess
-    from dpneuro.rmt import components_above_edge, debias_eigenvalues, wigner_edge
+    from dpneuro.run.planner import SiteShape, plan_for_target
+    from dpneuro.run.factory import pca_mode
+    from dpneuro.run.stages import reduce_inprocess
+    from dpneuro.privacy.rmt import components_above_edge, debias_eigenvalues, wigner_edge
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)

@@ -6,7 +6,7 @@ planted dFNC connectivity states (``states=4``: the sources switch between four
 correlation matrices, mean dwell 30 / 50 / 70 / 90 s), the run's defaults
 otherwise (100 parcels, spatial ICA, the default PCA). For each
 ``states_epsilon`` (the whole states stage per site) and seed, the whole run up
-to the maps through ``dpneuro.pipeline`` (the functions the workflow runs), then
+to the maps through ``dpneuro.run.pipeline`` (the functions the workflow runs), then
 the states against the planted ones: each state's components put in the
 truth's order and sign by the maps' match, the states matched one to one, mean
 r of the connectivity matrices; and the largest error of the consortium's
@@ -43,8 +43,8 @@ K = 4
 
 
 def run(cfg) -> dict:
-    from dpneuro import pipeline
-    from dpneuro.build import states_settings
+    from dpneuro.run import pipeline
+    from dpneuro.run.factory import states_settings
     from dpneuro.privacy import gdp_epsilon
 
     cfg, _ = pipeline.prepare(cfg, until="maps")
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
     from dpneuro.config import SYNTHETIC_CONSORTIUM as SC, RunConfig
-    from dpneuro.synth import make_consortium
+    from dpneuro.datasets.synth import make_consortium
 
     t0 = time.perf_counter()
     rows = []

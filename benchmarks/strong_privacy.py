@@ -73,7 +73,7 @@ from real_frontier import N_SITES, WINDOW, pseudo_consortium, real_subjects  # n
 from dpneuro.algorithms import pca  # noqa: E402
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
 from dpneuro.algorithms.spatial_ica import guided_ica, spatial_ica  # noqa: E402
-from dpneuro.budget import SiteShape, plan_for_target  # noqa: E402
+from dpneuro.run.planner import SiteShape, plan_for_target  # noqa: E402
 
 K = 20
 EPSILONS = (1.0, 2.0, 4.0, 8.0)

@@ -5,7 +5,7 @@ from sections import render, table
 TEMPLATE = """\
 ### dpneuro vs centralized non-private tools (same data)
 
-One dpneuro.synth consortium, {demo}{s[space]} ({m[n_voxels]:,} voxels), {s[sites]} sites x {s[subjects]} subjects
+One dpneuro.datasets.synth consortium, {demo}{s[space]} ({m[n_voxels]:,} voxels), {s[sites]} sites x {s[subjects]} subjects
 x {s[timepoints]} volumes, R = {s[components]} true maps, noise {s[noise]}. A = from the NIfTI files to maps:
 nilearn {v[nilearn]} CanICA (voxels, its defaults) vs the dpneuro workflow with temporal ICA, the unmixing B
 compares (load, capePCA, capeDJICA, maps, report), on {s[parcels]} data-independent parcels, plan none and plan

@@ -6,7 +6,7 @@ TEMPLATE = """\
 ### dFNC states
 
 GIFT's dynamic connectivity states (Allen et al. 2014) from private releases. Data: planted states
-(`dpneuro.synth_dfnc`), {m[sites]} sites x {m[subjects_per_site]} subjects, {m[R]} components ({pairs}
+(`dpneuro.datasets.states`), {m[sites]} sites x {m[subjects_per_site]} subjects, {m[R]} components ({pairs}
 connectivity pairs), K = {m[K]} states of mean dwell 30 / 50 / 70 / 90 s, {m[timepoints]} volumes at TR 2 s;
 GIFT's windows (22 TRs, Gaussian 3 TRs, step 1). eps is the whole states stage per site against the aggregator and
 its colluders (delta 1e-5), read back from the ledgers. `state r`: mean correlation of the estimated state matrices

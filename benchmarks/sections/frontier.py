@@ -5,7 +5,7 @@ from sections import fmt, frontier_table, one, r2
 TEMPLATE = """\
 ### Realistic synthetic networks: the frontier against a known truth
 
-`dpneuro.synth.network_model` (model "networks": {m[n_components]} distributed, partly bilateral, overlapping
+`dpneuro.datasets.synth.network_model` (model "networks": {m[n_components]} distributed, partly bilateral, overlapping
 networks; slow, correlated, near-Gaussian time courses; global signal, structured and white noise), {m[n_sites]}
 sites, {m[timepoints]} volumes per subject at {m[space]}, averaged into 100 or 400 data-independent parcels. Cell:
 mean matched |r| of the maps with the true networks, median of {m[seeds]} noise seeds; eps as above (total,

@@ -41,7 +41,7 @@ maps.{sizes_run}
 
 SIZES_RUN = " Sizes run: {sizes} subjects per site."
 EDGE = """\
-Released eigenvalues above the noise's edge 2 sigma sqrt(D) (`dpneuro.rmt`; sigma the planner's public noise std),
+Released eigenvalues above the noise's edge 2 sigma sqrt(D) (`dpneuro.privacy.rmt`; sigma the planner's public noise std),
 of the 20 released, spatial ICA with subject subspaces, median of the seeds: the components the noise allows."""
 SWEEP = """\
 The default run (spatial ICA, subject subspaces) at every size measured, equal sites: the consortium a budget needs

@@ -18,7 +18,7 @@ choosing among FastICA runs against the same rule on the non-private basis (mean
 
 Choosing among FastICA runs (median (worst)); `above edge`: released eigenvalues above the noise's edge 2 sigma
 sqrt(D); `eigenvalue error`: median |lambda / lambda_nonprivate - 1| of the released eigenvalues, raw and debiased
-by the spiked-Wigner formula (`dpneuro.rmt`); the debiased eigenvalues change the spatial maps by 1 - |r| =
+by the spiked-Wigner formula (`dpneuro.privacy.rmt`); the debiased eigenvalues change the spatial maps by 1 - |r| =
 {change!n} at most.
 
 {table}
