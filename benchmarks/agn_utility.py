@@ -45,8 +45,8 @@ from scipy.stats import ortho_group
 
 from dpneuro.algorithms import tensor as tz
 from dpneuro.algorithms.agn import agn, avn, cape_agn, local_agn, otd, prepare_site
-from dpneuro.protocol.cape.packing import unique_indices
 from dpneuro.algorithms.metrics import q_comp
+from dpneuro.protocol.cape.packing import unique_indices
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIGMA2 = 0.05

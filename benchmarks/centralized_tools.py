@@ -79,9 +79,9 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dpneuro.algorithms.djica import spatial_maps  # noqa: E402
+from dpneuro.algorithms.metrics import match_components, qngi  # noqa: E402
 from dpneuro.run.pipeline import public_results  # noqa: E402
 from dpneuro.run.stages import unmix_inprocess  # noqa: E402
-from dpneuro.algorithms.metrics import match_components, qngi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

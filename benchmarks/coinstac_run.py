@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.run import pipeline
 from dpneuro.config import RunConfig
 from dpneuro.deploy import coinstac as dcc
+from dpneuro.run import pipeline
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE.parent / "site_templates" / "coinstac"

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _real_data import load_real_regions  # noqa: E402
 
 from dpneuro.algorithms import dfnc  # noqa: E402
-from dpneuro.algorithms.spatial_ica import spatial_ica  # noqa: E402
 from dpneuro.algorithms.metrics import match_components  # noqa: E402
+from dpneuro.algorithms.spatial_ica import spatial_ica  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 R, K, DELTA = 20, 4, 1e-5

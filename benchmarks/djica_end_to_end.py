@@ -59,12 +59,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from djica_utility import CONFIGS, DELTA_I, DELTA_TOTAL, data_for
+
 from dpneuro.algorithms.cumulant_ica import cape_cumulant_ica
 from dpneuro.algorithms.djica import cape_djica, whiten
-from dpneuro.algorithms.pca import cape_pca
 from dpneuro.algorithms.metrics import qngi
+from dpneuro.algorithms.pca import cape_pca
 from dpneuro.privacy.gaussian import epsilon_for_multiplier, noise_multiplier
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -55,9 +55,9 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.algorithms.djica import PRESETS, cape_djica, local_dp_ica
-from dpneuro.protocol.cape import NoisePlan
 from dpneuro.algorithms.metrics import qngi
 from dpneuro.datasets.synth import paper_ica_data
+from dpneuro.protocol.cape import NoisePlan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DELTA_TOTAL = 1e-5

@@ -30,11 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.data.cleaning import Cleaning
 from dpneuro.config import RunConfig
 from dpneuro.data.io import load_site
-from dpneuro.run.pipeline import prepare, run_stages
 from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
+from dpneuro.run.pipeline import prepare, run_stages
 
 
 def artefact_corr(X, tc, k: int = 2) -> float:

@@ -58,10 +58,10 @@ def private_maps(cfg, X_sites, lengths, z: float, how: str, c: float, pca_epsilo
     variance ``c``."""
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.run.roles import pca_source
-    from dpneuro.run.factory import pca_algorithm
-    from dpneuro.protocol.cape import NoisePlan, run_cape
     from dpneuro.privacy import epsilon_for_multiplier
+    from dpneuro.protocol.cape import NoisePlan, run_cape
+    from dpneuro.run.factory import pca_algorithm
+    from dpneuro.run.roles import pca_source
 
     D = X_sites[0].shape[0]
     if pca_epsilon is None:

@@ -97,8 +97,8 @@ def site_worker(cfg: dict) -> None:
 
     from dpneuro.algorithms.pca import CapePCA, SiteSource
     from dpneuro.protocol.cape import cape_protocol
-    from dpneuro.protocol.exchange import DirectoryExchange
     from dpneuro.protocol.driver import run_site
+    from dpneuro.protocol.exchange import DirectoryExchange
 
     rss0 = _vm_hwm_mb()
     tracemalloc.start()
@@ -128,8 +128,8 @@ def site_worker(cfg: dict) -> None:
 def run(plan: str, epsilon, args, sites, D: int, workdir: Path, n_iter: int | None = None) -> dict:
     from dpneuro.algorithms.pca import CapePCA
     from dpneuro.protocol.cape import cape_protocol
-    from dpneuro.protocol.exchange import DirectoryExchange
     from dpneuro.protocol.driver import RunOptions, run_aggregator
+    from dpneuro.protocol.exchange import DirectoryExchange
 
     S = len(sites)
     run_id = f"power-{plan}-{secrets.token_hex(4)}"

@@ -53,9 +53,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from frontier import base_config, figure, mean_r, run_maps, write_results  # noqa: E402
 
-from dpneuro.run.planner import SiteShape, plan_for_target  # noqa: E402
 from dpneuro.config import ConfigError, RunConfig  # noqa: E402
 from dpneuro.privacy.rmt import components_above_edge  # noqa: E402
+from dpneuro.run.planner import SiteShape, plan_for_target  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SUBJECTS = (50, 100, 250, 500)

@@ -62,8 +62,8 @@ def _vm_hwm_mb() -> float:
 
 def child(cfg_path: str, until: str) -> None:
     """One stage in this fresh process: the earlier stages are read from the run's cache."""
-    from dpneuro.run import pipeline
     from dpneuro.config import RunConfig
+    from dpneuro.run import pipeline
 
     cfg = RunConfig.from_dict(json.loads(Path(cfg_path).read_text()))
     t0 = time.perf_counter()
@@ -171,8 +171,8 @@ def main(argv=None) -> int:
                         parcels=parcels, n_components=R, seed=0, truth=str(Path(man["mask"]).parent),
                         reduction="none" if reduction == "none" else "capepca"))
                     if reduction == "private":
-                        from dpneuro.run.factory import pca_mode
                         from dpneuro.config import ConfigError
+                        from dpneuro.run.factory import pca_mode
 
                         try:
                             pca_mode(cfg, features)

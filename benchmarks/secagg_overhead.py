@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.protocol.exchange import InProcessExchange, Payload
 from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.exchange import InProcessExchange, Payload
 from dpneuro.protocol.secagg import SecAggConfig, setup_phases, sum_phases
 
 PAYLOADS = {"420": (420,), "900x900": (900, 900)}

@@ -89,9 +89,9 @@ def _dual_regression_r(res: dict, mp: dict) -> list[float]:
     import nibabel as nib
     import numpy as np
 
+    from dpneuro.algorithms.metrics import match_components
     from dpneuro.data.io import load_mask
     from dpneuro.report.figures import read_timecourses
-    from dpneuro.algorithms.metrics import match_components
     from dpneuro.run.site_maps import site_voxel_maps
 
     space = json.loads(Path(mp["space"]).read_text())

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import base_config, mean_r, planned, write_results  # noqa: E402
+from frontier import base_config, mean_r, write_results  # noqa: E402
 from real_frontier import N_SITES, WINDOW, pseudo_consortium, real_subjects  # noqa: E402
 
 DIAG_EPS = (16.0, 64.0, 1000.0)
@@ -79,10 +79,10 @@ def maps_by(rule, V, lam) -> np.ndarray:
 def main(argv=None) -> int:
     from dpneuro.algorithms.djica import spatial_maps
     from dpneuro.algorithms.spatial_ica import spatial_ica
-    from dpneuro.run.planner import SiteShape, plan_for_target
-    from dpneuro.run.factory import pca_mode
-    from dpneuro.run.stages import reduce_inprocess
     from dpneuro.privacy.rmt import components_above_edge, debias_eigenvalues, wigner_edge
+    from dpneuro.run.factory import pca_mode
+    from dpneuro.run.planner import SiteShape, plan_for_target
+    from dpneuro.run.stages import reduce_inprocess
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)

@@ -43,9 +43,9 @@ K = 4
 
 
 def run(cfg) -> dict:
+    from dpneuro.privacy import gdp_epsilon
     from dpneuro.run import pipeline
     from dpneuro.run.factory import states_settings
-    from dpneuro.privacy import gdp_epsilon
 
     cfg, _ = pipeline.prepare(cfg, until="maps")
     out = pipeline.run_stages(cfg, until="maps")
@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small grid, one seed, two budgets")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
-    from dpneuro.config import SYNTHETIC_CONSORTIUM as SC, RunConfig
+    from dpneuro.config import SYNTHETIC_CONSORTIUM as SC
+    from dpneuro.config import RunConfig
     from dpneuro.datasets.synth import make_consortium
 
     t0 = time.perf_counter()

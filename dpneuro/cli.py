@@ -14,19 +14,29 @@ from numbers import Integral
 from pathlib import Path
 
 from dpneuro import __version__
-from dpneuro.run.planner import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
+from dpneuro.config import (
+    DEFAULT_RUN_ID,
+    Boolean,
+    ConfigError,
+    Interval,
+    OrNone,
+    RunConfig,
+    SiteEntry,
+    StrOptions,
+    constraint,
+    summary,
+)
 from dpneuro.config import SYNTHETIC_CONSORTIUM as SC
-from dpneuro.config import (DEFAULT_RUN_ID, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions,
-                     constraint, summary)
-from dpneuro.deploy.sharedfs import aggregator_main, load_party_config, site_main
-from dpneuro.protocol.exchange.keys import generate_key
-from dpneuro.run.features import features
 from dpneuro.data.io import SPACES
-from dpneuro.run.pipeline import Interrupted, progress
-from dpneuro.privacy.summary import headline_lines, privacy_warnings
 from dpneuro.datasets.synth import MODELS as SYNTH_MODELS
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.deploy.sharedfs import aggregator_main, load_party_config, site_main
+from dpneuro.privacy.summary import headline_lines, privacy_warnings
+from dpneuro.protocol.exchange.keys import generate_key
 from dpneuro.report.timings import lines as timing_lines
+from dpneuro.run.features import features
+from dpneuro.run.pipeline import Interrupted, progress
+from dpneuro.run.planner import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
 
 EXIT_OK = 0
 EXIT_USAGE = 2

@@ -36,21 +36,21 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from dpneuro.run import pipeline
-from dpneuro.run.features import features as feature_count
 from dpneuro.algorithms.djica import time_courses
-from dpneuro.run.roles import unmixing_input
-from dpneuro.run.planner import plan_for_target, site_shapes, spend
 from dpneuro.config import ConfigError, RunConfig, SiteEntry, estimator_name
-from dpneuro.deploy.sharedfs import aggregator_main, site_main
 from dpneuro.data.io import load_mask, load_site, mask_to_image, private_dir
-from dpneuro.report.figures import read_timecourses
-from dpneuro.run.outputs import to_voxels
 from dpneuro.data.parcellation import space_parcels
-from dpneuro.run.pipeline import progress, public_results, run_privacy
+from dpneuro.deploy.sharedfs import aggregator_main, site_main
 from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.privacy.cape_delta import max_colluding
 from dpneuro.privacy.summary import headline_lines
+from dpneuro.report.figures import read_timecourses
+from dpneuro.run import pipeline
+from dpneuro.run.features import features as feature_count
+from dpneuro.run.outputs import to_voxels
+from dpneuro.run.pipeline import progress, public_results, run_privacy
+from dpneuro.run.planner import plan_for_target, site_shapes, spend
+from dpneuro.run.roles import unmixing_input
 
 __all__ = ["DecentralizedICA", "DecentralizedPCA", "PrivacySummary", "Report", "plan_budget"]
 

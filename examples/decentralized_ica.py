@@ -28,7 +28,8 @@ print(dpneuro.plan_budget(8.0, sites=sites, n_components=n_networks, mask=manife
 
 # %% Fit: the five lines a notebook needs
 ica = dpneuro.DecentralizedICA(n_components=n_networks, epsilon=8.0, mask=manifest["mask"],
-                               out=out / "run", truth=str(out / "data"))  # truth: agreement with the synthetic ground truth
+                               # truth: agreement with the synthetic ground truth
+                               out=out / "run", truth=str(out / "data"))
 ica.fit(sites)
 print(ica.privacy_)
 ica.report_.save_as_html(out / "report.html")

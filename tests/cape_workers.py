@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.protocol.cape import ReleaseSpec, cape_protocol
-from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, Payload
 from dpneuro.protocol.driver import run_site
+from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, Payload
 
 DIE_EXIT_CODE = 23
 

@@ -6,12 +6,10 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
-from dpneuro.run import pipeline, stages
 from dpneuro.config import RunConfig
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.run import pipeline, stages
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "site_templates"

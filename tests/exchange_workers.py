@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.protocol.exchange import ArraySpec, DirectoryCheckpoint, DirectoryExchange, MessageSpec, Payload
 from dpneuro.protocol.driver import Phase, run_site
+from dpneuro.protocol.exchange import ArraySpec, DirectoryCheckpoint, DirectoryExchange, MessageSpec, Payload
 
 D = 4  # length of every toy array
 SEED = 20240611

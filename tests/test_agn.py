@@ -18,12 +18,12 @@ from dpneuro.algorithms.agn import (
     prepare_site,
     sensitivities,
 )
-from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, ledgers, n_unique, run_cape
-from dpneuro.protocol.cape.packing import noise_array, pack_weighted
-from dpneuro.protocol.exchange import Payload
 from dpneuro.algorithms.metrics import q_comp
 from dpneuro.privacy import PrivacyLedger, gaussian, gaussian_sigma
 from dpneuro.privacy.noise import vector_laplace
+from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, ledgers, n_unique, run_cape
+from dpneuro.protocol.cape.packing import noise_array, pack_weighted
+from dpneuro.protocol.exchange import Payload
 
 SIGMA2 = 0.05
 agn_mod = importlib.import_module("dpneuro.algorithms.agn")  # the package exports the function agn

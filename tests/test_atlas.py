@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
-from dpneuro.run.stages import reduce_inprocess
-from dpneuro.run.features import features
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.io import load_space, preprocess
 from dpneuro.data.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels, atlas_maps
+from dpneuro.run.features import features
+from dpneuro.run.stages import reduce_inprocess
 
 MASK, AFFINE = load_space("grid30")
 
@@ -102,9 +102,9 @@ def test_on_region_constant_data_the_atlas_run_finds_the_voxel_runs_basis(tmp_pa
 def test_a_run_with_an_atlas_uses_its_regions_everywhere(tmp_path):
     """The config field reaches the run's space (features, maps at voxel resolution), the planner's D and the run
     manifest every deployed party checks (a different atlas is refused)."""
+    from dpneuro.datasets.synth import make_consortium
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
     from dpneuro.run.pipeline import stage_space
-    from dpneuro.datasets.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=3, n_components=4, n_timepoints=40,
                           space="grid30", random_state=3)
@@ -173,8 +173,8 @@ def test_a_run_with_a_probabilistic_atlas(tmp_path):
     """The 4-D atlas reaches the run's space (basis of 4 maps), the planner's D, the maps at voxel resolution and the
     run manifest."""
     import dpneuro
-    from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
     from dpneuro.datasets.synth import make_consortium
+    from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=3, n_components=3, n_timepoints=40,
                           space="grid30", random_state=4)

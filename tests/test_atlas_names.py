@@ -14,11 +14,11 @@ from nibabel.affines import apply_affine
 from sklearn.utils import Bunch
 
 import dpneuro.data.atlases as atlases
-from dpneuro.data.atlases import atlas_image, coordinates, sphere_labels
-from dpneuro.run.features import features
 from dpneuro.config import ConfigError, RunConfig
+from dpneuro.data.atlases import atlas_image, coordinates, sphere_labels
 from dpneuro.data.io import load_space
 from dpneuro.data.parcellation import atlas_labels, is_probabilistic
+from dpneuro.run.features import features
 
 
 @pytest.fixture(autouse=True)
@@ -142,9 +142,9 @@ def test_a_run_with_dosenbach_coordinates_end_to_end(tmp_path):
     """The name passes validation and keeps being a name (not made a path), gives the planner's D, the run's space
     and the features of a whole run, and the manifest tells a 5 mm run from an 8 mm one."""
     import dpneuro
+    from dpneuro.datasets.synth import make_consortium
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
     from dpneuro.run.pipeline import stage_space
-    from dpneuro.datasets.synth import make_consortium
 
     man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=2, n_components=3, n_timepoints=30,
                           space="mni6mm", random_state=5)

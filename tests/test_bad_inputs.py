@@ -10,10 +10,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro.run.planner import site_shapes
-from dpneuro.config import RunConfig
 from dpneuro._utils.errors import ConfigError
+from dpneuro.config import RunConfig
 from dpneuro.data.io import DataValidationError, _load_image, describe_site_inputs, load_site
+from dpneuro.run.planner import site_shapes
 
 SHAPE = (4, 3, 2)  # a tiny grid: 24 voxels, all in the mask
 T = 12

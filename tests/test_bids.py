@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.run.stages import reduce_inprocess
 from dpneuro.data.io import DataValidationError, find_subjects, load_site
+from dpneuro.run.stages import reduce_inprocess
 
 SHAPE = (5, 4, 3)
 AFF = np.diag([3.0, 3.0, 3.0, 1.0])

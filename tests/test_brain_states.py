@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from dpneuro.run import roles, stages
 from dpneuro.algorithms import dfnc
-from dpneuro.run.planner import SiteShape
-from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.algorithms.metrics import match_components
+from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.datasets.states import make_dfnc_consortium
+from dpneuro.run import roles, stages
+from dpneuro.run.planner import SiteShape
 
 R, K = 6, 3
 

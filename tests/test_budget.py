@@ -8,13 +8,13 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import deploy_common as dc
 import pytest
 
-import deploy_common as dc
-from dpneuro.run.planner import CUMULANT_PCA_SHARE, TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
 from dpneuro.cli import main
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.run.planner import CUMULANT_PCA_SHARE, TEMPORAL_PCA_SHARE, plan_for_target, site_shapes, spend
 
 DELTA = 1e-5
 
@@ -173,8 +173,8 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     with_total = tmp_path / "run_eps.toml"
     with_total.write_text(toml.read_text().replace("n_components = 4\n", "n_components = 4\nepsilon = 6.0\n"))
     assert main(["budget", str(with_total), "--json"]) == 0
-    from dpneuro.run.planner import apply_target
     from dpneuro.config import RunConfig
+    from dpneuro.run.planner import apply_target
 
     assert json.loads(capsys.readouterr().out)["epsilon"] == apply_target(RunConfig.read(with_total))[1].epsilon
     # the cumulant unmixing: its own setting, planned with its own share
@@ -249,8 +249,8 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
     from scipy import stats
 
     from dpneuro.algorithms import cape_pca
-    from dpneuro.run.planner import expected_noise
     from dpneuro.config import RunConfig
+    from dpneuro.run.planner import expected_noise
 
     D, S, Ns = 100, 4, 300
     rng = np.random.default_rng(0)
@@ -360,10 +360,10 @@ STAGE_CASES = {
 def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp_path, case):
     """The planner finds a target through what a stage's algorithms report: the setting's eps, delta and
     calibration, and the ledger's names of their releases; every release a run records belongs to one stage."""
-    from dpneuro.run.planner import SiteShape, releases_in
-    from dpneuro.run.factory import epsilon_field
-    from dpneuro.run.stages import release
     from dpneuro.config import RunConfig
+    from dpneuro.run.factory import epsilon_field
+    from dpneuro.run.planner import SiteShape, releases_in
+    from dpneuro.run.stages import release
 
     kw, fields = STAGE_CASES[case]
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
@@ -389,8 +389,8 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
 def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise(tmp_path):
     """At the answer every component stands above the planned covariance noise, one subject fewer it does not;
     a larger budget needs fewer subjects; unequal sites are planned from counts alone."""
-    from dpneuro.run.planner import components_supported, subjects_needed
     from dpneuro.config import ConfigError, RunConfig
+    from dpneuro.run.planner import components_supported, subjects_needed
 
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
                                "out": str(tmp_path / "o"), "parcels": 100, "n_components": 20})
@@ -412,8 +412,8 @@ def test_subjects_needed_is_the_fewest_that_keep_every_component_above_the_noise
 def test_subjects_for_maps_is_the_fewest_whose_last_eigenvector_keeps_its_overlap(tmp_path):
     """criterion="maps": at the answer the last component's expected squared overlap reaches MAPS_OVERLAP, one
     subject fewer it does not; it asks more than every component above the edge, and less at a larger budget."""
-    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
     from dpneuro.config import RunConfig
+    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
 
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
                                "out": str(tmp_path / "o"), "parcels": 100, "n_components": 20})
@@ -438,8 +438,8 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
     smallest at or above it."""
     import csv
 
-    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
     from dpneuro.config import RunConfig
+    from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "real_frontier.csv"
     rows = [r for r in csv.DictReader(path.read_text().splitlines()) if r["ica"] == "spatial"
@@ -460,8 +460,8 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
 
 
 def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys, tmp_path):
-    from dpneuro.run.planner import subjects_needed
     from dpneuro.config import RunConfig
+    from dpneuro.run.planner import subjects_needed
 
     assert main(["budget", "--subjects", "30,60,90,120", "--target-epsilon", "2", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpneuro.privacy import cape_release_mu
 from dpneuro.protocol.cape import (
     NoisePlan,
     ReleaseSpec,
@@ -19,9 +20,8 @@ from dpneuro.protocol.cape import (
 )
 from dpneuro.protocol.cape.packing import multiplicity, noise_array, pack, pack_weighted
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, guarantee_plan, plan_variances, symmetric_guarantee
-from dpneuro.privacy import cape_release_mu
-from dpneuro.protocol.exchange import InProcessExchange, Payload
 from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout
+from dpneuro.protocol.exchange import InProcessExchange, Payload
 
 
 class Zeros:

@@ -5,12 +5,12 @@ import sys
 import threading
 from pathlib import Path
 
+import cape_workers as cw
 import numpy as np
 
-import cape_workers as cw
 from dpneuro.protocol.cape import cape_protocol, run_cape
-from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange
 from dpneuro.protocol.driver import RunOptions, run_aggregator
+from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange
 
 KEY = bytes(range(32))
 WORKER = str(Path(__file__).with_name("cape_workers.py"))

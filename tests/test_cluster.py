@@ -15,10 +15,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro.run import pipeline
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.io import DataValidationError
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.run import pipeline
 
 R = 4
 

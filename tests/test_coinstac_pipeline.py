@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import deploy_common as dc
 import numpy as np
 import pytest
 
-import deploy_common as dc
 from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy import coinstac_sim as sim
 from dpneuro.report.figures import read_timecourses

@@ -7,24 +7,23 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import deploy_common as dc
 import numpy as np
 import pytest
+from test_deploy_sharedfs import _run_all, write_config
 
-import deploy_common as dc
-from dpneuro.run import roles
-from dpneuro.run.planner import apply_target, planned_settings, site_shapes
+from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.deploy import coinstac as dcc
-from dpneuro.deploy.party import (ManifestMismatch, SiteContext, _site_plan, check_manifest,
-                                   run_manifest)
+from dpneuro.deploy.party import ManifestMismatch, SiteContext, _site_plan, check_manifest, run_manifest
 from dpneuro.deploy.sharedfs import load_party_config
-from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.protocol.exchange.base import Payload
 from dpneuro.protocol.exchange.codec import load_state_file
 from dpneuro.protocol.exchange.inprocess import InProcessExchange
+from dpneuro.run import roles
+from dpneuro.run.planner import apply_target, planned_settings, site_shapes
 from dpneuro.run.stages import reduce_inprocess
-from test_deploy_sharedfs import _run_all, write_config
 
 BEYOND = "config field 'n_colluding'.*ceil\\(S/3\\) - 1 = 0 colluding sites when S = 3"
 

@@ -11,8 +11,22 @@ import pytest
 
 from dpneuro.cli import build_parser
 from dpneuro.config import (
-    STAGES, Boolean, ConfigError, Interval, OrNone, RunConfig, SiteEntry, StrOptions, check_delta, consortium_fields,
-    constraint, estimator_name, run_template, stage_fields, summary, with_settings,
+    STAGES,
+    Boolean,
+    ConfigError,
+    Interval,
+    OrNone,
+    RunConfig,
+    SiteEntry,
+    StrOptions,
+    check_delta,
+    consortium_fields,
+    constraint,
+    estimator_name,
+    run_template,
+    stage_fields,
+    summary,
+    with_settings,
 )
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,13 +8,23 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.algorithms.cumulant_ica import (REFINE_SHARE, CapeCumulantICA, cape_cumulant_ica, contrast,
-                                             default_clips, gaussian_part_of, polish_directions,
-                                             power_directions, separate, subject_cumulant, subject_second_moment,
-                                             symmetrize4)
-from dpneuro.protocol.cape.packing import pack_weighted
+from dpneuro.algorithms.cumulant_ica import (
+    REFINE_SHARE,
+    CapeCumulantICA,
+    cape_cumulant_ica,
+    contrast,
+    default_clips,
+    gaussian_part_of,
+    polish_directions,
+    power_directions,
+    separate,
+    subject_cumulant,
+    subject_second_moment,
+    symmetrize4,
+)
 from dpneuro.algorithms.metrics import qngi
 from dpneuro.privacy import noise_multiplier
+from dpneuro.protocol.cape.packing import pack_weighted
 
 DELTA = 1e-5
 
@@ -239,8 +249,8 @@ def test_distinguishing_attack_sees_the_calibrated_separation():
 def test_the_cumulant_unmixing_reads_linearly_scaled_time_points():
     """Unit-norm time points flatten the amplitude fluctuations a cumulant reads: with ica_unmixing = "cumulant"
     the unmixing (and the time courses) get x / sqrt(D) whitened, every other run unit-norm time points."""
-    from dpneuro.run.roles import site_whiten, unmixing_input
     from dpneuro.config import RunConfig
+    from dpneuro.run.roles import site_whiten, unmixing_input
 
     rng = np.random.default_rng(4)
     D, R = 9, 3

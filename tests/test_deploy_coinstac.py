@@ -10,23 +10,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import cape_workers as cw
+import deploy_common as dc
 import nibabel as nib
 import numpy as np
 import pytest
 
-import cape_workers as cw
-import deploy_common as dc
-from dpneuro.run.factory import check_reduction_fits
-from dpneuro.protocol.cape import cape_protocol, run_cape
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy import coinstac_sim as sim
 from dpneuro.deploy.party import ManifestMismatch
-from dpneuro.protocol.exchange import DirectoryCheckpoint
-from dpneuro.protocol.exchange import Suspend
-from dpneuro.report.figures import read_timecourses
-from dpneuro.run.site_maps import site_note
+from dpneuro.protocol.cape import cape_protocol, run_cape
 from dpneuro.protocol.driver import run_aggregator, run_site
+from dpneuro.protocol.exchange import DirectoryCheckpoint, Suspend
+from dpneuro.report.figures import read_timecourses
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.run.site_maps import site_note
 
 COINSTAC = dc.TEMPLATES / "coinstac"
 ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}

@@ -11,16 +11,16 @@ import tomllib
 from dataclasses import fields
 from pathlib import Path
 
+import deploy_common as dc
 import nibabel as nib
 import numpy as np
 import pytest
 
-import deploy_common as dc
-from dpneuro.report.figures import read_timecourses
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, run_manifest
 from dpneuro.deploy.sharedfs import load_party_config, site_main
+from dpneuro.report.figures import read_timecourses
 
 DEADLINE = 90  # seconds for any one process
 ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}

@@ -10,9 +10,9 @@ from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
 from dpneuro.algorithms.agn import _M3Stage, moment_stage, prepare_site
-from dpneuro.protocol.cape import ledgers, run_cape
 from dpneuro.algorithms.metrics import match_components
 from dpneuro.datasets.states import make_dfnc_consortium, window_labels
+from dpneuro.protocol.cape import ledgers, run_cape
 
 DELTA = 1e-5
 

@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpneuro.algorithms.djica import (
     EIGENVALUE_FLOOR,
@@ -25,12 +26,12 @@ from dpneuro.algorithms.djica import (
     time_courses,
     whiten,
 )
-from dpneuro.protocol.cape import cape_protocol
-from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
 from dpneuro.algorithms.metrics import qngi
-from dpneuro.privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, rdp_closed_form_epsilon
-from dpneuro.protocol.driver import run_aggregator, run_site
 from dpneuro.datasets.synth import paper_ica_data
+from dpneuro.privacy import PrivacyLedger, gaussian_sigma, gdp_epsilon, rdp_closed_form_epsilon
+from dpneuro.protocol.cape import cape_protocol
+from dpneuro.protocol.driver import run_aggregator, run_site
+from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
 
 # -- data helpers --------------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from sklearn.utils.validation import check_is_fitted
 import dpneuro
 from dpneuro.cli import main
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.run.site_maps import site_note
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.run.site_maps import site_note
 
 R = 4
 #: a small private run that still converges on the synthetic data (seeded: a simulation)

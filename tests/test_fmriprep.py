@@ -13,8 +13,8 @@ from nilearn import signal
 from nilearn.image import resample_to_img
 from nilearn.interfaces.fmriprep import load_confounds_strategy
 
-from dpneuro.data.cleaning import Cleaning
 from dpneuro.config import ConfigError, RunConfig
+from dpneuro.data.cleaning import Cleaning
 from dpneuro.data.io import DataValidationError, describe_site_inputs, load_mask, load_site, preprocess
 from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
 
@@ -244,8 +244,8 @@ def test_bad_data_found_while_decoding_is_left_out_too(tmp_path):
 
 
 def test_the_load_stage_records_and_reports_it(tmp_path):
-    from dpneuro.run.pipeline import stage_load, stage_space
     from dpneuro.report.html import data_section
+    from dpneuro.run.pipeline import stage_load, stage_space
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")
     site = write_fmriprep_site(tmp_path / "s", n_subjects=3, multi_run=False, corrupt=("sub-03",), random_state=7)

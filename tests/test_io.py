@@ -496,8 +496,8 @@ def test_one_site_data_type_feeds_every_stage():
     """A SiteData from an array carries its subjects to capePCA and capeDJICA; one scaling for both."""
     from dpneuro.algorithms.djica import cape_djica
     from dpneuro.algorithms.pca import as_source, second_moment
-    from dpneuro.run.roles import unit_columns
     from dpneuro.data.io import SiteData
+    from dpneuro.run.roles import unit_columns
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((6, 40))

@@ -11,20 +11,18 @@ import struct
 import threading
 import time
 
+import deploy_common as dc
 import numpy as np
 import pytest
+from test_cape import Zeros
 
-import deploy_common as dc
-from dpneuro.protocol.cape import cape_protocol
 from dpneuro.config import ConfigError
 from dpneuro.deploy import sharedfs
+from dpneuro.protocol.cape import cape_protocol
 from dpneuro.protocol.driver import Phase, RunOptions, simulate
-from dpneuro.protocol.exchange import DirectoryExchange, InProcessExchange, MessageRejected, PartyFailed, Payload
-from dpneuro.protocol.exchange import codec
+from dpneuro.protocol.exchange import DirectoryExchange, InProcessExchange, MessageRejected, PartyFailed, Payload, codec
 from dpneuro.protocol.exchange.directory import check_failure_notices, write_failure_notice
 from dpneuro.protocol.exchange.keys import KeyFileError, PartyKeys, load_private_key, read_public_keys
-
-from test_cape import Zeros
 
 SITES = ["site-01", "site-02", "site-03"]
 

@@ -7,12 +7,12 @@ import pytest
 from scipy import stats
 
 from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
+from dpneuro.algorithms.metrics import captured_energy
 from dpneuro.algorithms.pca import VARIANCE_FLOOR, VARIANCE_SHARE, pca_sensitivity, top_eigh
+from dpneuro.privacy import gaussian_sigma
 from dpneuro.protocol.cape import run_cape
 from dpneuro.protocol.cape.packing import pack, pack_weighted
 from dpneuro.protocol.exchange import InProcessExchange
-from dpneuro.algorithms.metrics import captured_energy
-from dpneuro.privacy import gaussian_sigma
 
 DELTA = 0.01
 R2 = math.sqrt(2)  # replace-one-subject neighbours: sqrt(2) times the add/remove bound

@@ -7,8 +7,8 @@ import pytest
 
 from dpneuro.algorithms import PDSVD, ks_privacy, pd_pca, pd_svd
 from dpneuro.algorithms.pdsvd import Blinding, SiteInput, covariance_statistics
-from dpneuro.protocol.exchange import InProcessExchange
 from dpneuro.protocol.driver import RunOptions, SimulatedDropout, simulate
+from dpneuro.protocol.exchange import InProcessExchange
 
 CLEAR = {"public", "secagg-mask", "secagg-share", "encrypted-share"}
 

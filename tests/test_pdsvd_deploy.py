@@ -30,9 +30,9 @@ import pytest
 
 from dpneuro.algorithms.pca import as_source
 from dpneuro.algorithms.pdsvd import PDSVD, SiteInput, pd_pca, pd_svd
+from dpneuro.data.io import column_norms, scale_factors
 from dpneuro.protocol.driver import RunOptions, run_aggregator, run_site, simulate
 from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, InProcessExchange, Payload
-from dpneuro.data.io import column_norms, scale_factors
 from dpneuro.protocol.secagg import SecAggError, group_secret, group_secret_phase
 
 CLEAR = {"public", "secagg-mask", "secagg-share", "encrypted-share"}

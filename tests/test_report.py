@@ -9,12 +9,12 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
-
 from browser import chromium, inspect_page
+
 from dpneuro.config import RunConfig
-from dpneuro.report.figures import read_timecourses, template_problem
 from dpneuro.data.io import load_space
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.figures import read_timecourses, template_problem
 from dpneuro.workflows import run_workflow
 
 

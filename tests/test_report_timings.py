@@ -13,11 +13,11 @@ import pytest
 
 from dpneuro.config import RunConfig, SiteEntry
 from dpneuro.data.io import load_space
-from dpneuro.report.figures import colorbar_ticks, component_figure, timecourse_plot
-from dpneuro.run.pipeline import prepare, run_stages
-from dpneuro.report.html import run_settings
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.figures import colorbar_ticks, component_figure, timecourse_plot
+from dpneuro.report.html import run_settings
 from dpneuro.report.timings import label
+from dpneuro.run.pipeline import prepare, run_stages
 
 R = 3
 SITES = ("site-01", "site-02", "site-03")

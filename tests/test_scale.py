@@ -12,13 +12,13 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro.run import pipeline
-from dpneuro.run.roles import site_whiten
-from dpneuro.run.stages import reduce_inprocess
-from dpneuro.run.factory import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.run import pipeline
+from dpneuro.run.factory import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
+from dpneuro.run.roles import site_whiten
+from dpneuro.run.stages import reduce_inprocess
 
 R = 4
 

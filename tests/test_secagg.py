@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout, simulate
 from dpneuro.protocol.exchange import Payload
 from dpneuro.protocol.exchange.codec import decode_state, encode_state
-from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout, simulate
 from dpneuro.protocol.secagg import (
     PRIME,
     SecAggConfig,
@@ -30,10 +30,11 @@ from dpneuro.protocol.secagg import (
     decode,
     encode,
     min_threshold,
+    prg,
     setup_phases,
+    shamir,
     sum_phases,
 )
-from dpneuro.protocol.secagg import prg, shamir
 
 TIMEOUT = 1.0  # aggregator's gather timeout in the simulations (s)
 STAGES = ["secagg-keys", "secagg-share-keys", "sum-masked", "sum-unmask"]

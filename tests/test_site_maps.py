@@ -8,15 +8,15 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from dpneuro.algorithms.metrics import match_components
 from dpneuro.algorithms.spatial_ica import guided_ica
-from dpneuro.run.roles import unit_columns
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.io import DataValidationError, decode_run
-from dpneuro.report.figures import zscore_columns
-from dpneuro.algorithms.metrics import match_components
-from dpneuro.run.pipeline import prepare, run_stages
-from dpneuro.run.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.figures import zscore_columns
+from dpneuro.run.pipeline import prepare, run_stages
+from dpneuro.run.roles import unit_columns
+from dpneuro.run.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
 
 R = 4
 

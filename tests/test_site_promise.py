@@ -10,16 +10,15 @@ import math
 
 import numpy as np
 import pytest
+from test_cape import Zeros
 
+from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.privacy import cape_release_mu
 from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, cape_protocol
 from dpneuro.protocol.cape.phases import verify_plan
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, plan_variances, symmetric_guarantee
 from dpneuro.protocol.driver import Phase, RunOptions, simulate
-from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.protocol.exchange import InProcessExchange, Payload
-from dpneuro.privacy import cape_release_mu
-
-from test_cape import Zeros
 
 SPEC = ReleaseSpec((4,), sensitivity=0.5, noise_multiplier=2.0)  # tau = 1
 
@@ -173,6 +172,7 @@ def test_a_plan_signed_with_the_aggregators_own_key_is_refused_by_every_site(tmp
     import threading
 
     import deploy_common as dc
+
     from dpneuro.protocol.driver import run_aggregator, run_site
     from dpneuro.protocol.exchange import DirectoryExchange
     from dpneuro.protocol.exchange.keys import PartyKeys, load_private_key, read_public_keys

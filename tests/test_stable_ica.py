@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, _whiten, spatial_ica
 from dpneuro.algorithms.metrics import match_components
+from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, _whiten, spatial_ica
 from dpneuro.privacy import rmt
 
 

@@ -6,17 +6,17 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import deploy_common as dc
 import numpy as np
 import pytest
 
-import deploy_common as dc
-from dpneuro.run import roles, pipeline, stages
-from dpneuro.protocol.cape import ReleaseSpec, cape_protocol
 from dpneuro.deploy.sharedfs import aggregator_main, site_main
+from dpneuro.deploy.workflow import run_workflow
+from dpneuro.privacy import noise_multiplier
+from dpneuro.protocol.cape import ReleaseSpec, cape_protocol
 from dpneuro.protocol.driver import run_aggregator, run_site
 from dpneuro.protocol.exchange import Payload
-from dpneuro.privacy import noise_multiplier
-from dpneuro.deploy.workflow import run_workflow
+from dpneuro.run import pipeline, roles, stages
 
 
 class _Mean:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dpneuro.algorithms import dfnc
-from dpneuro.datasets.synth import garch_sources, load_manifest, make_consortium
 from dpneuro.datasets.states import StateProcess, default_dwell, state_correlations
+from dpneuro.datasets.synth import garch_sources, load_manifest, make_consortium
 
 GRID = np.ones((30, 30, 1), bool)  # grid30: the whole grid is the mask
 

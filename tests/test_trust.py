@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import math
 
+import deploy_common as dc
 import numpy as np
 import pytest
 
-import deploy_common as dc
-from dpneuro.protocol.cape import cape_protocol
 from dpneuro.config import ConfigError
 from dpneuro.deploy import coinstac as dcc
-from dpneuro.run.factory import pca_algorithm, reduce_plan, stage_seed
 from dpneuro.deploy.sharedfs import load_party_config
 from dpneuro.privacy import PrivacyLedger, cape_mu_z, gdp_epsilon
 from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
+from dpneuro.protocol.cape import cape_protocol
+from dpneuro.run.factory import pca_algorithm, reduce_plan, stage_seed
 
 
 @pytest.fixture(scope="module")

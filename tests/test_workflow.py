@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dpneuro.cli import main
-from dpneuro.report.figures import read_timecourses
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.datasets.synth import make_consortium
+from dpneuro.report.figures import read_timecourses
 from dpneuro.workflows import run_workflow
 
 R = 4

@@ -76,13 +76,14 @@ from typing import Any
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from dpneuro.algorithms import tensor as tz
+from dpneuro.privacy import PrivacyLedger, noise_multiplier
+from dpneuro.privacy.noise import vector_laplace
+from dpneuro.protocol.cape import ReleaseSpec, run_cape
+from dpneuro.protocol.cape import ledgers as cape_ledgers
 from dpneuro.protocol.cape.packing import check_symmetric_noise, noise_array
 from dpneuro.protocol.cape.plans import NoisePlan
 from dpneuro.protocol.exchange import Payload
-from dpneuro.privacy import PrivacyLedger, noise_multiplier
-from dpneuro.privacy.noise import vector_laplace
-from dpneuro.algorithms import tensor as tz
 
 __all__ = [
     "AGNResult",

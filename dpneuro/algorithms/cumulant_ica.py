@@ -62,11 +62,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
-from dpneuro.protocol.cape.plans import NoisePlan
-from dpneuro.protocol.exchange import Payload
 from dpneuro.data.io import subject_ranges
 from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.cape import ReleaseSpec, run_cape
+from dpneuro.protocol.cape import ledgers as cape_ledgers
+from dpneuro.protocol.cape.plans import NoisePlan
+from dpneuro.protocol.exchange import Payload
 
 __all__ = ["REFINE_FLOOR", "REFINE_SHARE", "CapeCumulantICA", "CumulantICAResult", "cape_cumulant_ica", "contrast",
            "default_clips", "gaussian_part_of", "polish_directions", "power_directions",

@@ -68,12 +68,13 @@ from typing import Any
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, ledgers as cape_ledgers, noise_variance, planned_ledgers, run_cape
-from dpneuro.protocol.cape.plans import symmetric_guarantee
-from dpneuro.protocol.exchange import Payload
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.algorithms import tensor as tz
 from dpneuro.algorithms.agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, noise_variance, planned_ledgers, run_cape
+from dpneuro.protocol.cape import ledgers as cape_ledgers
+from dpneuro.protocol.cape.plans import symmetric_guarantee
+from dpneuro.protocol.exchange import Payload
 
 __all__ = [
     "DFNCStates",

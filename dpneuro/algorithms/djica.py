@@ -82,17 +82,17 @@ from typing import Any
 import numpy as np
 
 from dpneuro import privacy
+from dpneuro.algorithms.metrics import qngi
+from dpneuro.data.io import SiteData, subject_ranges
+from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import ReleaseSpec, cape_protocol, ledgers
 from dpneuro.protocol.cape.plans import PLAN_KINDS, NoisePlan
-from dpneuro.protocol.exchange import Payload
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.driver import (
     RunOptions,
     SimulationResult,
     simulate,
 )
-from dpneuro.data.io import SiteData, subject_ranges
-from dpneuro.algorithms.metrics import qngi
+from dpneuro.protocol.exchange import Payload
 
 __all__ = [
     "DJICAResult",
@@ -590,7 +590,8 @@ CLIP_UNITS = ("sample", "subject")
 
 @dataclass
 class CapeDJICA:
-    """capeDJICA as a :class:`~dpneuro.protocol.cape.CapeAlgorithm` (run it with :func:`~dpneuro.protocol.cape.run_cape`).
+    """capeDJICA as a :class:`~dpneuro.protocol.cape.CapeAlgorithm` (run it with
+    :func:`~dpneuro.protocol.cape.run_cape`).
 
     Site data: a :class:`dpneuro.data.io.SiteData` of the R x N_s whitened data, or
     the pair ``(Z_s, subjects_s)`` with subjects_s the number of subjects

@@ -146,14 +146,15 @@ import numpy as np
 import scipy.linalg
 
 from dpneuro import privacy
+from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.data.io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
-from dpneuro.protocol.cape import ReleaseSpec, ledgers as cape_ledgers, run_cape
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.cape import ReleaseSpec, run_cape
+from dpneuro.protocol.cape import ledgers as cape_ledgers
 from dpneuro.protocol.cape.packing import check_symmetric_noise
 from dpneuro.protocol.cape.plans import NoisePlan
-from dpneuro._utils.errors import UnsafeRelease
-from dpneuro.protocol.exchange import Payload
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
+from dpneuro.protocol.exchange import Payload
 
 __all__ = [
     "CapePCA",
@@ -835,7 +836,8 @@ class CapePCA:
         state = {"site": site, "dim": dim, "n": n_samples, "unit": unit, "sensitivity": sens, "ledger": ledger}
         if self.variances:
             state["sensitivity_variances"] = pca_sensitivity(n_samples, max_len, self.neighbour, self.subject_bound)
-            ledger.note(f"{self.name}: then the {self.k} x {self.k} second moment of the data projected on the released "
+            ledger.note(f"{self.name}: then the {self.k} x {self.k} second moment of the data projected on the "
+                        "released "
                         f"basis (each subject's term clipped to {self.subject_bound or 1:g} * n_m; sensitivity "
                         f"{state['sensitivity_variances']:.6g}), so the eigenvalues are variances; it gets "
                         f"{self.variance_share:g} of the run's mu^2, the basis the rest")

@@ -144,12 +144,12 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.protocol import secagg
-from dpneuro.protocol.exchange import Payload
+from dpneuro.algorithms.pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
 from dpneuro.data.io import column_norms, scale_factors
 from dpneuro.privacy import PrivacyLedger, resolve_random_state
+from dpneuro.protocol import secagg
 from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
-from dpneuro.algorithms.pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
+from dpneuro.protocol.exchange import Payload
 
 __all__ = [
     "KSPrivacyResult",

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpneuro.algorithms.metrics import match_components
 from dpneuro.algorithms.djica import _check_basis
+from dpneuro.algorithms.metrics import match_components
 
 __all__ = ["GuidedICAResult", "SPATIAL_ICA_RESTARTS", "SpatialICAResult", "guided_ica", "spatial_ica"]
 

@@ -24,8 +24,8 @@ from math import comb
 
 import numpy as np
 
-from dpneuro.protocol.cape.packing import pack, unpack
 from dpneuro.privacy import default_rng
+from dpneuro.protocol.cape.packing import pack, unpack
 
 __all__ = [
     "n_sym",

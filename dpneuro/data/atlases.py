@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import nibabel as nib
+import numpy as np
 from nibabel.affines import apply_affine
 from scipy.spatial import cKDTree
 
@@ -269,7 +269,8 @@ def atlas_image(atlas, mask: np.ndarray, affine: np.ndarray):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpneuro.data.atlases NAME ...``: fetch atlases into nilearn's data folder (on a machine that is online)
+    """``python -m dpneuro.data.atlases NAME ...``: fetch atlases into nilearn's data folder (on a machine that is
+    online)
     and print where they are."""
     names = sys.argv[1:] if argv is None else argv
     if not names:

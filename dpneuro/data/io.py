@@ -36,9 +36,9 @@ from typing import Iterator
 import nibabel as nib
 import numpy as np
 
+from dpneuro._utils.progressbar import progress_bar
 from dpneuro.data.bids import NIFTI_SUFFIXES, VERSION_KEYS, bids_entities, confounds_name, split_name
 from dpneuro.data.cleaning import CleaningError, clean_block, run_confounds
-from dpneuro._utils.progressbar import progress_bar
 
 __all__ = [
     "DataValidationError",

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import nibabel as nib
+import numpy as np
 from scipy.cluster.vq import kmeans2
 
 

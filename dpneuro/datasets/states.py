@@ -34,7 +34,8 @@ from scipy.signal import butter, sosfiltfilt
 
 from dpneuro.privacy import default_rng, resolve_random_state
 
-__all__ = ["PlantedStates", "StateProcess", "default_dwell", "make_dfnc_consortium", "mix_voxels", "state_correlations", "window_labels"]
+__all__ = ["PlantedStates", "StateProcess", "default_dwell", "make_dfnc_consortium", "mix_voxels", "state_correlations",
+           "window_labels"]
 
 
 @dataclass

@@ -189,11 +189,11 @@ from scipy.fft import next_fast_len
 from scipy.ndimage import gaussian_filter
 from scipy.spatial import cKDTree
 
+from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.djica import whiten
 from dpneuro.data.io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
-from dpneuro.privacy import default_rng, resolve_random_state
 from dpneuro.datasets.states import StateProcess, default_dwell, state_correlations
-from dpneuro._utils.progressbar import progress_bar
+from dpneuro.privacy import default_rng, resolve_random_state
 
 __all__ = [
     "make_consortium", "load_manifest", "garch_sources",
@@ -840,7 +840,8 @@ def _map_state_paths(truth: dict, fn) -> None:
 
 
 def _state_files(truth: dict) -> list[str]:
-    return ([truth["states"]] if "states" in truth else []) + [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
+    labels = [p for subjects in truth.get("state_labels", {}).values() for p in subjects.values()]
+    return ([truth["states"]] if "states" in truth else []) + labels
 
 
 def _previous_files(out_dir: Path) -> set[Path]:

@@ -75,14 +75,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from dpneuro.run.factory import check_reduction_fits
-from dpneuro.data.cleaning import STRATEGIES
 from dpneuro.config import ConfigError, RunConfig, SiteEntry, check_colluding
-from dpneuro.protocol.exchange.base import AGGREGATOR, ExchangeError, Suspend
-from dpneuro.protocol.exchange.codec import canonical_json
-from dpneuro.protocol.exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
-from dpneuro.protocol.exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
-from dpneuro.protocol.driver import RunOptions
+from dpneuro.data.cleaning import STRATEGIES
 from dpneuro.data.io import BIDS_FILTERS
 from dpneuro.deploy.party import (
     AggregatorContext,
@@ -93,6 +87,12 @@ from dpneuro.deploy.party import (
     run_site_analysis,
     write_json,
 )
+from dpneuro.protocol.driver import RunOptions
+from dpneuro.protocol.exchange.base import AGGREGATOR, ExchangeError, Suspend
+from dpneuro.protocol.exchange.codec import canonical_json
+from dpneuro.protocol.exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
+from dpneuro.protocol.exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
+from dpneuro.run.factory import check_reduction_fits
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -431,8 +431,8 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
     for c in sites:
         if canonical_json(outs[c].get("pinned_keys") or {}) != canonical_json(pinned):
             raise ConfigError(f"COINSTAC input 'public_keys': site {c!r} holds other pinned keys than site "
-                              f"{sites[0]!r}; every site must get the owner's same keys")  # keys pinned in advance win; else each site's own, as COINSTAC's transport delivered it
-        announced = outs[c].get("public_key")
+                              f"{sites[0]!r}; every site must get the owner's same keys")
+        announced = outs[c].get("public_key")  # keys pinned in advance win; else each site's own, as delivered
         if c in pinned and announced != pinned[c]:
             raise ConfigError(f"COINSTAC site {c!r} announced a public key other than the one the owner pinned "
                               "(input 'public_keys'); the remote refuses to run with it")
@@ -483,7 +483,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
                                 base_dir=state["baseDirectory"], transfer_dir=state["transferDirectory"],
                                 state_dir=sd / "exchange" / stage, site_dirs=manifest["sites"])
 
-    for c, o in outs.items():  # a site still waits for a broadcast already sent: COINSTAC lost it
+    for o in outs.values():  # a site still waits for a broadcast already sent: COINSTAC lost it
         w = o.get("wait")
         if w and w.get("stage"):
             exchange(w["stage"]).resend(AGGREGATOR, int(w["round"]), w["topic"])

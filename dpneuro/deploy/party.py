@@ -50,28 +50,28 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.run import roles
-from dpneuro.data.atlases import atlas_image
-from dpneuro.run.planner import SiteShape, apply_target, planned_settings
-from dpneuro.run.factory import check_reduction_fits
-from dpneuro.config import ConfigError, RunConfig, check_delta, consortium_fields
 from dpneuro._utils.errors import UnsafeRelease
+from dpneuro.algorithms.dfnc import state_matrices
+from dpneuro.config import ConfigError, RunConfig, check_delta, consortium_fields
+from dpneuro.data.atlases import atlas_image
+from dpneuro.data.io import private_dir, write_json
+from dpneuro.data.parcellation import atlas_labels, atlas_maps, is_probabilistic
+from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import DirectoryCheckpoint, Exchange, Payload
 from dpneuro.protocol.exchange.codec import load_state_file, save_state_file
 from dpneuro.protocol.exchange.inprocess import DEFAULT_MAX_BYTES
-from dpneuro.data.io import private_dir, write_json
 from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
-from dpneuro.run.outputs import headline as consortium_headline
-from dpneuro.algorithms.dfnc import state_matrices
-from dpneuro.run.outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
-from dpneuro.data.parcellation import atlas_labels, atlas_maps, is_probabilistic
-from dpneuro.run.pipeline import stage_load, stage_space
-from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.report.html import report_headline, write_report
+from dpneuro.report.timings import label
+from dpneuro.run import roles
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.run.outputs import headline as consortium_headline
+from dpneuro.run.outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
+from dpneuro.run.pipeline import stage_load, stage_space
+from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
 from dpneuro.run.stages import Release, active_releases, from_reply, sites_reply
-from dpneuro.report.timings import label
 
 __all__ = [
     "AggregatorContext",

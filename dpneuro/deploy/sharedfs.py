@@ -49,6 +49,16 @@ from pathlib import Path
 from typing import Any
 
 from dpneuro.config import DEFAULT_RUN_ID, ConfigError, RunConfig
+from dpneuro.deploy.party import (
+    AggregatorContext,
+    ManifestMismatch,
+    SiteContext,
+    check_manifest,
+    run_aggregator_analysis,
+    run_manifest,
+    run_site_analysis,
+)
+from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import DirectoryExchange, PartyFailed
 from dpneuro.protocol.exchange.codec import check_name
 from dpneuro.protocol.exchange.directory import (
@@ -65,16 +75,6 @@ from dpneuro.protocol.exchange.keys import (
     load_private_key,
     public_hex,
     read_public_keys,
-)
-from dpneuro.protocol.driver import RunOptions
-from dpneuro.deploy.party import (
-    AggregatorContext,
-    ManifestMismatch,
-    SiteContext,
-    check_manifest,
-    run_aggregator_analysis,
-    run_manifest,
-    run_site_analysis,
 )
 
 __all__ = ["DEFAULT_RUN_ID", "WaitTimeout", "aggregator_main", "load_party_config", "run_folder", "site_main"]

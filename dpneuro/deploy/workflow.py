@@ -23,11 +23,10 @@ os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs second
 import cloudpickle  # noqa: E402  (Pydra's own format for its results)
 import pydra  # noqa: E402
 
-from dpneuro.run import pipeline, stages  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
 from dpneuro.data.io import resolve_workers  # noqa: E402
 from dpneuro.report.timings import label  # noqa: E402
-
+from dpneuro.run import pipeline, stages  # noqa: E402
 
 #: a stage's error travels through the remaining tasks as this prefix and its message (see :func:`_guard`)
 ERROR = "dpneuro-error: "

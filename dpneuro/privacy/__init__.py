@@ -14,13 +14,13 @@ from dpneuro.privacy.gaussian import (
     CALIBRATIONS,
     GaussianBudget,
     epsilon_for_multiplier,
-    noise_multiplier,
     gaussian_epsilon,
     gaussian_sigma,
     gdp_delta,
     gdp_epsilon,
     gdp_mu,
     moments_accountant_epsilon,
+    noise_multiplier,
     rdp_closed_form_epsilon,
 )
 from dpneuro.privacy.ledger import PrivacyLedger, Release

@@ -37,7 +37,7 @@ def resolve_random_state(random_state=None, *, fresh: bool = False):
     """
     x = random_state
     if x is None and fresh:
-        return int(np.random.SeedSequence().entropy)
+        return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]  # an int when drawn from the OS
     if x is None or isinstance(x, np.random.SeedSequence):
         return x
     if isinstance(x, np.random.Generator):
@@ -74,7 +74,8 @@ def gaussian(
     iu = np.triu_indices(n)
     batch = shape[:-2]
     vals = rng.standard_normal(batch + (len(iu[0]),)) * std
-    if symmetric_noise == "symmetrized":  # an entry off the diagonal stands for 2 (dpneuro.protocol.cape.packing.multiplicity)
+    # an entry off the diagonal stands for 2 (dpneuro.protocol.cape.packing.multiplicity)
+    if symmetric_noise == "symmetrized":
         vals /= np.sqrt(np.where(iu[0] == iu[1], 1.0, 2.0))
     out = np.zeros(shape, dtype=np.float64)
     out[..., iu[0], iu[1]] = vals

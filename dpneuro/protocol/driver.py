@@ -38,13 +38,14 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol as TypingProtocol
+from typing import Any
+from typing import Protocol as TypingProtocol
 
 from threadpoolctl import threadpool_limits
 
+from dpneuro._utils.progressbar import progress_bar
 from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
 from dpneuro.protocol.exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
-from dpneuro._utils.progressbar import progress_bar
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dpneuro.algorithms.dfnc import StateSettings
 from dpneuro.algorithms.cumulant_ica import CapeCumulantICA, release_bytes
+from dpneuro.algorithms.dfnc import StateSettings
 from dpneuro.algorithms.djica import OPTIMIZERS, CapeDJICA
 from dpneuro.algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
 from dpneuro.algorithms.pdsvd import PDSVD
-from dpneuro.protocol.cape.plans import NoisePlan
 from dpneuro.config import ConfigError, RunConfig
+from dpneuro.protocol.cape.plans import NoisePlan
 from dpneuro.protocol.exchange.inprocess import DEFAULT_MAX_BYTES
 from dpneuro.run.features import features
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpneuro.data.atlases import atlas_image
 from dpneuro.config import RunConfig
+from dpneuro.data.atlases import atlas_image
 from dpneuro.data.parcellation import atlas_basis, atlas_labels, coordinate_parcels, is_probabilistic
 
 

@@ -14,19 +14,25 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.algorithms.djica import spatial_maps, time_courses
 from dpneuro.algorithms.dfnc import site_dynamics, state_matrices
-from dpneuro.run.roles import SCALING_NOTE, site_windows, unmixing_input
-from dpneuro.run.planner import run_warnings
+from dpneuro.algorithms.djica import spatial_maps, time_courses
 from dpneuro.config import RunConfig
 from dpneuro.data.io import write_json
-from dpneuro.report.figures import (states_figure, template_problem, write_components, write_dynamics,
-                   write_timecourses, zscore_columns)
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.report.figures import (
+    states_figure,
+    template_problem,
+    write_components,
+    write_dynamics,
+    write_timecourses,
+    zscore_columns,
+)
 from dpneuro.report.html import report_headline
-from dpneuro.run.site_maps import made, write_site_maps
 from dpneuro.report.timings import label
+from dpneuro.run.planner import run_warnings
+from dpneuro.run.roles import SCALING_NOTE, site_windows, unmixing_input
+from dpneuro.run.site_maps import made, write_site_maps
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
            "write_states"]

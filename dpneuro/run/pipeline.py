@@ -28,28 +28,36 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
-from dpneuro.run import stages
 from dpneuro.algorithms.dfnc import matrix_to_vector, taper
 from dpneuro.algorithms.djica import usable_eigenvalues
-from dpneuro.run.roles import describe_unmixing
-from dpneuro.run.planner import RELEASING_STAGES, apply_target
-from dpneuro.run.factory import check_reduction_fits
-from dpneuro.config import RunConfig, check_delta, stage_fields
-from dpneuro.protocol.driver import RunOptions
-from dpneuro.run.features import feature_labels
-from dpneuro.data.io import (describe_site_inputs, load_mask, load_site, load_space, mask_to_image, private_dir,
-                 site_data_summary, write_json)
-from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
 from dpneuro.algorithms.metrics import match_components, md_index, qngi
-from dpneuro.run.outputs import consortium_privacy, headline as consortium_headline, states_section, write_consortium_outputs, \
-    write_site_outputs
+from dpneuro.config import RunConfig, check_delta, stage_fields
+from dpneuro.data.io import (
+    describe_site_inputs,
+    load_mask,
+    load_site,
+    load_space,
+    mask_to_image,
+    private_dir,
+    site_data_summary,
+    write_json,
+)
 from dpneuro.data.parcellation import space_parcels
-from dpneuro.privacy import PrivacyLedger
-from dpneuro.report.html import write_report
-from dpneuro.run.site_maps import consortium_section, made
-from dpneuro.datasets.synth import load_manifest
 from dpneuro.datasets.states import window_labels
+from dpneuro.datasets.synth import load_manifest
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.driver import RunOptions
+from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
+from dpneuro.report.html import write_report
 from dpneuro.report.timings import label, timed
+from dpneuro.run import stages
+from dpneuro.run.factory import check_reduction_fits
+from dpneuro.run.features import feature_labels
+from dpneuro.run.outputs import consortium_privacy, states_section, write_consortium_outputs, write_site_outputs
+from dpneuro.run.outputs import headline as consortium_headline
+from dpneuro.run.planner import RELEASING_STAGES, apply_target
+from dpneuro.run.roles import describe_unmixing
+from dpneuro.run.site_maps import consortium_section, made
 
 
 class Interrupted(KeyboardInterrupt):

@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.run.factory import epsilon_field
-from dpneuro.protocol.cape import ReleaseSpec
-from dpneuro.data.cleaning import CleaningError, run_confounds
 from dpneuro.config import ConfigError, RunConfig, check_delta
-from dpneuro.run.features import features
+from dpneuro.data.cleaning import CleaningError, run_confounds
 from dpneuro.data.io import DataValidationError, _load_image, find_subjects
 from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu
-from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
 from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, wigner_edge
+from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
+from dpneuro.protocol.cape import ReleaseSpec
+from dpneuro.run.factory import epsilon_field
+from dpneuro.run.features import features
 from dpneuro.run.stages import RELEASES, release
 
 
@@ -199,7 +199,8 @@ def supported_components(spectral_norm: float, dim: int, contribution: str = "mo
 
 def last_component_overlap(noise_std: float, dim: int, spectrum, n_components: int) -> float:
     """The squared overlap with its noise-free eigenvector expected for the ``n_components``-th eigenvector of
-    ``spectrum`` under covariance noise of off-diagonal std ``noise_std`` (spiked Wigner, :mod:`dpneuro.privacy.rmt`)."""
+    ``spectrum`` under covariance noise of off-diagonal std ``noise_std`` (spiked Wigner,
+    :mod:`dpneuro.privacy.rmt`)."""
     spec = np.asarray(spectrum, np.float64)
     return float(eigenvector_overlap([spec[min(n_components, len(spec)) - 1]], noise_std, dim)[0])
 

@@ -31,18 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE, WindowSet, site_windows as windows_of
+from dpneuro._utils.errors import ConfigError
+from dpneuro.algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE
+from dpneuro.algorithms.dfnc import WindowSet
+from dpneuro.algorithms.dfnc import site_windows as windows_of
 from dpneuro.algorithms.djica import reported_unmixing, whitening_matrix
 from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
-from dpneuro.run.factory import ica_algorithm, noise_plan, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
-from dpneuro.protocol.cape import cape_protocol
 from dpneuro.config import RunConfig
-from dpneuro._utils.errors import ConfigError
-from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
-from dpneuro.protocol.exchange.base import Exchange, Payload
 from dpneuro.data.io import column_blocks, scale_columns, site_matrix
 from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.cape import cape_protocol
+from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
+from dpneuro.protocol.exchange.base import Exchange, Payload
+from dpneuro.run.factory import ica_algorithm, noise_plan, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
 
 __all__ = [
     "ReduceResult",

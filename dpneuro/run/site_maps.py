@@ -36,13 +36,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.pca import subspace_factor
 from dpneuro.algorithms.spatial_ica import guided_ica
-from dpneuro.run.roles import unit_columns
 from dpneuro.config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
 from dpneuro.data.io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers, voxel_decoder
 from dpneuro.report.figures import write_components, zscore_columns
-from dpneuro._utils.progressbar import progress_bar
+from dpneuro.run.roles import unit_columns
 
 __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
            "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]

@@ -27,15 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.run import roles
-from dpneuro.algorithms.pca import check_sources
 from dpneuro.algorithms.djica import time_courses
-from dpneuro.run.factory import PDSVD_THREAT_MODEL, ica_algorithm, noise_plan, pca_algorithm, reduce_plan, states_settings
-from dpneuro.protocol.cape import planned_ledgers as cape_planned
+from dpneuro.algorithms.pca import check_sources
 from dpneuro.config import RunConfig
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.protocol.cape import planned_ledgers as cape_planned
 from dpneuro.protocol.driver import RunOptions, run_parties
 from dpneuro.protocol.exchange.inprocess import InProcessExchange
-from dpneuro.privacy import PrivacyLedger
+from dpneuro.run import roles
+from dpneuro.run.factory import (
+    PDSVD_THREAT_MODEL,
+    ica_algorithm,
+    noise_plan,
+    pca_algorithm,
+    reduce_plan,
+    states_settings,
+)
 
 __all__ = ["RELEASES", "Release", "active_releases", "from_reply", "reduce_inprocess", "release", "run_inprocess",
            "sites_reply", "states_inprocess", "unmix_inprocess"]

@@ -24,20 +24,21 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol as TypingProtocol
+from typing import Any
+from typing import Protocol as TypingProtocol
 
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro.protocol import secagg
 from dpneuro._utils.errors import UnsafeRelease
-from dpneuro.protocol.exchange.base import MessageRejected, Payload
 from dpneuro.privacy import PrivacyLedger, max_colluding
-from dpneuro.protocol.driver import Phase, RunOptions, SimulationResult, State, simulate
+from dpneuro.protocol import secagg
 from dpneuro.protocol.cape.packing import check_symmetric_noise, n_unique, noise_array
 from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances, symmetric_guarantee
+from dpneuro.protocol.driver import Phase, RunOptions, SimulationResult, State, simulate
+from dpneuro.protocol.exchange.base import MessageRejected, Payload
 
 CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
 
@@ -118,7 +119,7 @@ class CapeAlgorithm(TypingProtocol):
     def aggregator_update(self, state: State, round: int, combined: dict[str, np.ndarray]) -> Payload: ...
 
 
-def _plan_payload(plan: NoisePlan, specs: dict[str, dict], taus: dict[str, np.ndarray], weights: np.ndarray,
+def _plan_payload(plan: NoisePlan, specs: Mapping[str, Any], taus: dict[str, np.ndarray], weights: np.ndarray,
                   active: list[int], consortium: int) -> tuple[dict[str, np.ndarray], dict[str, Variances]]:
     """Variances for the active sites (survivors keep the ``consortium``'s guarantee); arrays to broadcast them."""
     w = weights[active] / weights[active].sum()
@@ -332,6 +333,7 @@ class _CapeProtocol:
             g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
             e = np.zeros(size)
             if kind == "cape":
+                assert incoming is not None  # the zero-sum step's broadcast, which a cape round always has
                 esum = incoming.arrays["cape/esum"][offset:offset + size]
                 e = cs["e_hat"][name] - esum / (w[me] * S)
             g = privacy.gaussian(state["rng"], (size,), g_std, state["ledger"]) if kind != "none" else 0.0
@@ -471,7 +473,8 @@ def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], s
     if kind == "none":
         return me
     n_c = noise_plan.colluders(n_sites)
-    promised = symmetric_guarantee(n_sites, n_c, noise_plan.zero_sum_variance) if kind == "cape" else None
+    # the promised guarantee per unit noise multiplier (conv has no coalition beyond the release itself)
+    promised = symmetric_guarantee(n_sites, n_c, noise_plan.zero_sum_variance) if kind == "cape" else 0.0
     for rel, spec in releases.items():
         e = _plan_field(plan, f"cape/e_var/{rel}", S, refuse)
         g = _plan_field(plan, f"cape/g_var/{rel}", S, refuse)

@@ -1,5 +1,6 @@
 """Pluggable exchange layer: one interface, several backends."""
 
+from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.exchange.base import (
     AGGREGATOR,
     ArraySpec,
@@ -12,7 +13,6 @@ from dpneuro.protocol.exchange.base import (
     SiteTimeout,
     Suspend,
 )
-from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.exchange.codec import register_state_type
 from dpneuro.protocol.exchange.coinstac import CoinstacExchange
 from dpneuro.protocol.exchange.directory import DirectoryCheckpoint, DirectoryExchange

@@ -18,7 +18,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dpneuro.protocol.exchange.base import AGGREGATOR, Exchange, ExchangeError, MessageSpec, Payload, Suspend, describe, egress_record, validate
+from dpneuro.protocol.exchange.base import (
+    AGGREGATOR,
+    Exchange,
+    ExchangeError,
+    MessageSpec,
+    Payload,
+    Suspend,
+    describe,
+    egress_record,
+    validate,
+)
 from dpneuro.protocol.exchange.codec import authenticator, blob_limit, check_name, decode_payload, encode_payload
 
 __all__ = ["MAX_MESSAGE_BYTES", "SUFFIX", "CoinstacExchange", "message_name"]

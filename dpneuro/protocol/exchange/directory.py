@@ -40,13 +40,11 @@ from dpneuro.protocol.exchange.base import (
     SiteTimeout,
     describe,
     egress_record,
-    validate,
 )
 from dpneuro.protocol.exchange.codec import (
     authenticator,
     blob_limit,
     check_name,
-    decode_payload,
     encode_payload,
     fsync_dir,
     load_state_file,

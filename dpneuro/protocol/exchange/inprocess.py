@@ -25,8 +25,8 @@ from dpneuro.protocol.exchange.base import (
     Payload,
     SiteTimeout,
     describe,
-    party,
     egress_record,
+    party,
     validate,
 )
 from dpneuro.protocol.exchange.codec import check_name, decode_payload, encode_payload

@@ -61,8 +61,8 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.protocol.exchange.base import Payload
 from dpneuro.protocol.driver import Phase
+from dpneuro.protocol.exchange.base import Payload
 from dpneuro.protocol.secagg import prg, shamir
 from dpneuro.protocol.secagg.config import SecAggConfig
 from dpneuro.protocol.secagg.errors import SecAggDropped, SecAggError, SecAggWarning
