@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro.data.bids import bids_entities, confounds_name
 
 #: nilearn's preset denoising strategies (``load_confounds_strategy``)
@@ -40,7 +41,7 @@ DEFAULT_DESC = "preproc"
 AROMA_DESC = "smoothAROMAnonaggr"
 
 
-class CleaningError(ValueError):  # io turns it into a DataValidationError naming the run
+class CleaningError(DpneuroError, ValueError):  # io turns it into a DataValidationError naming the run
     """A run cannot be cleaned as the consortium asked (the message names the run)."""
 
 

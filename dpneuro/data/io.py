@@ -36,6 +36,7 @@ from typing import Iterator
 import nibabel as nib
 import numpy as np
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.data.bids import NIFTI_SUFFIXES, VERSION_KEYS, bids_entities, confounds_name, split_name
 from dpneuro.data.cleaning import CleaningError, clean_block, run_confounds
@@ -60,7 +61,7 @@ _TR_RTOL = 1e-3
 _TIME_UNIT_SECONDS = {"sec": 1.0, "msec": 1e-3, "usec": 1e-6}
 
 
-class DataValidationError(ValueError):
+class DataValidationError(DpneuroError, ValueError):
     """An input file is missing, unreadable or does not fit the analysis."""
 
 

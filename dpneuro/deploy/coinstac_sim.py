@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpneuro._utils.errors import DpneuroError
+
 __all__ = [
     "CoinstacService",
     "ComputationError",
@@ -57,11 +59,11 @@ __all__ = [
 RUN = "simulatorRun"
 
 
-class ServiceError(RuntimeError):
+class ServiceError(DpneuroError, RuntimeError):
     """A service did not start, answered nonsense, or a wait ran out of time."""
 
 
-class ComputationError(RuntimeError):
+class ComputationError(DpneuroError, RuntimeError):
     """The computation raised: the service replied on stderr (the message is its traceback)."""
 
 

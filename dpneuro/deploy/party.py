@@ -71,7 +71,7 @@ from dpneuro.run.outputs import states_section, write_consortium_outputs, write_
 from dpneuro.run.pipeline import stage_load, stage_space
 from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
-from dpneuro.run.stages import Release, active_releases, from_reply, sites_reply
+from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, sites_reply
 
 __all__ = [
     "AggregatorContext",
@@ -439,7 +439,7 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
     return info
 
 
-def _site_input(ctx: SiteContext, rel: Release, X: str, public: dict, clock: _Clock):
+def _site_input(ctx: SiteContext, rel: ReleasingStage, X: str, public: dict, clock: _Clock):
     """This site's input of ``rel``, kept in its working folder (a restarted site does not compute it again);
     its time counts as the stage's, as in the simulation."""
     path = ctx.work / f"{rel.name}.input.npy"
@@ -481,7 +481,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     leds = []
     for rel in active_releases(cfg):
-        if rel.reads:  # earlier results only the aggregator holds (stages.Release.reads)
+        if rel.reads:  # earlier results only the aggregator holds (stages.ReleasingStage.reads)
             def fetch(topic: str = f"{rel.name}-reads") -> dict[str, Any]:
                 return dict(roles.summary_site(i, {}, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                                   timeout=ctx.timeout).arrays)
@@ -493,7 +493,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
         for step in rel.steps(cfg):
-            def compute(rel: Release = rel, step: str = step, data: Any = data,
+            def compute(rel: ReleasingStage = rel, step: str = step, data: Any = data,
                         previous: dict | None = previous) -> dict[str, Any]:
                 return rel.site(cfg, step, i, data, lengths, ctx.exchange(step), n_sites=n, dim=dim,
                                 previous=previous, checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
@@ -635,7 +635,7 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     public: dict[str, dict[str, Any]] = {}
     for rel in active_releases(cfg):
         if rel.reads:
-            def send(rel: Release = rel, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
+            def send(rel: ReleasingStage = rel, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
                 reply = Payload({f"{st}.{k}": np.asarray(public[st][k]) for st, k in rel.reads})
                 roles.summary_aggregator(reply, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                             options=ctx.options)
@@ -645,7 +645,8 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
         for step in rel.steps(cfg):
-            def compute(rel: Release = rel, step: str = step, previous: dict | None = previous) -> dict[str, Any]:
+            def compute(rel: ReleasingStage = rel, step: str = step,
+                        previous: dict | None = previous) -> dict[str, Any]:
                 return rel.aggregator(cfg, step, ctx.exchange(step), n_sites=n, dim=dim, public=public,
                                       previous=previous, checkpoint=ctx.checkpoint(step), options=ctx.options)
 

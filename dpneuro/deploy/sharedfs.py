@@ -48,6 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro.config import DEFAULT_RUN_ID, ConfigError, RunConfig
 from dpneuro.deploy.party import (
     AggregatorContext,
@@ -82,7 +83,7 @@ __all__ = ["DEFAULT_RUN_ID", "WaitTimeout", "aggregator_main", "load_party_confi
 _POLL = 0.05
 
 
-class WaitTimeout(RuntimeError):
+class WaitTimeout(DpneuroError, RuntimeError):
     """Something another party should have written to the shared folder did not appear in time."""
 
 

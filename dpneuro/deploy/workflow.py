@@ -23,6 +23,7 @@ os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs second
 import cloudpickle  # noqa: E402  (Pydra's own format for its results)
 import pydra  # noqa: E402
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro.config import RunConfig  # noqa: E402
 from dpneuro.data.io import resolve_workers  # noqa: E402
 from dpneuro.report.timings import label  # noqa: E402
@@ -104,7 +105,7 @@ def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
     return wf
 
 
-class WorkflowError(RuntimeError):
+class WorkflowError(DpneuroError, RuntimeError):
     """A stage failed; the message is the stage's own error, in one line."""
 
 

@@ -43,6 +43,7 @@ from typing import Protocol as TypingProtocol
 
 from threadpoolctl import threadpool_limits
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
 from dpneuro.protocol.exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
@@ -87,7 +88,7 @@ class Checkpoint(TypingProtocol):
     def save(self, record: dict[str, Any]) -> None: ...
 
 
-class SiteDropped(RuntimeError):
+class SiteDropped(DpneuroError, RuntimeError):
     """The aggregator continued without this site (it missed a deadline)."""
 
 

@@ -107,7 +107,7 @@ def releases_in(cfg: RunConfig, stage: str) -> bool:
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
                     stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
     """Every site's ledger of a run of ``cfg`` (its ``stages``; the reduction always) on sites of these shapes
-    (no data needed): each stage's own prediction (:attr:`dpneuro.run.stages.Release.planned`)."""
+    (no data needed): each stage's own prediction (:attr:`dpneuro.run.stages.ReleasingStage.planned`)."""
     per_stage = [rel.planned(cfg, shapes, dim) for rel in RELEASES if rel.planned is not None
                  and (rel.name == "reduce" or (rel.name in stages and rel.spends(cfg)))]
     out = {}

@@ -11,7 +11,7 @@ brain states), then the outputs. Every entry point reads this table:
   ``dpneuro site`` / ``dpneuro aggregator`` and COINSTAC) run its site step
   or its aggregator step over their exchange, one exchange topic per step.
 
-So a new stage is one new :class:`Release` in :data:`RELEASES`.
+So a new stage is one new :class:`ReleasingStage` in :data:`RELEASES`.
 
 A stage's *public result* is what its aggregator step returns (the
 aggregator's view) and what its site step returns besides the ledger (the
@@ -44,14 +44,14 @@ from dpneuro.run.factory import (
     states_settings,
 )
 
-__all__ = ["RELEASES", "Release", "active_releases", "from_reply", "reduce_inprocess", "release", "run_inprocess",
-           "sites_reply", "states_inprocess", "unmix_inprocess"]
+__all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "reduce_inprocess", "release",
+           "run_inprocess", "sites_reply", "states_inprocess", "unmix_inprocess"]
 
 Public = Mapping[str, Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
-class Release:
+class ReleasingStage:
     """One releasing stage.
 
     Attributes
@@ -220,21 +220,21 @@ def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, c
 
 
 #: the run's releasing stages, in run order
-RELEASES: tuple[Release, ...] = (
-    Release("reduce", lambda cfg: ("reduce",), lambda cfg, X, public: X, _reduce_site, _reduce_aggregator,
+RELEASES: tuple[ReleasingStage, ...] = (
+    ReleasingStage("reduce", lambda cfg: ("reduce",), lambda cfg, X, public: X, _reduce_site, _reduce_aggregator,
             check=_reduce_check, spends=lambda cfg: cfg.reduction != "pdsvd",
             algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
     # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
-    Release("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
+    ReleasingStage("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
             check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal",
             algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
-    Release("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("vectors",),
+    ReleasingStage("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("vectors",),
             reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
             algorithms=_states_algorithms, planned=_states_planned),
 )
 
 
-def release(name: str) -> Release:
+def release(name: str) -> ReleasingStage:
     """The entry of :data:`RELEASES` called ``name``."""
     for r in RELEASES:
         if r.name == name:
@@ -242,7 +242,7 @@ def release(name: str) -> Release:
     raise KeyError(f"no releasing stage {name!r}; stages: {[r.name for r in RELEASES]}")
 
 
-def active_releases(cfg: RunConfig) -> tuple[Release, ...]:
+def active_releases(cfg: RunConfig) -> tuple[ReleasingStage, ...]:
     """The stages this configuration runs, in order."""
     return tuple(r for r in RELEASES if r.active(cfg))
 
@@ -258,7 +258,7 @@ def from_reply(reply: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             if any(k in reply for k in r.to_sites)}
 
 
-def run_inprocess(stage: Release, cfg: RunConfig, inputs: Sequence[Any], lengths: Sequence[Sequence[int]], *,
+def run_inprocess(stage: ReleasingStage, cfg: RunConfig, inputs: Sequence[Any], lengths: Sequence[Sequence[int]], *,
                   dim: int, public: Public, options: RunOptions | None = None
                   ) -> tuple[dict[str, Any], list[PrivacyLedger]]:
     """Every party of ``stage`` in this process (a thread per site, one in-process exchange per step).

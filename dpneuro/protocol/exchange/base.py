@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from dpneuro._utils.errors import DpneuroError
+
 AGGREGATOR = -1  # sender id of the aggregator
 
 
-class ExchangeError(RuntimeError):
+class ExchangeError(DpneuroError, RuntimeError):
     """A message could not be delivered, or was rejected on receipt."""
 
 

@@ -28,6 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro.protocol.exchange.base import AGGREGATOR
 
 __all__ = ["AGGREGATOR_NAME", "KeyFileError", "PartyKeys", "generate_key", "load_private_key", "public_hex",
@@ -37,7 +38,7 @@ AGGREGATOR_NAME = "aggregator"
 SIGNATURE_BYTES = 64
 
 
-class KeyFileError(ValueError):
+class KeyFileError(DpneuroError, ValueError):
     """A key file is missing, malformed or does not match the key the consortium pinned (the message says which)."""
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dpneuro._utils.errors import DpneuroError
 from dpneuro.protocol.driver import SiteDropped
 
 
-class SecAggError(ValueError):
+class SecAggError(DpneuroError, ValueError):
     """Secure aggregation cannot proceed safely or correctly.
 
     Raised for too few surviving sites, requests a site must refuse (they

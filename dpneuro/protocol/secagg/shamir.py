@@ -20,13 +20,15 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dpneuro._utils.errors import DpneuroError
+
 #: the Mersenne prime 2^521 - 1, comfortably larger than any 32-byte secret
 PRIME = 2**521 - 1
 #: bytes needed for one share (a field element)
 SHARE_BYTES = (PRIME.bit_length() + 7) // 8  # 66
 
 
-class ShamirError(ValueError):
+class ShamirError(DpneuroError, ValueError):
     """Shares are too few, malformed, or do not reconstruct a valid secret."""
 
 

@@ -156,7 +156,7 @@ def test_subspace_ceilings_bound_every_rotation_of_the_basis():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from strong_privacy import subspace_ceilings
 
     rng = np.random.default_rng(0)

@@ -64,7 +64,7 @@ def _toy_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, chec
     return {"mean": np.asarray(run_aggregator(proto, exchange, checkpoint=checkpoint, options=options)["mean"])}
 
 
-TOY = stages.Release("toy", lambda cfg: ("toy",),
+TOY = stages.ReleasingStage("toy", lambda cfg: ("toy",),
                      lambda cfg, X, public: roles.site_whiten(X, public["reduce"]["basis"],
                                                                  public["reduce"]["eigenvalues"]),
                      _toy_site, _toy_aggregator)
@@ -129,3 +129,15 @@ def test_a_stage_added_to_the_table_runs_in_a_deployment(with_toy, man, tmp_path
         assert len(_toy_releases(own, s.name)) == 1
     work = cfg.resolved().out
     assert list(Path(work).rglob("toy.result.npz"))  # each party kept its step's result to resume from
+
+
+def test_stage_names_come_from_one_table():
+    """The run's order, the planner's releasing stages and the configuration's stage names are the stage table's:
+    a stage added to RELEASES appears in each (the configuration, a lower layer, lists the names; they must agree)."""
+    from dpneuro.config import STAGES
+    from dpneuro.run.planner import RELEASING_STAGES
+
+    names = tuple(r.name for r in stages.RELEASES)
+    assert RELEASING_STAGES == names
+    assert pipeline.run_order() == ("space", "load", *names, "maps", "report")
+    assert pipeline.run_order()[:-1] == STAGES

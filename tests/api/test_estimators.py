@@ -338,7 +338,7 @@ def test_example_script_runs_as_a_notebook_would(tmp_path):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "decentralized_ica.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "decentralized_ica.py"
     res = subprocess.run([sys.executable, str(script), str(tmp_path / "ex"), "--small"], capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -480,7 +480,7 @@ def test_fitted_state_is_what_check_is_fitted_reads(fitted):
 
 def test_a_configurations_relative_out_is_the_working_folder_at_fit(tmp_path, monkeypatch):
     """from_config("run.toml"): the inputs the file names are beside it, its outputs where the user works."""
-    template = Path(__file__).resolve().parents[1] / "site_templates" / "run.toml"
+    template = Path(__file__).resolve().parents[2] / "site_templates" / "run.toml"
     monkeypatch.chdir(tmp_path)
     cfg = dpneuro.DecentralizedICA.from_config(template).to_config()
     assert cfg.out == str(tmp_path / "run")

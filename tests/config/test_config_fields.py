@@ -29,7 +29,7 @@ from dpneuro.config import (
     with_settings,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # What deploy/party.py (CONSORTIUM_FIELDS) and pipeline.py (STAGE_FIELDS) listed by hand before the fields' metadata
 # described them: the derived sets must not change by accident.

@@ -441,7 +441,7 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
     from dpneuro.config import RunConfig
     from dpneuro.run.planner import MAPS_OVERLAP, maps_overlap, subjects_needed
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "real_frontier.csv"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_frontier.csv"
     rows = [r for r in csv.DictReader(path.read_text().splitlines()) if r["ica"] == "spatial"
             and r["contribution"] == "subspace" and r["sites"] == "equal" and r["epsilon"] != "none"]
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],

@@ -46,7 +46,7 @@ from dpneuro.protocol.exchange.codec import (
     save_state_file,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import exchange_workers as ew  # noqa: E402
 
 KEY = bytes(range(32))

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from test_cape import Zeros
+from cape_toys import Zeros
 
 from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.privacy import cape_release_mu

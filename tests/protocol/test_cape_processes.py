@@ -13,7 +13,7 @@ from dpneuro.protocol.driver import RunOptions, run_aggregator
 from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange
 
 KEY = bytes(range(32))
-WORKER = str(Path(__file__).with_name("cape_workers.py"))
+WORKER = str(Path(__file__).resolve().parents[1] / "cape_workers.py")
 DEADLINE = 90
 
 
@@ -33,7 +33,7 @@ def _run(tmp_path, n, die=None):
     def start(s, extra=()):
         args = [sys.executable, WORKER, "--root", str(tmp_path / "shared"), "--run-id", "cape", "--key", KEY.hex(),
                 "--n-sites", str(n), "--site", str(s), "--checkpoint", str(tmp_path / f"site-{s}.npz"), *extra]
-        return subprocess.Popen(args, stderr=open(tmp_path / f"site-{s}.err", "ab"), cwd=Path(__file__).parent)
+        return subprocess.Popen(args, stderr=open(tmp_path / f"site-{s}.err", "ab"), cwd=Path(__file__).resolve().parents[1])
 
     t = threading.Thread(target=agg, daemon=True)
     procs = []

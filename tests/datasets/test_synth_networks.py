@@ -272,7 +272,7 @@ def _digest(root: Path) -> str:
     return h.hexdigest()
 
 
-#: digests of the blobs model's output recorded with dpneuro/synth.py as it was before the networks model (the
+#: digests of the blobs model's output recorded with dpneuro/datasets/synth.py as it was before the networks model (the
 #: states' when they became planted dFNC connectivity states)
 BLOBS_DIGESTS = {
     "plain": ("c23e88369e277d79262ac20d1bccc6f5e3af437ac5ba026f48485d185293027a",

@@ -413,7 +413,7 @@ def _template_config():
 
     from dpneuro.deploy.sharedfs import load_party_config  # noqa: F401  (the template is a party's config)
 
-    path = Path(__file__).resolve().parents[1] / "site_templates" / "fmriprep.toml"
+    path = Path(__file__).resolve().parents[2] / "site_templates" / "fmriprep.toml"
     return path, tomllib.loads(path.read_text())
 
 

@@ -33,7 +33,7 @@ from dpneuro.deploy import coinstac as dcc
 from dpneuro.deploy import coinstac_sim as sim
 from dpneuro.report.figures import read_timecourses
 
-HERE = Path(__file__).resolve().parent / "coinstac_pipeline"
+HERE = Path(__file__).resolve().parents[1] / "coinstac_pipeline"
 COINSTAC = dc.TEMPLATES / "coinstac"
 ALLOWED = {"cape-noise", "secagg-mask", "encrypted-share", "secagg-share", "public"}
 

@@ -14,7 +14,7 @@ import time
 import deploy_common as dc
 import numpy as np
 import pytest
-from test_cape import Zeros
+from cape_toys import Zeros
 
 from dpneuro.config import ConfigError
 from dpneuro.deploy import sharedfs

@@ -5,6 +5,7 @@ from itertools import permutations
 
 import numpy as np
 import pytest
+from cape_toys import Zeros
 from scipy import stats
 
 from dpneuro.privacy import cape_release_mu
@@ -22,40 +23,6 @@ from dpneuro.protocol.cape.packing import multiplicity, noise_array, pack, pack_
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, guarantee_plan, plan_variances, symmetric_guarantee
 from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout
 from dpneuro.protocol.exchange import InProcessExchange, Payload
-
-
-class Zeros:
-    """Each site releases f = 0 (so a release is pure noise) for ``rounds`` rounds."""
-
-    name = "zeros"
-
-    def __init__(self, shape=(4000,), taus=None, symmetric=False, rounds=1, seed=0, symmetric_noise="symmetrized"):
-        self.shape, self.taus, self.symmetric, self.max_rounds, self.seed = shape, taus, symmetric, rounds, seed
-        self.symmetric_noise = symmetric_noise
-
-    def site_init(self, site, data):
-        return {"rng": np.random.default_rng([self.seed, site]), "_n": data}
-
-    def site_releases(self, state):
-        tau = 1.0 if self.taus is None else self.taus[state["site"]]
-        return {"f": ReleaseSpec(self.shape, sensitivity=0.5, noise_multiplier=2 * tau, symmetric=self.symmetric,
-                                 symmetric_noise=self.symmetric_noise)}
-
-    def site_weight(self, state):
-        return state["_n"]
-
-    def site_compute(self, state, round, broadcast):
-        return {"f": np.zeros(self.shape)}
-
-    def aggregator_init(self):
-        return {"combined": []}
-
-    def aggregator_first(self, state):
-        return Payload()
-
-    def aggregator_update(self, state, round, combined):
-        state["combined"].append(combined["f"])
-        return Payload(meta={"stop": round == self.max_rounds - 1})
 
 
 def _releases(result, round=0, topic="release"):

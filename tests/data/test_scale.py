@@ -219,7 +219,7 @@ def test_streamed_pca_without_noise_equals_the_covariance_mode(consortium):
 
 def test_readme_states_the_streamed_pca_stopping_rule():
     """The README's numbers come from the constants the run uses."""
-    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     tol = f"{STREAMED_PCA_TOL:.0e}".replace("e-0", "e-")  # 1e-4
     assert (f"residual below {tol} of the largest eigenvalue; at most {STREAMED_PCA_ITERATIONS} "
             "passes over the data") in text
