@@ -9,6 +9,7 @@ budget re-runs only the stages downstream of it.
 
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import threading
 import traceback
 import typing as ty
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs seconds offline
@@ -150,9 +152,20 @@ def _signals_interrupt():
             signal.signal(s, h)
 
 
+def _quiet_broken_pool(args) -> None:
+    """Once the workers are stopped on purpose, the process pool's manager thread may fail to mark futures
+    that are already cancelled (concurrent.futures' InvalidStateError): not an error of the run."""
+    if not issubclass(args.exc_type, (concurrent.futures.InvalidStateError, BrokenProcessPool)):
+        _THREAD_HOOK(args)
+
+
+_THREAD_HOOK = threading.excepthook
+
+
 def _stop_workers(sub: pydra.Submitter, timeout: float = 5.0) -> None:
     """End the worker processes and the submitter's pending tasks, before the submitter closes (its
     process pool would otherwise wait for the running stages to finish)."""
+    threading.excepthook = _quiet_broken_pool  # restored once the submitter has closed (run_workflow)
     pool = getattr(sub.worker, "pool", None)  # the cf plugin's ProcessPoolExecutor (serial has none)
     workers = list((getattr(pool, "_processes", None) or {}).values())
     for p in workers:
@@ -241,6 +254,7 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
                     _stop_workers(sub)
                     raise
         except KeyboardInterrupt as exc:
+            threading.excepthook = _THREAD_HOOK
             stage = _running_stage(wf, cfg)
             shutil.rmtree(wf.cache_dir, ignore_errors=True)
             raise pipeline.Interrupted(getattr(exc, "signum", signal.SIGINT), stage) from None

@@ -256,7 +256,7 @@ def test_entry_point_dockerfile_and_ci():
         assert (dc.REPO / path).exists() and path in docker
     pyproject = (dc.REPO / "pyproject.toml").read_text()
     assert 'coinstac = ["coinstac==0.3.4", "websockets<14"]' in pyproject and '"dpneuro.deploy"' in pyproject
-    assert '.[test,bench,coinstac,cluster]' in (dc.REPO / ".ci" / "run").read_text()
+    assert '.[test,bench,coinstac,cluster,lint]' in (dc.REPO / ".ci" / "run").read_text()
 
 
 # -- the suspending exchange and the driver hook, without COINSTAC ------------------------------
