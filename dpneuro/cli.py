@@ -35,7 +35,7 @@ from dpneuro.privacy.summary import headline_lines, privacy_warnings
 from dpneuro.protocol.exchange.keys import generate_key
 from dpneuro.report.timings import lines as timing_lines
 from dpneuro.run.features import features
-from dpneuro.run.pipeline import Interrupted, progress
+from dpneuro.run.pipeline import Interrupted, prepare, progress
 from dpneuro.run.planner import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
 
 EXIT_OK = 0
@@ -98,22 +98,25 @@ def _print_privacy(priv: dict, warnings: list[str] | None = None) -> None:
         print(w, file=sys.stderr)
 
 
-def _print_summary(est, seconds: float) -> None:
-    """What a fitted estimator wrote and what it cost, for the terminal."""
-    out = est.output_dir_
-    print(f"report:     {est.report_.path}")
+def _print_summary(out: Path, seconds: float, quiet: bool = False) -> None:
+    """What a run wrote to ``out`` and what it cost, for the terminal, read from its files (its warnings reach
+    the user even when ``quiet``)."""
+    run = json.loads((out / "run.json").read_text())
+    if quiet:
+        for w in run.get("warnings", []):
+            print(w, file=sys.stderr)
+        return
+    print(f"report:     {out / 'report.html'}")
     print(f"components: {out / 'components.nii.gz'}")
     print(f"privacy:    {out / 'privacy.json'}")
-    if est.site_maps_imgs_:
+    if (out / "site_maps").is_dir():
         print(f"site maps:  {out / 'site_maps'} (each site's own, at voxel resolution)")
-    if est.metrics_:
-        print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in est.metrics_.items()))
-    _print_privacy(est.privacy_.report, est.warnings_)
-    run_json = out / "run.json"
-    if run_json.exists():  # the stages' times as the run recorded them (also in the report)
-        print("stages:")
-        for line in timing_lines(json.loads(run_json.read_text()).get("timings_s", {})):
-            print(f"  {line}")
+    if run.get("metrics"):
+        print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in run["metrics"].items()))
+    _print_privacy(json.loads((out / "privacy.json").read_text()), run.get("warnings", []))
+    print("stages:")  # the stages' times as the run recorded them (also in the report)
+    for line in timing_lines(run.get("timings_s", {})):
+        print(f"  {line}")
     print(f"wall time:  {seconds:.1f} s")
 
 
@@ -133,10 +136,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         unmix = "capeDJICA" if est.ica == "temporal" else "spatial ICA of the released basis"
         print(f"running the workflow (load -> capePCA -> {unmix} -> maps -> report) ...")
     est.fit({s["site"]: s["path"] for s in manifest["sites"]})
-    if not args.quiet:
-        _print_summary(est, time.perf_counter() - t0)
-    else:
-        _print_warnings(est)
+    _print_summary(est.output_dir_, time.perf_counter() - t0, args.quiet)
     if not args.keep_work:
         shutil.rmtree(out / "work", ignore_errors=True)  # intermediate files: ~as large as the data
     if not args.quiet:
@@ -153,32 +153,22 @@ def _raise_interrupted(signum, frame):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from dpneuro.estimators import DecentralizedICA  # deferred: it loads scikit-learn, which only demo and run need
+    from dpneuro.workflows import run_workflow  # deferred: it loads Pydra, which only this command needs
 
     t0 = time.perf_counter()
     cfg = RunConfig.read(args.config)
     if args.run_id is not None:
-        cfg.run_id = args.run_id
-    cfg.validate()
+        cfg = replace(cfg, run_id=args.run_id)
+    cfg, _ = prepare(cfg)  # validated once; a total epsilon planned from the sites' counts
     # SIGTERM ends the run as Ctrl-C does, through main's message (inside the workflow, which also stops its
-    # workers: workflows.consortium.run_workflow), rather than at once
+    # workers: dpneuro.deploy.workflow.run_workflow), rather than at once
     before = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        est = DecentralizedICA.from_config(cfg, engine="pydra" if args.plugin == "serial" else f"pydra-{args.plugin}",
-                                           verbose=int(not args.quiet)).fit()
+        run_workflow(cfg, plugin=args.plugin, prepared=True)
     finally:
         signal.signal(signal.SIGTERM, before)
-    if not args.quiet:
-        _print_summary(est, time.perf_counter() - t0)
-    else:
-        _print_warnings(est)
+    _print_summary(cfg.run_dir, time.perf_counter() - t0, args.quiet)
     return EXIT_OK
-
-
-def _print_warnings(est) -> None:
-    """Warnings reach the user even with --quiet."""
-    for w in est.warnings_:
-        print(w, file=sys.stderr)
 
 
 def _budget_overrides() -> dict[str, tuple[str, ...]]:

@@ -541,6 +541,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
         else "OS entropy (fresh noise every run)",
         "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"],
+        "warnings": list(mp.get("warnings", [])), "metrics": metrics,
         "features": space.get("features", ""),
         "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},
         "data": {s["site"]: site_data_summary(s) for s in sites}})
