@@ -263,7 +263,7 @@ def _check_split(split, n_parts: int) -> tuple[float, ...]:
     return parts
 
 
-def _check_k(k, D: int, n_total: int, model: str, sigma2) -> int:
+def check_k(k, D: int, n_total: int, model: str, sigma2) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ValueError(f"k must be an integer, got {k!r}")
     k = int(k)
@@ -347,7 +347,7 @@ def _third_moment(sd: PreparedSite, sigma2: float) -> np.ndarray:
     return tz.stm_third_moment(sd.words, sd.D)
 
 
-def _third_moment_whitened(sd: PreparedSite, W: np.ndarray, sigma2: float) -> np.ndarray:
+def third_moment_whitened(sd: PreparedSite, W: np.ndarray, sigma2: float) -> np.ndarray:
     """M3(W, W, W) without forming the D^3 tensor."""
     if sd.model == "mog":
         m = sd.X.mean(axis=1)
@@ -451,7 +451,7 @@ class _M2Stage(_Stage):
         return Payload(arrays, {"stop": True}, carries={k: "public (post-processing)" for k in arrays})
 
 
-class _M3Stage(_Stage):
+class M3Stage(_Stage):
     """Stage 2: sites release (M3_s + symmetric noise)(W, W, W)."""
 
     name = "capeagn-m3"
@@ -498,7 +498,7 @@ def moment_stage(order: int, n_components: int, noise_multiplier: float, groups,
     elif order == 3:
         if W is None:
             raise ValueError("the third-moment stage needs W from the second-moment stage")
-        stage = _M3Stage("mog", noise_multiplier, stage_id=2, W=np.asarray(W, np.float64),
+        stage = M3Stage("mog", noise_multiplier, stage_id=2, W=np.asarray(W, np.float64),
                          sigma2=float(sigma2 or 0.0), **common)
     else:
         raise ValueError(f"order must be 2 or 3, got {order!r}")
@@ -594,7 +594,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     nplan.check(len(sites))
     groups = _groups(samples_per_unit, unit, len(sites))
     D = sites[0].D
-    k = _check_k(n_components, D, sum(sd.n for sd in sites), model, sigma2)  # the papers' k
+    k = check_k(n_components, D, sum(sd.n for sd in sites), model, sigma2)  # the papers' k
     sc = sites[0].scale
     s2_scaled = None if sigma2 is None else float(sigma2) / sc**2
     (e1, e2), (d1, d2) = _stage_budget(epsilon, delta, eps_split)
@@ -606,7 +606,7 @@ def cape_agn(site_samples: Sequence, n_components: int, epsilon: float, delta: f
     r1 = run_cape(st1, sites, nplan, secagg_config=secagg_config)
     W, s2 = r1.aggregator["W"], r1.aggregator["sigma2"]
     t1 = time.perf_counter()
-    st2 = _M3Stage(model, z2, stage_id=2, W=W, sigma2=s2 or 0.0, **common)
+    st2 = M3Stage(model, z2, stage_id=2, W=W, sigma2=s2 or 0.0, **common)
     r2 = run_cape(st2, sites, nplan, secagg_config=secagg_config)
     t2 = time.perf_counter()
     rng = np.random.default_rng(None if seed is None else [seed, 99])
@@ -655,7 +655,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
     sd = prepare_site(data, model, scale=scale, site=owner)
     group = _groups(samples_per_unit, unit, 1)[0]
     D, n = sd.D, sd.n
-    k = _check_k(n_components, D, n, model, sigma2)  # the papers' k
+    k = check_k(n_components, D, n, model, sigma2)  # the papers' k
     sc = sd.scale
     s2_in = None if sigma2 is None else float(sigma2) / sc**2
     rng = np.random.default_rng(seed)
@@ -677,7 +677,7 @@ def _central(data, n_components: int, *, model: str, mechanism: str, epsilon: fl
         info.update(epsilon=(e1, e2), delta=(d1, d2 if mechanism == "agn" else 0.0), tau_m2=tau1)
     W, s2 = _whiten(S, k, model, s2_in)
     t1 = time.perf_counter()
-    T = _third_moment_whitened(sd, W, s2 or 0.0)
+    T = third_moment_whitened(sd, W, s2 or 0.0)
     t2 = time.perf_counter()
     if private:
         _, d3_sens = sensitivities(model, D, n, s2 or 0.0, group)

@@ -69,7 +69,7 @@ import numpy as np
 
 from dpneuro import privacy
 from dpneuro.algorithms import tensor as tz
-from dpneuro.algorithms.agn import _M3Stage, _third_moment_whitened, finish_moments, moment_stage, prepare_site
+from dpneuro.algorithms.agn import M3Stage, finish_moments, moment_stage, prepare_site, third_moment_whitened
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, noise_variance, planned_ledgers, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
@@ -609,7 +609,7 @@ def _add_rows(out: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
 
 # -- capeAGN on windows -----------------------------------------------------------------------
 
-class _WindowM3(_M3Stage):
+class _WindowM3(M3Stage):
     """capeAGN's M3 release without the D^3 moment: (M3_s + E)(W, W, W) = M3_s(W, W, W) + E(W, W, W).
 
     The protocol adds the symmetric noise E to the declared D x D x D release
@@ -623,7 +623,7 @@ class _WindowM3(_M3Stage):
         return {"m3": np.zeros((D, D, D))}
 
     def site_postprocess(self, state, name: str, noisy: np.ndarray) -> np.ndarray:
-        return tz.multilinear(noisy, self.W) + _third_moment_whitened(state["_data"], self.W, self.sigma2)
+        return tz.multilinear(noisy, self.W) + third_moment_whitened(state["_data"], self.W, self.sigma2)
 
 
 def _agn_stages(n_states: int, z2: float, z3: float, groups: dict, bound: float, seed, W=None, sigma2=None):

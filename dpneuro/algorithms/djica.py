@@ -494,7 +494,7 @@ def usable_eigenvalues(eigenvalues) -> np.ndarray:
     return np.where(lam > 0, lam, EIGENVALUE_FLOOR * top)
 
 
-def _check_basis(basis, eigenvalues) -> tuple[np.ndarray, np.ndarray]:
+def check_basis(basis, eigenvalues) -> tuple[np.ndarray, np.ndarray]:
     V = np.asarray(basis, np.float64)
     lam = np.asarray(eigenvalues, np.float64).reshape(-1)
     if V.ndim != 2:
@@ -539,13 +539,13 @@ def whiten(X, basis, eigenvalues) -> np.ndarray:
 
 def whitening_matrix(basis, eigenvalues, dtype=np.float64) -> np.ndarray:
     """T = Lambda^{-1/2} V^T (R x D) in ``dtype``, checked once: ``whiten(X) == T @ X``."""
-    V, lam = _check_basis(basis, eigenvalues)
+    V, lam = check_basis(basis, eigenvalues)
     return (V / np.sqrt(lam)).T.astype(dtype)
 
 
 def spatial_maps(basis, eigenvalues, W) -> np.ndarray:
     """Spatial maps A = V_R Lambda^{1/2} W^{-1} (D x R, one map per column)."""
-    V, lam = _check_basis(basis, eigenvalues)
+    V, lam = check_basis(basis, eigenvalues)
     W = np.asarray(W, np.float64)
     if W.shape != (V.shape[1], V.shape[1]):
         raise ValueError(f"W must be {V.shape[1]} x {V.shape[1]}, got shape {W.shape}")

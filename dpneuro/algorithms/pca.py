@@ -369,7 +369,7 @@ def _check_scale(scale) -> None:
         raise ValueError(f"scale constant must be positive and finite, got {scale}")
 
 
-def _scale_note(scale) -> str:
+def scale_note(scale) -> str:
     if scale is None:
         return ("data were given already scaled to column norm <= 1 (checked); the consortium-agreed "
                 "preprocessing that did so is public and is not covered by this ledger")
@@ -554,7 +554,7 @@ def contribution_bound(subject_bound: float | None, contribution: str = "moment"
     bound = check_subject_bound(subject_bound)
     if contribution == "moment":
         return bound
-    own = 1.0 / math.sqrt(_check_k(k))
+    own = 1.0 / math.sqrt(check_k(k))
     return own if bound is None else min(bound, own)
 
 
@@ -590,7 +590,7 @@ def covariance_release_bytes(dim: int) -> int:
 
 # -- parameter checks -----------------------------------------------------------------------
 
-def _check_k(k) -> int:
+def check_k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     return int(k)
@@ -729,7 +729,7 @@ class CapePCA:
                  keep_matrix: bool = False, subject_bound: float | None = None, tol: float | None = None,
                  contribution: str = "moment", symmetric_noise: str = "symmetrized", variances: bool = False,
                  variance_share: float = VARIANCE_SHARE):
-        self.k = _check_k(k)
+        self.k = check_k(k)
         self.symmetric_noise = check_symmetric_noise(symmetric_noise)
         self.subject_bound = check_subject_bound(subject_bound)
         self.bound = contribution_bound(self.subject_bound, contribution, self.k)  # what the sensitivity uses
@@ -814,7 +814,7 @@ class CapePCA:
         max_len = max(lengths) if unit == "subject" else 1
         sens = pca_sensitivity(n_samples, max_len, self.neighbour, self.bound)
         ledger = PrivacyLedger(owner=f"site-{site}")
-        ledger.note(_scale_note(self.scale))
+        ledger.note(scale_note(self.scale))
         what = "one subject (all its time points)" if unit == "subject" else "one sample (column)"
         ledger.note(f"{self.name}: privacy unit = {what}, neighbours by {self.neighbour}, counts N_s (and M_s) "
                     f"public; sensitivity {sens:.6g} = {'sqrt(2) * ' if self.neighbour == 'replace' else ''}"
@@ -1129,7 +1129,7 @@ def cape_pca(X_sites, n_components: int, epsilon, delta, *, plan="cape", subject
     """
     plan = NoisePlan.coerce(plan)
     _check_privacy(epsilon, delta, plan.kind)
-    k = _check_k(n_components)  # the papers' k
+    k = check_k(n_components)  # the papers' k
     srcs = _prepare_sites(X_sites, subjects, k)
     plan.check(len(srcs))
     alg = CapePCA(k, epsilon, delta, mode=mode, n_iter=n_iter, unit=unit, scale=scale, neighbour=neighbour,
@@ -1185,7 +1185,7 @@ def dpdispca(X_sites, n_components: int, epsilon, delta, R: int | None = None, *
     (the ``P_s`` it sends is post-processing of that release).
     """
     _check_privacy(epsilon, delta, "conv")
-    k = _check_k(n_components)  # the papers' k
+    k = check_k(n_components)  # the papers' k
     srcs = _prepare_sites(X_sites, subjects, k)
     proto = DPdisPCA(k, epsilon, delta, R, unit=unit, scale=scale, neighbour=neighbour,
                      random_state=random_state, dim=srcs[0].dim,

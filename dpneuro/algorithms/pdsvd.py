@@ -144,7 +144,7 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.algorithms.pca import SiteSource, _check_k, _scale_note, as_source, check_sources, orthonormalize
+from dpneuro.algorithms.pca import SiteSource, as_source, check_k, check_sources, orthonormalize, scale_note
 from dpneuro.data.io import column_norms, scale_factors
 from dpneuro.privacy import PrivacyLedger, resolve_random_state
 from dpneuro.protocol import secagg
@@ -256,7 +256,7 @@ class PDSVD:
                  secure: bool = True, secagg_config=None, blinding: Blinding | None = None, nonce: str | None = None,
                  group_secret: bool = False, eigenvalues: bool = False, scale: str | None = None,
                  privacy_note: str | None = None):
-        self.k = _check_k(k)
+        self.k = check_k(k)
         if isinstance(n_iter, bool) or not isinstance(n_iter, (int, np.integer)) or n_iter < 1:
             raise ValueError(f"n_iter must be a positive integer, got {n_iter!r}")
         if not (float(norm_bound) > 0 and math.isfinite(float(norm_bound))):
@@ -363,7 +363,7 @@ class PDSVD:
         ledger = PrivacyLedger(owner=f"site-{site}")
         ledger.mark_not_private(self.privacy_note or _NOTE)
         if self.scale is not None:
-            ledger.note(f"PD-SVD: {_scale_note(self.scale)}")
+            ledger.note(f"PD-SVD: {scale_note(self.scale)}")
         ledger.note(f"PD-SVD data divided by the public norm bound {self.norm_bound:.6g}")
         if self.eigenvalues:
             ledger.note("PD-SVD eigenvalues=True: the final k eigenvalues of the pooled second-moment matrix are "
@@ -628,7 +628,7 @@ def pd_svd(X_sites, n_components: int, n_iter: int, *, exchange=None, random_sta
     -------
     PDSVDResult
     """
-    k = _check_k(n_components)  # the papers' k
+    k = check_k(n_components)  # the papers' k
     srcs = _sources(X_sites, k)
     if group_secret and site_secret is not None:
         raise ValueError("group_secret=True agrees the sites' secret inside the run; do not give site_secret")

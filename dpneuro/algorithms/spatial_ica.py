@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpneuro.algorithms.djica import _check_basis
+from dpneuro.algorithms.djica import check_basis
 from dpneuro.algorithms.metrics import match_components
 
 __all__ = ["GuidedICAResult", "SPATIAL_ICA_RESTARTS", "SpatialICAResult", "guided_ica", "spatial_ica"]
@@ -121,7 +121,7 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = 2000, tol: float = 1e-12,
         raise ValueError(f"n_init must be an integer >= 1, got {n_init!r}")
     if select not in SELECTIONS:
         raise ValueError(f"select must be one of {SELECTIONS}, got {select!r}")
-    V, lam = _check_basis(basis, eigenvalues)
+    V, lam = check_basis(basis, eigenvalues)
     Z, white = _whiten(V)
     runs = [_run(Z, init_seed + i, max_iter, tol) for i in range(int(n_init))]
     scores = np.array([_score(S, select) for _, S, _, _ in runs])

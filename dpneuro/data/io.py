@@ -438,7 +438,7 @@ def column_blocks(X, ranges=None, *, block_bytes: int = 1 << 26) -> Iterator[tup
 # mask helpers
 # ---------------------------------------------------------------------------
 
-def _load_image(path: Path, what: str = "file", *, series: bool = True):
+def load_image(path: Path, what: str = "file", *, series: bool = True):
     """A NIfTI's header (nibabel image, data not read); ``series``: it must be a 4-D time series (a run).
 
     Raises :class:`DataValidationError` naming the file: not found, a folder, unreadable, or (``series``)
@@ -482,7 +482,7 @@ def load_mask(mask) -> tuple[np.ndarray, np.ndarray]:
     """
     if isinstance(mask, (str, os.PathLike)):
         name = str(mask)
-        img = _load_image(Path(mask), "mask file", series=False)
+        img = load_image(Path(mask), "mask file", series=False)
     elif hasattr(mask, "dataobj") and hasattr(mask, "affine"):
         img = mask
         name = img.get_filename() or "mask image"
@@ -522,7 +522,7 @@ def mask_to_image(values, mask) -> nib.Nifti1Image:
         vector, 4-D (one volume per column) for a matrix.
     """
     if isinstance(mask, (str, os.PathLike)):
-        mask = _load_image(Path(mask), "mask file", series=False)
+        mask = load_image(Path(mask), "mask file", series=False)
     mask_bool, affine = load_mask(mask)
     vals = np.asarray(values)
     D = int(mask_bool.sum())
@@ -963,7 +963,7 @@ def _inspect(path: Path, mask_shape, mask_affine, min_volumes: int) -> tuple[int
     A run in an MNI space (its name or header says so) on another grid is resampled to the analysis grid:
     ``resample_from`` describes its grid; None when it is on the analysis grid already.
     """
-    img = _load_image(path)  # refuses a run that is not 4-D
+    img = load_image(path)  # refuses a run that is not 4-D
     shape = tuple(int(s) for s in img.shape)
     dtype = img.header.get_data_dtype()
     if dtype.fields is not None or not np.issubdtype(dtype, np.number) or np.issubdtype(
@@ -1049,7 +1049,7 @@ class RunPlan:
 
 def _mask_coverage(run_mask: str, mask: np.ndarray, target) -> float:
     """Fraction of the analysis mask's voxels inside a run's own brain mask (fMRIPrep ``desc-brain_mask``)."""
-    img = _load_image(Path(run_mask), "brain mask", series=False)
+    img = load_image(Path(run_mask), "brain mask", series=False)
     if img.shape[:3] != mask.shape or np.abs(img.affine - target.affine).max() > _AFFINE_ATOL:
         from nilearn.image import resample_to_img  # deferred: nilearn is slow to load, only resampling needs it
 

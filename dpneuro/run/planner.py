@@ -24,7 +24,7 @@ import numpy as np
 
 from dpneuro.config import ConfigError, RunConfig, check_delta
 from dpneuro.data.cleaning import CleaningError, run_confounds
-from dpneuro.data.io import DataValidationError, _load_image, find_subjects
+from dpneuro.data.io import DataValidationError, find_subjects, load_image
 from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu
 from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, wigner_edge
 from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
@@ -72,7 +72,7 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
     cleaning = cfg.cleaning()
 
     def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
-        n = int(_load_image(f).shape[3])  # _load_image refuses a 3-D image, naming the file
+        n = int(load_image(f).shape[3])  # load_image refuses a 3-D image, naming the file
         if not cleaning.confounds:
             return n
         _, kept = run_confounds(f, cleaning, n)

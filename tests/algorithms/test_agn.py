@@ -315,7 +315,7 @@ def test_cape_m3_noise_has_pooled_variance():
     for plan in ("cape", "conv"):
         r = []
         for seed in range(4):
-            st2 = agn_mod._M3Stage("mog", z, stage_id=2, W=W, sigma2=s2, seed=seed, **common)
+            st2 = agn_mod.M3Stage("mog", z, stage_id=2, W=W, sigma2=s2, seed=seed, **common)
             diff = run_cape(st2, sds, plan).aggregator["m3w"] - pooled
             r.append(tz.unique_entries(diff**2 / (var_unit * tau_s**2 / S**2)))
         ratio[plan] = float(np.mean(r))  # 4 x 35 chi-square(1)-like terms, mean 1 for the pooled variance

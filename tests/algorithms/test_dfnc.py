@@ -9,7 +9,7 @@ import pytest
 from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
-from dpneuro.algorithms.agn import _M3Stage, moment_stage, prepare_site
+from dpneuro.algorithms.agn import M3Stage, moment_stage, prepare_site
 from dpneuro.algorithms.metrics import match_components
 from dpneuro.datasets.states import make_dfnc_consortium, window_labels
 from dpneuro.protocol.cape import ledgers, run_cape
@@ -129,7 +129,7 @@ def test_contracted_third_moment_is_the_agn_release():
     groups = {s: max(w.lengths) for s, w in enumerate(ws)}
     W = np.random.default_rng(0).standard_normal((ws[0].D, 3))
     full = moment_stage(3, 3, 0.0, groups, scale=B, W=W, sigma2=0.01)
-    assert type(full) is _M3Stage
+    assert type(full) is M3Stage
     fast = dfnc._agn_stages(3, 0.0, 0.0, groups, B, None, W=W, sigma2=0.01)
     a = run_cape(full, sites, "none").aggregator["m3w"]
     b = run_cape(fast, sites, "none").aggregator["m3w"]

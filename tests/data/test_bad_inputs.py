@@ -12,7 +12,7 @@ import pytest
 
 from dpneuro._utils.errors import ConfigError
 from dpneuro.config import RunConfig
-from dpneuro.data.io import DataValidationError, _load_image, describe_site_inputs, load_site
+from dpneuro.data.io import DataValidationError, describe_site_inputs, load_image, load_site
 from dpneuro.run.planner import site_shapes
 
 SHAPE = (4, 3, 2)  # a tiny grid: 24 voxels, all in the mask
@@ -88,14 +88,14 @@ def test_bad_subject_is_skipped_by_name(tmp_path, kind):
 def test_the_planner_refuses_a_3d_run_as_the_loader_does(tmp_path):
     site, mask, bad = make_site(tmp_path, np.ones(SHAPE))
     with pytest.raises(DataValidationError) as ei:
-        _load_image(bad)  # the header reader both use
+        load_image(bad)  # the header reader both use
     assert_names(str(ei.value), bad, BAD["3-D"][1])
     cfg = RunConfig.from_dict({"sites": [{"name": "site-01", "path": str(site)}], "out": str(tmp_path / "out"),
                                "mask": str(mask)})
     with pytest.raises(ConfigError) as ei:
         site_shapes(cfg)
     assert_names(str(ei.value), bad, ["site 'site-01'", *BAD["3-D"][1]])
-    _load_image(mask, "mask file", series=False)  # a 3-D mask is what a mask should be
+    load_image(mask, "mask file", series=False)  # a 3-D mask is what a mask should be
 
 
 def test_runs_with_signal_are_kept(tmp_path):
