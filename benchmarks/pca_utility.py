@@ -36,7 +36,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dpneuro.algorithms import cape_pca, dpdispca, local_pca, pooled_dp_pca  # noqa: E402
+from dpneuro.algorithms import cape_pca  # noqa: E402
+from dpneuro.algorithms.baselines import dpdispca, local_pca, pooled_dp_pca  # noqa: E402
 from dpneuro.algorithms.metrics import captured_energy  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

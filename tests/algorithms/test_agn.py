@@ -26,7 +26,7 @@ from dpneuro.protocol.cape.packing import noise_array, pack_weighted
 from dpneuro.protocol.exchange import Payload
 
 SIGMA2 = 0.05
-agn_mod = importlib.import_module("dpneuro.algorithms.agn")  # the package exports the function agn
+agn_mod = importlib.import_module("dpneuro.algorithms.agn")  # the module, not the function baselines.agn
 
 
 # -- synthetic set-ups of [CAPE-TF] Sec. VI-B ------------------------------------------------

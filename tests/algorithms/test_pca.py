@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpneuro.algorithms import CapePCA, SiteSource, cape_pca, dpdispca, local_pca, pooled_dp_pca
+from dpneuro.algorithms import CapePCA, SiteSource, cape_pca
+from dpneuro.algorithms.baselines import dpdispca, local_pca, pooled_dp_pca
 from dpneuro.algorithms.metrics import captured_energy
 from dpneuro.algorithms.pca import VARIANCE_FLOOR, VARIANCE_SHARE, pca_sensitivity, top_eigh
 from dpneuro.privacy import gaussian_sigma
