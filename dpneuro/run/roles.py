@@ -8,9 +8,8 @@ and wrapped with :func:`dpneuro.protocol.cape.cape_protocol`; each stage then ha
 role* (``*_aggregator``: :func:`dpneuro.protocol.driver.run_aggregator`) that run over
 whatever exchange they are given. Three callers share them:
 
-- the simulation, every party in one process (:func:`reduce_inprocess`,
-  :func:`unmix_inprocess`, called by :func:`dpneuro.run.pipeline.stage_reduce` /
-  :func:`~dpneuro.run.pipeline.stage_unmix`, hence by the Pydra workflow);
+- the simulation, every party in one process (:func:`dpneuro.run.stages.run_inprocess`, called by
+  :func:`dpneuro.run.pipeline.stage_release` for every stage of the table, hence by the Pydra workflow);
 - ``dpneuro site`` / ``dpneuro aggregator`` over a shared folder
   (:mod:`dpneuro.deploy.sharedfs`);
 - the COINSTAC computation (:mod:`dpneuro.deploy.coinstac`).
