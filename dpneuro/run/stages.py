@@ -5,7 +5,7 @@ releases of :data:`RELEASES` in order (capePCA or PD-SVD, the unmixing, the
 brain states), then the outputs. Every entry point reads this table:
 
 - the simulation (:func:`dpneuro.run.pipeline.run_stages`) and the Pydra workflow
-  (``workflows/consortium.py``) run each entry with every party in this
+  (:mod:`dpneuro.deploy.workflow`) run each entry with every party in this
   process (:func:`run_inprocess`);
 - a deployed site and the aggregator (:mod:`dpneuro.deploy.party`, hence
   ``dpneuro site`` / ``dpneuro aggregator`` and COINSTAC) run its site step
