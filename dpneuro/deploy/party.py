@@ -61,13 +61,19 @@ from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import DirectoryCheckpoint, Exchange, Payload
 from dpneuro.protocol.exchange.codec import load_state_file, save_state_file
 from dpneuro.protocol.exchange.inprocess import DEFAULT_MAX_BYTES
-from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
+from dpneuro.report.figures import render_components, render_site_maps, site_timecourse_figure
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
 from dpneuro.run import roles
 from dpneuro.run.factory import check_reduction_fits
-from dpneuro.run.outputs import headline as consortium_headline
-from dpneuro.run.outputs import states_section, write_consortium_outputs, write_maps, write_site_outputs
+from dpneuro.run.outputs import (
+    consortium_report_parts,
+    states_section,
+    write_consortium_outputs,
+    write_consortium_report,
+    write_maps,
+    write_site_outputs,
+)
 from dpneuro.run.pipeline import stage_load, stage_space
 from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
@@ -687,33 +693,24 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
     clock.add(label(cfg, "maps"), time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    figs = out / "figures"
-    comps, maps_note, _ = render_components(cons["components"], space["mask"], figs,
-                                            interactive=cfg.interactive_maps, problem=cons["template_problem"])
-    conv = convergence_figure({k: np.asarray(v, float) for k, v in ica["history"].items()},
-                              figs / "convergence.png") if int(ica["rounds"]) else None
     warnings = cons["warnings"]
-    headline = consortium_headline(cfg, priv, n_components=W.shape[0], n_subjects=sum(n_subjects.values()),
-                                   warnings=warnings,
-                                   ica=roles.describe_unmixing(cfg, int(ica["rounds"]), str(ica["status"])))
+    parts = consortium_report_parts(cfg, space, cons["components"], priv, ica, n_subjects=sum(n_subjects.values()),
+                                    warnings=warnings, template_problem=cons["template_problem"],
+                                    figs=out / "figures", states=cons["states"])
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
         notes.append(f"Fixed seed {cfg.seed}: reproducible noise, for tests and simulations only.")
-    states_part = None
-    if cons["states"] is not None:
-        states_part = states_section(cons["states"], figs)
     clock.add(label(cfg, "report"), time.perf_counter() - t0)
     timings = {**_records_timings(cfg, space), **clock.timings()}
     notes.append("Stage times are the aggregator's wall time, waiting for the sites included; each site's "
                  "report has its own (loading, time courses, voxel maps).")
-    report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
-                          components=comps, privacy=priv, convergence_png=conv, maps_note=maps_note,
-                          timings=timings, run=cfg.to_json(), notes=notes, states=states_part,
-                          site_maps=consortium_section(cfg, space),
-                          data={"cleaning": cfg.cleaning().describe(), "features": space.get("features", "")})
+    report = write_consortium_report(out, parts, priv, timings=timings, run=cfg.to_json(), notes=notes,
+                                     site_maps=consortium_section(cfg, space),
+                                     data={"cleaning": cfg.cleaning().describe(),
+                                           "features": space.get("features", "")})
     return {"components": cons["components"], "privacy": cons["privacy"], "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),
-            "states": None if states_part is None else str(out / "states.npy"),
+            "states": None if parts["states"] is None else str(out / "states.npy"),
             "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings}

@@ -21,6 +21,8 @@ from dpneuro.data.io import write_json
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.report.figures import (
+    convergence_figure,
+    render_components,
     states_figure,
     template_problem,
     write_components,
@@ -28,10 +30,10 @@ from dpneuro.report.figures import (
     write_timecourses,
     zscore_columns,
 )
-from dpneuro.report.html import report_headline
+from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
 from dpneuro.run.planner import run_warnings
-from dpneuro.run.roles import SCALING_NOTE, site_windows, unmixing_input
+from dpneuro.run.roles import SCALING_NOTE, describe_unmixing, site_windows, unmixing_input
 from dpneuro.run.site_maps import made, write_site_maps
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
@@ -102,6 +104,39 @@ def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, 
     what = (f"{n_components} components from {len(cfg.sites)} sites, {n_subjects} subjects; plan '{cfg.plan}'"
             + (f"; {ica}" if ica else "") + ".")
     return report_headline(what, priv, warnings)
+
+
+#: the consortium report's title, the same for a simulation and a deployed aggregator
+REPORT_TITLE = "dpneuro: decentralized private ICA"
+
+
+def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: dict, unmixing: dict, *,
+                            n_subjects: int, warnings: list[str], template_problem: str | None, figs: Path,
+                            states: dict | None = None, truth: dict | None = None) -> dict[str, Any]:
+    """What the consortium's report shows, drawn the same way by the simulation and the deployed aggregator: each
+    component's figures, the unmixing's convergence, the headline (with the agreement with a synthetic truth,
+    when known) and the brain states. ``unmixing`` is the unmixing stage's public result."""
+    comps, maps_note, _ = render_components(components, space["mask"], figs, truth=truth,
+                                            interactive=cfg.interactive_maps, problem=template_problem)
+    rounds = int(unmixing["rounds"])
+    conv = (convergence_figure({k: np.asarray(v, float) for k, v in unmixing["history"].items()},
+                               figs / "convergence.png") if rounds else None)
+    top = headline(cfg, priv, n_components=int(np.asarray(unmixing["W"]).shape[0]), n_subjects=n_subjects,
+                   warnings=warnings, ica=describe_unmixing(cfg, rounds, str(unmixing["status"])))
+    metrics = truth["metrics"] if truth else None
+    if metrics:
+        top.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
+    return {"components": comps, "maps_note": maps_note, "convergence_png": conv, "headline": top,
+            "metrics": metrics, "states": None if states is None else states_section(states, figs)}
+
+
+def write_consortium_report(out: Path, parts: dict[str, Any], priv: dict, *, timings: dict, run: dict,
+                            notes: list[str], site_maps: dict | None, data: dict) -> Path:
+    """``out/report.html`` from :func:`consortium_report_parts` and what the caller recorded of its run."""
+    return write_report(out / "report.html", title=REPORT_TITLE, headline=parts["headline"],
+                        components=parts["components"], privacy=priv, metrics=parts["metrics"],
+                        convergence_png=parts["convergence_png"], maps_note=parts["maps_note"], timings=timings,
+                        run=run, notes=notes, states=parts["states"], site_maps=site_maps, data=data)
 
 
 def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],

@@ -47,16 +47,19 @@ from dpneuro.datasets.states import window_labels
 from dpneuro.datasets.synth import load_manifest
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.driver import RunOptions
-from dpneuro.report.figures import convergence_figure, render_components, render_site_maps, site_timecourse_figure
-from dpneuro.report.html import write_report
+from dpneuro.report.figures import render_site_maps, site_timecourse_figure
 from dpneuro.report.timings import label, timed
 from dpneuro.run import stages
 from dpneuro.run.factory import check_reduction_fits
 from dpneuro.run.features import feature_labels
-from dpneuro.run.outputs import consortium_privacy, states_section, write_consortium_outputs, write_site_outputs
-from dpneuro.run.outputs import headline as consortium_headline
+from dpneuro.run.outputs import (
+    consortium_privacy,
+    consortium_report_parts,
+    write_consortium_outputs,
+    write_consortium_report,
+    write_site_outputs,
+)
 from dpneuro.run.planner import RELEASING_STAGES, apply_target
-from dpneuro.run.roles import describe_unmixing
 from dpneuro.run.site_maps import consortium_section, made
 
 
@@ -494,10 +497,13 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     truth = mp.get("truth")
-    comps, maps_note, _ = render_components(mp["components"], space["mask"], figs, truth=truth,
-                                            interactive=cfg.interactive_maps, problem=mp["template_problem"])
+    priv = _read_json(mp["privacy"])
+    parts = consortium_report_parts(cfg, space, mp["components"], priv, unm,
+                                    n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
+                                    template_problem=mp["template_problem"], figs=figs, states=mp.get("states"),
+                                    truth=truth)
     if mp.get("site_maps"):  # a simulation holds every site's voxel maps: each beside the consortium's map
-        render_site_maps(comps, mp["site_maps"], mp["components"], space["mask"], figs / "site_maps",
+        render_site_maps(parts["components"], mp["site_maps"], mp["components"], space["mask"], figs / "site_maps",
                          problem=mp["template_problem"])
     # time courses are each site's own (un-noised) data: a figure per site beside its TSV, never in the
     # consortium report
@@ -506,15 +512,6 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     for s in sites:
         site_timecourse_figure(mp["timecourses"][s["site"]], s["site"], (s["subject_ids"][0], *s["boundaries"][0]),
                                s["tr"], tc_dir / f"{s['site']}.png")
-    conv_png = convergence_figure(unm["history"], figs / "convergence.png") if unm["rounds"] else None
-
-    priv = _read_json(mp["privacy"])
-    headline = consortium_headline(cfg, priv, n_components=mp["n_components"],
-                                   n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
-                                   ica=describe_unmixing(cfg, unm["rounds"], unm["status"]))
-    metrics = truth["metrics"] if truth else None
-    if metrics:
-        headline.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     for name in ("components.nii.gz", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():  # each with its JSON sidecar (columns, RepetitionTime)
@@ -524,14 +521,12 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         (out / "site_maps").mkdir(exist_ok=True)
         for site, p in mp["site_maps"].items():
             shutil.copyfile(p, out / "site_maps" / f"{site}.nii.gz")
-    states = None
     if mp.get("states"):
         st = mp["states"]
         for name in ("states.npy", "states.json"):
             shutil.copyfile(Path(st["matrices"]).with_name(name), out / name)
         for site, p in st["occupancy_sites"].items():  # each site's own subjects, beside its time courses
             shutil.copyfile(p, tc_dir / f"{site}_states.tsv")
-        states = states_section(st, figs)
     np.save(out / "W.npy", unm["W"])
     timings = run_timings(cfg, sites, mp["chain"], mp)
     # everything above is the report's work; writing run.json and the HTML below takes milliseconds
@@ -541,7 +536,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
         else "OS entropy (fresh noise every run)",
         "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"],
-        "warnings": list(mp.get("warnings", [])), "metrics": metrics,
+        "warnings": list(mp.get("warnings", [])), "metrics": parts["metrics"],
         "features": space.get("features", ""),
         "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},
         "data": {s["site"]: site_data_summary(s) for s in sites}})
@@ -549,10 +544,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     notes = []
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
-    report = write_report(out / "report.html", title="dpneuro: decentralized private ICA", headline=headline,
-                          components=comps, privacy=priv, metrics=metrics, convergence_png=conv_png,
-                          maps_note=maps_note, timings=run["timings_s"], run=run["config"], notes=notes,
-                          states=states, site_maps=consortium_section(cfg, space, simulated=True),
-                          data={"cleaning": run["cleaning"]["description"], "features": run["features"],
-                                "sites": sites})
+    report = write_consortium_report(out, parts, priv, timings=run["timings_s"], run=run["config"], notes=notes,
+                                     site_maps=consortium_section(cfg, space, simulated=True),
+                                     data={"cleaning": run["cleaning"]["description"], "features": run["features"],
+                                           "sites": sites})
     return str(report)
