@@ -76,13 +76,13 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 def subject_frobenius(X_sites, lengths) -> np.ndarray:
     """Every subject's ||X_m X_m^T / n_m||_F with unit-norm time points: what the subject bound compares."""
     from dpneuro.algorithms.pca import gram_frobenius
-    from dpneuro.run.roles import unit_columns
+    from dpneuro.data.io import scale_columns
 
     out = []
     for X, ln in zip(X_sites, lengths):
         a = 0
         for n in ln:
-            out.append(gram_frobenius(unit_columns(X[:, a:a + n])) / n)
+            out.append(gram_frobenius(scale_columns(X[:, a:a + n], "unit")) / n)
             a += n
     return np.array(out)
 

@@ -158,10 +158,6 @@ class SiteData:
         """Time points of each subject (public metadata)."""
         return [b - a for a, b in self.boundaries]
 
-    def unit_columns(self) -> np.ndarray:
-        """``X`` with every time point scaled to unit norm (float32): the scaling every stage agrees on."""
-        return scale_columns(self.X, "unit")
-
     @property
     def n_subjects(self) -> int:
         """Number of subjects M."""

@@ -66,7 +66,6 @@ __all__ = [
     "unmix_aggregator",
     "unmix_protocol",
     "unmix_site",
-    "unit_columns",
 ]
 
 SCALING_NOTE = (
@@ -74,15 +73,6 @@ SCALING_NOTE = (
     "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
     "time and costs no privacy."
 )
-
-
-def unit_columns(X: np.ndarray) -> np.ndarray:
-    """Every time point scaled to unit norm (the consortium-agreed scaling; zero columns stay 0).
-
-    The same scaling capePCA applies inside its site step (``scale="unit"``): one implementation,
-    :func:`dpneuro.data.io.scale_columns`.
-    """
-    return scale_columns(X, "unit")
 
 
 # -- reduce: capePCA or PD-SVD ------------------------------------------------------------
@@ -149,13 +139,13 @@ def site_whiten(X, basis, eigenvalues, *, linear: bool = False) -> np.ndarray:
     V = np.ascontiguousarray(basis, dtype=np.float64)
     lam = np.ascontiguousarray(eigenvalues, dtype=np.float64)
     X = site_matrix(X)
-    T = whitening_matrix(V, lam, np.float32)  # checked and formed once, not per block; unit_columns gives float32
+    T = whitening_matrix(V, lam, np.float32)  # checked and formed once, not per block; scale_columns gives float32
     if X.ndim != 2 or X.shape[0] != T.shape[1]:
         raise ValueError(f"X must be D x N with D = {T.shape[1]}, got shape {X.shape}")
     Z = np.empty((T.shape[0], X.shape[1]), dtype=np.float32)
     scale = np.float32(1.0 / math.sqrt(T.shape[1]))
     for a, b, blk in column_blocks(X):
-        Z[:, a:b] = T @ (np.asarray(blk, np.float32) * scale if linear else unit_columns(blk))
+        Z[:, a:b] = T @ (np.asarray(blk, np.float32) * scale if linear else scale_columns(blk, "unit"))
     return Z
 
 

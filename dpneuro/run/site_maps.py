@@ -40,9 +40,16 @@ from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.pca import subspace_factor
 from dpneuro.algorithms.spatial_ica import guided_ica
 from dpneuro.config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
-from dpneuro.data.io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers, voxel_decoder
+from dpneuro.data.io import (
+    DataValidationError,
+    decode_run,
+    load_mask,
+    ordered_map,
+    resolve_workers,
+    scale_columns,
+    voxel_decoder,
+)
 from dpneuro.report.figures import write_components, zscore_columns
-from dpneuro.run.roles import unit_columns
 
 __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
            "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
@@ -120,7 +127,7 @@ class SiteSubspace:
 
     def add(self, Y: np.ndarray) -> None:
         """Add one subject's voxel time series ``Y`` (voxels x T)."""
-        B = unit_columns(np.asarray(Y, np.float64))
+        B = scale_columns(np.asarray(Y, np.float64), "unit")
         U = B @ subspace_factor(B, self.k)
         self._parts.append(U)
         self._width += U.shape[1]

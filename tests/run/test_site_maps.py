@@ -11,11 +11,10 @@ import pytest
 from dpneuro.algorithms.metrics import match_components
 from dpneuro.algorithms.spatial_ica import guided_ica
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import DataValidationError, decode_run
+from dpneuro.data.io import DataValidationError, decode_run, scale_columns
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.report.figures import zscore_columns
 from dpneuro.run.pipeline import prepare, run_stages
-from dpneuro.run.roles import unit_columns
 from dpneuro.run.site_maps import _HOW, SUBSPACE_FACTOR, SiteSubspace, site_voxel_maps, subject_map
 
 R = 4
@@ -55,7 +54,7 @@ def test_site_subspace_is_the_top_of_the_summed_subject_projectors_through_merge
     for m in range(11):
         Y = common @ (rng.standard_normal((8, T)) * rng.uniform(0.5, 3.0, (8, 1)))
         acc.add(Y)
-        B = unit_columns(Y)
+        B = scale_columns(Y, "unit")
         U = np.linalg.svd(B, full_matrices=False)[0][:, :k]
         P += _projector(U)
     basis, w = acc.basis()
