@@ -864,6 +864,26 @@ def find_subjects(source, *, filters: dict | None = None, subjects_tsv=None, exc
     return SubjectDiscovery(list(groups.items()), skipped, companions, excluded, filters)
 
 
+
+def subject_lengths(source, cleaning, *, filters: dict | None = None, subjects_tsv=None, exclude=()) -> list[int]:
+    """Each subject's number of time points at a site, as its loader will count them, from headers alone.
+
+    The same discovery as :func:`find_subjects` (BIDS filters, fMRIPrep's default desc, ``exclude``); each
+    run's volumes from its header (a 3-D image refused by :func:`load_image`) and, when ``cleaning`` scrubs,
+    the volumes its confounds table keeps. No image data are read.
+    """
+    def columns(f) -> int:
+        n = int(load_image(f).shape[3])
+        if not cleaning.confounds:
+            return n
+        _, kept = run_confounds(f, cleaning, n)
+        return n if kept is None else len(kept)
+
+    found = find_subjects(source, filters=filters, subjects_tsv=subjects_tsv, exclude=tuple(exclude),
+                          default_desc=cleaning.desc)
+    return [sum(columns(f) for f in files) for _, files in found.subjects]
+
+
 def subject_id_from_path(path) -> str:
     """The person a file belongs to: ``sub-<label>`` for BIDS names, else the name without ``_bold``."""
     ent = bids_entities(path)

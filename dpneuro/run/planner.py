@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from dpneuro.config import ConfigError, RunConfig, check_delta
-from dpneuro.data.cleaning import CleaningError, run_confounds
-from dpneuro.data.io import DataValidationError, find_subjects, load_image
+from dpneuro.data.cleaning import CleaningError
+from dpneuro.data.io import DataValidationError, subject_lengths
 from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu
 from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, wigner_edge
 from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
@@ -61,8 +61,8 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
     """Each site's subject lengths, or ``subjects`` x ``timepoints`` (a number for every site, or one per site:
     unequal sites are planned without their data).
 
-    Read as the site reads its data: the same discovery (BIDS filters, fMRIPrep's default desc, ``exclude``),
-    each run's volumes from its header and, when scrubbing, the volumes its confounds keep (no image data read).
+    Read as the site reads its data (:func:`dpneuro.data.io.subject_lengths`: the same discovery, each run's
+    volumes from its header and, when scrubbing, the volumes its confounds keep; no image data read).
     A subject that ``on_bad_subject = "skip"`` leaves out at load time is still counted here.
     """
     if subjects is not None:
@@ -70,14 +70,6 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
         counts, lengths = _per_site(subjects, n, "--subjects"), _per_site(timepoints or 150, n, "--timepoints")
         return [SiteShape(s.name, (t,) * c) for s, c, t in zip(cfg.sites, counts, lengths)]
     cleaning = cfg.cleaning()
-
-    def columns(f) -> int:  # the run's volumes, or those scrubbing keeps (its confounds table, no image data)
-        n = int(load_image(f).shape[3])  # load_image refuses a 3-D image, naming the file
-        if not cleaning.confounds:
-            return n
-        _, kept = run_confounds(f, cleaning, n)
-        return n if kept is None else len(kept)
-
     out = []
     for s in cfg.sites:
         src = s.files or s.path
@@ -85,9 +77,9 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
             raise ConfigError(f"site {s.name!r}: its data are not here ({src or 'no path'}); give --subjects and "
                               "--timepoints to plan without data")
         try:
-            found = find_subjects(src, filters=cfg.bids, subjects_tsv=s.subjects_tsv or None,
-                                  exclude=tuple(s.exclude), default_desc=cleaning.desc)
-            out.append(SiteShape(s.name, tuple(sum(columns(f) for f in fs) for _, fs in found.subjects)))
+            lengths = subject_lengths(src, cleaning, filters=cfg.bids, subjects_tsv=s.subjects_tsv or None,
+                                      exclude=s.exclude)
+            out.append(SiteShape(s.name, tuple(lengths)))
         except (DataValidationError, CleaningError) as exc:
             raise ConfigError(f"site {s.name!r}: {exc}") from None
     return out
