@@ -27,6 +27,7 @@ from dpneuro.config import (
     summary,
 )
 from dpneuro.config import SYNTHETIC_CONSORTIUM as SC
+from dpneuro.config.constraints import Excluding
 from dpneuro.data.io import SPACES
 from dpneuro.datasets.synth import MODELS as SYNTH_MODELS
 from dpneuro.datasets.synth import make_consortium
@@ -184,7 +185,8 @@ def _add_overrides(group) -> None:
     """One option per ``flag`` of the fields: type, choices and help from the fields' descriptions."""
     for dest, names in _budget_overrides().items():
         c = constraint(names[0])
-        c = c.inner if isinstance(c, OrNone) else c
+        while isinstance(c, (OrNone, Excluding)):  # the type is the wrapped constraint's
+            c = c.inner
         kw: dict = {}
         if isinstance(c, StrOptions):
             kw["choices"] = c.options

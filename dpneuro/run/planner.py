@@ -387,9 +387,11 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     algorithms = {st: release(st).algorithms(cfg, dim) for st in active}
     budgets = {st: algs[0].budget for st, algs in algorithms.items()}  # a stage's algorithms share one setting
     names = {st: {n for alg in algs for n in alg.ledger_stages} for st, algs in algorithms.items()}
-    stage_mu = [s["by_stage_mu"] for s in base.privacy["sites"].values()]
-    mu = {st: max(math.sqrt(sum(v**2 for k, v in by.items() if k in names[st])) for by in stage_mu)
-          for st in active}
+    # each site's mu per stage (the stage's ledger names composed); every stage's mu is 1 / its noise multiplier
+    # times a constant of the plan, so the mu of any rescaling follows from these without another plan
+    site_mu = [{st: math.sqrt(sum(v**2 for k, v in s["by_stage_mu"].items() if k in names[st])) for st in active}
+               for s in base.privacy["sites"].values()]
+    mu = {st: max(m[st] for m in site_mu) for st in active}
     total = sum(v**2 for v in mu.values())
     share = {st: mu[st] ** 2 / total for st in active}
     later = [st for st in active if st != "reduce"]
@@ -401,12 +403,11 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
     z0 = {st: budgets[st].noise_multiplier * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
 
-    def scaled(f: float) -> RunConfig:
-        return _with_multipliers(cfg, {st: z * f for st, z in z0.items()}, budgets)
-
-    trial = spend(scaled(1.0), shapes, dim, stages)
-    mu_max = max(s["mu"] for s in trial.privacy["sites"].values())
-    planned = spend(scaled(mu_max / mu_t), shapes, dim, stages)
+    # the largest site's mu at z0 (each stage at its share alone would give mu_t; the sites' sums may give less)
+    mu_max = max(math.sqrt(sum((m[st] * budgets[st].noise_multiplier / z0[st]) ** 2 for st in active))
+                 for m in site_mu)
+    planned = spend(_with_multipliers(cfg, {st: z * mu_max / mu_t for st, z in z0.items()}, budgets), shapes, dim,
+                    stages)
     planned.target_epsilon = target_epsilon
     return planned
 

@@ -475,3 +475,14 @@ def test_budget_command_plans_unequal_sites_and_says_what_a_budget_needs(capsys,
     assert out.rstrip().endswith(f"calibrated on real fMRI): {plan['subjects_for_maps']}")
     with pytest.raises(SystemExit):
         main(["budget", "--subjects", "30,x"])
+
+
+def test_budget_overrides_take_the_fields_types(capsys):
+    """--brain-states (an integer other than 1) is parsed as the field's integer, as --components is."""
+    from dpneuro.cli import main
+
+    template = Path(__file__).resolve().parents[2] / "site_templates" / "run.toml"
+    assert main(["budget", str(template), "--subjects", "60", "--components", "12", "--brain-states", "3"]) == 0
+    assert "brain states K = 3" in capsys.readouterr().out
+    assert main(["budget", str(template), "--subjects", "60", "--brain-states", "1"]) == 2
+    assert "config field 'brain_states'" in capsys.readouterr().err
