@@ -209,13 +209,19 @@ def _site_inputs(sites, staging: Path) -> list[SiteEntry]:
 
 
 #: parameters of an estimator that are not settings of the run: how and where this process takes part
-_OWN_PARAMS = {"role": "simulation", "site": None, "engine": "serial", "verbose": 0}
+_OWN_PARAMS = {"role": "simulation", "site": None, "key_file": None, "keys": None, "engine": "serial", "verbose": 0}
 _OWN_PARAMS_DOC = """\
 role : {"simulation", "site", "aggregator"}, default="simulation"
     ``"site"`` / ``"aggregator"``: run one party of a deployed run over the
     shared folder ``exchange_dir`` (as ``dpneuro site`` / ``dpneuro aggregator``).
 site : str, default=None
     With ``role="site"``: this party's site name.
+key_file : path, default=None
+    With a deployed role: this party's private signing key (``dpneuro
+    keygen``; ``--key-file``).
+keys : path, default=None
+    With a deployed role: the consortium's keys file pinning every party's
+    public key (``--keys``); required unless ``simulation=True``.
 engine : {"serial", "pydra", "pydra-cf"}, default="serial"
     Run the stages in this process, or through the Pydra workflow with its
     serial or concurrent plugin (not inside a running event loop such as
@@ -485,7 +491,7 @@ class DecentralizedICA(_Decentralized):
         if self.role == "site":
             if self.site not in [s.name for s in cfg.sites]:
                 raise ValueError(f"site={self.site!r} is not among the sites {[s.name for s in cfg.sites]}")
-            res = site_main(cfg, self.site)
+            res = site_main(cfg, self.site, key_file=self.key_file, keys_file=self.keys)
             self.timecourses_ = {self.site: _by_subject(*read_timecourses(res["timecourses"]))}
             if res.get("site_maps"):
                 self.site_maps_imgs_ = {self.site: _in_memory(res["site_maps"])}
@@ -494,7 +500,7 @@ class DecentralizedICA(_Decentralized):
             self.report_ = Report(res["report"])
             priv = _site_privacy(cfg, _read_json(res["privacy"]))
         else:
-            res = aggregator_main(cfg, progress=bool(self.verbose))
+            res = aggregator_main(cfg, key_file=self.key_file, keys_file=self.keys, progress=bool(self.verbose))
             self.report_ = Report(res["report"])
             self.warnings_ = list(res.get("warnings", []))
             priv = _read_json(res["privacy"])

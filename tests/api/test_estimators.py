@@ -397,7 +397,7 @@ def test_planning_from_in_memory_images_leaves_nothing_behind(consortium, monkey
 
 ESTIMATORS = (dpneuro.DecentralizedICA, dpneuro.DecentralizedPCA)
 #: the parameters that are not settings of the run: how and where this process takes part
-OWN = {"role": "simulation", "site": None, "engine": "serial", "verbose": 0}
+OWN = {"role": "simulation", "site": None, "key_file": None, "keys": None, "engine": "serial", "verbose": 0}
 
 
 @pytest.mark.parametrize("cls", ESTIMATORS)

@@ -312,3 +312,23 @@ def test_coinstac_parties_sign_with_their_own_keys_and_check_the_manifests_pin(t
     with pytest.raises(PermissionError, match="cannot write as site-01"):
         ex.send(0, 0, "release", Payload({"A": np.zeros(2)}))
     ex.send(1, 0, "release", Payload({"A": np.zeros(2)}))
+
+
+def test_the_estimators_deployed_roles_take_the_partys_keys(tmp_path, monkeypatch):
+    """DecentralizedICA(role="aggregator", key_file=..., keys=...) hands both to the party, as the CLI does."""
+    from dpneuro import estimators
+
+    seen = {}
+
+    def fake_aggregator(cfg, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(estimators, "aggregator_main", fake_aggregator)
+    man = dc.consortium(tmp_path / "data")
+    ica = estimators.DecentralizedICA(4, role="aggregator", exchange_dir=str(tmp_path / "x"), out=str(tmp_path / "o"),
+                                      key_file="agg.key", keys="consortium.keys", space="grid30", parcels=60,
+                                      simulation=True, random_state=1)
+    with pytest.raises(RuntimeError, match="stop here"):
+        ica.fit({s["site"]: None for s in man["sites"]})
+    assert seen["key_file"] == "agg.key" and seen["keys_file"] == "consortium.keys"
