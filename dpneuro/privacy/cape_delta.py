@@ -137,7 +137,8 @@ def mu_z_numeric(
     sensitivity: float, e_var: np.ndarray, g_var: np.ndarray, weights: np.ndarray,
     site: int, colluding: list[int],
 ) -> float:
-    """mu_z = v^T Sigma^-1 v / 2 for ``site`` when the ``colluding`` sites join the aggregator."""
+    """mu_z = v^T Sigma^-1 v / 2 for ``site`` when the ``colluding`` sites join the aggregator (inf when the
+    variances leave the release without noise: no guarantee)."""
     S = len(weights)
     honest = [site] + [s for s in range(S) if s != site and s not in colluding]
     L = _observation_matrix(np.asarray(weights, float), honest)
@@ -145,7 +146,11 @@ def mu_z_numeric(
     Sigma = L @ np.diag(var) @ L.T
     v = np.zeros(len(honest) + 1)
     v[0] = sensitivity
-    return float(v @ np.linalg.solve(Sigma, v) / 2)
+    try:
+        mu_z = float(v @ np.linalg.solve(Sigma, v) / 2)
+    except np.linalg.LinAlgError:
+        return math.inf
+    return mu_z if math.isfinite(mu_z) and mu_z >= 0 else math.inf
 
 
 def cape_delta_asymmetric(
@@ -180,17 +185,21 @@ def cape_delta_asymmetric(
 
 
 def cape_release_mu(
-    sensitivity: float, e_var, g_var, weights, site: int, n_colluding: int, *, max_subsets: int = 20000,
+    sensitivity: float, e_var, g_var, weights, site: int, n_colluding: int, *, max_subsets: float = 20000,
+    closed_form: bool = True,
 ) -> float:
     """GDP mu of one CAPE release of ``site`` against the aggregator with ``n_colluding`` sites.
 
     The adversary's privacy loss is N(mu_z, 2 mu_z), i.e. that of a Gaussian
     mechanism with mu = sqrt(2 mu_z); releases compose in GDP like any other.
-    Symmetric plans use the closed form; others the worst colluding set.
+    Symmetric plans use the closed form (unless ``closed_form=False``: a site
+    checking a plan someone else sent uses the general formula, whose answer
+    no tolerance of "symmetric" can bend); others the worst colluding set.
     """
     e_var, g_var, w = (np.asarray(x, float) for x in (e_var, g_var, weights))
     S = len(w)
-    if np.allclose(w, 1 / S) and np.allclose(e_var, e_var[0]) and np.allclose(g_var, g_var[0]) and g_var[0] > 0:
+    if closed_form and np.allclose(w, 1 / S) and np.allclose(e_var, e_var[0]) and np.allclose(g_var, g_var[0]) \
+            and g_var[0] > 0:
         tau2 = S * g_var[0]  # the symmetric plan: var(g) = tau^2 / S, var(e_hat) = c tau^2
         return math.sqrt(2 * cape_mu_z(math.sqrt(tau2), sensitivity, S, n_colluding, e_var[0] / tau2))
     others = [i for i in range(S) if i != site]

@@ -22,7 +22,6 @@ releasing site's ledger.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -417,22 +416,6 @@ def _plan_field(plan: dict[str, np.ndarray], key: str, n: int, refuse) -> np.nda
     return a
 
 
-def _collusion_mu(sens: float, e_var, g_var, w, me: int, n_colluding: int) -> float:
-    """The coalition's GDP mu on this site's release, from the general formula (no symmetric shortcut, whose
-    tolerance a forged plan could exploit); a plan that leaves the release without noise gives inf."""
-    others = [i for i in range(len(w)) if i != me]
-    worst = 0.0
-    for c in itertools.combinations(others, n_colluding):
-        try:
-            mu_z = privacy.mu_z_numeric(sens, e_var, g_var, w, me, list(c))
-        except np.linalg.LinAlgError:
-            return math.inf
-        if not math.isfinite(mu_z) or mu_z < 0:
-            return math.inf
-        worst = max(worst, mu_z)
-    return math.sqrt(2 * worst)
-
-
 def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], site: int, noise_plan: NoisePlan,
                 n_sites: int, *, who: str | None = None) -> int:
     """Check a broadcast variance plan against this site's own promise before it draws any noise for it.
@@ -484,7 +467,8 @@ def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], s
             raise refuse(f"cape/g_var/{rel}", f"gives release {rel!r} noise of variance {alone:.4g} alone, below the "
                          f"{tau2:.4g} this site's own privacy setting requires")
         if kind == "cape" and noise_plan.unequal == "guarantee":
-            mu = _collusion_mu(spec.sensitivity, e, g, w, me, n_c)
+            # every coalition, however many: a site checks each plan once
+            mu = privacy.cape_release_mu(spec.sensitivity, e, g, w, me, n_c, closed_form=False, max_subsets=math.inf)
             limit = promised * spec.sensitivity / spec.tau
             if not mu <= limit * (1 + _PLAN_RTOL):
                 raise refuse(f"cape/e_var/{rel}", f"would give release {rel!r} a guarantee of mu = {mu:.4g} against "

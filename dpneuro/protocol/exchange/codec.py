@@ -159,9 +159,7 @@ def authenticator(key: Any) -> Any:
     :class:`~dpneuro.protocol.exchange.keys.PartyKeys` (each party signs with its own Ed25519 key)."""
     if isinstance(key, (bytes, bytearray)):
         return _Hmac(bytes(key))
-    if callable(getattr(key, "sign", None)) and callable(getattr(key, "verify", None)):
-        if not hasattr(key, "version"):
-            key.version = SIGNED_VERSION
+    if all(callable(getattr(key, m, None)) for m in ("sign", "verify")) and hasattr(key, "version"):
         return key
     raise ValueError("the run key must be bytes of length >= 16 or the parties' signing keys (PartyKeys)")
 

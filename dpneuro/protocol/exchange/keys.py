@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from dpneuro._utils.errors import DpneuroError
 from dpneuro.protocol.exchange.base import AGGREGATOR
+from dpneuro.protocol.exchange.codec import SIGNED_VERSION
 
 __all__ = ["AGGREGATOR_NAME", "KeyFileError", "PartyKeys", "generate_key", "load_private_key", "public_hex",
            "read_public_keys", "write_public_keys"]
@@ -131,6 +132,7 @@ class PartyKeys:
     """
 
     tag_bytes = SIGNATURE_BYTES
+    version = SIGNED_VERSION  # the codec's format for signed messages
 
     def __init__(self, me: str, private: Ed25519PrivateKey, public: Mapping[str, str], sites: Sequence[str]):
         self.me, self.sites = me, list(sites)
@@ -156,14 +158,10 @@ class PartyKeys:
         who = self.party(sender)
         if who != self.me:
             raise PermissionError(f"{self.me} holds only its own key and cannot write as {who}")
-        return self._private.sign(body)
+        return self.sign_named(body)
 
     def verify(self, sender: int, body: bytes, signature: bytes) -> bool:
-        try:
-            self._public[self.party(sender)].verify(signature, body)
-        except InvalidSignature:
-            return False
-        return True
+        return self.verify_named(self.party(sender), body, signature)
 
     def sign_named(self, body: bytes) -> bytes:
         """Sign ``body`` as this party (failure notices and other files outside the exchange's messages)."""
