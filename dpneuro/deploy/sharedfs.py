@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ from dpneuro.protocol.exchange.codec import check_name
 from dpneuro.protocol.exchange.directory import (
     check_failure_notices,
     clear_failure_notice,
+    publish_once,
     reserve_failure_notice,
     write_failure_notice,
 )
@@ -121,16 +121,8 @@ def _published_keys(cfg: RunConfig, folder: Path, me: str, private, timeout: flo
     """Trust on first use, for simulations only: each party publishes its public key in the shared folder and
     takes the others' from there; a name already published with another key is refused."""
     keys_dir = folder / "keys"
-    keys_dir.mkdir(parents=True, exist_ok=True)
     mine = public_hex(private)
-    tmp = keys_dir / f".{me}.{os.getpid()}.tmp"
-    tmp.write_text(mine)
-    try:
-        os.link(tmp, keys_dir / f"{me}.pub")  # atomic create-if-absent
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    publish_once(keys_dir / f"{me}.pub", mine.encode())
     have = (keys_dir / f"{me}.pub").read_text().strip()
     if have != mine:
         raise KeyFileError(f"{me}: another key is already published as {me!r} in {keys_dir}: another process uses "
@@ -188,18 +180,10 @@ def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: st
 def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """Write the manifest once; an existing one must be this run's (a restarted aggregator)."""
     text = json.dumps(manifest, indent=1, sort_keys=True)
-    tmp = path.with_name(f".manifest.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    try:
-        os.link(tmp, path)  # atomic create-if-absent
-    except FileExistsError:
-        old = json.loads(path.read_text())
-        if old != json.loads(text):
-            raise ManifestMismatch(
-                f"{path} already describes a run with different settings; this aggregator refuses to "
-                f"continue it (use another --run-id, or remove {path.parent} to start over)") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    if not publish_once(path, text.encode()) and json.loads(path.read_text()) != json.loads(text):
+        raise ManifestMismatch(
+            f"{path} already describes a run with different settings; this aggregator refuses to "
+            f"continue it (use another --run-id, or remove {path.parent} to start over)")
 
 
 def _say(line: str) -> None:

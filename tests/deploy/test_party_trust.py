@@ -195,14 +195,14 @@ def test_a_full_disk_at_a_site_stops_every_party_naming_it(tmp_path, monkeypatch
     man = dc.consortium(tmp_path / "data")
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), ica="spatial", timeout=120)
     keys_file, private = dc.party_keys(tmp_path / "keys", [s.name for s in cfg.sites])
-    real = directory._publish
+    real = directory.publish_once
 
     def full(path, blob):  # site-01's disk fills up when it first sends
         if path.name == "site-01.msg":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, blob)
 
-    monkeypatch.setattr(directory, "_publish", full)
+    monkeypatch.setattr(directory, "publish_once", full)
     out: dict = {}
     t0 = time.monotonic()
     for t in _parties(cfg, keys_file, private, out):

@@ -63,7 +63,7 @@ from dpneuro.protocol.exchange.inprocess import (
 _KEY_CHECK = b"dpneuro directory exchange: key check"
 
 
-def _publish(path: Path, blob: bytes) -> bool:
+def publish_once(path: Path, blob: bytes) -> bool:
     """Atomically create ``path`` holding ``blob``.
 
     Returns
@@ -297,7 +297,7 @@ class DirectoryExchange(Exchange):
             check = "ed25519:" + self._key.digest()
         info = {"format": 1, "run_id": self.run_id, "n_sites": self.n_sites, "key_check": check}
         path = self.run_dir / "run.json"
-        _publish(path, json.dumps(info, sort_keys=True).encode())
+        publish_once(path, json.dumps(info, sort_keys=True).encode())
         have = json.loads(path.read_text())
         if have.get("n_sites") != self.n_sites:
             raise ExchangeError(f"run {self.run_id!r} in {self.run_dir} has {have.get('n_sites')} sites, "
@@ -386,7 +386,7 @@ class DirectoryExchange(Exchange):
         created = False
         if not path.exists():
             self._log_egress(sender, round, topic, payload)  # write-ahead: see class notes
-            created = _publish(path, blob)
+            created = publish_once(path, blob)
         if not created and path.read_bytes() != blob:
             raise ExchangeError(f"{describe(sender, round, topic)} already sent a different message "
                                 "for this address; a party must never send two different messages")
