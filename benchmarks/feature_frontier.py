@@ -70,7 +70,13 @@ N_SITES, N_COMPONENTS, WINDOW, SMOOTHING = 4, 20, 150, 6.0
 FEATURES = (("100 coordinate parcels", "parcels100", False), ("400 coordinate parcels", "parcels400", False),
             ("MIST 122 atlas", "mist", False), ("MIST 122 atlas, smoothed 6 mm", "mist", True),
             ("Power 264 spheres", "power_2011", False), ("Power 264 spheres, smoothed 6 mm", "power_2011", True),
-            ("100 coordinate parcels, smoothed 6 mm", "parcels100", True))
+            ("100 coordinate parcels, smoothed 6 mm", "parcels100", True),
+            ("Schaefer 200 atlas (shipped)", "schaefer_2018:200", False),
+            ("Schaefer 200 + 25 parcels of the rest", "schaefer_2018:200+25", False),
+            ("Schaefer 200 + 50 parcels of the rest", "schaefer_2018:200+50", False),
+            ("Schaefer 200 + 100 parcels of the rest", "schaefer_2018:200+100", False),
+            ("Schaefer 200 + 50 parcels of the rest, smoothed 6 mm", "schaefer_2018:200+50", True),
+            ("Schaefer 200 merged to 100 + 25 parcels of the rest", "schaefer_2018:200/2+25", False))
 QUICK_FEATURES = ("100 coordinate parcels", "MIST 122 atlas")
 
 
@@ -84,8 +90,38 @@ def reducer(key: str, labels, affine, mist_img):
     if key == "mist":
         return Parcellation(atlas_labels(mist_img, inside, affine)[0], weighting="orthonormal")
     from dpneuro.data.atlases import atlas_image
+    from dpneuro.data.parcellation import fill_uncovered
 
-    return Parcellation(atlas_labels(atlas_image(key, inside, affine), inside, affine)[0], weighting="orthonormal")
+    atlas, _, fill = key.partition("+")
+    atlas, _, merge = atlas.partition("/")
+    found, values = atlas_labels(atlas_image(atlas, inside, affine), inside, affine)
+    if merge:
+        found = merged(found, values, inside, affine, int(merge))
+    return Parcellation(fill_uncovered(found, inside, int(fill or 0)), weighting="orthonormal")
+
+
+def merged(labels, values, inside, affine, factor: int) -> np.ndarray:
+    """Schaefer's parcels merged ``factor`` to one within each network and hemisphere, by k-means of their
+    centroids (data-independent)."""
+    from nibabel.affines import apply_affine
+    from scipy.cluster.vq import kmeans2
+
+    from dpneuro.data.atlases import shipped_networks
+
+    nets = shipped_networks()
+    xyz = apply_affine(affine, np.argwhere(inside))
+    cent = np.array([xyz[labels == i].mean(axis=0) for i in range(len(values))])
+    out, nxt = np.full(len(values), -1), 0
+    for key in sorted({(nets[v][2], nets[v][1]) for v in values}):
+        members = np.array([i for i, v in enumerate(values) if (nets[v][2], nets[v][1]) == key])
+        k = max(1, round(len(members) / factor))
+        rng = np.random.default_rng(0)
+        _, lab = kmeans2(cent[members], cent[members][rng.choice(len(members), k, replace=False)], minit="matrix",
+                         iter=50, seed=0)
+        _, lab = np.unique(lab, return_inverse=True)
+        out[members] = nxt + lab
+        nxt += int(lab.max()) + 1
+    return np.where(labels >= 0, out[np.maximum(labels, 0)], -1)
 
 
 def painting(labels, affine, smoothed: bool) -> np.ndarray:
@@ -116,6 +152,9 @@ def features_of(sites, A: np.ndarray):
 SYNTH_SUBJECTS, COHORT, TR = (50, 100), 40, 2.0
 #: (row name, features) on the generator; "voxels" only without noise (a D x D release of 8,735 voxels is refused)
 SYNTH_FEATURES = (("100 coordinate parcels", "parcels100"), ("Ward 100 atlas (independent cohort)", "ward"),
+                  ("Schaefer 200 atlas (shipped)", "schaefer_2018:200"),
+                  ("Schaefer 200 + 50 parcels of the rest", "schaefer_2018:200+50"),
+                  ("Schaefer 200 + 100 parcels of the rest", "schaefer_2018:200+100"),
                   ("probabilistic 64 atlas (independent cohort)", "dictlearning"), ("voxels", "voxels"))
 
 
@@ -152,7 +191,7 @@ def synthetic(args, t0: float) -> int:
     from dpneuro.datasets.synth import network_model
 
     subjects_grid, epsilons, seeds, features, cohort = (SYNTH_SUBJECTS, EPSILONS, list(range(args.seeds)),
-                                                        SYNTH_FEATURES, COHORT)
+                                                        chosen(SYNTH_FEATURES, args.only), COHORT)
     if args.quick:
         subjects_grid, epsilons, seeds, cohort = (12,), (4.0, 16.0), [0], 8
     mask, affine = load_space("mni6mm")
@@ -160,6 +199,7 @@ def synthetic(args, t0: float) -> int:
     truth = model.A.astype(np.float64)
     tc = time.perf_counter()
     red = {"parcels100": Parcellation(coordinate_parcels(mask, 100, seed=0)),
+           **{key: reducer(key, mask.astype(np.int64), affine, None) for _, key in features if "schaefer" in key},
            **cohort_atlases(model, mask, affine, cohort, args.quick)}
     print(f"atlases from {cohort} independent subjects: {time.perf_counter() - tc:.0f} s", flush=True)
     rows = []
@@ -191,7 +231,7 @@ def synthetic(args, t0: float) -> int:
     meta = {"data": "dpneuro.datasets.synth.network_model('mni6mm', 20, seed=0)", "cohort_subjects": cohort,
             "n_sites": N_SITES, "window": WINDOW, "subjects": list(subjects_grid), "epsilons": list(epsilons),
             "seeds": seeds}
-    return _write(rows, meta, "feature_frontier_synthetic", args.quick, t0)
+    return _write(rows, meta, "feature_frontier_synthetic", args.quick, t0, args.only)
 
 
 class _Identity:
@@ -204,8 +244,31 @@ class _Identity:
         return X
 
 
-def _write(rows: list[dict], meta: dict, stem: str, quick: bool, t0: float) -> int:
-    write_results(stem + ("_quick" if quick else ""), rows, {**meta, "runtime_s": time.perf_counter() - t0})
+def chosen(features: tuple, only: list[str] | None) -> tuple:
+    """The rows ``--only`` names (all without it)."""
+    if not only:
+        return features
+    out = tuple(f for f in features if f[0] in only)
+    if missing := set(only) - {f[0] for f in out}:
+        raise SystemExit(f"--only: no row named {sorted(missing)}; rows: {[f[0] for f in features]}")
+    return out
+
+
+def _write(rows: list[dict], meta: dict, stem: str, quick: bool, t0: float, only: list[str] | None = None) -> int:
+    """Save the table; with ``--only`` the rows run replace their namesakes in the saved full table."""
+    import csv
+    import json
+
+    stem += "_quick" if quick else ""
+    meta = {**meta, "runtime_s": time.perf_counter() - t0}
+    saved = Path(__file__).resolve().parent / "results" / stem
+    if only and saved.with_suffix(".csv").exists():
+        with open(saved.with_suffix(".csv"), newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["features"] not in only]
+        rows = kept + rows
+        old = json.loads(saved.with_suffix(".json").read_text())
+        meta = {**old, "rerun": {**old.get("rerun", {}), ", ".join(only): round(meta["runtime_s"])}}
+    write_results(stem, rows, meta)
     return 0
 
 
@@ -214,12 +277,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="12 subjects per site, two budgets, one seed, 2 features")
     ap.add_argument("--synthetic", action="store_true", help="the realistic generator with independent-cohort atlases")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--only", action="append", metavar="ROW",
+                    help="run only this row (repeatable) and replace it in the saved table")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.synthetic:
         return synthetic(args, t0)
     d, runs = real_subjects()
-    subjects_grid, epsilons, seeds, features, n_init = SUBJECTS, EPSILONS, list(range(args.seeds)), FEATURES, 10
+    subjects_grid, epsilons, seeds, features, n_init = (SUBJECTS, EPSILONS, list(range(args.seeds)),
+                                                        chosen(FEATURES, args.only), 10)
     if args.quick:
         subjects_grid, epsilons, seeds, n_init = (12,), (4.0, 16.0), [0], 1
         features = tuple(f for f in FEATURES if f[0] in QUICK_FEATURES)
@@ -264,7 +330,7 @@ def main(argv=None) -> int:
     meta = {"data": d["source"], "n_sites": N_SITES, "n_components": N_COMPONENTS, "window": WINDOW,
             "subjects": list(subjects_grid), "epsilons": list(epsilons), "seeds": seeds, "canica_n_init": n_init,
             "smoothing_fwhm": SMOOTHING, "voxels": int((labels > 0).sum())}
-    return _write(rows, meta, "feature_frontier", args.quick, t0)
+    return _write(rows, meta, "feature_frontier", args.quick, t0, args.only)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     est = _demo_estimator(out, manifest, args)
     if not args.quiet:
         unmix = "capeDJICA" if est.ica == "temporal" else "spatial ICA of the released basis"
-        print(f"running the workflow (load -> capePCA -> {unmix} -> maps -> report) ...")
+        later = "".join(f" -> {name}" for name, on in (("static FNC", est.fnc), ("brain states", args.brain_states))
+                        if on)
+        print(f"running the workflow (load -> capePCA -> {unmix}{later} -> maps -> report) ...")
     est.fit({s["site"]: s["path"] for s in manifest["sites"]})
     _print_summary(est.output_dir_, time.perf_counter() - t0, args.quiet)
     if not args.keep_work:

@@ -47,7 +47,8 @@ from dpneuro.privacy.summary import headline_lines
 from dpneuro.report.figures import read_timecourses
 from dpneuro.run import pipeline
 from dpneuro.run.features import features as feature_count
-from dpneuro.run.outputs import to_voxels
+from dpneuro.run.naming import read_component_table
+from dpneuro.run.outputs import read_fnc, table_path, to_voxels
 from dpneuro.run.pipeline import progress, public_results, run_privacy
 from dpneuro.run.planner import plan_for_target, site_shapes, spend
 from dpneuro.run.roles import unmixing_input
@@ -419,9 +420,17 @@ class DecentralizedICA(_Decentralized):
     Attributes
     ----------
     components_img_ : Nifti1Image
-        4-D, one z-scored spatial map per component.
+        4-D, one z-scored spatial map per component, in network order.
     components_ : ndarray (n_components, n_voxels)
         The maps inside the mask (``mask_img_``).
+    component_labels_ : list of dict
+        One row of ``components.tsv`` per component: ``network`` (a network of the
+        Schaefer 2018 atlas, "Subcortical", "Cerebellum", "Other", or "unnamed" off MNI
+        grids), ``overlap_<network>``, ``peak_x/y/z`` (MNI mm), ``hemisphere``,
+        ``variance_share`` (of the released spectrum), ``noise_fraction``, ``noise``.
+    fnc_ : ndarray (n_components, n_components) or None
+        The consortium's static FNC (Fisher z, diagonal 0; ``fnc.tsv``), None with ``fnc = False``;
+        its noise's standard deviation per entry is in ``fnc.json`` beside it.
     unmixing_ : ndarray (n_components, n_components)
         W in the whitened space; ``bias_`` its bias.
     basis_, eigenvalues_ : ndarray
@@ -462,6 +471,8 @@ class DecentralizedICA(_Decentralized):
         self._read_space(outputs["space"])
         self.components_img_ = _in_memory(mp["components"])
         self.components_ = np.asarray(self.components_img_.dataobj)[self._mask].T.astype(np.float64)
+        self.component_labels_ = read_component_table(table_path(mp["components"]))
+        self.fnc_ = read_fnc(mp["components"])
         self.basis_, self.eigenvalues_ = red["basis"], red["eigenvalues"]
         self.unmixing_, self.bias_ = unm["W"], unm["b"]
         self.n_iter_ = int(unm["rounds"])
@@ -507,6 +518,8 @@ class DecentralizedICA(_Decentralized):
         self.config_ = cfg
         self.output_dir_ = Path(res["components"]).parent
         self.components_img_ = _in_memory(res["components"])
+        self.component_labels_ = read_component_table(table_path(res["components"]))
+        self.fnc_ = read_fnc(res["components"])
         self.privacy_ = PrivacySummary(priv)
 
     def transform(self, imgs) -> list[np.ndarray]:

@@ -1,4 +1,7 @@
-"""A toy CAPE algorithm the protocol tests run: every site releases zeros, so a release is its noise alone."""
+"""A toy CAPE algorithm the protocol tests run (every site releases zeros, so a release is its noise alone), and
+the distinguishing attack the release tests run against a four-site consortium."""
+
+import math
 
 import numpy as np
 
@@ -38,3 +41,28 @@ class Zeros:
     def aggregator_update(self, state, round, combined):
         state["combined"].append(combined["f"])
         return Payload(meta={"stop": round == self.max_rounds - 1})
+
+
+def coalition_statistic(res, diff, colluder=3):
+    """The likelihood-ratio statistic of the aggregator with ``colluder``'s draws for 'site 0 holds the neighbour'
+    (site 0's releases shifted by ``diff``), and the separation it has by construction."""
+    S, honest = 4, [0, 1, 2]
+    esum_all = res.exchange.receive(0, 0, "zs-unmask").arrays["cape/esum"]
+    rel = res.exchange.gather(0, "release", list(range(S)), timeout=1)
+    plan = res.sites[0]["cape"]["plan"]
+    w = plan["cape/weights"]
+    num, var, off = 0.0, 0.0, 0
+    for name in diff:  # every release of the round, in the order the protocol stacks their noise
+        d = diff[name].ravel()
+        esum = esum_all[off:off + d.size]
+        off += d.size
+        e_var, g_var = plan[f"cape/e_var/{name}"], plan[f"cape/g_var/{name}"]
+        e_hat_c = res.sites[colluder]["_last_noise"][name][0] + esum / (w[colluder] * S)
+        obs = np.stack([rel[s].arrays[name].ravel() + esum / (w[s] * S) for s in honest]
+                       + [esum - w[colluder] * e_hat_c])
+        cov = np.diag(np.r_[e_var[honest] + g_var[honest], np.sum(w[honest] ** 2 * e_var[honest])])
+        cov[-1, :-1] = cov[:-1, -1] = w[honest] * e_var[honest]
+        u = np.linalg.solve(cov, np.eye(4)[0])
+        num += d @ (u @ obs)
+        var += (d @ d) * u[0]
+    return num / math.sqrt(var), math.sqrt(var)

@@ -79,11 +79,11 @@ TUNED_FIELDS = ("space", "parcels", "ica", "pca_epsilon", "pca_subject_bound", "
                 "ica_bias", "ica_unmixing", "cumulant_epsilon")
 
 #: What a consortium of real, fMRIPrep-preprocessed data sets beyond the defaults (``site_templates/fmriprep.toml``;
-#: a test checks): a functional atlas as the features, CanICA's 6 mm smoothing and nilearn's standard confound
-#: strategy; ``benchmarks/feature_frontier.py`` measures them (``benchmarks/README.md``). Not the defaults: the
-#: atlas is downloaded once per site and a confounds table is needed, while the defaults run offline on any grid,
-#: synthetic data included.
-REAL_DATA_SETTINGS = {"atlas": "basc_multiscale_2015:122", "smoothing_fwhm": 6.0, "confounds": "simple"}
+#: a test checks): the shipped functional atlas with coordinate parcels of the voxels it leaves out, CanICA's 6 mm
+#: smoothing and nilearn's standard confound strategy; ``benchmarks/feature_frontier.py`` measures them
+#: (``benchmarks/README.md``). Not the defaults: the atlas's 250 features beat the 100 coordinate parcels only
+#: from about eps 4 and 100 subjects per site, and the confounds need fMRIPrep's tables.
+REAL_DATA_SETTINGS = {"atlas": "schaefer_2018:200", "atlas_fill": 50, "smoothing_fwhm": 6.0, "confounds": "simple"}
 
 
 @dataclass
@@ -108,11 +108,11 @@ class Sites(Constraint):
 
 
 #: the pipeline stages whose outputs a field changes (``stages`` of its metadata)
-STAGES = ("space", "load", "reduce", "unmix", "states", "maps")
+STAGES = ("space", "load", "reduce", "unmix", "fnc", "states", "maps")
 #: run.toml's sections, in order (``section`` of a field's metadata)
 SECTIONS = ("run and outputs", "data grid", "data preparation",
             "site-local cleaning (nilearn; before anything is released, no privacy cost)", "analysis",
-            "brain states", "privacy", "sites")
+            "connectivity", "brain states", "privacy", "sites")
 
 #: before the subject counts are known delta must be below this: delta >= 1/N is no privacy for a site of N
 #: subjects (each subject may be released whole with probability delta), and 0.1 already fails every site of
@@ -214,7 +214,9 @@ class RunConfig:
             "resolution (every party needs the same one; the run manifest checks its regions on the grid). A label "
             "image (3-D, integer regions, nearest neighbour onto the grid) weighs each region as its voxels weigh "
             "(sum over sqrt(voxels)); probabilistic maps (4-D, e.g. DiFuMo) give the coordinates on an orthonormal "
-            "basis of their span. Or a name (dpneuro.data.atlases): \"power_2011\", \"dosenbach_2010\", "
+            "basis of their span. Or a name (dpneuro.data.atlases): \"schaefer_2018:200\" (the Schaefer 2018 "
+            "atlas of 200 cortical parcels in 7 networks, shipped with dpneuro under its authors' MIT licence: no "
+            "download), \"power_2011\", \"dosenbach_2010\", "
             "\"seitzman_2018\" (MNI coordinates shipped with nilearn, no download: a 5 mm sphere of labels around "
             "each; \"power_2011:8mm\" for another radius), or one nilearn downloads once into its data folder "
             "(NILEARN_DATA, default ~/nilearn_data): \"schaefer_2018:100\", \"difumo:64\", "
@@ -222,6 +224,11 @@ class RunConfig:
             "\"smith_2009:rsn20\", \"allen_rsn_2011\". A site without internet fetches it elsewhere "
             "(`python -m dpneuro.data.atlases NAME`) and copies that folder, or gives the file's path. The maps come "
             "back at voxel resolution.")
+    atlas_fill: int = setting(
+        0, section="data grid", constraint=Interval(Integral, 0, None), stages=("space",), agree=True,
+        doc="With a label atlas: the mask voxels no region covers (the cerebellum and subcortex for a cortical "
+            "atlas such as Schaefer's) become this many coordinate parcels of their own (k-means on their "
+            "coordinates), weighed as the atlas's regions; 0: they are left out of the features and the maps.")
     site_voxel_maps: bool = setting(
         True, section="data grid", constraint=Boolean(), stages=("maps",),
         doc="With parcels, each site also writes its own maps at the mask's voxel resolution. They are computed at "
@@ -254,20 +261,20 @@ class RunConfig:
             "release; the ICA settings are unused); each site fits its own time courses on the maps, locally. "
             "\"temporal\": independent time courses (capeDJICA; every round is a private release of its own).")
     plan: str = setting(
-        "cape", section="privacy", constraint=StrOptions(PLANS), stages=("reduce", "unmix", "states", "maps"),
+        "cape", section="privacy", constraint=StrOptions(PLANS), stages=("reduce", "unmix", "fnc", "states", "maps"),
         agree=True, flag="plan",
         doc="Noise plan: \"cape\", \"conv\" or \"none\". \"cape\": correlated noise, each site's release carries the "
             "noise its own budget needs and the average carries the pooled-data noise (needs >= 3 sites); "
             "\"conv\": independent noise at every site; \"none\": NOT private.")
     n_colluding: int | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "ceil(S/3) - 1"),
-        stages=("reduce", "unmix", "states", "maps"), agree=True, flag="n-colluding", example=("1",),
+        stages=("reduce", "unmix", "fnc", "states", "maps"), agree=True, flag="n-colluding", example=("1",),
         doc="How many sites may collude with the aggregator. Left out: ceil(S/3) - 1 for S sites, the most CAPE "
             "allows; larger values are refused.")
     delta: float = setting(
         1e-5, section="privacy", constraint=Interval(Real, 0, DELTA_BOUND, closed="neither",
                                                      why="delta >= 1/N is no privacy for a site of N subjects"),
-        stages=("reduce", "states", "maps"), agree=True, flag="delta",
+        stages=("reduce", "fnc", "states", "maps"), agree=True, flag="delta",
         doc="Total delta per site: the delta at which every site's total epsilon is reported (half of it "
             "calibrates the PCA release). It must be below 1/N for the smallest site's N subjects: the "
             "configuration refuses 0.1 and above, the run refuses 1/N and above once it knows the counts.")
@@ -276,7 +283,8 @@ class RunConfig:
                                                    "the per-release settings are used as they are"),
         agree=True, example=("8.0",),
         doc="Total epsilon per site in the headline sense, against the aggregator and its colluders. When set, "
-            "the run plans the per-stage settings (pca_epsilon, ica_epsilon_i, cumulant_epsilon, states_epsilon) "
+            "the run plans the per-stage settings (pca_epsilon, ica_epsilon_i, cumulant_epsilon, fnc_epsilon, "
+            "states_epsilon) "
             "from the sites' subject counts (as `dpneuro budget --target-epsilon` does) and those fields are "
             "ignored. A deployed run first exchanges every site's public counts (subjects and their time points); "
             "every party then plans the same split, and each site refuses one that would spend more than this.")
@@ -359,6 +367,18 @@ class RunConfig:
     pdsvd_iterations: int = setting(
         30, section="analysis", constraint=Interval(Integral, 1, None), stages=("reduce",), agree=True,
         doc="Power iterations of reduction = \"pdsvd\". Each one is a secure sum; PD-SVD adds no privacy noise.")
+    fnc: bool = setting(
+        True, section="connectivity", constraint=Boolean(), stages=("fnc",), agree=True, flag="fnc",
+        doc="Static functional network connectivity (FNC), as GIFT and COINSTAC's group ICA report it: each site "
+            "computes every subject's correlation between the component time courses (Fisher z), bounds each "
+            "subject's and releases their mean through CAPE; the consortium's mean is fnc.tsv and the report's "
+            "matrix, and each subject's own stays at its site (fnc_subjects.tsv). false: no FNC and no release.")
+    fnc_epsilon: float = setting(
+        2.0, section="connectivity", constraint=Interval(Real, 0, None, closed="neither"), stages=("fnc",),
+        agree=True, flag="fnc-epsilon",
+        doc="Privacy budget of the FNC release per site (against the aggregator and its colluders, at delta / 2); "
+            "the run's total composes every stage, and a total `epsilon` is split over the stages in the ratio of "
+            "their settings.")
     brain_states: int = setting(
         0, section="brain states", stages=("states",), agree=True, flag="brain-states",
         constraint=Excluding(Interval(Integral, 0, None), 1, "one state is the mean of all windows; 0: off"),
@@ -474,7 +494,7 @@ class RunConfig:
             "own choice. Needs `pip install 'dpneuro[cluster]'` for Dask.")
     seed: int | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "noise from OS entropy"),
-        stages=("reduce", "unmix", "states", "maps"), agree=True, estimator="random_state", example=("0",),
+        stages=("reduce", "unmix", "fnc", "states", "maps"), agree=True, estimator="random_state", example=("0",),
         doc="Noise seed: left out (the default), every party draws from OS entropy, as a deployment must. An "
             "integer makes a `dpneuro run` simulation reproducible; the report then says so. `dpneuro site` / "
             "`dpneuro aggregator` refuse a seed (anyone who reads the configuration could regenerate a site's "

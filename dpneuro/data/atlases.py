@@ -8,6 +8,9 @@ the same atlas, and the manifest catches sites whose copies differ.
 - Coordinate atlases (``power_2011``, ``dosenbach_2010``, ``seitzman_2018``)
   come from CSVs shipped inside nilearn: never downloaded. Each coordinate
   becomes a sphere of labels on the analysis grid (:func:`sphere_labels`).
+- The Schaefer 2018 atlas of 200 parcels in 7 networks ships inside the package
+  (``atlas-files/``, MIT licence of its authors beside it): ``schaefer_2018:200``
+  needs no download, and :func:`shipped_networks` gives each parcel's network.
 - Other atlases (``schaefer_2018:100``, ``difumo:64``, ...) come from nilearn's
   fetchers, which download once into nilearn's data folder (``NILEARN_DATA``,
   else ``~/nilearn_data``) and read that cache afterwards. Without network and
@@ -54,7 +57,7 @@ class Fetched:
 
 #: atlases nilearn downloads (once, into its data folder); 2 mm where there is a choice
 FETCHED: dict[str, Fetched] = {
-    "schaefer_2018": Fetched("fetch_atlas_schaefer_2018", "labels", (100, 200, 300, 400, 500, 600, 700, 800, 900, 1000),
+    "schaefer_2018": Fetched("fetch_atlas_schaefer_2018", "labels", (200, 100, 300, 400, 500, 600, 700, 800, 900, 1000),
                              lambda p: {"n_rois": p, "yeo_networks": 7, "resolution_mm": 2}, "schaefer_2018"),
     "difumo": Fetched("fetch_atlas_difumo", "maps", (64, 128, 256, 512, 1024),
                       lambda p: {"dimension": p, "resolution_mm": 2}, "difumo_atlases"),
@@ -79,6 +82,17 @@ COORDINATES: dict[str, tuple[str, float | None]] = {
 }
 
 NAMES = tuple(COORDINATES) + tuple(FETCHED)
+
+_FILES = Path(__file__).resolve().parent / "atlas-files"
+#: atlases inside the package (name, parameter) -> folder, image and table of parcels (index, name, network,
+#: hemisphere); read instead of fetching
+SHIPPED: dict[tuple[str, Any], tuple[Path, str, str]] = {
+    ("schaefer_2018", 200): (_FILES / "schaefer2018_200_7networks",
+                             "Schaefer2018_200Parcels_7Networks_order_FSLMNI152_2mm.nii.gz",
+                             "Schaefer2018_200Parcels_7Networks_order.tsv"),
+}
+#: the shipped functional atlas: the default features on MNI grids and the networks components are named by
+FUNCTIONAL = "schaefer_2018:200"
 
 
 def _split(atlas: str) -> tuple[str, str | None]:
@@ -131,7 +145,7 @@ def parse(atlas: str) -> tuple[str, Any]:
     if isinstance(spec.params[0], int):
         value = int(param) if param.isdigit() else param
     if value not in spec.params:
-        bad(f"{name} takes one of {', '.join(str(p) for p in spec.params)}, got {param!r}")
+        bad(f"{name} takes one of {', '.join(str(p) for p in sorted(spec.params, key=_natural))}, got {param!r}")
     return name, value
 
 
@@ -163,6 +177,9 @@ def fetch(atlas: str):
     name, param = parse(atlas)
     if name not in FETCHED:
         raise ValueError(f"{atlas!r} is a coordinate atlas: see atlas_image")
+    if (name, param) in SHIPPED:
+        folder, image, _ = SHIPPED[name, param]
+        return str(folder / image)
     dirs = os.environ.get("NILEARN_SHARED_DATA"), os.environ.get("NILEARN_DATA")
     return _fetch(name, param, dirs)
 
@@ -184,6 +201,17 @@ def _fetch(name: str, param: Any, dirs: tuple) -> Any:  # dirs: so that a change
             "on a machine that is online (with the same NILEARN_DATA) and copy that folder here, set NILEARN_DATA "
             "to a folder that holds it, or give the path of the atlas's NIfTI file as 'atlas'") from exc
     return str(img) if isinstance(img, (str, Path)) else img
+
+
+def shipped_networks(atlas: str = FUNCTIONAL) -> dict[int, tuple[str, str, str]]:
+    """A shipped atlas's parcels: label value -> (name, network, hemisphere), from the table beside its image."""
+    folder, _, table = SHIPPED[parse(atlas)]
+    out = {}
+    lines = (folder / table).read_text().splitlines()
+    for line in lines[1:]:
+        index, name, network, hemisphere = line.split("\t")
+        out[int(index)] = (name, network, hemisphere)
+    return out
 
 
 def coordinates(name: str) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
@@ -279,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     for atlas in names:
         if _split(atlas)[0] in COORDINATES:
             print(f"{atlas}: shipped with nilearn, nothing to fetch")
+            continue
+        if parse(atlas) in SHIPPED:
+            print(f"{atlas}: shipped with dpneuro, nothing to fetch ({fetch(atlas)})")
             continue
         img = fetch(atlas)
         print(f"{atlas}: {img if isinstance(img, str) else cache_folder(parse(atlas)[0])}")

@@ -46,6 +46,21 @@ def coordinate_parcels(mask: np.ndarray, n_parcels: int, *, seed: int = 0) -> np
     return labels.astype(np.int64)
 
 
+def fill_uncovered(labels: np.ndarray, mask: np.ndarray, n_fill: int, *, seed: int = 0) -> np.ndarray:
+    """Whole-brain labels from an atlas's (mask order, -1: in no region): the voxels no region covers (the
+    cerebellum and subcortex for a cortical atlas) become up to ``n_fill`` coordinate parcels of their own,
+    numbered after the atlas's regions. ``n_fill = 0`` leaves them out."""
+    labels = np.asarray(labels, dtype=np.int64)
+    rest = np.zeros(mask.shape, bool)
+    rest[mask] = labels < 0
+    n_rest = int(rest.sum())
+    if n_fill <= 0 or n_rest == 0:
+        return labels
+    out = labels.copy()
+    out[labels < 0] = int(labels.max()) + 1 + coordinate_parcels(rest, min(n_fill, n_rest), seed=seed)
+    return out
+
+
 def _atlas_image(atlas):
     img = nib.load(str(atlas)) if isinstance(atlas, (str, Path)) else atlas
     if len(img.shape) not in (3, 4):

@@ -33,7 +33,8 @@ Iterations, read from the input keys:
    naming the field), loads and validates its subjects and starts capePCA.
 3. ... one protocol phase per iteration: capePCA, capeDJICA, summary (sites
    send their ledgers, the remote answers with the reported unmixing).
-4. The remote writes the maps, ``privacy.json`` and ``report.html`` to its
+4. The remote writes the maps (``components.nii.gz``, named in ``components.tsv``), the static FNC
+   (``fnc.tsv``), ``privacy.json`` and ``report.html`` to its
    ``outputDirectory``; each site writes its own time courses, maps and
    ledger to its ``outputDirectory``; once every site reports ``done`` the
    remote returns the final output with ``"success": true``.
@@ -126,6 +127,7 @@ OWNER_INPUTS: dict[str, type] = {
     "site_voxel_maps": bool, "site_maps_method": str,
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
     "states_epsilon": float, "states_method": str, "states_window": int, "states_step": int, "states_metric": str,
+    "fnc": bool, "fnc_epsilon": float, "atlas_fill": int,
     # the site-local cleaning, the runs read and the features (text inputs: see TEXT_INPUTS)
     "detrend": bool, "high_pass": float, "low_pass": float, "smoothing_fwhm": float, "on_bad_subject": str,
     "atlas": str, "confounds": str, "confounds_options": str, "bids": str,
@@ -506,7 +508,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
     final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}
-    for k in ("components", "privacy", "report", "W", "basis", "states"):
+    for k in ("components", "component_table", "fnc", "privacy", "report", "W", "basis", "states"):
         if res.get(k):
             final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
     return {"output": final, "cache": {"dpneuro": "done"}, "success": True}

@@ -69,6 +69,7 @@ from dpneuro.run.factory import check_reduction_fits
 from dpneuro.run.outputs import (
     consortium_report_parts,
     states_section,
+    table_path,
     write_consortium_outputs,
     write_consortium_report,
     write_maps,
@@ -548,7 +549,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
             f"{priv_path}; now its own time courses{' and voxel maps' if made(cfg, info['space']) else ''} "
             "and its report")
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
-                             timecourses=inputs.get("states"), timer=clock.timed)
+                             timecourses=_first(inputs.get("fnc"), inputs.get("states")), timer=clock.timed)
     site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
     report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock,
                                          states=None if states is None else {"matrices": states,
@@ -559,6 +560,11 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
             "states": None if states is None else str(states), "states_occupancy": own["states_occupancy"],
             "site_maps": own["site_maps"], "timings_s": timings}
+
+
+def _first(*values):
+    """The first value that is not None (the stages that read the time courses kept the same ones)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
@@ -696,7 +702,8 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
     warnings = cons["warnings"]
     parts = consortium_report_parts(cfg, space, cons["components"], priv, ica, n_subjects=sum(n_subjects.values()),
                                     warnings=warnings, template_problem=cons["template_problem"],
-                                    figs=out / "figures", states=cons["states"])
+                                    figs=out / "figures", states=cons["states"], fnc=cons["fnc"],
+                                    spectrum=cons["spectrum"])
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
@@ -709,7 +716,9 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
                                      site_maps=consortium_section(cfg, space),
                                      data={"cleaning": cfg.cleaning().describe(),
                                            "features": space.get("features", "")})
-    return {"components": cons["components"], "privacy": cons["privacy"], "report": str(report),
+    return {"components": cons["components"], "component_table": str(table_path(cons["components"])),
+            "fnc": None if cons["fnc"] is None else cons["fnc"]["tsv"],
+            "privacy": cons["privacy"], "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),
             "states": None if parts["states"] is None else str(out / "states.npy"),

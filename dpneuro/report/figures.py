@@ -266,7 +266,7 @@ _CHECK = object()
 
 def render_components(components_path, mask_path, figs: Path, *, truth: dict | None = None,
                       interactive: bool = False, problem=_CHECK,
-                      kind: str = "component") -> tuple[list[dict], str, list[str]]:
+                      kind: str = "component", names: list[str] | None = None) -> tuple[list[dict], str, list[str]]:
     """Every component of a 4-D maps file as report entries: (entries, how they are drawn, warnings).
 
     ``truth`` (``maps``, ``perm``, ``corr``): components in the order of the
@@ -274,7 +274,8 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     with the truth's sign. Data outside MNI space are drawn on their own grid,
     with a warning; ``problem`` is :func:`template_problem` of the mask when
     the caller has it already. ``kind``: ``"component"`` (labels IC01, ...)
-    or ``"state"`` (brain-state patterns, labels state 1, ...).
+    or ``"state"`` (brain-state patterns, labels state 1, ...). ``names``: a caption per component (its network),
+    added to its label.
     """
     figs = Path(figs)
     figs.mkdir(parents=True, exist_ok=True)
@@ -292,6 +293,8 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     entries, jobs = [], []
     for j, c in enumerate(order):
         label = f"IC{c + 1:02d}" if kind == "component" else f"{kind} {c + 1}"
+        if names and names[c]:
+            label += f" {names[c]}"
         # index, sign and cuts as drawn: a site's voxel map of the component is drawn the same way beside it
         entry: dict = {"label": label, "index": c, "sign": 1.0}
         comp3d = img.slicer[..., c]
@@ -482,6 +485,84 @@ def states_figure(matrices, occupancy, out_png) -> Path:
     bx.set_xticks(range(K), [str(k + 1) for k in range(K)], fontsize=7)
     bx.set_xlabel("state", fontsize=8)
     bx.set_title("fraction of windows", fontsize=8)
+    fig.savefig(out_png, dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return Path(out_png)
+
+
+def fnc_figure(Z, networks: list[str] | None, noise_sd: float, out_png) -> Path:
+    """The consortium's static FNC (R x R, Fisher z) in the components' order, lines between networks."""
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
+
+    Z = np.asarray(Z, float)
+    R = Z.shape[0]
+    shown = Z.copy()
+    np.fill_diagonal(shown, np.nan)
+    lim = max(float(np.nanmax(np.abs(shown))) if R > 1 else 0.0, 3 * noise_sd, 0.1)
+    fig, ax = plt.subplots(figsize=(2.2 + 0.22 * R, 1.8 + 0.22 * R))
+    im = ax.imshow(shown, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    labels = [f"IC{i + 1:02d}" + (f" {networks[i]}" if networks else "") for i in range(R)]
+    ticks = range(R) if R <= 40 else []
+    ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=6, rotation=90)
+    ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=6)
+    if networks:
+        for i in range(1, R):
+            if networks[i] != networks[i - 1]:
+                ax.axhline(i - 0.5, color="k", lw=0.6)
+                ax.axvline(i - 0.5, color="k", lw=0.6)
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cb.set_label(f"Fisher z (noise sd {noise_sd:.3f})", fontsize=7)
+    cb.ax.tick_params(labelsize=6)
+    ax.set_title("static FNC", fontsize=8)
+    fig.savefig(out_png, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return Path(out_png)
+
+
+def overview_figure(components_path, titles: list[str], out_png, *, threshold: float = MAP_THRESHOLD,
+                    columns: int = 4) -> Path:
+    """Every component on one page: a glass brain each (left, top, right views), in the file's order (network
+    order), each titled (its number and network). As CanICA users see them with ``plot_prob_atlas``, but one
+    panel per component so each can be named."""
+    import matplotlib.pyplot as plt  # deferred: matplotlib and nilearn's plotting are slow to load
+    from nilearn import plotting
+
+    img = nib.load(str(components_path))
+    R = img.shape[3]
+    rows = -(-R // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * 3.0, rows * 1.5), squeeze=False)
+    data = np.asarray(img.dataobj, np.float32)
+    vmax = float(np.percentile(np.abs(data[data != 0]), 99.5)) if np.any(data) else 1.0
+    for k, ax in enumerate(axes.flat):
+        if k >= R:
+            ax.axis("off")
+            continue
+        plotting.plot_glass_brain(nib.Nifti1Image(data[..., k], img.affine), display_mode="lzr", axes=ax,
+                                  threshold=threshold, colorbar=False, annotate=False, plot_abs=False,
+                                  vmax=max(vmax, threshold * 1.5))
+        ax.set_title(titles[k] if k < len(titles) else "", fontsize=8, loc="left")
+    fig.savefig(out_png, dpi=72, bbox_inches="tight")
+    plt.close(fig)
+    return Path(out_png)
+
+
+def spectrum_figure(eigenvalues, out_png, *, edge: float | None = None, threshold: float | None = None) -> Path:
+    """The released eigenvalues against the noise the plan puts on the released matrix: its bulk's edge
+    (2 sigma sqrt(D)) and the detection threshold (sigma sqrt(D), BBP) below which an eigenvector is noise."""
+    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
+
+    lam = np.asarray(eigenvalues, float)
+    fig, ax = plt.subplots(figsize=(5.5, 2.4))
+    k = np.arange(1, lam.size + 1)
+    ax.bar(k, lam, color="C0", label="released eigenvalues")
+    if threshold is not None:
+        ax.axhline(threshold, color="C3", ls="--", lw=1, label="detection threshold sigma sqrt(D)")
+    if edge is not None:
+        ax.axhline(edge, color="C1", ls=":", lw=1, label="noise edge 2 sigma sqrt(D)")
+    ax.set_xlabel("component of the PCA", fontsize=8)
+    ax.set_ylabel("eigenvalue", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False)
     fig.savefig(out_png, dpi=80, bbox_inches="tight")
     plt.close(fig)
     return Path(out_png)

@@ -11,6 +11,7 @@ from typing import Any
 from dpneuro.data.io import site_data_summary
 from dpneuro.privacy import gdp_epsilon
 from dpneuro.privacy.summary import headline_lines, plain_reading, privacy_warnings, strength, threat_model
+from dpneuro.report.figures import MAP_THRESHOLD
 from dpneuro.report.timings import total
 
 CSS = """
@@ -113,6 +114,22 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def components_table(rows: list[dict]) -> str:
+    """The components in network order: network (and its share of the map's weight), peak, hemisphere, share of
+    the released spectrum and the noise fraction (components.tsv)."""
+    body = [[r["component"], r["network_name"], r[f"overlap_{r['network']}"] if r["network"] != "unnamed" else "",
+             f"{r['peak_x']:.0f}, {r['peak_y']:.0f}, {r['peak_z']:.0f}", r["hemisphere"], r["variance_share"],
+             r["noise_fraction"], "yes" if r["noise"] else ""] for r in rows]
+    note = ("<p class=\"small\">Each component named by the network of the Schaefer 2018 atlas (7 networks of Yeo "
+            "2011) that holds most of its map's positive weight; outside the atlas's cortex, by MNI position "
+            "(subcortical, cerebellum, white matter / edge). Noise fraction: the map's weight outside grey matter "
+            "or on the brain mask's edge (flagged above 0.6). Spectrum: the component's share of the released "
+            "eigenvalues. All computed from the public maps (components.tsv).</p>")
+    return "<h3>Components</h3>" + note + _table(
+        ["component", "network", "overlap", "peak (x, y, z mm)", "hemisphere", "spectrum share", "noise fraction",
+         "noise?"], body)
+
+
 def privacy_section(privacy: dict) -> str:
     """Per-site totals, per-stage table and the assumptions, all from the ledgers."""
     delta = privacy["delta"]
@@ -167,6 +184,33 @@ def privacy_box(privacy: dict) -> str:
             + "".join(f"<br/><b>Not differentially private:</b> {html.escape(why)}"
                       for why in privacy.get("not_private", []))
             + "</div>")
+
+
+def spectrum_html(spectrum: dict) -> str:
+    """The released eigen-spectrum against the plan's noise."""
+    lam = spectrum["eigenvalues"]
+    if spectrum["noise_sd"] is None:
+        text = (f"The eigenvalues of the released matrix behind the {len(lam)} components; the release carried no "
+                "privacy noise.")
+    else:
+        above = sum(1 for x in lam if x > spectrum["threshold"])
+        text = (f"The eigenvalues of the released matrix behind the {len(lam)} components, against the noise the "
+                f"plan put on it (per-entry sd {spectrum['noise_sd']:.3g} over D = {spectrum['dim']} features): an "
+                "eigenvalue below the detection threshold sigma sqrt(D) leaves no trace in its eigenvector (BBP). "
+                f"{above} of {len(lam)} stand above it.")
+    return f'<h3>Released spectrum</h3><p class="small">{text}</p>' + _img(spectrum["figure"], "released spectrum")
+
+
+def fnc_html(fnc: dict) -> str:
+    """The static FNC section: the consortium's mean connectivity between components and its noise."""
+    return "\n".join([
+        "<h2>Static functional network connectivity (FNC)</h2>",
+        '<p class="small">The consortium\'s mean correlation between the components\' time courses (Fisher z), '
+        "in the components' network order. Each site computed its subjects' FNC, bounded each subject's, and "
+        "released their mean through CAPE; each entry carries Gaussian noise of standard deviation "
+        f"{fnc['noise_sd']:.3f} (so |z| below {2 * fnc['noise_sd']:.3f} is within the noise's 95 % range). Each "
+        "subject's own FNC stays at its site (fnc_subjects.tsv).</p>",
+        _img(fnc["figure"], "static FNC")])
 
 
 def states_html(states: dict) -> str:
@@ -233,7 +277,9 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
                  metrics: dict | None = None, convergence_png=None,
                  timings: dict | None = None, run: dict | None = None, notes: list[str] | None = None,
                  maps_note: str = "", timecourses_png=None, states: dict | None = None,
-                 site_maps: dict | None = None, data: dict | None = None) -> Path:
+                 site_maps: dict | None = None, data: dict | None = None,
+                 component_table: list[dict] | None = None, fnc: dict | None = None,
+                 overview_png=None, spectrum: dict | None = None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
@@ -253,7 +299,11 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     deployed site's own report has that site's, a simulation's every site's.
     ``timings``: seconds per stage, as the run recorded them (a total is added).
     ``run``: the run's configuration; only the settings it used are listed
-    (:func:`run_settings`).
+    (:func:`run_settings`). ``component_table``: the rows of ``components.tsv``
+    (each component's network, peak, spectrum share, noise fraction). ``fnc``: the
+    consortium's static FNC (``figure``, ``noise_sd``). ``overview_png``: every
+    component on one figure; ``spectrum``: the released eigenvalues against the
+    plan's noise (``figure``, ``noise_sd``, ``edge``, ``threshold``).
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -265,7 +315,17 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     if data:
         parts.append(data_section(data))
 
+    if overview_png:
+        parts.append("<h2>Components at a glance</h2>" + '<p class="small">Every component in network order, each '
+                     f"on a glass brain (left, top, right; |z| > {MAP_THRESHOLD:g}).</p>" + _img(overview_png,
+                                                                                              "every component"))
+    if fnc:
+        parts.append(fnc_html(fnc))
     parts.append("<h2>Spatial maps</h2>")
+    if component_table:
+        parts.append(components_table(component_table))
+    if spectrum:
+        parts.append(spectrum_html(spectrum))
     if maps_note:
         parts.append(f'<p class="small">{html.escape(maps_note)}</p>')
     if metrics:

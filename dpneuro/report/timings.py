@@ -40,7 +40,7 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
     """The name of ``stage`` (at ``site`` for the per-site stages) in every timings table.
 
     Stages: ``space`` (mask and features), ``load``, ``reduce``, ``unmix``,
-    ``states`` (dFNC brain states), ``summary`` (a deployment's closing exchange),
+    ``fnc`` (static FNC), ``states`` (dFNC brain states), ``summary`` (a deployment's closing exchange),
     ``maps`` (the consortium's maps and privacy record), ``timecourses``,
     ``site_maps`` (a site's own voxel maps), ``occupancy`` (a site's
     brain-state dynamics) and ``report``.
@@ -51,6 +51,7 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
         "load": f"load{at}",
         "reduce": f"reduce ({reduction_name(cfg)})",
         "unmix": f"unmix ({unmixing_name(cfg)})",
+        "fnc": "static FNC",
         "states": "brain states (dFNC)",
         "summary": "summary (ledgers in, unmixing out)",
         "maps": "maps and privacy record",

@@ -19,6 +19,7 @@ from dataclasses import replace
 from dpneuro.algorithms.cumulant_ica import CapeCumulantICA, release_bytes
 from dpneuro.algorithms.dfnc import StateSettings
 from dpneuro.algorithms.djica import OPTIMIZERS, CapeDJICA
+from dpneuro.algorithms.fnc import FNCSettings
 from dpneuro.algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
 from dpneuro.algorithms.pdsvd import PDSVD
 from dpneuro.config import ConfigError, RunConfig
@@ -28,7 +29,8 @@ from dpneuro.run.features import features
 
 
 def stage_seed(cfg: RunConfig, stage: int) -> int | None:
-    """The seed of stage ``stage`` (1 reduce, 2 unmix, 3 states); None (OS entropy) when the config has none."""
+    """The seed of stage ``stage`` (1 reduce, 2 unmix, 3 states, 4 fnc); None (OS entropy) when the config has
+    none."""
     return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
 
 
@@ -165,10 +167,19 @@ def states_settings(cfg: RunConfig) -> StateSettings:
                          random_state=stage_seed(cfg, 3))
 
 
+def fnc_settings(cfg: RunConfig) -> FNCSettings:
+    """The static-FNC stage's public settings: one release calibrated to (``fnc_epsilon``, delta / 2) per site
+    against the headline adversary."""
+    if not cfg.fnc:
+        raise ConfigError("config field 'fnc': false, the run has no FNC stage")
+    return FNCSettings(cfg.fnc_epsilon if cfg.plan != "none" else None, cfg.pca_delta, plan=noise_plan(cfg),
+                       random_state=stage_seed(cfg, 4))
+
+
 # -- what each releasing stage spends -------------------------------------------------------
 
 def epsilon_field(cfg: RunConfig, stage: str) -> str:
     """The setting that holds the eps of releasing ``stage`` (the unmixing's depends on ``ica_unmixing``)."""
     if stage == "unmix":
         return "cumulant_epsilon" if cfg.cumulant_unmixing else "ica_epsilon_i"
-    return {"reduce": "pca_epsilon", "states": "states_epsilon"}[stage]
+    return {"reduce": "pca_epsilon", "fnc": "fnc_epsilon", "states": "states_epsilon"}[stage]

@@ -14,15 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from dpneuro.algorithms.dfnc import site_dynamics, state_matrices
+from dpneuro.algorithms.dfnc import n_components_of, site_dynamics, state_matrices
 from dpneuro.algorithms.djica import spatial_maps, time_courses
+from dpneuro.algorithms.fnc import site_fnc
 from dpneuro.config import RunConfig
-from dpneuro.data.io import write_json
+from dpneuro.data.io import load_mask, write_json
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.privacy.rmt import detection_threshold, wigner_edge
 from dpneuro.report.figures import (
     convergence_figure,
+    fnc_figure,
+    overview_figure,
     render_components,
+    spectrum_figure,
     states_figure,
     template_problem,
     write_components,
@@ -32,8 +37,10 @@ from dpneuro.report.figures import (
 )
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
-from dpneuro.run.planner import run_warnings
-from dpneuro.run.roles import SCALING_NOTE, describe_unmixing, site_windows, unmixing_input
+from dpneuro.run.factory import fnc_settings
+from dpneuro.run.naming import component_labels, read_component_table, write_component_table
+from dpneuro.run.planner import expected_noise, run_warnings
+from dpneuro.run.roles import contribution_note, describe_unmixing, site_windows, unmixing_input
 from dpneuro.run.site_maps import made, write_site_maps
 
 __all__ = ["component_maps", "consortium_privacy", "headline", "states_section", "to_voxels", "write_maps",
@@ -60,9 +67,64 @@ def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
 
 
 def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
-    """``components.nii.gz`` (one volume per component on the mask's grid) and the voxel maps written."""
+    """``components.nii.gz`` (one volume per component on the mask's grid), ``components.tsv`` beside it (each
+    component named, :mod:`dpneuro.run.naming`) and the voxel maps written."""
     maps = component_maps(space, basis, eigenvalues, W)
-    return write_components(maps, space["mask"], path), maps
+    path = write_components(maps, space["mask"], path)
+    mask, affine = load_mask(space["mask"])
+    write_component_table(component_labels(maps, mask, affine, eigenvalues, W), table_path(path))
+    return path, maps
+
+
+def table_path(components) -> Path:
+    """Where ``components.tsv`` lies: beside the maps."""
+    return Path(components).with_name("components.tsv")
+
+
+def fnc_matrix(vector) -> np.ndarray:
+    """The R x R Fisher-z matrix of an FNC vector (upper triangle, row by row; diagonal 0)."""
+    return state_matrices(np.asarray(vector, np.float64)[:, None], fisher=False)[0] - np.eye(
+        n_components_of(len(vector)))
+
+
+def write_fnc(vector, noise_var: float, folder, *, bound: float) -> dict[str, Any]:
+    """The consortium's static FNC in ``folder``: ``fnc.tsv`` (R x R, Fisher z, components.nii.gz's order) and
+    ``fnc.json`` (what it is and the noise each entry carries)."""
+    folder = Path(folder)
+    Z = fnc_matrix(vector)
+    names = [f"IC{i + 1:02d}" for i in range(Z.shape[0])]
+    with open(folder / "fnc.tsv", "w") as f:
+        f.write("\t".join(["component", *names]) + "\n")
+        for name, row in zip(names, Z):
+            f.write(name + "\t" + "\t".join(f"{x:.6g}" for x in row) + "\n")
+    noise_sd = float(np.sqrt(max(noise_var, 0.0)))
+    write_json(folder / "fnc.json", {
+        "units": "Fisher z", "noise_sd": noise_sd, "subject_bound": bound,
+        "description": "The consortium's mean static FNC: every subject's Fisher-z correlation between its component "
+                       "time courses, bounded at its site (L2 norm of its pairs <= subject_bound), averaged through "
+                       "one CAPE release per site; each entry carries Gaussian noise of standard deviation noise_sd "
+                       "(diagonal: 0, not released)."})
+    return {"tsv": str(folder / "fnc.tsv"), "json": str(folder / "fnc.json"), "noise_sd": noise_sd}
+
+
+def read_fnc(components) -> np.ndarray | None:
+    """The consortium's FNC matrix (``fnc.tsv`` beside the maps), or None when the run had no FNC stage."""
+    path = Path(components).with_name("fnc.tsv")
+    if not path.exists():
+        return None
+    return np.loadtxt(path, skiprows=1, dtype=str, ndmin=2)[:, 1:].astype(np.float64)
+
+
+def write_subject_fnc(F: np.ndarray, subject_ids: list[str], path) -> Path:
+    """A site's own subjects' FNC (never released): one row per subject, one column per pair (Fisher z)."""
+    R = n_components_of(F.shape[1])
+    iu = np.triu_indices(R, 1)
+    pairs = [f"IC{i + 1:02d}-IC{j + 1:02d}" for i, j in zip(*iu)]
+    with open(path, "w") as f:
+        f.write("\t".join(["subject", *pairs]) + "\n")
+        for sid, row in zip(subject_ids, F):
+            f.write(str(sid) + "\t" + "\t".join(f"{x:.6g}" for x in row) + "\n")
+    return Path(path)
 
 
 def write_states(vectors, occupancy, folder, *, method: str = "") -> dict[str, Any]:
@@ -93,7 +155,7 @@ def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subj
     for name, led in ledgers.items():
         led.owner = name
     priv = privacy_report(ledgers, delta=cfg.delta, n_subjects=n_subjects, plan=cfg.plan,
-                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=SCALING_NOTE)
+                          n_colluding=cfg.n_colluding, seeded=cfg.seed is not None, scaling_note=contribution_note(cfg))
     priv["assumptions"] += list(assumptions)
     return priv
 
@@ -106,18 +168,45 @@ def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, 
     return report_headline(what, priv, warnings)
 
 
+def fnc_section(fnc: dict | None, table: list[dict], figs: Path) -> dict | None:
+    """The report's FNC section from :func:`write_fnc`'s files: the matrix drawn in the components' (network)
+    order with the networks marked, and the noise each entry carries."""
+    if not fnc:
+        return None
+    Z = read_fnc(fnc["tsv"])
+    networks = [r["network"] for r in table] if len(table) == len(Z) else None
+    return {"figure": str(fnc_figure(Z, networks, fnc["noise_sd"], figs / "fnc.png")), "noise_sd": fnc["noise_sd"],
+            "n_components": int(len(Z))}
+
+
+def component_title(row: dict) -> str:
+    """A component's caption from its components.tsv row: network, hemisphere, a noise flag."""
+    if row["network"] == "unnamed":
+        return ""
+    side = "" if row["hemisphere"] == "bilateral" else f", {row['hemisphere']}"
+    return f"{row['network_name']}{side}" + (" (noise?)" if row["noise"] else "")
+
+
 #: the consortium report's title, the same for a simulation and a deployed aggregator
 REPORT_TITLE = "dpneuro: decentralized private ICA"
 
 
 def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: dict, unmixing: dict, *,
                             n_subjects: int, warnings: list[str], template_problem: str | None, figs: Path,
-                            states: dict | None = None, truth: dict | None = None) -> dict[str, Any]:
+                            states: dict | None = None, truth: dict | None = None,
+                            fnc: dict | None = None, spectrum: dict | None = None) -> dict[str, Any]:
     """What the consortium's report shows, drawn the same way by the simulation and the deployed aggregator: each
     component's figures, the unmixing's convergence, the headline (with the agreement with a synthetic truth,
     when known) and the brain states. ``unmixing`` is the unmixing stage's public result."""
+    table = read_component_table(table_path(components))
     comps, maps_note, _ = render_components(components, space["mask"], figs, truth=truth,
-                                            interactive=cfg.interactive_maps, problem=template_problem)
+                                            interactive=cfg.interactive_maps, problem=template_problem,
+                                            names=[component_title(r) for r in table] or None)
+    titles = [f"IC{k + 1:02d} {component_title(r)}".strip() for k, r in enumerate(table)] or [
+        f"IC{k + 1:02d}" for k in range(len(comps))]
+    overview = overview_figure(components, titles, figs / "overview.png")
+    spectrum_png = None if not spectrum else spectrum_figure(spectrum["eigenvalues"], figs / "spectrum.png",
+                                                             edge=spectrum["edge"], threshold=spectrum["threshold"])
     rounds = int(unmixing["rounds"])
     conv = (convergence_figure({k: np.asarray(v, float) for k, v in unmixing["history"].items()},
                                figs / "convergence.png") if rounds else None)
@@ -127,7 +216,10 @@ def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: 
     if metrics:
         top.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     return {"components": comps, "maps_note": maps_note, "convergence_png": conv, "headline": top,
-            "metrics": metrics, "states": None if states is None else states_section(states, figs)}
+            "metrics": metrics, "component_table": table, "fnc": fnc_section(fnc, table, figs),
+            "overview_png": str(overview), "spectrum": None if spectrum_png is None else {**spectrum,
+                                                                                          "figure": str(spectrum_png)},
+            "states": None if states is None else states_section(states, figs)}
 
 
 def write_consortium_report(out: Path, parts: dict[str, Any], priv: dict, *, timings: dict, run: dict,
@@ -136,7 +228,18 @@ def write_consortium_report(out: Path, parts: dict[str, Any], priv: dict, *, tim
     return write_report(out / "report.html", title=REPORT_TITLE, headline=parts["headline"],
                         components=parts["components"], privacy=priv, metrics=parts["metrics"],
                         convergence_png=parts["convergence_png"], maps_note=parts["maps_note"], timings=timings,
+                        component_table=parts["component_table"], fnc=parts["fnc"],
+                        overview_png=parts["overview_png"], spectrum=parts["spectrum"],
                         run=run, notes=notes, states=parts["states"], site_maps=site_maps, data=data)
+
+
+def released_spectrum(cfg: RunConfig, eigenvalues, n_samples: dict[str, int], dim: int, priv: dict) -> dict:
+    """The released eigenvalues and the noise the plan put on the released matrix (per-entry std sigma, its
+    bulk's edge 2 sigma sqrt(D) and the detection threshold sigma sqrt(D); None without noise)."""
+    sigma = expected_noise(cfg, n_samples, dim, priv).get("covariance")
+    return {"eigenvalues": [float(x) for x in eigenvalues], "dim": dim, "noise_sd": sigma,
+            "edge": wigner_edge(sigma, dim) if sigma else None,
+            "threshold": detection_threshold(sigma, dim) if sigma else None}
 
 
 def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],
@@ -169,7 +272,13 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
                         "supports).")
     result: dict[str, Any] = {"components": str(comp_path), "maps": maps,
                               "privacy": str(write_json(out / "privacy.json", priv)), "priv": priv,
-                              "warnings": warnings, "template_problem": problem, "states": None}
+                              "warnings": warnings, "template_problem": problem, "states": None,
+                              "spectrum": released_spectrum(cfg, lam, n_samples, int(V.shape[0]), priv)}
+    result["fnc"] = None
+    if "fnc" in public.get("fnc", {}):
+        fnc = public["fnc"]
+        result["fnc"] = write_fnc(fnc["fnc"], float(fnc.get("noise_var", 0.0)), out,
+                                  bound=fnc_settings(cfg).scale(len(fnc["fnc"])))
     states = public.get("states", {})
     if "vectors" in states:
         result["states"] = write_states(states["vectors"], states["occupancy"], out, method=cfg.states_method)
@@ -179,8 +288,9 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
 def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, out: Path, *, unmix_input=None,
                        timecourses=None, timer, progress: bool = False) -> dict[str, Any]:
     """A site's own files in ``out``, computed at the site from the public results and its own data:
-    ``timecourses.tsv`` (its subjects' time courses), ``site_maps.nii.gz`` (its voxel maps, when the run makes
-    them) and ``states.tsv`` (its subjects' dFNC state statistics, with brain states). Nothing here is released.
+    ``timecourses.tsv`` (its subjects' time courses), ``fnc_subjects.tsv`` (each subject's FNC, with the FNC
+    stage), ``site_maps.nii.gz`` (its voxel maps, when the run makes them) and ``states.tsv`` (its subjects' dFNC
+    state statistics, with brain states). Nothing here is released.
 
     ``info`` is the site's loader record; ``unmix_input`` its input of the unmixing when it kept it (a deployed
     site), else whitened here from its data matrix; ``timecourses`` its time courses when the states stage
@@ -200,7 +310,10 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
             S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
         result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
                                   "site_maps": None, "site_maps_values": None, "states_occupancy": None,
-                                  "states_summary": None}
+                                  "states_summary": None, "fnc_subjects": None}
+    if cfg.fnc:  # the same per-subject FNC the site's release averaged, kept here for the group statistics
+        F = site_fnc(S, [b - a for a, b in info["boundaries"]])
+        result["fnc_subjects"] = str(write_subject_fnc(F, info["subject_ids"], out / "fnc_subjects.tsv"))
     if made(cfg, space):
         with timer(label(cfg, "site_maps", site)):
             path, result["site_maps_values"] = write_site_maps(cfg, info, space, S, out / "site_maps.nii.gz",

@@ -51,7 +51,7 @@ from dpneuro.report.figures import render_site_maps, site_timecourse_figure
 from dpneuro.report.timings import label, timed
 from dpneuro.run import stages
 from dpneuro.run.factory import check_reduction_fits
-from dpneuro.run.features import feature_labels
+from dpneuro.run.features import feature_set
 from dpneuro.run.outputs import (
     consortium_privacy,
     consortium_report_parts,
@@ -146,21 +146,14 @@ def stage_space(cfg_json: str, cache_key: str = "") -> str:
     t0 = time.perf_counter()
     mask, affine = load_mask(mask_path)
     info = {"mask": mask_path, "n_voxels": int(mask.sum()), "parcels": None}
-    labels, weighting = feature_labels(cfg, mask, affine)
-    if weighting == "basis":  # a probabilistic atlas: the basis of its maps' span, written as maps to look at
+    labels, weighting, described = feature_set(cfg, mask, affine)
+    info["features"] = described
+    if labels is not None:
         np.save(d / "parcels.npy", labels)
-        mask_to_image(labels, mask_path).to_filename(d / "parcels.nii.gz")
-        info.update(parcels=str(d / "parcels.npy"), n_parcels=int(labels.shape[1]), weighting=weighting,
-                    features=f"atlas {Path(cfg.atlas).name}: {labels.shape[1]} probabilistic maps (their span)")
-    elif labels is not None:
-        np.save(d / "parcels.npy", labels)
-        mask_to_image(labels.astype(np.float32) + 1, mask_path).to_filename(d / "parcels.nii.gz")
-        info.update(parcels=str(d / "parcels.npy"), n_parcels=int(labels.max() + 1), weighting=weighting,
-                    features=(f"atlas {Path(cfg.atlas).name}: {int(labels.max() + 1)} regions, "
-                              f"{int(np.sum(labels < 0))} mask voxels in none") if cfg.atlas
-                    else f"{int(labels.max() + 1)} coordinate parcels")
-    else:
-        info["features"] = f"{int(mask.sum())} voxels"
+        basis = weighting == "basis"  # a probabilistic atlas: the basis of its maps' span, written as maps to look at
+        mask_to_image(labels if basis else labels.astype(np.float32) + 1, mask_path).to_filename(d / "parcels.nii.gz")
+        info.update(parcels=str(d / "parcels.npy"), weighting=weighting,
+                    n_parcels=int(labels.shape[1]) if basis else int(labels.max() + 1))
     info["seconds"] = time.perf_counter() - t0
     return _write_json(out, info)
 
@@ -427,7 +420,9 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
     t0 = time.perf_counter()  # the truth metrics count as maps
     result = {"chain": chain, "components": cons["components"], "privacy": cons["privacy"], "space": chain["space"],
               "n_components": int(public["unmix"]["W"].shape[0]), "truth": None, "warnings": cons["warnings"],
-              "template_problem": cons["template_problem"], "states": None,
+              "template_problem": cons["template_problem"], "states": None, "fnc": cons["fnc"],
+              "spectrum": cons["spectrum"],
+              "fnc_subjects": {site: o["fnc_subjects"] for site, o in site_out.items() if o["fnc_subjects"]},
               "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
               "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]}}
     truth = _truth(cfg)
@@ -501,6 +496,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     parts = consortium_report_parts(cfg, space, mp["components"], priv, unm,
                                     n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
                                     template_problem=mp["template_problem"], figs=figs, states=mp.get("states"),
+                                    fnc=mp.get("fnc"), spectrum=mp.get("spectrum"),
                                     truth=truth)
     if mp.get("site_maps"):  # a simulation holds every site's voxel maps: each beside the consortium's map
         render_site_maps(parts["components"], mp["site_maps"], mp["components"], space["mask"], figs / "site_maps",
@@ -512,7 +508,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     for s in sites:
         site_timecourse_figure(mp["timecourses"][s["site"]], s["site"], (s["subject_ids"][0], *s["boundaries"][0]),
                                s["tr"], tc_dir / f"{s['site']}.png")
-    for name in ("components.nii.gz", "privacy.json"):
+    for name in ("components.nii.gz", "components.tsv", "privacy.json"):
         shutil.copyfile(Path(mp["components"]).with_name(name), out / name)
     for site, p in mp["timecourses"].items():  # each with its JSON sidecar (columns, RepetitionTime)
         shutil.copyfile(p, tc_dir / f"{site}.tsv")
@@ -521,6 +517,11 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         (out / "site_maps").mkdir(exist_ok=True)
         for site, p in mp["site_maps"].items():
             shutil.copyfile(p, out / "site_maps" / f"{site}.nii.gz")
+    if mp.get("fnc"):
+        for name in ("fnc.tsv", "fnc.json"):
+            shutil.copyfile(Path(mp["fnc"]["tsv"]).with_name(name), out / name)
+    for site, p in (mp.get("fnc_subjects") or {}).items():  # each site's own subjects, beside its time courses
+        shutil.copyfile(p, tc_dir / f"{site}_fnc.tsv")
     if mp.get("states"):
         st = mp["states"]
         for name in ("states.npy", "states.json"):

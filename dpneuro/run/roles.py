@@ -35,6 +35,7 @@ from dpneuro.algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE
 from dpneuro.algorithms.dfnc import WindowSet
 from dpneuro.algorithms.dfnc import site_windows as windows_of
 from dpneuro.algorithms.djica import reported_unmixing, whitening_matrix
+from dpneuro.algorithms.fnc import site_fnc
 from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
 from dpneuro.config import RunConfig
@@ -43,11 +44,21 @@ from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import cape_protocol
 from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
 from dpneuro.protocol.exchange.base import Exchange, Payload
-from dpneuro.run.factory import ica_algorithm, noise_plan, pca_algorithm, pdsvd_protocol, reduce_plan, states_settings
+from dpneuro.run.factory import (
+    fnc_settings,
+    ica_algorithm,
+    noise_plan,
+    pca_algorithm,
+    pdsvd_protocol,
+    reduce_plan,
+    states_settings,
+)
 
 __all__ = [
     "ReduceResult",
     "SCALING_NOTE",
+    "SUBSPACE_NOTE",
+    "contribution_note",
     "SummaryProtocol",
     "UnmixResult",
     "reduce_aggregator",
@@ -73,6 +84,19 @@ SCALING_NOTE = (
     "changes a site's second-moment matrix by at most 1/M_s; the scaling looks at one time point at a "
     "time and costs no privacy."
 )
+#: the same under subspace contributions (pca_contribution = "subspace"; docs/privacy.md)
+SUBSPACE_NOTE = (
+    "Every time point (column of the reduced data) is scaled to unit L2 norm at its site, and each subject "
+    "contributes the projector onto its own top-k principal subspace (weighted by its share of the site's time "
+    "points), of Frobenius norm at most its share / sqrt(k) whatever its data: one subject changes a site's "
+    "release by at most sqrt(2) n_max / (sqrt(k) N_s). The subject's subspace is computed at its site and "
+    "never leaves it."
+)
+
+
+def contribution_note(cfg: RunConfig) -> str:
+    """What bounds a subject's part of the PCA release, in words, for the privacy record's assumptions."""
+    return SUBSPACE_NOTE if cfg.reduction != "pdsvd" and cfg.contribution == "subspace" else SCALING_NOTE
 
 
 # -- reduce: capePCA or PD-SVD ------------------------------------------------------------
@@ -221,6 +245,30 @@ def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkp
         return _spatial_result(basis, eigenvalues, [])
     st = run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
     return _unmix_result(st, [])
+
+
+# -- fnc: static functional network connectivity ----------------------------------------------
+
+def _fnc_protocol(cfg: RunConfig, n_sites: int):
+    P = cfg.n_components * (cfg.n_components - 1) // 2
+    return cape_protocol(fnc_settings(cfg).algorithm(P=P, n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
+
+
+def fnc_site(cfg: RunConfig, site: int, S, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+             checkpoint: Checkpoint | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """One site's FNC release from its component time courses S (R x N): its subjects' FNC, each bounded, their
+    mean released. Returns the site's ledger and the consortium's mean as broadcast."""
+    r = run_site(_fnc_protocol(cfg, n_sites), site, site_fnc(S, lengths), exchange, checkpoint=checkpoint,
+                 timeout=timeout)
+    final = r.get("final")
+    return {"ledger": r["ledger"], **({"fnc": np.asarray(final.arrays["fnc"])} if final is not None else {})}
+
+
+def fnc_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+                   options: RunOptions | None = None) -> dict[str, Any]:
+    """The consortium's mean FNC (Fisher z, P = R(R-1)/2 pairs) and its noise's variance per entry."""
+    st = run_aggregator(_fnc_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
+    return {"fnc": np.asarray(st["fnc"]), "noise_var": float(st["noise_var"])}
 
 
 # -- states: dFNC brain states -----------------------------------------------------------

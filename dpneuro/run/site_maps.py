@@ -56,13 +56,15 @@ __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSu
 
 #: what a deployed consortium's report says about them (it shows none: they are each site's own)
 CONSORTIUM_NOTE = (
-    "The maps above are the consortium's, at parcel resolution (parcel values painted back to voxels). Each site "
+    "The maps above are the consortium's, at the resolution of its features ({features}; painted back to "
+    "voxels). Each site "
     "also refines them on its own subjects' voxels ({how}): maps at the mask's voxel resolution, computed at the "
     "site from its own data, never sent, no privacy spent. Each site finds them in its own outputs "
     "(site_maps.nii.gz; site_maps/<site>.nii.gz in a simulation).")
 #: what a simulation's report says above them (it shows every site's below each consortium map)
 SIMULATION_NOTE = (
-    "The consortium's maps are at parcel resolution (parcel values painted back to voxels). Below each one: every "
+    "The consortium's maps are at the resolution of its features ({features}; painted back to voxels). Below "
+    "each one: every "
     "site's own map of the component at the mask's voxel resolution ({how}), through the same slices, with its "
     "correlation r with the consortium's map. A site computes its maps from its own data: never sent, no privacy "
     "spent. This simulation holds every site's data, so its report shows them; in a deployment each site's maps "
@@ -237,7 +239,8 @@ def consortium_section(cfg, space: dict, *, simulated: bool = False) -> dict | N
     """
     if not made(cfg, space):
         return None
-    return {"note": (SIMULATION_NOTE if simulated else CONSORTIUM_NOTE).format(how=_HOW[cfg.site_maps_method])}
+    return {"note": (SIMULATION_NOTE if simulated else CONSORTIUM_NOTE).format(
+        how=_HOW[cfg.site_maps_method], features=space.get("features", "parcels"))}
 
 
 def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False):

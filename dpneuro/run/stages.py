@@ -37,12 +37,14 @@ from dpneuro.protocol.exchange.inprocess import InProcessExchange
 from dpneuro.run import roles
 from dpneuro.run.factory import (
     PDSVD_THREAT_MODEL,
+    fnc_settings,
     ica_algorithm,
     noise_plan,
     pca_algorithm,
     reduce_plan,
     states_settings,
 )
+from dpneuro.run.naming import ordered_unmixing
 
 __all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "reduce_inprocess", "release",
            "run_inprocess", "sites_reply", "states_inprocess", "unmix_inprocess"]
@@ -174,22 +176,38 @@ def _unmix_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous
 
 
 def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     r = roles.unmix_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options,
-                                  basis=public["reduce"]["basis"], eigenvalues=public["reduce"]["eigenvalues"])
-    return {"W": r.W, "b": r.b, "history": r.history, "rounds": r.rounds, "status": r.status}
+                               basis=V, eigenvalues=lam)
+    W, b = ordered_unmixing(cfg, V, lam, r.W, r.b)  # public post-processing: every later reader sees this order
+    return {"W": W, "b": b, "history": r.history, "rounds": r.rounds, "status": r.status}
+
+
+def _timecourses_input(cfg, X, public):
+    """The site's component time courses (R x N), the same as its ``timecourses.tsv``: the FNC and the states
+    read them."""
+    Z = roles.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+    return time_courses(np.asarray(public["unmix"]["W"]), Z, np.asarray(public["unmix"]["b"]))
+
+
+# -- fnc: static functional network connectivity ------------------------------------------------
+
+def _fnc_planned(cfg, shapes, dim):
+    return fnc_settings(cfg).planned([len(s.lengths) for s in shapes], cfg.n_components)
+
+
+def _fnc_site(cfg, step, site, S, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    return roles.fnc_site(cfg, site, S, lengths, exchange, n_sites=n_sites, checkpoint=checkpoint, timeout=timeout)
+
+
+def _fnc_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    return roles.fnc_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options)
 
 
 # -- states: dFNC brain states ------------------------------------------------------------------
 
 def _states_steps(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(f"states-{s}" for s in states_settings(cfg).steps()) if cfg.brain_states else ()
-
-
-def _states_input(cfg, X, public):
-    """The site's component time courses (R x N), the same as its ``timecourses.tsv``: the states read their
-    windows."""
-    Z = roles.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
-    return time_courses(np.asarray(public["unmix"]["W"]), Z, np.asarray(public["unmix"]["b"]))
 
 
 def _states_check(cfg, inputs, lengths):
@@ -228,7 +246,10 @@ RELEASES: tuple[ReleasingStage, ...] = (
     ReleasingStage("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
             check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal",
             algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
-    ReleasingStage("states", _states_steps, _states_input, _states_site, _states_aggregator, to_sites=("vectors",),
+    ReleasingStage("fnc", lambda cfg: ("fnc",) if cfg.fnc else (), _timecourses_input, _fnc_site, _fnc_aggregator,
+            to_sites=("fnc",), reads=(("unmix", "W"), ("unmix", "b")), spends=lambda cfg: cfg.fnc,
+            algorithms=lambda cfg, dim: [fnc_settings(cfg)], planned=_fnc_planned),
+    ReleasingStage("states", _states_steps, _timecourses_input, _states_site, _states_aggregator, to_sites=("vectors",),
             reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
             algorithms=_states_algorithms, planned=_states_planned),
 )

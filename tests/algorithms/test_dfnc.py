@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from cape_toys import coalition_statistic
 from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
@@ -222,31 +223,6 @@ def test_replacing_a_subject_moves_the_release_by_at_most_its_sensitivity():
         assert 0.5 * sens < got <= sens + 1e-12, (k, got, sens)
 
 
-def _coalition_statistic(res, diff, colluder=3):
-    """The likelihood-ratio statistic of the aggregator with ``colluder``'s draws for 'site 0 holds the neighbour'
-    (site 0's releases shifted by ``diff``), and the separation it has by construction."""
-    S, honest = 4, [0, 1, 2]
-    esum_all = res.exchange.receive(0, 0, "zs-unmask").arrays["cape/esum"]
-    rel = res.exchange.gather(0, "release", list(range(S)), timeout=1)
-    plan = res.sites[0]["cape"]["plan"]
-    w = plan["cape/weights"]
-    num, var, off = 0.0, 0.0, 0
-    for name in ("sums", "counts"):
-        d = diff[name].ravel()
-        esum = esum_all[off:off + d.size]
-        off += d.size
-        e_var, g_var = plan[f"cape/e_var/{name}"], plan[f"cape/g_var/{name}"]
-        e_hat_c = res.sites[colluder]["_last_noise"][name][0] + esum / (w[colluder] * S)
-        obs = np.stack([rel[s].arrays[name].ravel() + esum / (w[s] * S) for s in honest]
-                       + [esum - w[colluder] * e_hat_c])
-        cov = np.diag(np.r_[e_var[honest] + g_var[honest], np.sum(w[honest] ** 2 * e_var[honest])])
-        cov[-1, :-1] = cov[:-1, -1] = w[honest] * e_var[honest]
-        u = np.linalg.solve(cov, np.eye(4)[0])
-        num += d @ (u @ obs)
-        var += (d @ d) * u[0]
-    return num / math.sqrt(var), math.sqrt(var)
-
-
 def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
     """Neighbouring consortia differ in one subject of site 0 (its windows replaced by one far-out state). The
     aggregator with site 3's draws runs the best (likelihood-ratio) test on one k-means round, 150 protocol runs
@@ -268,7 +244,7 @@ def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
         for rep in range(150):
             alg = dfnc.CapeKMeans(3, 1, B, z, z, init=C, centre=np.zeros(C.shape[0]), random_state=1000 * world + rep)
             res = run_cape(alg, worlds[world], "cape")
-            t, sep = _coalition_statistic(res, diff)
+            t, sep = coalition_statistic(res, diff)
             stats[world].append(t)
         mu = ledgers(res)[0].mu_collusion
     a, b = np.array(stats[0]), np.array(stats[1])

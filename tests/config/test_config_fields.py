@@ -38,16 +38,20 @@ FROZEN_CONSORTIUM = {
     "ica_epsilon_i", "ica_delta_i", "ica_rounds", "ica_unmixing", "cumulant_epsilon",
     "clip_G", "clip_h", "ica_clip_unit", "ica_bias", "calibration", "reduction", "ica", "n_components", "optimizer",
     "standardize", "min_volumes", "parcels", "pdsvd_iterations", "brain_states", "states_epsilon",
-    "states_method", "states_window", "states_step", "states_metric", "seed", "simulation", "confounds", "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
+    "states_method", "states_window", "states_step", "states_metric", "seed", "simulation", "confounds",
+    "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
+    # added with their features, each to the set its stage's fields belong to
+    "atlas_fill", "fnc", "fnc_epsilon",
 }
 FROZEN_STAGES = {
-    "space": {"mask", "space", "parcels", "atlas"},
+    "space": {"mask", "space", "parcels", "atlas", "atlas_fill"},
     "load": {"sites", "standardize", "min_volumes", "bids", "confounds", "confounds_options", "detrend", "high_pass",
              "low_pass", "smoothing_fwhm", "on_bad_subject"},
     "reduce": {"n_components", "reduction", "plan", "n_colluding", "pca_epsilon", "pca_subject_bound",
                "pca_contribution", "ica", "delta", "seed", "pdsvd_iterations", "max_memory_gb"},
     "unmix": {"ica", "plan", "n_colluding", "ica_epsilon_i", "ica_delta_i", "ica_rounds", "clip_G", "clip_h",
               "ica_clip_unit", "ica_bias", "optimizer", "calibration", "ica_unmixing", "cumulant_epsilon", "seed"},
+    "fnc": {"fnc", "fnc_epsilon", "plan", "n_colluding", "delta", "seed"},
     "states": {"brain_states", "states_epsilon", "states_method", "states_window", "states_step", "states_metric",
                "plan", "n_colluding", "delta", "seed"},
     "maps": {"delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps", "site_maps_method"},

@@ -231,11 +231,11 @@ def test_a_fetched_atlas_resolves_once_with_nilearns_data_folder_and_reaches_the
         return Bunch(maps=labels_file, labels=[f"r{i}" for i in range(12)])
 
     monkeypatch.setattr("nilearn.datasets.fetch_atlas_schaefer_2018", fake)
-    cfg = _cfg(tmp_path, atlas="schaefer_2018:200").validate()
+    cfg = _cfg(tmp_path, atlas="schaefer_2018:400").validate()  # 200 ships with dpneuro: 400 is fetched
     assert calls == []  # validating fetches nothing
     mask, affine = cfg.grid()
     assert atlas_image(cfg.atlas, mask, affine) == labels_file
-    assert calls == [{"data_dir": None, "verbose": 0, "n_rois": 200, "yeo_networks": 7, "resolution_mm": 2}]
+    assert calls == [{"data_dir": None, "verbose": 0, "n_rois": 400, "yeo_networks": 7, "resolution_mm": 2}]
     assert features(cfg) == 12
     from dpneuro.deploy.party import ManifestMismatch, check_manifest, run_manifest
     from dpneuro.run.features import feature_labels

@@ -175,7 +175,8 @@ def test_a_deployed_run_plans_a_total_epsilon_from_the_announced_counts(tmp_path
         assert plan["settings"] == pytest.approx(expected, rel=1e-12), p
         assert plan["counts"] == plans["aggregator"]["counts"], p
     # planned, not the file's values (pca_epsilon 20, ica_epsilon_i 4)
-    assert set(expected) == ({"pca_epsilon"} if ica == "spatial" else {"pca_epsilon", "ica_epsilon_i"})
+    assert set(expected) == ({"pca_epsilon", "fnc_epsilon"} if ica == "spatial"
+                             else {"pca_epsilon", "ica_epsilon_i", "fnc_epsilon"})
     assert expected["pca_epsilon"] != 20.0 and expected.get("ica_epsilon_i") != 4.0
     for s in man["sites"]:  # what the counts step sent: public metadata, no arrays
         sent = [json.loads(x) for x in (tmp_path / "shared" / "dpneuro" / "counts" / "egress" /

@@ -39,13 +39,30 @@ def test_report_content(mni_run):
     assert "slice coordinates in mm" in html and "|z| &gt; 2" in html
     assert html.count("<iframe") == 4  # one interactive view per component
     assert 'alt="time courses"' not in html  # no site's subject data in the consortium report
-    tsvs = sorted((cfg.run_dir / "timecourses").glob("*.tsv"))
+    tsvs = sorted((cfg.run_dir / "timecourses").glob("site-??.tsv"))
     assert len(tsvs) == 3
+    for tsv in tsvs:  # each site's subjects' own FNC beside its time courses: one row per subject, 6 pairs
+        rows = tsv.with_name(f"{tsv.stem}_fnc.tsv").read_text().splitlines()
+        assert len(rows) == 1 + 4 and rows[0].split("\t")[1:] == [
+            f"IC{i:02d}-IC{j:02d}" for i in range(1, 5) for j in range(i + 1, 5)]
     for tsv in tsvs:
         subjects, tc = read_timecourses(tsv)
         assert tc.shape[0] == 4 and len(set(subjects)) == 4
     privacy = json.loads((cfg.run_dir / "privacy.json").read_text())
     assert "against the aggregator" in html and f'class="privacybox {privacy["strength"]}"' in html
+    # a page to publish from: every component at a glance first, the FNC, then each component named
+    at_glance, fnc, maps = (html.index(h) for h in ("Components at a glance", "Static functional network",
+                                                      "<h2>Spatial maps"))
+    assert at_glance < fnc < maps < html.index("<h3>Released spectrum")
+    rows = (cfg.run_dir / "components.tsv").read_text().splitlines()
+    assert len(rows) == 5 and rows[0].startswith("component\tnetwork\tnetwork_name")
+    for row in rows[1:]:  # each component's row in the report's table, its network in its caption
+        cells = row.split("\t")
+        assert f"<td>{cells[0]}</td><td>{cells[2]}</td>" in html
+    fnc_json = json.loads((cfg.run_dir / "fnc.json").read_text())
+    assert f"standard deviation {fnc_json['noise_sd']:.3f}" in html
+    assert "features (40 coordinate parcels; painted back to voxels)" in html
+    assert "top-k principal subspace" in html  # the run's subspace contributions, not second moments
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
@@ -58,8 +75,11 @@ def test_report_loads_offline_in_a_browser_with_every_image(mni_run, tmp_path):
     page = inspect_page(Path(res["report"]), screenshot=tmp_path / "report.png")
     assert page["errors"] == [], page["errors"]
     assert page["remote_requests"] == [], page["remote_requests"]
-    assert len(page["images"]) >= 4 + 4  # maps and their truths (spatial ICA: no convergence figure)
+    assert len(page["images"]) >= 4 + 4 + 3  # maps and their truths (spatial ICA: no convergence figure)
     assert all(w > 0 and h > 0 for _, w, h in page["images"]), page["images"]
+    alts = [alt for alt, _, _ in page["images"]]
+    assert {"every component", "static FNC", "released spectrum"} <= set(alts), alts
+    assert alts[0] == "every component"  # the overview opens the page
     assert page["iframes"] == 4
     assert (tmp_path / "report.png").stat().st_size > 10_000
 

@@ -83,6 +83,7 @@ def _run(data, name: str, **kw) -> tuple[RunConfig, dict, str]:
 
 def _expected(cfg: RunConfig, *, site_maps: bool, states: bool) -> list[str]:
     names = [label(cfg, "space"), *(label(cfg, "load", s) for s in SITES), label(cfg, "reduce"), label(cfg, "unmix")]
+    names += [label(cfg, "fnc")] if cfg.fnc else []
     names += [label(cfg, "states")] if states else []
     names += [label(cfg, "maps"), *(label(cfg, "timecourses", s) for s in SITES)]
     names += [label(cfg, "site_maps", s) for s in SITES] if site_maps else []

@@ -98,7 +98,7 @@ def test_planned_target_is_what_the_run_spends(consortia, tmp_path):
 
 def test_default_split_gives_a_temporal_pca_its_tuned_share(consortia, tmp_path):
     """Without pca_share a temporal run's PCA (its basis and its variance release) gets TEMPORAL_PCA_SHARE of
-    mu^2, whatever the settings' ratio."""
+    mu^2, whatever the settings' ratio; the unmixing and the FNC share the rest."""
     from dpneuro.algorithms.pca import VARIANCE_SHARE
 
     cfg = dc.run_config(consortia["asym"], tmp_path / "run", ica_rounds=6)
@@ -108,7 +108,7 @@ def test_default_split_gives_a_temporal_pca_its_tuned_share(consortia, tmp_path)
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
         reduce = math.hypot(s["capepca"], s["capepca-variances"])
         assert (s["capepca-variances"] / reduce) ** 2 == pytest.approx(VARIANCE_SHARE, rel=1e-9)
-        return reduce / s["ica"]
+        return reduce / math.hypot(s["ica"], s["static-fnc"])
 
     for pca_epsilon in (2.0, 20.0):  # two settings' ratios, one planned split
         plan = plan_for_target(replace(cfg, pca_epsilon=pca_epsilon), shapes, 60, 5.0)
@@ -130,8 +130,8 @@ def test_default_split_gives_the_cumulant_unmixing_its_share_and_is_spent(consor
         top = max(plan.privacy["sites"].values(), key=lambda x: x["mu"])
         s = top["by_stage_mu"]
         reduce = math.hypot(s["capepca"], s["capepca-variances"])
-        assert (reduce / s["cumulant-ica"]) ** 2 == pytest.approx(CUMULANT_PCA_SHARE / (1 - CUMULANT_PCA_SHARE),
-                                                                  rel=1e-6)
+        later = math.hypot(s["cumulant-ica"], s["static-fnc"])  # the later stages share the rest
+        assert (reduce / later) ** 2 == pytest.approx(CUMULANT_PCA_SHARE / (1 - CUMULANT_PCA_SHARE), rel=1e-6)
         mu2 = {r["name"]: (r["sensitivity"] / r["sigma"]) ** 2 for r in top["ledger"]["releases"]
                if r["stage"] == "cumulant-ica"}
         assert mu2["K4"] / (mu2["K4"] + mu2["S2"]) == pytest.approx(1 - REFINE_SHARE, rel=1e-9)
@@ -200,16 +200,17 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
     def mus(p):
         s = max(p.privacy["sites"].values(), key=lambda x: x["mu"])["by_stage_mu"]
         states = math.sqrt(sum(s[k] ** 2 for k in ("dfnc-mean", "dfnc-kmeans", "dfnc-occupancy")))
-        return math.hypot(s["capepca"], s.get("capepca-variances", 0.0)), s["ica"], states
+        return math.hypot(s["capepca"], s.get("capepca-variances", 0.0)), s["ica"], s["static-fnc"], states
 
     for target, share in ((5.0, None), (9.0, 0.5)):
         plan = plan_for_target(cfg, shapes, 60, target, pca_share=share)
         assert max(plan.epsilon.values()) == pytest.approx(target, rel=1e-6)
-        pca, ica, states = mus(plan)
-        b_pca, b_ica, b_states = mus(base)
+        pca, ica, fnc, states = mus(plan)
+        b_pca, b_ica, b_fnc, b_states = mus(base)
         assert ica / states == pytest.approx(b_ica / b_states, rel=1e-6)  # the later stages keep their ratio
+        assert fnc / states == pytest.approx(b_fnc / b_states, rel=1e-6)
         expect = TEMPORAL_PCA_SHARE if share is None else share
-        assert pca**2 / (pca**2 + ica**2 + states**2) == pytest.approx(expect, rel=1e-6)
+        assert pca**2 / (pca**2 + ica**2 + fnc**2 + states**2) == pytest.approx(expect, rel=1e-6)
     ref = dc.reference(plan.config)
     spent = max(PrivacyLedger.from_dict(led).epsilon(DELTA, collusion=True) for led in ref["ledgers"].values())
     assert spent == pytest.approx(9.0, rel=1e-6)
@@ -346,13 +347,14 @@ def test_unequal_scan_lengths_and_subject_counts_run_under_cape_as_planned(tmp_p
 
 
 STAGE_CASES = {
-    "temporal ICA": ({"ica": "temporal"}, {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i"}),
+    "temporal ICA": ({"ica": "temporal"}, {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i", "fnc": "fnc_epsilon"}),
     "classic calibration": ({"ica": "temporal", "calibration": "classic", "ica_epsilon_i": 0.8},
-                            {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i"}),
+                            {"reduce": "pca_epsilon", "unmix": "ica_epsilon_i", "fnc": "fnc_epsilon"}),
     "cumulant unmixing": ({"ica": "temporal", "ica_unmixing": "cumulant"},
-                          {"reduce": "pca_epsilon", "unmix": "cumulant_epsilon"}),
+                          {"reduce": "pca_epsilon", "unmix": "cumulant_epsilon", "fnc": "fnc_epsilon"}),
     "brain states, power mode": ({"brain_states": 2, "reduction": "capepca-power", "pca_epsilon": 500.0},
-                                 {"reduce": "pca_epsilon", "states": "states_epsilon"}),
+                                 {"reduce": "pca_epsilon", "fnc": "fnc_epsilon", "states": "states_epsilon"}),
+    "no FNC": ({"fnc": False}, {"reduce": "pca_epsilon"}),
 }
 
 
@@ -370,7 +372,7 @@ def test_each_stage_reports_the_budget_and_ledger_names_the_planner_rescales(tmp
                                "out": str(tmp_path / "o"), "parcels": 100, **kw})
     shapes = [SiteShape(f"s{i}", (150 + 10 * i,) * (20 + 5 * i)) for i in range(4)]
     recorded = {r["stage"] for s in spend(cfg, shapes, 100).privacy["sites"].values() for r in s["ledger"]["releases"]}
-    active = [st for st in ("reduce", "unmix", "states") if releases_in(cfg, st)]
+    active = [st for st in ("reduce", "unmix", "fnc", "states") if releases_in(cfg, st)]
     assert {st: epsilon_field(cfg, st) for st in active} == fields
     named = {}
     for st in active:
@@ -444,8 +446,9 @@ def test_the_maps_criterion_separates_the_measured_real_data_frontier(tmp_path):
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "real_frontier.csv"
     rows = [r for r in csv.DictReader(path.read_text().splitlines()) if r["ica"] == "spatial"
             and r["contribution"] == "subspace" and r["sites"] == "equal" and r["epsilon"] != "none"]
+    # the benchmark planned the maps' release alone (benchmarks/frontier.py: fnc = false)
     cfg = RunConfig.from_dict({"sites": [{"name": f"s{i}", "path": str(tmp_path)} for i in range(4)],
-                               "out": str(tmp_path / "o"), "parcels": 0, "n_components": 20})
+                               "out": str(tmp_path / "o"), "parcels": 0, "n_components": 20, "fnc": False})
     D = 122
     assert len(rows) >= 30
     for r in rows:

@@ -1,0 +1,100 @@
+"""The consortium's components in network order, each named (:mod:`dpneuro.data.networks`).
+
+The unmixing stage's aggregator orders and orients its result here, before
+anything reads it: a component's row of W (and its offset b) moves to its
+network's place and takes the sign that makes the map's heavier tail
+positive. The maps, the time courses, the brain states and every site's own
+files then share one order, and a deployment's sites receive it with W.
+Everything here is a function of public results, so it costs no privacy.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from dpneuro.algorithms.djica import spatial_maps
+from dpneuro.config import RunConfig, stage_fields
+from dpneuro.data.networks import REGIONS, ComponentLabel, component_variances, name_components, network_order
+from dpneuro.run.features import reducer
+
+__all__ = ["component_labels", "ordered_unmixing", "read_component_table", "write_component_table"]
+
+
+@functools.lru_cache(maxsize=4)
+def _features(space: tuple):
+    """The run's grid and features from its space settings (``space``: the space stage's fields and values)."""
+    cfg = RunConfig(sites=[], out="", **dict(space))
+    mask, affine = cfg.grid()
+    return reducer(cfg, mask, affine), mask, affine
+
+
+def _voxel_maps(cfg: RunConfig, basis, eigenvalues, W) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The maps on the run's grid, or None when the basis is not over the run's features (data a caller gave in
+    memory with features of its own)."""
+    red, mask, affine = _features(tuple((f, getattr(cfg, f)) for f in stage_fields("space")))
+    D = np.shape(basis)[0]
+    if D != (red.n_parcels if red is not None else int(mask.sum())):
+        return None
+    A = spatial_maps(basis, eigenvalues, W)
+    return (red.expand(A) if red is not None else A), mask, affine
+
+
+def component_labels(maps, mask, affine, eigenvalues, W) -> list[ComponentLabel]:
+    """Every component's name, peak, noise fraction and share of the released spectrum, in W's order
+    (``maps``: its voxel maps, mask voxels x components)."""
+    return name_components(maps, mask, affine, component_variances(eigenvalues, W))
+
+
+def ordered_unmixing(cfg: RunConfig, basis, eigenvalues, W, b) -> tuple[np.ndarray, np.ndarray]:
+    """W's rows and b in network order, each signed so its map's heavier tail is positive (as they are when the
+    basis is not over the run's features)."""
+    W, b = np.asarray(W, np.float64), np.asarray(b, np.float64)
+    on_grid = _voxel_maps(cfg, basis, eigenvalues, W)
+    if on_grid is None:
+        return W, b
+    labels = component_labels(*on_grid, eigenvalues, W)
+    order = network_order(labels)
+    signs = np.array([labels[k].sign for k in order], np.float64)
+    return W[order] * signs[:, None], b[order] * signs
+
+
+#: the columns of components.tsv, in order (one row per component, components.nii.gz's order)
+TABLE_COLUMNS = ("component", "network", "network_name", "hemisphere", "peak_x", "peak_y", "peak_z",
+                 "variance_share", "noise_fraction", "noise") + tuple(f"overlap_{r}" for r in REGIONS)
+
+
+def write_component_table(labels: list[ComponentLabel], path) -> Path:
+    """``components.tsv``: each component's network, overlaps, peak (MNI mm), hemisphere, share of the released
+    spectrum and noise fraction, rows in the maps' order."""
+    path = Path(path)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS, delimiter="\t", extrasaction="ignore")
+        w.writeheader()
+        for k, lab in enumerate(labels):
+            row = {**lab.to_row(), "component": f"IC{k + 1:02d}"}
+            w.writerow({c: (f"{v:.4g}" if isinstance(v, float) else v) for c, v in row.items()})
+    return path
+
+
+def read_component_table(path) -> list[dict]:
+    """The rows of a ``components.tsv`` (numbers as floats, ``noise`` as bool); [] when there is none."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            out: dict = {}
+            for k, v in row.items():
+                if k == "noise":
+                    out[k] = v == "True"
+                elif k.startswith(("peak_", "overlap_")) or k in ("variance_share", "noise_fraction"):
+                    out[k] = float(v)
+                else:
+                    out[k] = v
+            rows.append(out)
+    return rows
