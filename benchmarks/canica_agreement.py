@@ -14,7 +14,8 @@ files, 20 components.
 - dpneuro: ``DecentralizedICA(plan="none")`` (no noise, everything else the
   product's defaults) with the features a consortium can choose: 100
   coordinate parcels (the default), coordinate parcels of other sizes, the
-  MIST 122 label atlas (``atlas=``), and every voxel (``parcels=0``, the PCA
+  MIST 122 label atlas (``atlas=``), the shipped Schaefer 200 atlas with 50
+  coordinate parcels of the voxels it leaves out, and every voxel (``parcels=0``, the PCA
   without noise streamed); with and without 6 mm smoothing.
 
 Agreement: mean matched |r| (Hungarian) over the mask's voxels between a
@@ -58,7 +59,10 @@ VARIANTS = (
     ("100 coordinate parcels (default)", {}),
     ("400 coordinate parcels", {"parcels": 400}),
     ("MIST 122 atlas", {"atlas": "ATLAS"}),
-    ("MIST 122 atlas, smoothed 6 mm (fmriprep.toml's features)", {"atlas": "ATLAS", "smoothing_fwhm": SMOOTHING}),
+    ("MIST 122 atlas, smoothed 6 mm", {"atlas": "ATLAS", "smoothing_fwhm": SMOOTHING}),
+    ("Schaefer 200 + 50 parcels of the rest (shipped atlas)", {"atlas": "schaefer_2018:200", "atlas_fill": 50}),
+    ("Schaefer 200 + 50 parcels of the rest, smoothed 6 mm (fmriprep.toml's features)",
+     {"atlas": "schaefer_2018:200", "atlas_fill": 50, "smoothing_fwhm": SMOOTHING}),
     ("voxels", {"parcels": 0, "reduction": "none"}),
     ("voxels, smoothed 6 mm", {"parcels": 0, "reduction": "none", "smoothing_fwhm": SMOOTHING}),
 )
