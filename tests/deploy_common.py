@@ -53,7 +53,8 @@ def reference(cfg: RunConfig) -> dict:
         ledgers[s.name] = PrivacyLedger.merge_all(parts).to_dict()
     return {"basis": public["reduce"]["basis"], "eigenvalues": public["reduce"]["eigenvalues"],
             "W": public["unmix"]["W"], "b": public["unmix"]["b"], "rounds": public["unmix"]["rounds"],
-            "ledgers": ledgers, "centroids": public.get("states", {}).get("centroids")}
+            "ledgers": ledgers, "centroids": public.get("states", {}).get("centroids"),
+            "fnc": public.get("fnc", {}).get("fnc")}
 
 
 def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:

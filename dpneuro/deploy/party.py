@@ -78,7 +78,7 @@ from dpneuro.run.outputs import (
 from dpneuro.run.pipeline import stage_load, stage_space
 from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
-from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, sites_reply
+from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, new_reads, sites_reply
 
 __all__ = [
     "AggregatorContext",
@@ -488,13 +488,13 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     inputs: dict[str, Any] = {}
     leds = []
     for rel in active_releases(cfg):
-        if rel.reads:  # earlier results only the aggregator holds (stages.ReleasingStage.reads)
+        if reads := new_reads(cfg, rel):  # earlier results only the aggregator holds (ReleasingStage.reads)
             def fetch(topic: str = f"{rel.name}-reads") -> dict[str, Any]:
                 return dict(roles.summary_site(i, {}, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                                   timeout=ctx.timeout).arrays)
 
             got = _cached(work / f"{rel.name}-reads.result.npz", fetch, clock, label(cfg, rel.name))
-            for stage, key in rel.reads:
+            for stage, key in reads:
                 public[stage][key] = got[f"{stage}.{key}"]
         data = inputs[rel.name] = _site_input(ctx, rel, X, public, clock)
         previous: dict[str, Any] | None = None
@@ -646,9 +646,9 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
         ctx = replace(ctx, cfg=cfg)
     public: dict[str, dict[str, Any]] = {}
     for rel in active_releases(cfg):
-        if rel.reads:
-            def send(rel: ReleasingStage = rel, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
-                reply = Payload({f"{st}.{k}": np.asarray(public[st][k]) for st, k in rel.reads})
+        if reads := new_reads(cfg, rel):
+            def send(reads: tuple = reads, topic: str = f"{rel.name}-reads") -> dict[str, Any]:
+                reply = Payload({f"{st}.{k}": np.asarray(public[st][k]) for st, k in reads})
                 roles.summary_aggregator(reply, ctx.exchange(topic), checkpoint=ctx.checkpoint(topic),
                                             options=ctx.options)
                 return {}

@@ -537,9 +537,11 @@ def overview_figure(components_path, titles: list[str], out_png, *, threshold: f
         if k >= R:
             ax.axis("off")
             continue
-        plotting.plot_glass_brain(nib.Nifti1Image(data[..., k], img.affine), display_mode="lzr", axes=ax,
-                                  threshold=threshold, colorbar=False, annotate=False, plot_abs=False,
-                                  vmax=max(vmax, threshold * 1.5))
+        with warnings.catch_warnings():  # a component with nothing above the threshold draws an empty brain
+            warnings.filterwarnings("ignore", message="empty mask")
+            plotting.plot_glass_brain(nib.Nifti1Image(data[..., k], img.affine), display_mode="lzr", axes=ax,
+                                      threshold=threshold, colorbar=False, annotate=False, plot_abs=False,
+                                      vmax=max(vmax, threshold * 1.5))
         ax.set_title(titles[k] if k < len(titles) else "", fontsize=8, loc="left")
     fig.savefig(out_png, dpi=72, bbox_inches="tight")
     plt.close(fig)

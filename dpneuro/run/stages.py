@@ -46,7 +46,7 @@ from dpneuro.run.factory import (
 )
 from dpneuro.run.naming import ordered_unmixing
 
-__all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "reduce_inprocess", "release",
+__all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "new_reads", "reduce_inprocess", "release",
            "run_inprocess", "sites_reply", "states_inprocess", "unmix_inprocess"]
 
 Public = Mapping[str, Mapping[str, Any]]
@@ -266,6 +266,17 @@ def release(name: str) -> ReleasingStage:
 def active_releases(cfg: RunConfig) -> tuple[ReleasingStage, ...]:
     """The stages this configuration runs, in order."""
     return tuple(r for r in RELEASES if r.active(cfg))
+
+
+def new_reads(cfg: RunConfig, stage: ReleasingStage) -> tuple[tuple[str, str], ...]:
+    """What a deployed aggregator sends the sites before ``stage``: its ``reads`` that no earlier stage of the
+    run has sent them already (the FNC and the brain states both read the unmixing: it is sent once)."""
+    sent = set()
+    for r in active_releases(cfg):
+        if r.name == stage.name:
+            return tuple(x for x in stage.reads if x not in sent)
+        sent.update(r.reads)
+    raise KeyError(f"stage {stage.name!r} does not run in this configuration")
 
 
 def sites_reply(public: Public) -> dict[str, Any]:

@@ -440,7 +440,8 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
         assert tc.shape == (4, 3 * 60) and len(set(subjects)) == 3
         assert (site_out / "components.nii.gz").exists() and (site_out / "privacy.json").exists()
         logs = list((tmp_path / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"))
-        assert len(logs) == 3  # reduce, unmix, summary
+        # the releases, the unmixing the FNC's time courses need, and the closing summary
+        assert sorted(log.parent.parent.name for log in logs) == ["fnc", "fnc-reads", "reduce", "summary", "unmix"]
         for log in logs:
             for rec in map(json.loads, log.read_text().splitlines()):
                 assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec
@@ -528,7 +529,7 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
         page = (again.output_dir(cid) / "report.html").read_text()
         assert 'alt="time courses"' in page and "privacybox" in page and html.escape(site_note("guided_ica")) in page
         # the group's 4 maps, each with this site's own voxel map below it
-        assert page.count('<img alt="IC') == 4 and page.count("voxel map &mdash;") == 4
+        assert page.count('<img alt="IC') == 4 and page.count("voxel map &mdash;") == 4, re.findall(r'<img alt="IC[^"]*"', page)
         assert nib.load(again.output_dir(cid) / "site_maps.nii.gz").shape[-1] == 4
 
 
@@ -537,24 +538,27 @@ def test_spatial_ica_through_coinstac_services_releases_only_the_pca(tmp_path):
     pytest.importorskip("coinstac")
     spec = [{**site, "ica": {"value": "spatial"}} for site in _load("inputspec.json")]
     man = dc.consortium(tmp_path / "data", n_timepoints=60)
-    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0])))
+    cfg = dc.run_config(man, tmp_path / "ref", **dcc.settings_from_inputs(spec[0]))
+    ref = dc.reference(cfg)
     run = _services_run(tmp_path / "a", spec, man)
     out = run.output_dir("remote")
     # the basis may differ from the reference in the last bit (BLAS threads), and on a noise-dominated basis
-    # FastICA's answer moves with it: W must be the spatial ICA of the basis this run released
+    # FastICA's answer moves with it: W must be the spatial ICA of the basis this run released, in network order
     from dpneuro.algorithms.spatial_ica import spatial_ica
+    from dpneuro.run.naming import ordered_unmixing
 
-    basis = np.load(out / run.output["basis"])
+    basis, lam = np.load(out / run.output["basis"]), np.load(out / "eigenvalues.npy")
     np.testing.assert_allclose(basis, ref["basis"], rtol=1e-9, atol=1e-12)
-    np.testing.assert_array_equal(np.load(out / run.output["W"]),
-                                  spatial_ica(basis, np.load(out / "eigenvalues.npy")).W)
+    W = spatial_ica(basis, lam).W
+    np.testing.assert_array_equal(np.load(out / run.output["W"]), ordered_unmixing(cfg, basis, lam, W, np.zeros(len(W)))[0])
     priv = json.loads((out / run.output["privacy"]).read_text())
     for i, cid in enumerate(run.clients):
         led = priv["sites"][cid]["ledger"]
         assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"]), cid
-        assert led["releases"] and all(r["stage"].startswith("capepca") for r in led["releases"])
+        assert {r["stage"] for r in led["releases"]} == {"capepca", "static-fnc"}  # the unmixing releases nothing
         assert (run.output_dir(cid) / "timecourses.tsv").exists()
-    assert run.output["ica_rounds"] == 0 and run.iterations < 15  # set-up, one PCA round, the summary
+    # set-up, one PCA round, the unmixing sent and the FNC's round, the summary
+    assert run.output["ica_rounds"] == 0 and run.iterations < 18
 
 
 @pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
@@ -577,14 +581,15 @@ def test_pdsvd_and_brain_states_through_coinstac_services(tmp_path):
     for i, cid in enumerate(run.clients):
         led = priv["sites"][cid]["ledger"]
         assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"], rtol=1e-6), cid
-        assert {r["stage"] for r in led["releases"]} == {"dfnc-mean", "dfnc-kmeans", "dfnc-occupancy"}
+        assert {r["stage"] for r in led["releases"]} == {"static-fnc", "dfnc-mean", "dfnc-kmeans", "dfnc-occupancy"}
         site_out = run.output_dir(cid)
         assert (site_out / "states.tsv").exists() and (site_out / "states.npy").exists()
         logs = list((tmp_path / "a" / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"))
-        # the sites first receive the unmixing (states-reads), then the stage's five releases
-        assert {log.parent.parent.name for log in logs} >= {
-            "reduce", "states-reads", "states-mean", "states-init", "states-refine", "states-final",
-            "states-occupancy", "summary"}
+        # the sites receive the unmixing once (before the FNC, which reads it first), then the FNC's release and
+        # the states' five
+        topics = {log.parent.parent.name for log in logs}
+        assert topics >= {"reduce", "fnc-reads", "fnc", "states-mean", "states-init", "states-refine",
+                          "states-final", "states-occupancy", "summary"} and "states-reads" not in topics
         for log in logs:
             for rec in map(json.loads, log.read_text().splitlines()):
                 assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec

@@ -124,7 +124,7 @@ def _egress_ok(shared: Path, n_sites: int) -> dict[int, list]:
 
 def _check_timings(out: Path, man: dict, unmixing: str) -> None:
     """Every party's report times each stage it ran, named as the simulation names it (resumed parties too)."""
-    shared = ["reduce (capePCA)", f"unmix ({unmixing})", "summary (ledgers in, unmixing out)",
+    shared = ["reduce (capePCA)", f"unmix ({unmixing})", "static FNC", "summary (ledgers in, unmixing out)",
               "maps and privacy record", "report (figures, HTML)"]
     page = (out / "report.html").read_text()
     assert all(f"<td>{name}</td>" in page for name in shared), page.split("<h2>Timings</h2>")[-1][:2000]
@@ -138,6 +138,11 @@ def _check_timings(out: Path, man: dict, unmixing: str) -> None:
 def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA"):
     np.testing.assert_array_equal(np.load(out / "W.npy"), ref["W"])
     np.testing.assert_array_equal(np.load(out / "basis.npy"), ref["basis"])
+    # the consortium's FNC, as the simulation released it, and every component named
+    from dpneuro.run.outputs import fnc_matrix, read_fnc
+
+    np.testing.assert_allclose(read_fnc(out / "components.nii.gz"), fnc_matrix(ref["fnc"]), rtol=1e-5, atol=1e-6)
+    assert len((out / "components.tsv").read_text().splitlines()) == 1 + len(ref["W"])
     priv = json.loads((out / "privacy.json").read_text())
     for s in man["sites"]:
         name = s["site"]
@@ -150,6 +155,8 @@ def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
         head = (out / name / "timecourses.tsv").read_text().splitlines()[:3]
         assert head[0].startswith("subject\tsession\ttask\trun\tvolume\tonset\tIC01")
+        fnc_rows = (out / name / "fnc_subjects.tsv").read_text().splitlines()  # each subject's FNC, kept here
+        assert [r.split("\t")[0] for r in fnc_rows[1:]] == [x["id"] for x in s["subjects"]]
         tr = json.loads((out / name / "timecourses.json").read_text())["RepetitionTime"]
         assert [float(x.split("\t")[5]) for x in head[1:]] == [0.0, tr]
     assert "report.html" in os.listdir(out)

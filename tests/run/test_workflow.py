@@ -52,8 +52,8 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     assert set(priv["sites"]) == {"site-01", "site-02", "site-03"}
     for s in priv["sites"].values():
         stages = {r["stage"] for r in s["ledger"]["releases"]}
-        # capePCA's basis and variances (temporal ICA whitens with them) and capeDJICA's releases composed
-        assert stages == {"capepca", "capepca-variances", "ica"}
+        # capePCA's basis and variances (temporal ICA whitens with them), capeDJICA's releases and the FNC composed
+        assert stages == {"capepca", "capepca-variances", "ica", "static-fnc"}
         assert s["epsilon_single_release"] > 0 and s["epsilon"] > s["epsilon_single_release"]
         assert s["neighbours"] == ["replace"]
     assert priv["neighbour"] == "replace" and priv["epsilon"] == {n: s["epsilon"] for n, s in priv["sites"].items()}
@@ -64,7 +64,7 @@ def test_workflow_end_to_end_cache_and_rerun(consortium):
     run = json.loads((out / "run.json").read_text())
     assert run["config"]["pca_epsilon"] == 50.0 and run["versions"]["pydra"] == "0.25"
     assert run["seed_policy"].startswith("fixed seed 1") and run["ica_rounds_run"] >= 1
-    for tsv in (out / "timecourses").glob("*.tsv"):
+    for tsv in (out / "timecourses").glob("site-??.tsv"):  # beside them each site's subjects' FNC
         subjects, tc = read_timecourses(tsv)
         assert tc.shape[0] == R and len(set(subjects)) == 3 and subjects[0].startswith("sub-")
         rows = [ln.split("\t") for ln in tsv.read_text().splitlines()]
