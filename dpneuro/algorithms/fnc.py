@@ -135,9 +135,8 @@ class FNCSettings:
         """The (eps, delta) the stage is calibrated to (a planner scales the noise from it)."""
         return privacy.GaussianBudget(self.epsilon, self.delta)
 
-    @property
-    def ledger_stages(self) -> tuple[str, ...]:
-        return (CapeFNC.name,)
+    #: the ledger's name of the stage's one release
+    ledger_stages = (CapeFNC.name,)
 
     def scale(self, P: int) -> float:
         return FNC_BOUND * math.sqrt(P) if self.bound is None else float(self.bound)

@@ -316,9 +316,10 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
         parts.append(data_section(data))
 
     if overview_png:
-        parts.append("<h2>Components at a glance</h2>" + '<p class="small">Every component in network order, each '
-                     f"on a glass brain (left, top, right; |z| > {MAP_THRESHOLD:g}).</p>" + _img(overview_png,
-                                                                                              "every component"))
+        parts.append("<h2>Components at a glance</h2>" + '<p class="small">Every component in network order, seen '
+                     "from above (left is left, front at the top) and from the side (front to the right): the "
+                     f"largest |z| along each line of sight, where |z| &gt; {MAP_THRESHOLD:g}.</p>"
+                     + _img(overview_png, "every component"))
     if fnc:
         parts.append(fnc_html(fnc))
     parts.append("<h2>Spatial maps</h2>")

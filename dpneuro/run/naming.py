@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ __all__ = ["component_labels", "ordered_unmixing", "read_component_table", "writ
 
 
 @functools.lru_cache(maxsize=4)
-def _features(space: tuple):
-    """The run's grid and features from its space settings (``space``: the space stage's fields and values)."""
+def _features(space: tuple, mask_version: int):
+    """The run's grid and features from its space settings (``space``: the space stage's fields and values;
+    ``mask_version``: the mask file's modification time, so that a rewritten mask is read again)."""
     cfg = RunConfig(sites=[], out="", **dict(space))
     mask, affine = cfg.grid()
     return reducer(cfg, mask, affine), mask, affine
@@ -35,7 +37,8 @@ def _features(space: tuple):
 def _voxel_maps(cfg: RunConfig, basis, eigenvalues, W) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The maps on the run's grid, or None when the basis is not over the run's features (data a caller gave in
     memory with features of its own)."""
-    red, mask, affine = _features(tuple((f, getattr(cfg, f)) for f in stage_fields("space")))
+    red, mask, affine = _features(tuple((f, getattr(cfg, f)) for f in stage_fields("space")),
+                                  os.stat(cfg.mask).st_mtime_ns if cfg.mask else 0)
     D = np.shape(basis)[0]
     if D != (red.n_parcels if red is not None else int(mask.sum())):
         return None

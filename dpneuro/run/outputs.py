@@ -204,7 +204,7 @@ def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: 
                                             names=[component_title(r) for r in table] or None)
     titles = [f"IC{k + 1:02d} {component_title(r)}".strip() for k, r in enumerate(table)] or [
         f"IC{k + 1:02d}" for k in range(len(comps))]
-    overview = overview_figure(components, titles, figs / "overview.png")
+    overview = overview_figure(components, space["mask"], titles, figs / "overview.png")
     spectrum_png = None if not spectrum else spectrum_figure(spectrum["eigenvalues"], figs / "spectrum.png",
                                                              edge=spectrum["edge"], threshold=spectrum["threshold"])
     rounds = int(unmixing["rounds"])

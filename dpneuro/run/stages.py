@@ -34,20 +34,18 @@ from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import planned_ledgers as cape_planned
 from dpneuro.protocol.driver import RunOptions, run_parties
 from dpneuro.protocol.exchange.inprocess import InProcessExchange
-from dpneuro.run import roles
+from dpneuro.run import factory, naming, roles
 from dpneuro.run.factory import (
     PDSVD_THREAT_MODEL,
-    fnc_settings,
     ica_algorithm,
     noise_plan,
     pca_algorithm,
     reduce_plan,
     states_settings,
 )
-from dpneuro.run.naming import ordered_unmixing
 
-__all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "new_reads", "reduce_inprocess", "release",
-           "run_inprocess", "sites_reply", "states_inprocess", "unmix_inprocess"]
+__all__ = ["RELEASES", "ReleasingStage", "active_releases", "from_reply", "reduce_inprocess", "release",
+           "run_inprocess", "sites_reply", "states_inprocess", "unmix_inprocess", "new_reads"]
 
 Public = Mapping[str, Mapping[str, Any]]
 
@@ -179,7 +177,7 @@ def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, ch
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     r = roles.unmix_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options,
                                basis=V, eigenvalues=lam)
-    W, b = ordered_unmixing(cfg, V, lam, r.W, r.b)  # public post-processing: every later reader sees this order
+    W, b = naming.ordered_unmixing(cfg, V, lam, r.W, r.b)  # public post-processing: every later reader sees this order
     return {"W": W, "b": b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
 
@@ -193,7 +191,7 @@ def _timecourses_input(cfg, X, public):
 # -- fnc: static functional network connectivity ------------------------------------------------
 
 def _fnc_planned(cfg, shapes, dim):
-    return fnc_settings(cfg).planned([len(s.lengths) for s in shapes], cfg.n_components)
+    return factory.fnc_settings(cfg).planned([len(s.lengths) for s in shapes], cfg.n_components)
 
 
 def _fnc_site(cfg, step, site, S, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
@@ -248,7 +246,7 @@ RELEASES: tuple[ReleasingStage, ...] = (
             algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
     ReleasingStage("fnc", lambda cfg: ("fnc",) if cfg.fnc else (), _timecourses_input, _fnc_site, _fnc_aggregator,
             to_sites=("fnc",), reads=(("unmix", "W"), ("unmix", "b")), spends=lambda cfg: cfg.fnc,
-            algorithms=lambda cfg, dim: [fnc_settings(cfg)], planned=_fnc_planned),
+            algorithms=lambda cfg, dim: [factory.fnc_settings(cfg)], planned=_fnc_planned),
     ReleasingStage("states", _states_steps, _timecourses_input, _states_site, _states_aggregator, to_sites=("vectors",),
             reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
             algorithms=_states_algorithms, planned=_states_planned),
