@@ -66,7 +66,9 @@ from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
 from dpneuro.run import roles
 from dpneuro.run.factory import check_reduction_fits
+from dpneuro.run.naming import read_component_table
 from dpneuro.run.outputs import (
+    component_title,
     consortium_report_parts,
     states_section,
     table_path,
@@ -578,8 +580,10 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     t0 = time.perf_counter()
     cfg, out = ctx.cfg, ctx.out
     figs = out / "figures"
+    table = read_component_table(table_path(comp))  # the group's components, named as in the consortium's report
     comps, maps_note, warnings = render_components(comp, info["space"]["mask"], figs,
-                                                   interactive=cfg.interactive_maps)
+                                                   interactive=cfg.interactive_maps,
+                                                   names=[component_title(r) for r in table] or None)
     priv = privacy_report({ctx.site: ledger}, delta=cfg.delta, n_subjects={ctx.site: int(info["n_subjects"])},
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
     tc_png = site_timecourse_figure(tc, ctx.site, (info["subject_ids"][0], *info["boundaries"][0]), info.get("tr"),
@@ -599,7 +603,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     timings = {**_records_timings(cfg, info["space"], info), **clock.timings()}
     report = write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
                           components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
-                          site_maps=own, timings=timings, states=states_part,
+                          site_maps=own, timings=timings, states=states_part, component_table=table,
                           data={"cleaning": cfg.cleaning().describe(), "features": info["space"].get("features", ""),
                                 "sites": [info]},
                           notes=["This report stays at this site: its time courses and voxel maps are computed "

@@ -150,7 +150,10 @@ def _check_outputs(out: Path, man: dict, ref: dict, unmixing: str = "capeDJICA")
         own = json.loads((out / name / "privacy.json").read_text())
         assert dc.same_releases(own["ledger"], ref["ledgers"][name])
         assert own["epsilon"] == pytest.approx(priv["sites"][name]["epsilon"], rel=1e-12)
-        assert 'alt="time courses"' in (out / name / "report.html").read_text()  # the site's own report
+        page = (out / name / "report.html").read_text()
+        assert 'alt="time courses"' in page  # the site's own report, its components named as the consortium's
+        assert all(f"<td>{row.split(chr(9))[0]}</td><td>{row.split(chr(9))[2]}</td>" in page
+                   for row in (out / "components.tsv").read_text().splitlines()[1:])
         subjects, tc = read_timecourses(out / name / "timecourses.tsv")
         assert tc.shape == (4, 3 * 40) and subjects == [x["id"] for x in s["subjects"] for _ in range(40)]
         head = (out / name / "timecourses.tsv").read_text().splitlines()[:3]
