@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from dpneuro.protocol.cape import ReleaseSpec
+from dpneuro.protocol.cape import ReleaseSpec, ledgers, run_cape
 from dpneuro.protocol.exchange import Payload
 
 
@@ -66,3 +66,22 @@ def coalition_statistic(res, diff, colluder=3):
         num += d @ (u @ obs)
         var += (d @ d) * u[0]
     return num / math.sqrt(var), math.sqrt(var)
+
+
+def check_attack_separation(make_algorithm, worlds, diff, *, at_least: float, runs: int = 150):
+    """The aggregator with site 3's draws tests 'world 1' (site 0's releases shifted by ``diff``) against 'world 0'
+    on ``runs`` protocol runs per world (``make_algorithm(seed)``, fresh noise each): its statistic has unit
+    spread, shifts by the separation the neighbour allows, and that separation is at most the ledger's mu and
+    more than ``at_least`` of it."""
+    stats, sep, mu = [[], []], None, None
+    for world in (0, 1):
+        for rep in range(runs):
+            res = run_cape(make_algorithm(1000 * world + rep), worlds[world], "cape")
+            t, sep = coalition_statistic(res, diff)
+            stats[world].append(t)
+        mu = ledgers(res)[0].mu_collusion
+    a, b = np.array(stats[0]), np.array(stats[1])
+    se = math.sqrt(2 / runs)
+    assert 0.75 < a.std() < 1.3 and 0.75 < b.std() < 1.3
+    assert abs((b.mean() - a.mean()) - sep) < 4 * se, (b.mean() - a.mean(), sep)
+    assert sep <= mu + 1e-9 and sep > at_least * mu, (sep, mu)

@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from cape_toys import coalition_statistic
+from cape_toys import check_attack_separation
 from sklearn.cluster import KMeans
 
 from dpneuro.algorithms import dfnc
 from dpneuro.algorithms.agn import M3Stage, moment_stage, prepare_site
 from dpneuro.algorithms.metrics import match_components
 from dpneuro.datasets.states import make_dfnc_consortium, window_labels
-from dpneuro.protocol.cape import ledgers, run_cape
+from dpneuro.protocol.cape import run_cape
 
 DELTA = 1e-5
 
@@ -239,19 +239,8 @@ def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
     algs = [dfnc.CapeKMeans(3, 1, B, z, z, init=C, centre=np.zeros(C.shape[0])) for _ in worlds]
     f = [_subject_contribution(a, w[0], C) for a, w in zip(algs, worlds)]
     diff = {k: f[1][k] - f[0][k] for k in f[0]}
-    stats, sep, mu = [[], []], None, None
-    for world in (0, 1):
-        for rep in range(150):
-            alg = dfnc.CapeKMeans(3, 1, B, z, z, init=C, centre=np.zeros(C.shape[0]), random_state=1000 * world + rep)
-            res = run_cape(alg, worlds[world], "cape")
-            t, sep = coalition_statistic(res, diff)
-            stats[world].append(t)
-        mu = ledgers(res)[0].mu_collusion
-    a, b = np.array(stats[0]), np.array(stats[1])
-    se = math.sqrt(2 / 150)
-    assert 0.75 < a.std() < 1.3 and 0.75 < b.std() < 1.3
-    assert abs((b.mean() - a.mean()) - sep) < 4 * se, (b.mean() - a.mean(), sep)
-    assert sep <= mu + 1e-9 and sep > 0.4 * mu, (sep, mu)
+    check_attack_separation(lambda seed: dfnc.CapeKMeans(3, 1, B, z, z, init=C, centre=np.zeros(C.shape[0]),
+                                                         random_state=seed), worlds, diff, at_least=0.4)
 
 
 # -- private utility (fixed seeds) -------------------------------------------------------------
