@@ -550,8 +550,9 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
     ctx.say(f"site {ctx.site}: protocol finished; the consortium's maps are in {comp} and what this site spent in "
             f"{priv_path}; now its own time courses{' and voxel maps' if made(cfg, info['space']) else ''} "
             "and its report")
+    # the FNC and the brain states read the same time courses: whichever the run kept
     own = write_site_outputs(cfg, info, info["space"], public, out, unmix_input=inputs["unmix"],
-                             timecourses=_first(inputs.get("fnc"), inputs.get("states")), timer=clock.timed)
+                             timecourses=inputs.get("fnc", inputs.get("states")), timer=clock.timed)
     site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
     report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock,
                                          states=None if states is None else {"matrices": states,
@@ -562,11 +563,6 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
             "states": None if states is None else str(states), "states_occupancy": own["states_occupancy"],
             "site_maps": own["site_maps"], "timings_s": timings}
-
-
-def _first(*values):
-    """The first value that is not None (the stages that read the time courses kept the same ones)."""
-    return next((v for v in values if v is not None), None)
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
