@@ -48,7 +48,7 @@ from dpneuro.report.figures import read_timecourses
 from dpneuro.run import pipeline
 from dpneuro.run.features import features as feature_count
 from dpneuro.run.naming import read_component_table
-from dpneuro.run.outputs import read_fnc, table_path, to_voxels
+from dpneuro.run.outputs import read_fnc, read_group_effects, table_path, to_voxels
 from dpneuro.run.pipeline import progress, public_results, run_privacy
 from dpneuro.run.planner import plan_for_target, site_shapes, spend
 from dpneuro.run.roles import unmixing_input
@@ -342,14 +342,23 @@ class _Decentralized(BaseEstimator):
         return RunConfig(**{**settings, "sites": list(site_inputs), "out": str(out)}).resolved()
 
     # -- fitting ------------------------------------------------------------------------------------
-    def fit(self, sites=None, y=None):
+    def fit(self, sites=None, y=None, *, covariates=None):
         """Run the consortium analysis on ``sites`` (site name -> folder, BIDS root or list of Niimg-like).
 
         In a simulation (the default) every site's data are given here and all
         parties run in this process. With ``role="site"`` give only this
         party's site (``site=`` names it); with ``role="aggregator"`` give none.
+        ``covariates`` (site name -> TSV path) names each site's participants
+        table for the group statistics (``design``); by default each site's
+        folder's ``participants.tsv``.
         """
         cfg = self.to_config(sites if sites is not None or self.role != "aggregator" else {})
+        if covariates:
+            unknown = set(covariates) - {s.name for s in cfg.sites}
+            if unknown:
+                raise ValueError(f"covariates: no site named {sorted(unknown)} (sites: {[s.name for s in cfg.sites]})")
+            cfg = replace(cfg, sites=[replace(s, participants=str(Path(covariates[s.name]).resolve()))
+                                      if s.name in covariates else s for s in cfg.sites])
         with progress(bool(self.verbose)):
             if self.role == "simulation":
                 self._fit_simulation(cfg)
@@ -394,6 +403,11 @@ class _Decentralized(BaseEstimator):
 
 
 
+def _group_effects(components) -> list[dict] | None:
+    path = Path(components).with_name("group_effects.tsv")
+    return read_group_effects(path) if path.exists() else None
+
+
 def _in_memory(path):
     img = nib.load(str(path))
     return nib.Nifti1Image(np.asanyarray(img.dataobj), img.affine, img.header)
@@ -431,6 +445,9 @@ class DecentralizedICA(_Decentralized):
     fnc_ : ndarray (n_components, n_components) or None
         The consortium's static FNC (Fisher z, diagonal 0; ``fnc.tsv``), None with ``fnc = False``;
         its noise's standard deviation per entry is in ``fnc.json`` beside it.
+    group_effects_ : list of dict or None
+        With a ``design``: one row of ``group_effects.tsv`` per contrast and measure (``contrast``,
+        ``measure``, ``estimate``, ``se``, ``ci_low``, ``ci_high``, ``p``, ``q``, ``noise_sd``); None without.
     unmixing_ : ndarray (n_components, n_components)
         W in the whitened space; ``bias_`` its bias.
     basis_, eigenvalues_ : ndarray
@@ -473,6 +490,7 @@ class DecentralizedICA(_Decentralized):
         self.components_ = np.asarray(self.components_img_.dataobj)[self._mask].T.astype(np.float64)
         self.component_labels_ = read_component_table(table_path(mp["components"]))
         self.fnc_ = read_fnc(mp["components"])
+        self.group_effects_ = _group_effects(mp["components"])
         self.basis_, self.eigenvalues_ = red["basis"], red["eigenvalues"]
         self.unmixing_, self.bias_ = unm["W"], unm["b"]
         self.n_iter_ = int(unm["rounds"])
@@ -520,6 +538,7 @@ class DecentralizedICA(_Decentralized):
         self.components_img_ = _in_memory(res["components"])
         self.component_labels_ = read_component_table(table_path(res["components"]))
         self.fnc_ = read_fnc(res["components"])
+        self.group_effects_ = _group_effects(res["components"])
         self.privacy_ = PrivacySummary(priv)
 
     def transform(self, imgs) -> list[np.ndarray]:

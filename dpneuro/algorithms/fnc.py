@@ -24,10 +24,10 @@ import numpy as np
 
 from dpneuro import privacy
 from dpneuro.algorithms.dfnc import MEAN_BOUND, matrix_to_vector, noise_multipliers
+from dpneuro.algorithms.subject_mean import CapeSubjectMean, clip_subjects
 from dpneuro.privacy import PrivacyLedger
-from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, noise_variance, planned_ledgers, run_cape
+from dpneuro.protocol.cape import NoisePlan, planned_ledgers, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
-from dpneuro.protocol.exchange import Payload
 
 __all__ = ["FNC_BOUND", "CapeFNC", "FNCSettings", "clip_subjects", "site_fnc", "subject_fnc"]
 
@@ -57,14 +57,7 @@ def site_fnc(S, lengths: Sequence[int]) -> np.ndarray:
     return np.array([subject_fnc(S[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
-def clip_subjects(F: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each subject's row scaled onto L2 norm ``bound`` when longer; the rows and which were scaled."""
-    n = np.linalg.norm(F, axis=1)
-    scaled = n > bound
-    return F * np.minimum(1.0, bound / np.maximum(n, 1e-300))[:, None], scaled
-
-
-class CapeFNC:
+class CapeFNC(CapeSubjectMean):
     """The consortium's mean FNC as a CAPE algorithm: one release per site of its subjects' clipped mean.
 
     Site data: the site's per-subject FNC (M x P, :func:`site_fnc`). Release
@@ -74,49 +67,8 @@ class CapeFNC:
     """
 
     name = "static-fnc"
-    max_rounds = 1
-
-    def __init__(self, bound: float, z: float, random_state=None):
-        if not (bound > 0 and math.isfinite(bound)):
-            raise ValueError(f"bound must be finite and > 0, got {bound}")
-        self.B, self.z = float(bound), float(z)
-        self.random_state = privacy.resolve_random_state(random_state)
-
-    def site_init(self, site: int, data) -> dict:
-        F = np.atleast_2d(np.asarray(data, np.float64))
-        if F.shape[0] < 1 or not np.all(np.isfinite(F)):
-            raise ValueError(f"site {site}: the subjects' FNC must be a finite M x P matrix, got shape {F.shape}")
-        clipped, scaled = clip_subjects(F, self.B)
-        state: dict[str, Any] = {"_F": clipped, "M": int(F.shape[0]), "P": int(F.shape[1]),
-                                 "clipped": int(scaled.sum())}
-        if self.random_state is not None:
-            state["rng"] = np.random.default_rng([self.random_state, 47, site])
-        return state
-
-    def public_state(self, site: int, lengths, dim: int) -> dict:
-        """What a site's release depends on (the planner calls this without data)."""
-        return {"M": len(lengths), "P": int(dim)}
-
-    def site_weight(self, state) -> float:
-        return float(state["M"])
-
-    def site_releases(self, state) -> dict[str, ReleaseSpec]:
-        return {"fnc": ReleaseSpec((state["P"],), 2.0 * self.B / state["M"], self.z, unit="subject",
-                                   stage=self.name, bound=self.B)}
-
-    def site_compute(self, state, round, broadcast) -> dict[str, np.ndarray]:
-        return {"fnc": state["_F"].sum(axis=0) / state["M"]}
-
-    def aggregator_init(self) -> dict:
-        return {}
-
-    def aggregator_first(self, state) -> Payload:
-        return Payload()
-
-    def aggregator_update(self, state, round, combined) -> Payload:
-        state["fnc"] = np.asarray(combined["fnc"], np.float64)
-        state["noise_var"] = noise_variance(state, "fnc")
-        return Payload({"fnc": state["fnc"]}, {"stop": True}, carries={"fnc": "public"})
+    key = "fnc"
+    tag = 47
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from dpneuro._utils.errors import ConfigError
 from dpneuro.algorithms.dfnc import METHODS as STATE_METHODS
 from dpneuro.algorithms.dfnc import METRICS as STATE_METRICS
 from dpneuro.algorithms.djica import OPTIMIZERS
+from dpneuro.algorithms.glm import MEASURES as GLM_MEASURES
+from dpneuro.algorithms.glm import parse_design
 from dpneuro.config.constraints import (
     Boolean,
     Constraint,
@@ -95,6 +97,8 @@ class SiteEntry:
     subjects_tsv: str = ""
     # subjects of this site to leave out (e.g. ["sub-07"], a corrupt file); listed in the site's record and report
     exclude: list[str] = field(default_factory=list)
+    # the subjects' covariates for group statistics (TSV, participant_id first); default: participants.tsv at path
+    participants: str = ""
 
 
 class Sites(Constraint):
@@ -108,11 +112,11 @@ class Sites(Constraint):
 
 
 #: the pipeline stages whose outputs a field changes (``stages`` of its metadata)
-STAGES = ("space", "load", "reduce", "unmix", "fnc", "states", "maps")
+STAGES = ("space", "load", "reduce", "unmix", "fnc", "states", "glm", "maps")
 #: run.toml's sections, in order (``section`` of a field's metadata)
 SECTIONS = ("run and outputs", "data grid", "data preparation",
             "site-local cleaning (nilearn; before anything is released, no privacy cost)", "analysis",
-            "connectivity", "brain states", "privacy", "sites")
+            "connectivity", "brain states", "group statistics", "privacy", "sites")
 
 #: before the subject counts are known delta must be below this: delta >= 1/N is no privacy for a site of N
 #: subjects (each subject may be released whole with probability delta), and 0.1 already fails every site of
@@ -166,6 +170,25 @@ def setting(default=MISSING, *, doc: str, constraint: Constraint, section: str, 
 
 
 
+def _design_problem(design: str) -> str | None:
+    terms = [t.strip() for t in design.split("+")]
+    if design.strip() and not all(t.isidentifier() for t in terms):
+        return f"{design!r} is not covariate names joined by + (e.g. \"group + age + sex\")"
+    return None
+
+
+class _CovariateSpec(Constraint):
+    """A design term's public description: its levels, or its range [low, high]."""
+
+    def accepts(self, value) -> bool:
+        return isinstance(value, list) and len(value) >= 2 and (
+            all(isinstance(v, str) for v in value)
+            or (len(value) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)))
+
+    def describe(self) -> str:
+        return "a list of level names, or a range [low, high]"
+
+
 def _run_id_problem(run_id: str) -> str | None:
     try:
         check_name("run id", run_id)
@@ -186,7 +209,9 @@ class RunConfig:
             "listed), a folder of 4-D NIfTI files (files named sub-<label>_... belong to subject sub-<label>, any "
             "other file is one subject), or `files` = [...] instead. A non-BIDS folder whose files are several runs "
             "of one person needs `subjects_tsv = \"subjects.tsv\"` (columns file, subject). `exclude` = [...]: "
-            "subjects of that site to leave out (listed in its record and the report). In a deployed run each site "
+            "subjects of that site to leave out (listed in its record and the report). `participants`: the subjects' "
+            "covariates for group statistics (a TSV whose first column is participant_id; default: participants.tsv "
+            "in the site's folder). In a deployed run each site "
             "needs only its own path; the others may stay empty (path = \"\").")
     out: str = setting(
         section="run and outputs", constraint=Text("a folder"), template='"run"',
@@ -261,20 +286,21 @@ class RunConfig:
             "release; the ICA settings are unused); each site fits its own time courses on the maps, locally. "
             "\"temporal\": independent time courses (capeDJICA; every round is a private release of its own).")
     plan: str = setting(
-        "cape", section="privacy", constraint=StrOptions(PLANS), stages=("reduce", "unmix", "fnc", "states", "maps"),
+        "cape", section="privacy", constraint=StrOptions(PLANS),
+        stages=("reduce", "unmix", "fnc", "states", "glm", "maps"),
         agree=True, flag="plan",
         doc="Noise plan: \"cape\", \"conv\" or \"none\". \"cape\": correlated noise, each site's release carries the "
             "noise its own budget needs and the average carries the pooled-data noise (needs >= 3 sites); "
             "\"conv\": independent noise at every site; \"none\": NOT private.")
     n_colluding: int | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "ceil(S/3) - 1"),
-        stages=("reduce", "unmix", "fnc", "states", "maps"), agree=True, flag="n-colluding", example=("1",),
+        stages=("reduce", "unmix", "fnc", "states", "glm", "maps"), agree=True, flag="n-colluding", example=("1",),
         doc="How many sites may collude with the aggregator. Left out: ceil(S/3) - 1 for S sites, the most CAPE "
             "allows; larger values are refused.")
     delta: float = setting(
         1e-5, section="privacy", constraint=Interval(Real, 0, DELTA_BOUND, closed="neither",
                                                      why="delta >= 1/N is no privacy for a site of N subjects"),
-        stages=("reduce", "fnc", "states", "maps"), agree=True, flag="delta",
+        stages=("reduce", "fnc", "states", "glm", "maps"), agree=True, flag="delta",
         doc="Total delta per site: the delta at which every site's total epsilon is reported (half of it "
             "calibrates the PCA release). It must be below 1/N for the smallest site's N subjects: the "
             "configuration refuses 0.1 and above, the run refuses 1/N and above once it knows the counts.")
@@ -413,6 +439,34 @@ class RunConfig:
         doc="How a subject's windows are assigned to the consortium's states for its statistics and the released "
             "occupancy: \"correlation\", \"cityblock\" (GIFT's) or \"euclidean\". The k-means rounds themselves "
             "assign by distance less each state's public noise energy.")
+    design: str = setting(
+        "", section="group statistics", constraint=Text("a design such as \"group + age + sex\"", _design_problem),
+        stages=("glm",), agree=True, example=('"group + age + sex"',),
+        doc="Private group statistics: the covariates of the consortium's linear model, joined by + (\"\": off). "
+            "Each site reads its subjects' values from its participants table (the BIDS participants.tsv at its "
+            "root, or its site entry's participants) and adds the site itself as a covariate; every measure of "
+            "glm_measures gets the model, fitted from sufficient statistics each site releases through CAPE. "
+            "Written: group_effects.tsv (each contrast's estimate, interval, p and FDR q per measure, with the "
+            "noise each carries) and the report's section. Each term needs its entry in covariates.")
+    covariates: dict[str, Any] = setting(
+        section="group statistics", constraint=Table(values=_CovariateSpec()), stages=("glm",), agree=True,
+        factory=dict, example=('{ group = ["control", "patient"], age = [18, 80], sex = ["F", "M"] }',),
+        doc="What every design term is, agreed by the consortium: a list of levels (categorical; the first is the "
+            "reference each other level is compared with) or [low, high] (continuous: its public range, which "
+            "bounds a subject's contribution; values outside are clipped to it and counted at the site).")
+    glm_measures: list[str] = setting(
+        section="group statistics", constraint=TextList(), stages=("glm",), agree=True,
+        factory=lambda: ["fnc", "amplitude"], flag="glm-measures",
+        doc="What is compared per subject: \"fnc\" (each static FNC edge, Fisher z, centred on the consortium's "
+            "mean FNC when the run has the FNC stage) and \"amplitude\" (each component's time-course standard "
+            "deviation over the RMS of the subject's components, log) and, with brain_states, \"states\" (each "
+            "state's fraction of time, its mean dwell as a fraction of the subject's windows, the transitions per "
+            "window). Every measure shares the release's bound, so fewer measures give tighter intervals.")
+    glm_epsilon: float = setting(
+        2.0, section="group statistics", constraint=Interval(Real, 0, None, closed="neither"), stages=("glm",),
+        agree=True, flag="glm-epsilon",
+        doc="Privacy budget of the group-statistics release per site (against the aggregator and its colluders, "
+            "at delta / 2); the run's total composes every stage.")
     optimizer: str = setting(
         "fast", section="analysis", constraint=StrOptions(OPTIMIZERS), stages=("unmix",), agree=True,
         doc="ICA learning-rate rules: \"fast\" or \"paper\". \"fast\": momentum, noise-proof annealing, averaging; "
@@ -494,7 +548,8 @@ class RunConfig:
             "own choice. Needs `pip install 'dpneuro[cluster]'` for Dask.")
     seed: int | None = setting(
         None, section="privacy", constraint=OrNone(Interval(Integral, 0, None), "noise from OS entropy"),
-        stages=("reduce", "unmix", "fnc", "states", "maps"), agree=True, estimator="random_state", example=("0",),
+        stages=("reduce", "unmix", "fnc", "states", "glm", "maps"), agree=True, estimator="random_state",
+        example=("0",),
         doc="Noise seed: left out (the default), every party draws from OS entropy, as a deployment must. An "
             "integer makes a `dpneuro run` simulation reproducible; the report then says so. `dpneuro site` / "
             "`dpneuro aggregator` refuse a seed (anyone who reads the configuration could regenerate a site's "
@@ -590,8 +645,8 @@ class RunConfig:
         def ab(p: str) -> str:
             return str((root / p).resolve()) if p and not Path(p).is_absolute() else p
 
-        sites = [replace(s, path=ab(s.path), files=[ab(f) for f in s.files], subjects_tsv=ab(s.subjects_tsv))
-                 for s in self.sites]
+        sites = [replace(s, path=ab(s.path), files=[ab(f) for f in s.files], subjects_tsv=ab(s.subjects_tsv),
+                         participants=ab(s.participants)) for s in self.sites]
         paths = {f: ab(getattr(self, f)) for f in self.PATH_FIELDS}
         if is_atlas_name(self.atlas):
             paths["atlas"] = self.atlas  # a name nilearn resolves, not a file
@@ -655,6 +710,8 @@ class RunConfig:
                     bad(f"sites[{i}] ({s.name})", f"{f} does not exist")
             if s.subjects_tsv and not Path(s.subjects_tsv).is_file():
                 bad(f"sites[{i}].subjects_tsv ({s.name})", f"{s.subjects_tsv} does not exist")
+            if s.participants and not Path(s.participants).is_file():
+                bad(f"sites[{i}].participants ({s.name})", f"{s.participants} does not exist")
         if self.mask and not Path(self.mask).exists():
             bad("mask", f"{self.mask} does not exist")
         if self.truth and not (Path(self.truth) / "manifest.json").exists():
@@ -678,6 +735,18 @@ class RunConfig:
         if self.brain_states and self.brain_states > self.n_components * (self.n_components - 1) // 2:
             bad("brain_states", f"{self.brain_states} states need more connectivity features: {self.n_components} "
                 f"components give {self.n_components * (self.n_components - 1) // 2} pairs")
+        if self.design:
+            try:
+                parse_design(self.design, self.covariates)
+            except ValueError as exc:
+                bad("design", str(exc))
+            measures = [self.glm_measures] if isinstance(self.glm_measures, str) else list(self.glm_measures)
+            if not measures or set(measures) - set(GLM_MEASURES) or len(set(measures)) != len(measures):
+                bad("glm_measures", f"{measures!r}: give one or more of {list(GLM_MEASURES)}, each once")
+            elif "fnc" in measures and self.n_components < 2:
+                bad("glm_measures", "\"fnc\" needs two or more components")
+            elif "states" in measures and not self.brain_states:
+                bad("glm_measures", "\"states\" compares the subjects' brain-state dynamics: set brain_states")
         if self.pca_contribution == "subspace" and self.reduction == "pdsvd":
             bad("pca_contribution", "PD-SVD sums the data's second moment; 'subspace' is capePCA's (use 'auto')")
         if self.plan == "cape" and len(self.sites) < 3:
@@ -746,13 +815,13 @@ class RunConfig:
         for i, s in enumerate(d.pop("sites")):
             if not isinstance(s, dict):
                 raise ConfigError(f"config field 'sites[{i}]': must be a table with name and path")
-            extra = set(s) - {"name", "path", "files", "subjects_tsv", "exclude"}
+            extra = set(s) - {"name", "path", "files", "subjects_tsv", "exclude", "participants"}
             if extra:
                 raise ConfigError(f"config field 'sites[{i}]': unknown keys {sorted(extra)}")
             sites.append(SiteEntry(name=str(s.get("name", "")), path=rel(str(s.get("path", ""))),
                                    files=[rel(str(f)) for f in s.get("files", [])],
                                    subjects_tsv=rel(str(s.get("subjects_tsv", ""))),
-                                   exclude=s.get("exclude", [])))
+                                   exclude=s.get("exclude", []), participants=rel(str(s.get("participants", "")))))
         for key in cls.PATH_FIELDS:
             if d.get(key) and not (key == "atlas" and is_atlas_name(d[key])):  # a name is not a file
                 d[key] = rel(str(d[key]))

@@ -148,11 +148,16 @@ Folder layout written by :func:`make_consortium`::
       mask.nii.gz
       site-01/sub-0001_bold.nii.gz ...   (.nii with compress=False)
       site-02/sub-0004_bold.nii.gz ...   (subject numbers unique consortium-wide)
+      site-01/participants.tsv           group, age, sex per subject (effects only)
       truth/maps.nii.gz                  4-D, one volume per component
       truth/A.npy                        D x R float32, maps as columns
       truth/S_site-01_sub-0001.npy       R x T float32, one file per subject
       truth/states.npy                   K x R x R float32 planted connectivity states (states >= 2 only)
       truth/labels_site-01_sub-0001.npy  T int8 state label h_t per subject       (states >= 2 only)
+
+With ``effects`` every site folder also holds ``participants.tsv`` (BIDS,
+tab-separated: ``participant_id  group  age  sex``, one row per subject, ids
+as ``load_site`` reports them, e.g. ``sub-0004``).
 
 With states on, ``manifest["truth"]`` also holds ``n_states`` (K),
 ``states`` (path), ``state_labels`` (``{site: {subject id: path}}``) and
@@ -160,6 +165,37 @@ With states on, ``manifest["truth"]`` also holds ``n_states`` (K),
 description).
 With states off none of these keys exist (the manifest is byte-identical to
 the one written before states existed): read ``truth.get("n_states", 0)``.
+
+Planted group effects (optional, ``effects={...}``; off by default)
+-------------------------------------------------------------------
+``make_consortium(effects=...)`` makes every subject a "patient" or a
+"control" with an age and a sex, plants connectivity (FNC) and amplitude
+differences in the ground-truth sources (see the argument), writes each
+site's ``participants.tsv`` and records in ``manifest["effects"]``:
+
+- ``settings``: the arguments, defaults filled in (``patients`` one fraction
+  per site, ``age`` [lo, hi], ``sex`` P(F), ``fnc_shift``,
+  ``amplitude_age``, ``amplitude_group``);
+- ``n_patients`` per site, ``participants`` (``{site: participants.tsv}``) and
+  ``subjects`` (``[{site, id, group, age, sex}]`` in manifest order);
+- ``fnc_shift``: per pair ``components`` [j, k], ``correlation_difference``
+  (delta: patients' population correlation minus the controls'),
+  ``fisher_z_difference`` (the mean over all subjects of
+  ``atanh(r0 + delta) - atanh(r0)``, r0 the subject's correlation without
+  the shift: blobs r0 = 0, so ``atanh(delta)``; networks r0 = C_m[j, k]),
+  ``control_correlation`` (mean r0) and ``patient_correlation``. These are
+  population values; a subject's sample correlation scatters around them
+  (and the mean sample Fisher z has a small bias ~ r / (2 (T - 1)));
+- ``amplitude_age``: per component ``log_amplitude_per_half_range`` (slope),
+  ``log_amplitude_per_year`` (slope / half) and ``age_centre``; i.e. log std
+  of S_k = base + log_amplitude_per_year * (age - age_centre), base 0 for
+  blobs (unit-variance sources), the subject's log amplitude for networks;
+- ``amplitude_group``: per component ``log_amplitude_difference`` (patients
+  minus controls) and ``amplitude_ratio`` (its exp);
+- ``description``.
+
+Without effects (``effects=None``) neither the key nor the tables exist and
+every file is byte for byte as before the option existed.
 
 Paths inside ``manifest.json`` are relative to ``out_dir`` so the folder can
 be moved; :func:`make_consortium` and :func:`load_manifest` return them
@@ -572,8 +608,30 @@ class NetworkModel:
             self._filters[key] = (n, pink * np.fft.rfft(hrf, n), pink)
         return self._filters[key]
 
+    def subject_correlation(self, site_index: int, subject_index: int) -> np.ndarray:
+        """The population correlation ``C_m`` of one subject's network time courses (R x R, float64).
+
+        ``(1 - subject_mix) C + subject_mix W_m`` with ``W_m`` from the first draws of the subject's
+        stream: what :meth:`subject` mixes its white noise with (the HRF and the 1/f filter, the same for
+        every network, keep it).
+        """
+        s = _check_int(site_index, "site_index", 0)
+        m = _check_int(subject_index, "subject_index", 0)
+        return self._correlation(self._stream(s, m))
+
+    def _stream(self, s: int, m: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence(self.random_state, spawn_key=(_NETWORK_SUBJECT_KEY, s, m)))
+
+    def _correlation(self, rng: np.random.Generator) -> np.ndarray:
+        """The subject's correlation C_m: the group C mixed with a random correlation matrix (both PD)."""
+        R = self.n_components
+        G = rng.standard_normal((R, R + _NET_WISHART_EXTRA))
+        mix = self.params["subject_mix"]
+        return (1.0 - mix) * self.correlation + mix * _cov2corr(G @ G.T)
+
     def subject(self, site_index: int, subject_index: int, n_timepoints: int = 150,
-                tr: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+                tr: float = 2.0, *, correlation_shift: np.ndarray | None = None,
+                log_amplitude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One subject's data and network time courses (its own seed stream, see the module docstring).
 
         Parameters
@@ -583,6 +641,13 @@ class NetworkModel:
         n_timepoints : int, default 150
         tr : float, default 2.0
             Repetition time (s): sets the HRF sampling and the frequencies of the 1/f spectra.
+        correlation_shift : ndarray, shape (R, R), optional
+            Symmetric, zero diagonal: added to the subject's correlation ``C_m`` before its Cholesky
+            factor mixes the white noise, so the network time courses' population correlation is exactly
+            ``C_m + correlation_shift`` (a planted connectivity difference; must stay positive definite).
+        log_amplitude : ndarray, shape (R,), optional
+            Added to the log of every network's amplitude (planted amplitude effects). Neither changes
+            a random draw: with both None (the default) the subject is exactly as before they existed.
 
         Returns
         -------
@@ -597,13 +662,19 @@ class NetworkModel:
         tr = _check_tr(tr)
         p = self.params
         R, D, K = self.n_components, self.n_voxels, int(p["n_physio"])
-        rng = np.random.default_rng(np.random.SeedSequence(self.random_state, spawn_key=(_NETWORK_SUBJECT_KEY, s, m)))
+        rng = self._stream(s, m)
         n, bold, pink = self._spectra(T, tr)
-        # the subject's correlation: the group C mixed with a random correlation matrix (both PD)
-        G = rng.standard_normal((R, R + _NET_WISHART_EXTRA))
-        mix = p["subject_mix"]
-        L = np.linalg.cholesky((1.0 - mix) * self.correlation + mix * _cov2corr(G @ G.T))
+        C_m = self._correlation(rng)
+        if correlation_shift is not None:
+            C_m = C_m + correlation_shift
+        try:
+            L = np.linalg.cholesky(C_m)
+        except np.linalg.LinAlgError:
+            raise ValueError(f"subject ({s}, {m}): its correlation plus correlation_shift is not positive "
+                             "definite (a smaller shift is needed)") from None
         amp = self.strength * rng.lognormal(0.0, p["amplitude_sigma"], R)
+        if log_amplitude is not None:
+            amp = amp * np.exp(log_amplitude)
         # white noise -> correlated across networks -> 1/f spectrum (x HRF for the BOLD signals)
         white = rng.standard_normal((R + 1 + K, n))
         white[:R] = L @ white[:R]
@@ -827,6 +898,7 @@ def _relative(manifest: dict, root: Path) -> dict:
     for key in ("maps", "A"):
         out["truth"][key] = rel(out["truth"][key])
     _map_state_paths(out["truth"], rel)
+    _map_participants(out, rel)
     return out
 
 
@@ -837,6 +909,13 @@ def _map_state_paths(truth: dict, fn) -> None:
     for subjects in truth.get("state_labels", {}).values():
         for sub_id in subjects:
             subjects[sub_id] = fn(subjects[sub_id])
+
+
+def _map_participants(manifest: dict, fn) -> None:
+    """Apply `fn` in place to the participants.tsv paths of a manifest (if effects are planted)."""
+    tables = manifest.get("effects", {}).get("participants", {})
+    for site in tables:
+        tables[site] = fn(tables[site])
 
 
 def _state_files(truth: dict) -> list[str]:
@@ -855,6 +934,7 @@ def _previous_files(out_dir: Path) -> set[Path]:
         return set()
     files = {Path(old["mask"]), Path(old["truth"]["maps"]), Path(old["truth"]["A"])}
     files.update(Path(p) for p in _state_files(old["truth"]))
+    files.update(Path(p) for p in old.get("effects", {}).get("participants", {}).values())
     for site in old["sites"]:
         for sub in site["subjects"]:
             files.update({Path(sub["path"]), Path(sub["sources"])})
@@ -877,16 +957,22 @@ class _BlobsModel:
 
 def _subject_data(
     model: _BlobsModel | NetworkModel, s_idx: int, m_idx: int, n_timepoints: int, tr: float,
+    effect: _SubjectEffect | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """One subject of either model: X (D x T float32), S (R x T float32) and its state labels (or None).
 
     Blobs: GARCH sources from the subject's stream (1, site, subject), or with states the planted states'
     sources and labels from their own stream (3, site, subject); white noise from the subject's stream
     (1, site, subject) after the GARCH draws either way. Networks:
-    :meth:`NetworkModel.subject` (stream (5, site, subject)).
+    :meth:`NetworkModel.subject` (stream (5, site, subject)). A planted `effect` (make_consortium's
+    ``effects``, not with states) changes the sources before they are mixed into voxels, and no draw.
     """
     if isinstance(model, NetworkModel):
-        X, S = model.subject(s_idx, m_idx, n_timepoints, tr)
+        if effect is None:
+            X, S = model.subject(s_idx, m_idx, n_timepoints, tr)
+        else:
+            X, S = model.subject(s_idx, m_idx, n_timepoints, tr, correlation_shift=effect.shift,
+                                 log_amplitude=effect.log_amplitude)
         return X, S, None
     garch, labels = model.garch, None
     rng = np.random.default_rng(np.random.SeedSequence(model.seed, spawn_key=(1, s_idx, m_idx)))
@@ -896,6 +982,8 @@ def _subject_data(
             np.random.SeedSequence(model.seed, spawn_key=(_STATE_SEQUENCE_KEY, s_idx, m_idx))
         )
         S, labels = model.states.subject(n_timepoints, label_rng)
+    if effect is not None:
+        S = _apply_blobs_effect(S, effect)
     S = S.astype(np.float32)
     X = model.A @ S  # float32, D x T
     if model.noise > 0:
@@ -922,6 +1010,7 @@ class _SubjectJob:
     sources: Path
     timepoints: int
     labels: Path | None = None
+    effect: _SubjectEffect | None = None
 
 
 @dataclass(eq=False)
@@ -950,7 +1039,7 @@ class _SubjectWriter:
         self._outside = not self.mask.all()
 
     def __call__(self, job: _SubjectJob) -> None:
-        X, S, labels = _subject_data(self.model, job.site, job.subject, job.timepoints, self.tr)
+        X, S, labels = _subject_data(self.model, job.site, job.subject, job.timepoints, self.tr, job.effect)
         header, data = self._encode(X)
         del X
         with open(job.bold, "wb") as f:
@@ -1039,6 +1128,202 @@ def _network_manifest(model: NetworkModel) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------
+# planted group effects (make_consortium's ``effects``)
+# ---------------------------------------------------------------------------
+
+#: spawn keys of the subjects' covariates: (6, site) chooses the site's patients, (6, site, subject)
+#: draws the subject's age and sex (disjoint from every other stream: no other draw changes)
+_EFFECTS_KEY = 6
+
+#: the ``effects`` settings and their defaults ("sex" is the probability of "F")
+_EFFECT_DEFAULTS = {"patients": 0.5, "age": [20.0, 70.0], "sex": 0.5,
+                    "fnc_shift": [], "amplitude_age": [], "amplitude_group": []}
+
+
+@dataclass(frozen=True)
+class _SubjectEffect:
+    """One subject's planted effects: the correlation shift (patients with an FNC shift only, else None)
+    and the log-amplitude change of every source (None: none)."""
+
+    shift: np.ndarray | None = None
+    log_amplitude: np.ndarray | None = None
+
+
+def _component(value, n_components: int, name: str) -> int:
+    k = _check_int(value, name, 0)
+    if k >= n_components:
+        raise ValueError(f"{name} must be a component index < n_components ({n_components}), got {k}")
+    return k
+
+
+def _check_effects(effects, n_sites: int, n_components: int) -> dict:
+    """The ``effects`` settings validated, defaults filled in (JSON-ready: plain lists and numbers)."""
+    if not isinstance(effects, dict):
+        raise ValueError(f"effects must be a dict, got {type(effects).__name__}")
+    unknown = sorted(set(effects) - set(_EFFECT_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown effects key(s) {unknown}; use {list(_EFFECT_DEFAULTS)}")
+    e = {**_EFFECT_DEFAULTS, **effects}
+
+    frac = e["patients"]
+    frac = list(frac) if isinstance(frac, (list, tuple, np.ndarray)) else [frac] * n_sites
+    if len(frac) != n_sites:
+        raise ValueError(f"effects['patients'] lists {len(frac)} sites but n_sites is {n_sites}")
+    frac = [_check_float(f, "effects['patients']") for f in frac]
+    if not all(0.0 <= f <= 1.0 for f in frac):
+        raise ValueError(f"effects['patients'] must be fractions in [0, 1], got {frac}")
+
+    try:
+        lo, hi = (_check_float(a, "effects['age']") for a in e["age"])
+    except (TypeError, ValueError):
+        raise ValueError(f"effects['age'] must be [lo, hi] with lo < hi, got {e['age']!r}") from None
+    if not lo < hi:
+        raise ValueError(f"effects['age'] must be [lo, hi] with lo < hi, got {e['age']!r}")
+    p_female = _check_float(e["sex"], "effects['sex']")
+    if not 0.0 <= p_female <= 1.0:
+        raise ValueError(f"effects['sex'] is the probability of 'F', in [0, 1], got {e['sex']!r}")
+
+    def entries(key: str, width: int) -> list:
+        value = e[key]
+        if not isinstance(value, (list, tuple)) or any(
+                not isinstance(x, (list, tuple)) or len(x) != width for x in value):
+            raise ValueError(f"effects[{key!r}] must be a list of {width}-element lists, got {value!r}")
+        return value
+
+    shifts, pairs = [], set()
+    for j, k, delta in entries("fnc_shift", 3):
+        j = _component(j, n_components, "effects['fnc_shift'] component")
+        k = _component(k, n_components, "effects['fnc_shift'] component")
+        delta = _check_float(delta, "effects['fnc_shift'] delta")
+        if j == k or frozenset((j, k)) in pairs or not -1.0 < delta < 1.0:
+            raise ValueError(f"effects['fnc_shift']: [{j}, {k}, {delta}] needs two different components, "
+                             "each pair once, and -1 < delta < 1")
+        pairs.add(frozenset((j, k)))
+        shifts.append([j, k, delta])
+    amplitude = {}
+    for key in ("amplitude_age", "amplitude_group"):
+        amplitude[key], seen = [], set()
+        for k, value in entries(key, 2):
+            k = _component(k, n_components, f"effects[{key!r}] component")
+            if k in seen:
+                raise ValueError(f"effects[{key!r}] lists component {k} twice")
+            seen.add(k)
+            amplitude[key].append([k, _check_float(value, f"effects[{key!r}] value")])
+    return {"patients": frac, "age": [lo, hi], "sex": p_female, "fnc_shift": shifts, **amplitude}
+
+
+def _shift_matrix(settings: dict, n_components: int) -> np.ndarray | None:
+    """The R x R correlation shift of a patient (symmetric, zero diagonal), None without FNC shifts."""
+    if not settings["fnc_shift"]:
+        return None
+    shift = np.zeros((n_components, n_components))
+    for j, k, delta in settings["fnc_shift"]:
+        shift[j, k] = shift[k, j] = delta
+    return shift
+
+
+def _covariates(seed: int, counts: list[int], settings: dict) -> list[list[dict]]:
+    """Per site, per subject: ``group``, ``age``, ``sex`` from their own streams (see _EFFECTS_KEY)."""
+    lo, hi = settings["age"]
+    out = []
+    for s_idx, (n_sub, frac) in enumerate(zip(counts, settings["patients"])):
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_EFFECTS_KEY, s_idx)))
+        patient = np.zeros(n_sub, bool)
+        patient[rng.choice(n_sub, size=round(frac * n_sub), replace=False)] = True
+        site = []
+        for m_idx in range(n_sub):
+            sub_rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_EFFECTS_KEY, s_idx, m_idx)))
+            age = round(float(sub_rng.uniform(lo, hi)), 1)
+            sex = "F" if sub_rng.random() < settings["sex"] else "M"
+            site.append({"group": "patient" if patient[m_idx] else "control", "age": age, "sex": sex})
+        out.append(site)
+    return out
+
+
+def _subject_effect(cov: dict, settings: dict, shift: np.ndarray | None, n_components: int) -> _SubjectEffect:
+    """The effects one subject carries: patients the FNC shift; everyone the age slopes; patients the group
+    amplitude differences (log amplitudes add up)."""
+    patient = cov["group"] == "patient"
+    lo, hi = settings["age"]
+    mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+    log_amp = np.zeros(n_components)
+    for k, slope in settings["amplitude_age"]:
+        log_amp[k] += slope * (cov["age"] - mid) / half
+    for k, delta in settings["amplitude_group"] if patient else ():
+        log_amp[k] += delta
+    return _SubjectEffect(shift=shift if patient else None,
+                          log_amplitude=log_amp if log_amp.any() else None)
+
+
+def _apply_blobs_effect(S: np.ndarray, effect: _SubjectEffect) -> np.ndarray:
+    """A blobs subject's standardised sources S (R x T, float64) with its planted effects.
+
+    The GARCH sources are independent with unit variance, so ``L S`` with ``L`` the Cholesky factor of
+    ``I + shift`` has the population correlation ``I + shift`` exactly. For one pair (j < k) only row k
+    changes: ``s_k <- delta s_j + sqrt(1 - delta^2) s_k``. The mixed rows are standardised again (the
+    sample correlation is kept), then each row is scaled by its amplitude ``exp(log_amplitude)``.
+    """
+    if effect.shift is not None:
+        L = np.linalg.cholesky(np.eye(S.shape[0]) + effect.shift)
+        rows = np.flatnonzero((L != np.eye(S.shape[0])).any(axis=1))  # the other rows stay bit for bit
+        S = S.copy()
+        S[rows] = _standardise_rows(L[rows] @ S)
+    if effect.log_amplitude is not None:
+        S = S * np.exp(effect.log_amplitude)[:, None]
+    return S
+
+
+def _effects_truth(settings: dict, baseline: list[np.ndarray]) -> dict:
+    """The planted truths for ``manifest["effects"]``: per FNC pair the correlation and Fisher-z change,
+    per amplitude effect the log-amplitude slope or difference. `baseline`: every subject's population
+    correlation without effects (the identity for blobs)."""
+    lo, hi = settings["age"]
+    mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+    fnc = []
+    for j, k, delta in settings["fnc_shift"]:
+        r0 = np.array([C[j, k] for C in baseline])
+        fnc.append({
+            "components": [j, k],
+            "correlation_difference": delta,
+            # mean over every subject of atanh(r0 + delta) - atanh(r0): blobs (r0 = 0) atanh(delta) exactly
+            "fisher_z_difference": float(np.mean(np.arctanh(r0 + delta) - np.arctanh(r0))),
+            "control_correlation": float(r0.mean()),
+            "patient_correlation": float(r0.mean() + delta),
+        })
+    return {
+        "fnc_shift": fnc,
+        "amplitude_age": [{"component": k, "log_amplitude_per_half_range": slope,
+                           "log_amplitude_per_year": slope / half, "age_centre": mid}
+                          for k, slope in settings["amplitude_age"]],
+        "amplitude_group": [{"component": k, "log_amplitude_difference": delta, "amplitude_ratio": float(np.exp(delta))}
+                            for k, delta in settings["amplitude_group"]],
+    }
+
+
+def _write_participants(path: Path, subjects: list[dict]) -> None:
+    """A BIDS ``participants.tsv``: tab-separated, ``participant_id`` first, ages with one decimal."""
+    lines = ["participant_id\tgroup\tage\tsex"]
+    lines += [f"{sub['id']}\t{sub['group']}\t{sub['age']:.1f}\t{sub['sex']}" for sub in subjects]
+    path.write_text("\n".join(lines) + "\n")
+
+
+_EFFECTS_DESCRIPTION = (
+    "Planted group effects on the ground-truth sources S (before mixing into voxels). Each site has exactly "
+    "round(patients * M) patients (Python round), chosen at random; ages uniform in 'age', rounded to 0.1 year; "
+    "sex 'F' with probability 'sex' (no effect). fnc_shift [j, k, delta]: in patients the population "
+    "correlation of sources j and k is the control one plus delta exactly (blobs: independent sources, "
+    "the Cholesky factor L of I + shift mixes them, for one pair s_k <- delta s_j + sqrt(1 - delta^2) s_k, "
+    "re-standardised; networks: the shift is added to the subject's correlation C_m before its Cholesky "
+    "factor mixes the white noise); no other pair changes; fisher_z_difference is the mean over every subject "
+    "of atanh(r0 + delta) - atanh(r0) with r0 its correlation without the shift (population values: the "
+    "mean sample Fisher z also carries a small-sample bias ~ r / (2 (T - 1)) for white series). "
+    "amplitude_age [k, slope]: source k's standard deviation times exp(slope (age - age_centre) / half), half "
+    "the half-width of 'age' (log_amplitude_per_year = slope / half); amplitude_group [k, delta]: patients' "
+    "source k times exp(delta). Log amplitudes add up; the correlations do not change with them."
+)
+
+
 def make_consortium(
     out_dir,
     n_sites: int,
@@ -1058,6 +1343,7 @@ def make_consortium(
     network_params: dict | None = None,
     workers: int | None = None,
     compress: bool = True,
+    effects: dict | None = None,
 ) -> dict:
     """Write a synthetic multi-site fMRI consortium with known ground truth.
 
@@ -1129,6 +1415,46 @@ def make_consortium(
         compression time, several times the disk). Keyword only. The mask and
         the truth maps are always ``.nii.gz``; the manifest names the files
         written.
+    effects : dict, optional
+        Planted group differences between subjects, for testing a group
+        GLM against a known truth (keyword only; not with ``states``). None
+        (the default): nothing changes, no file and no manifest key is
+        added. A dict with any of these keys (defaults in brackets;
+        components are 0-based rows of S / columns of A):
+
+        - ``"patients"``: float or one float per site [0.5]: fraction of
+          patients; exactly ``round(fraction * M)`` (Python's round) of a
+          site's M subjects are "patient", chosen at random, the others
+          "control";
+        - ``"age"``: ``[lo, hi]`` [[20, 70]]: ages uniform in it, rounded
+          to 0.1 year;
+        - ``"sex"``: probability of "F" [0.5], else "M" (no effect);
+        - ``"fnc_shift"``: list of ``[j, k, delta]`` [[]]: in patients the
+          population correlation of sources j and k is raised by exactly
+          ``delta`` (-1 < delta < 1), no other pair changes. Blobs: the
+          independent unit-variance sources are mixed by the Cholesky
+          factor of ``I + shift``, for one pair (j < k)
+          ``s_k <- delta s_j + sqrt(1 - delta^2) s_k``, re-standardised,
+          so the correlation goes from 0 to delta and Fisher's z by
+          ``atanh(delta)``. Networks: the shift is added to the subject's
+          correlation before it mixes the noise
+          (:meth:`NetworkModel.subject`'s ``correlation_shift``);
+        - ``"amplitude_age"``: list of ``[k, slope]`` [[]]: every subject's
+          source k amplitude (std) times ``exp(slope * (age - mid) / half)``,
+          mid and half the centre and half-width of ``age``: slope is the
+          change in log amplitude per half range, ``slope / half`` per year;
+        - ``"amplitude_group"``: list of ``[k, delta]`` [[]]: patients'
+          source k amplitude times ``exp(delta)`` (log amplitudes add up).
+
+        The effects change the sources S before they are mixed into the
+        voxels (the written S are the changed ones) and no random draw:
+        groups, ages and sexes come from their own streams (6, site) and
+        (6, site, subject), and a control with no age effect is exactly
+        what ``effects=None`` writes. Every site folder gets a BIDS
+        ``participants.tsv`` (``participant_id``, ``group``, ``age``,
+        ``sex``; the ids are :func:`dpneuro.data.io.load_site`'s subject
+        ids) and the manifest an ``effects`` entry (see the module
+        docstring).
 
     Returns
     -------
@@ -1142,7 +1468,8 @@ def make_consortium(
         ``state_labels`` and ``state_model``). With
         model="networks" also ``model`` ("networks"), and ``truth`` holds
         ``networks`` (every parameter, the group ``correlation``, the
-        networks' ``strength`` and ``regions``) instead of ``garch``.
+        networks' ``strength`` and ``regions``) instead of ``garch``. With
+        ``effects`` also ``effects`` (see the module docstring).
 
     Raises
     ------
@@ -1188,6 +1515,11 @@ def make_consortium(
     workers = resolve_workers() if workers is None else _check_int(workers, "workers", 1)
     if not isinstance(compress, (bool, np.bool_)):
         raise ValueError(f"compress must be True or False, got {compress!r}")
+    if effects is not None:
+        if states:
+            raise ValueError("effects are not available with brain states (states >= 2): their sources "
+                             "follow the planted states' correlations")
+        effect_settings = _check_effects(effects, n_sites, n_components)
 
     mask, affine = load_space(space)
     D = int(mask.sum())
@@ -1196,6 +1528,21 @@ def make_consortium(
     if model == "networks":  # validates the parameters before touching the disk
         generator = network_model(space, n_components, seed, **{**(network_params or {}), "noise": noise})
         noise = generator.noise
+    if effects is not None:  # the subjects' groups, ages, sexes and effects, checked before touching the disk
+        covariates = _covariates(seed, counts, effect_settings)
+        shift = _shift_matrix(effect_settings, n_components)
+        # every subject's correlation without effects: the GARCH sources are independent
+        baseline = ([generator.subject_correlation(s, m) for s, n in enumerate(counts) for m in range(n)]
+                    if model == "networks" else [np.eye(n_components)])
+        if shift is not None:  # a patient's correlation plus the shift must still be a correlation matrix
+            groups = [cov["group"] for site_cov in covariates for cov in site_cov]
+            patients_C = [C for C, g in zip(baseline, groups) if g == "patient"] if model == "networks" else baseline
+            for C in patients_C:
+                try:
+                    np.linalg.cholesky(C + shift)
+                except np.linalg.LinAlgError:
+                    raise ValueError("effects['fnc_shift'] makes a patient's source correlation matrix not "
+                                     "positive definite; use smaller or fewer shifts") from None
 
     out_dir = Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1228,7 +1575,7 @@ def make_consortium(
         state_labels: dict[str, dict[str, str]] = {}
 
     # ---- subjects: name every file first (numbers run consortium-wide), then write them in parallel
-    sites, jobs = [], []
+    sites, jobs, participants = [], [], []
     subject_number = 0
     suffix = ".nii.gz" if compress else ".nii"
     for s_idx, n_sub in enumerate(counts):
@@ -1244,6 +1591,10 @@ def make_consortium(
             if states:
                 job.labels = truth_dir / f"labels_{site_name}_{sub_id}.npy"
                 state_labels.setdefault(site_name, {})[sub_id] = str(job.labels)
+            if effects is not None:
+                cov = covariates[s_idx][m_idx]
+                job.effect = _subject_effect(cov, effect_settings, shift, n_components)
+                participants.append({"site": site_name, "id": sub_id, **cov})
             jobs.append(job)
             subjects.append({"id": sub_id, "path": str(job.bold), "sources": str(job.sources)})
         sites.append({"site": site_name, "path": str(site_dir), "subjects": subjects})
@@ -1251,6 +1602,10 @@ def make_consortium(
     _write_subjects(writer, jobs, workers, progress)
     for site in sites:
         _warn_foreign_files(Path(site["path"]), {Path(sub["path"]).name for sub in site["subjects"]})
+    if effects is not None:  # BIDS participants.tsv per site: the ids are the loader's (sub-0001_bold -> sub-0001)
+        tables = {site["site"]: str(Path(site["path"]) / "participants.tsv") for site in sites}
+        for site_name, path in tables.items():
+            _write_participants(Path(path), [sub for sub in participants if sub["site"] == site_name])
 
     manifest = {
         "format": _MANIFEST_FORMAT,
@@ -1321,6 +1676,15 @@ def make_consortium(
                 ),
             },
         })
+    if effects is not None:
+        manifest["effects"] = {
+            "settings": effect_settings,
+            "n_patients": [sum(cov["group"] == "patient" for cov in site_cov) for site_cov in covariates],
+            "participants": tables,
+            "subjects": participants,
+            **_effects_truth(effect_settings, baseline),
+            "description": _EFFECTS_DESCRIPTION,
+        }
     with open(manifest["manifest_path"], "w") as f:
         json.dump(_relative(manifest, out_dir), f, indent=1)
     return manifest
@@ -1383,6 +1747,7 @@ def load_manifest(path) -> dict:
     for key in ("maps", "A"):
         man["truth"][key] = res(man["truth"][key])
     _map_state_paths(man["truth"], res)
+    _map_participants(man, res)
     return man
 
 

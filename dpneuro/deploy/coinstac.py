@@ -128,6 +128,7 @@ OWNER_INPUTS: dict[str, type] = {
     "standardize": bool, "min_volumes": int, "simulation": bool, "pdsvd_iterations": int, "brain_states": int,
     "states_epsilon": float, "states_method": str, "states_window": int, "states_step": int, "states_metric": str,
     "fnc": bool, "fnc_epsilon": float, "atlas_fill": int,
+    "design": str, "covariates": str, "glm_measures": str, "glm_epsilon": float,
     # the site-local cleaning, the runs read and the features (text inputs: see TEXT_INPUTS)
     "detrend": bool, "high_pass": float, "low_pass": float, "smoothing_fwhm": float, "on_bad_subject": str,
     "atlas": str, "confounds": str, "confounds_options": str, "bids": str,
@@ -137,6 +138,8 @@ OFF_AS_ZERO = ("high_pass", "low_pass", "smoothing_fwhm")
 SEED_POLICIES = ("entropy", "fixed")
 #: the per-site (member) input: the site's subject files, relative to its baseDirectory
 DATA_INPUT = "data"
+#: the per-site input naming its participants table (group statistics), relative to its baseDirectory
+PARTICIPANTS_INPUT = "participants"
 
 # COINSTAC runs one container per party. A service process that serves several
 # parties (tests, dry runs) gets their iterations concurrently in threads; run
@@ -220,9 +223,29 @@ def _format_bids(d: dict[str, str]) -> str:
     return " ".join(f"{'ses' if k == 'session' else k}-{v}" for k, v in d.items())
 
 
+def _parse_covariates(text: str) -> dict[str, Any]:
+    """The design terms' descriptions as a JSON object, e.g. {"group": ["control", "patient"], "age": [18, 80]}."""
+    if not text.strip():
+        return {}
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"COINSTAC input 'covariates': a JSON object such as {{\"group\": [\"control\", "
+                          f"\"patient\"], \"age\": [18, 80]}}, got {text!r} ({exc})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"COINSTAC input 'covariates': a JSON object, got {text!r}")
+    return d
+
+
+def _parse_words(text: str) -> list[str]:
+    return [w for w in re.split(r"[\s,]+", text.strip()) if w]
+
+
 #: RunConfig fields entered as text in COINSTAC: (text -> value, value -> text)
 TEXT_INPUTS = {"confounds": (_parse_confounds, _format_confounds),
-               "confounds_options": (_parse_options, _format_options), "bids": (_parse_bids, _format_bids)}
+               "confounds_options": (_parse_options, _format_options), "bids": (_parse_bids, _format_bids),
+               "covariates": (_parse_covariates, _format_options),
+               "glm_measures": (_parse_words, lambda v: ", ".join([v] if isinstance(v, str) else v))}
 
 
 def compspec_defaults() -> dict[str, Any]:
@@ -326,8 +349,10 @@ def _clear_messages(folder) -> None:
             p.unlink(missing_ok=True)
 
 
-def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None):
-    entries = [SiteEntry(name=s, path="", files=list(own[1]) if own and own[0] == s else []) for s in sites]
+def _config(settings: dict[str, Any], sites: list[str], out: Path, own: tuple[str, list[str]] | None = None,
+            participants: str = ""):
+    entries = [SiteEntry(name=s, path="", files=list(own[1]) if own and own[0] == s else [],
+                         participants=participants if own and own[0] == s else "") for s in sites]
     return RunConfig(sites=entries, out=str(out), **settings)
 
 
@@ -372,7 +397,13 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
         pinned = _value(inputs.get("public_keys")) or {}
         if not isinstance(pinned, dict):
             raise ConfigError(f"COINSTAC input 'public_keys': party -> public key (64 hex digits), got {pinned!r}")
-        write_json(sd / "inputs.json", {"settings": settings, "files": files, "signing_key": key_file})
+        table = _value(inputs.get(PARTICIPANTS_INPUT)) or "participants.tsv"
+        participants = str(Path(state["baseDirectory"]) / table)
+        if settings.get("design") and not Path(participants).is_file():
+            raise ConfigError(f"COINSTAC input {PARTICIPANTS_INPUT!r}: the design needs this site's participants "
+                              f"table, and {table!r} is not in its data folder")
+        write_json(sd / "inputs.json", {"settings": settings, "files": files, "signing_key": key_file,
+                                        "participants": participants})
         public = public_hex(_signing_key(sd, key_file))
         limit = _coerce("max_stalled_iterations", int,
                         _value(inputs.get("max_stalled_iterations", MAX_STALLED_ITERATIONS)))
@@ -388,7 +419,8 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     manifest = inputs["dpneuro"]["manifest"]
     if me not in manifest["sites"]:
         raise ConfigError(f"site {me!r} is not in the run manifest's sites {manifest['sites']}")
-    cfg = _config(saved["settings"], manifest["sites"], sd / "work", (me, saved["files"]))
+    cfg = _config(saved["settings"], manifest["sites"], sd / "work", (me, saved["files"]),
+                  saved.get("participants", ""))
     cfg.validate(data_sites=[me])
     check_manifest(cfg, manifest, party=f"COINSTAC site {me!r}", source="the remote's run manifest")
     key = _party_keys(manifest, me, _signing_key(sd, saved.get("signing_key")))
@@ -508,7 +540,7 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
     final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}
-    for k in ("components", "component_table", "fnc", "privacy", "report", "W", "basis", "states"):
+    for k in ("components", "component_table", "fnc", "group_effects", "privacy", "report", "W", "basis", "states"):
         if res.get(k):
             final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory
     return {"output": final, "cache": {"dpneuro": "done"}, "success": True}

@@ -448,13 +448,13 @@ def load_site_data(ctx: SiteContext) -> dict[str, Any]:
     return info
 
 
-def _site_input(ctx: SiteContext, rel: ReleasingStage, X: str, public: dict, clock: _Clock):
+def _site_input(ctx: SiteContext, rel: ReleasingStage, info: dict, public: dict, clock: _Clock):
     """This site's input of ``rel``, kept in its working folder (a restarted site does not compute it again);
     its time counts as the stage's, as in the simulation."""
     path = ctx.work / f"{rel.name}.input.npy"
     if not path.exists():
         with clock.timed(label(ctx.cfg, rel.name)):
-            data = rel.site_input(ctx.cfg, X, public)
+            data = rel.site_input(ctx.cfg, info, public)
             if not isinstance(data, np.ndarray):  # the site's data file itself, or nothing to read
                 return data
             _save_npy(path, data)
@@ -477,7 +477,6 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     info = load_site_data(ctx)
     check_delta(cfg.delta, int(info["n_subjects"]))  # each site its own N: the smallest site refuses
     ctx.say(f"site {ctx.site}: {info['n_subjects']} subjects, {info['n_samples']} time points loaded")
-    X = info["X"]  # the .npy path: read subject by subject, never mapped whole
     lengths = [b - a for a, b in info["boundaries"]]
     dim = _dim(info["space"])
     clock = _Clock(work)
@@ -498,7 +497,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
             got = _cached(work / f"{rel.name}-reads.result.npz", fetch, clock, label(cfg, rel.name))
             for stage, key in reads:
                 public[stage][key] = got[f"{stage}.{key}"]
-        data = inputs[rel.name] = _site_input(ctx, rel, X, public, clock)
+        data = inputs[rel.name] = _site_input(ctx, rel, info, public, clock)
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
         for step in rel.steps(cfg):
@@ -703,7 +702,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
     parts = consortium_report_parts(cfg, space, cons["components"], priv, ica, n_subjects=sum(n_subjects.values()),
                                     warnings=warnings, template_problem=cons["template_problem"],
                                     figs=out / "figures", states=cons["states"], fnc=cons["fnc"],
-                                    spectrum=cons["spectrum"])
+                                    spectrum=cons["spectrum"], glm=cons["glm"])
     notes = ["Deployed run: every site ran its own part; time courses stay at the sites (each site's "
              "output folder has its own)."]
     if cfg.seed is not None:
@@ -718,6 +717,7 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
                                            "features": space.get("features", "")})
     return {"components": cons["components"], "component_table": str(table_path(cons["components"])),
             "fnc": None if cons["fnc"] is None else cons["fnc"]["tsv"],
+            "group_effects": None if cons["glm"] is None else cons["glm"]["tsv"],
             "privacy": cons["privacy"], "report": str(report),
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),

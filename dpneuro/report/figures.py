@@ -492,15 +492,26 @@ def states_figure(matrices, occupancy, out_png) -> Path:
 
 def fnc_figure(Z, networks: list[str] | None, noise_sd: float, out_png) -> Path:
     """The consortium's static FNC (R x R, Fisher z) in the components' order, lines between networks."""
+    return matrix_figure(Z, networks, out_png, label=f"Fisher z (noise sd {noise_sd:.3f})", title="static FNC",
+                         least=max(3 * noise_sd, 0.1))
+
+
+def matrix_figure(Z, networks: list[str] | None, out_png, *, label: str, title: str, least: float = 0.1,
+                  marks=None) -> Path:
+    """A component x component matrix in the components' order, lines between networks; ``marks`` (a boolean
+    matrix) puts a dot on the entries it selects; the colour scale spans at least +-``least``."""
     import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     Z = np.asarray(Z, float)
     R = Z.shape[0]
     shown = Z.copy()
     np.fill_diagonal(shown, np.nan)
-    lim = max(float(np.nanmax(np.abs(shown))) if R > 1 else 0.0, 3 * noise_sd, 0.1)
+    lim = max(float(np.nanmax(np.abs(shown))) if R > 1 else 0.0, least)
     fig, ax = plt.subplots(figsize=(2.2 + 0.22 * R, 1.8 + 0.22 * R))
     im = ax.imshow(shown, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    if marks is not None:
+        rows, cols = np.nonzero(np.asarray(marks, bool))
+        ax.scatter(cols, rows, s=6, c="k", marker="o")
     labels = [f"IC{i + 1:02d}" + (f" {networks[i]}" if networks else "") for i in range(R)]
     ticks = range(R) if R <= 40 else []
     ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=6, rotation=90)
@@ -511,9 +522,9 @@ def fnc_figure(Z, networks: list[str] | None, noise_sd: float, out_png) -> Path:
                 ax.axhline(i - 0.5, color="k", lw=0.6)
                 ax.axvline(i - 0.5, color="k", lw=0.6)
     cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    cb.set_label(f"Fisher z (noise sd {noise_sd:.3f})", fontsize=7)
+    cb.set_label(label, fontsize=7)
     cb.ax.tick_params(labelsize=6)
-    ax.set_title("static FNC", fontsize=8)
+    ax.set_title(title, fontsize=8)
     fig.savefig(out_png, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return Path(out_png)

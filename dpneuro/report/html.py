@@ -201,6 +201,26 @@ def spectrum_html(spectrum: dict) -> str:
     return f'<h3>Released spectrum</h3><p class="small">{text}</p>' + _img(spectrum["figure"], "released spectrum")
 
 
+def glm_html(glm: dict) -> str:
+    """The group-statistics section: each contrast's effects, the significant ones, and the noise they carry."""
+    parts = ["<h2>Group statistics</h2>",
+             f'<p class="small">{html.escape(glm["text"])}</p>']
+    for c in glm["contrasts"]:
+        parts.append(f"<h3>{html.escape(c['label'])}</h3>")
+        parts.append(f'<p class="small">{html.escape(c["summary"])}</p>')
+        if c["rows"]:
+            head = "".join(f"<th>{h}</th>" for h in ("measure", "estimate", f"{glm['level']:.0%} interval", "p",
+                                                      "q (FDR)", "noise sd"))
+            body = "".join(
+                f"<tr><td>{html.escape(r['measure'])}</td><td>{r['estimate']:.3g}</td>"
+                f"<td>[{r['ci_low']:.3g}, {r['ci_high']:.3g}]</td><td>{r['p']:.2g}</td><td>{r['q']:.2g}</td>"
+                f"<td>{r['noise_sd']:.3g}</td></tr>" for r in c["rows"])
+            parts.append(f'<table class="small"><tr>{head}</tr>{body}</table>')
+        if c.get("figure"):
+            parts.append(_img(c["figure"], f"FNC effects: {c['label']}"))
+    return "\n".join(parts)
+
+
 def fnc_html(fnc: dict) -> str:
     """The static FNC section: the consortium's mean connectivity between components and its noise."""
     return "\n".join([
@@ -279,7 +299,7 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
                  maps_note: str = "", timecourses_png=None, states: dict | None = None,
                  site_maps: dict | None = None, data: dict | None = None,
                  component_table: list[dict] | None = None, fnc: dict | None = None,
-                 overview_png=None, spectrum: dict | None = None) -> Path:
+                 overview_png=None, spectrum: dict | None = None, glm: dict | None = None) -> Path:
     """Write ``report.html``.
 
     ``components``: one dict per component with ``png`` (the map), optional
@@ -303,7 +323,8 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
     (each component's network, peak, spectrum share, noise fraction). ``fnc``: the
     consortium's static FNC (``figure``, ``noise_sd``). ``overview_png``: every
     component on one figure; ``spectrum``: the released eigenvalues against the
-    plan's noise (``figure``, ``noise_sd``, ``edge``, ``threshold``).
+    plan's noise (``figure``, ``noise_sd``, ``edge``, ``threshold``). ``glm``: the
+    group statistics (:func:`glm_html`).
     """
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -322,6 +343,8 @@ def write_report(out_html, *, title: str, headline: list[str], components: list[
                      + _img(overview_png, "every component"))
     if fnc:
         parts.append(fnc_html(fnc))
+    if glm:
+        parts.append(glm_html(glm))
     parts.append("<h2>Spatial maps</h2>")
     if component_table:
         parts.append(components_table(component_table))

@@ -52,6 +52,7 @@ def label(cfg: RunConfig, stage: str, site: str = "") -> str:
         "reduce": f"reduce ({reduction_name(cfg)})",
         "unmix": f"unmix ({unmixing_name(cfg)})",
         "fnc": "static FNC",
+        "glm": "group statistics",
         "states": "brain states (dFNC)",
         "summary": "summary (ledgers in, unmixing out)",
         "maps": "maps and privacy record",

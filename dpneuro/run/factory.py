@@ -20,6 +20,7 @@ from dpneuro.algorithms.cumulant_ica import CapeCumulantICA, release_bytes
 from dpneuro.algorithms.dfnc import StateSettings
 from dpneuro.algorithms.djica import OPTIMIZERS, CapeDJICA
 from dpneuro.algorithms.fnc import FNCSettings
+from dpneuro.algorithms.glm import Design, GLMSettings, parse_design
 from dpneuro.algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
 from dpneuro.algorithms.pdsvd import PDSVD
 from dpneuro.config import ConfigError, RunConfig
@@ -29,7 +30,7 @@ from dpneuro.run.features import features
 
 
 def stage_seed(cfg: RunConfig, stage: int) -> int | None:
-    """The seed of stage ``stage`` (1 reduce, 2 unmix, 3 states, 4 fnc); None (OS entropy) when the config has
+    """The seed of stage ``stage`` (1 reduce, 2 unmix, 3 states, 4 fnc, 5 glm); None (OS entropy) when the config has
     none."""
     return None if cfg.seed is None else int(cfg.seed) * 1000 + stage
 
@@ -176,10 +177,27 @@ def fnc_settings(cfg: RunConfig) -> FNCSettings:
                        random_state=stage_seed(cfg, 4))
 
 
+def glm_measures(cfg: RunConfig) -> tuple[str, ...]:
+    """The measures of the group statistics, in the order of their families."""
+    return (cfg.glm_measures,) if isinstance(cfg.glm_measures, str) else tuple(cfg.glm_measures)
+
+
+def glm_settings(cfg: RunConfig) -> GLMSettings:
+    """The group-statistics stage's public settings: the design (its covariates and every site as one), the
+    measures, one release calibrated to (``glm_epsilon``, delta / 2) per site against the headline adversary."""
+    if not cfg.design:
+        raise ConfigError("config field 'design': empty, the run has no group-statistics stage")
+    design = Design(parse_design(cfg.design, cfg.covariates), tuple(s.name for s in cfg.sites))
+    measures = glm_measures(cfg)
+    return GLMSettings(design, measures, cfg.n_components, cfg.glm_epsilon if cfg.plan != "none" else None,
+                       cfg.pca_delta, cfg.brain_states if "states" in measures else 0, plan=noise_plan(cfg),
+                       random_state=stage_seed(cfg, 5))
+
+
 # -- what each releasing stage spends -------------------------------------------------------
 
 def epsilon_field(cfg: RunConfig, stage: str) -> str:
     """The setting that holds the eps of releasing ``stage`` (the unmixing's depends on ``ica_unmixing``)."""
     if stage == "unmix":
         return "cumulant_epsilon" if cfg.cumulant_unmixing else "ica_epsilon_i"
-    return {"reduce": "pca_epsilon", "fnc": "fnc_epsilon", "states": "states_epsilon"}[stage]
+    return {"reduce": "pca_epsilon", "fnc": "fnc_epsilon", "states": "states_epsilon", "glm": "glm_epsilon"}[stage]

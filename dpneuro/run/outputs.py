@@ -17,6 +17,7 @@ import numpy as np
 from dpneuro.algorithms.dfnc import n_components_of, site_dynamics, state_matrices
 from dpneuro.algorithms.djica import spatial_maps, time_courses
 from dpneuro.algorithms.fnc import site_fnc
+from dpneuro.algorithms.glm import measure_names
 from dpneuro.config import RunConfig
 from dpneuro.data.io import load_mask, write_json
 from dpneuro.data.parcellation import space_parcels
@@ -25,6 +26,7 @@ from dpneuro.privacy.rmt import detection_threshold, wigner_edge
 from dpneuro.report.figures import (
     convergence_figure,
     fnc_figure,
+    matrix_figure,
     overview_figure,
     render_components,
     spectrum_figure,
@@ -37,7 +39,7 @@ from dpneuro.report.figures import (
 )
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
-from dpneuro.run.factory import fnc_settings
+from dpneuro.run.factory import fnc_settings, glm_settings
 from dpneuro.run.naming import component_labels, read_component_table, write_component_table
 from dpneuro.run.planner import expected_noise, run_warnings
 from dpneuro.run.roles import contribution_note, describe_unmixing, site_windows, unmixing_input
@@ -105,6 +107,82 @@ def write_fnc(vector, noise_var: float, folder, *, bound: float) -> dict[str, An
                        "one CAPE release per site; each entry carries Gaussian noise of standard deviation noise_sd "
                        "(diagonal: 0, not released)."})
     return {"tsv": str(folder / "fnc.tsv"), "json": str(folder / "fnc.json"), "noise_sd": noise_sd}
+
+
+#: what the group statistics call significant: FDR (Benjamini-Hochberg) q below this
+FDR_LEVEL = 0.05
+GROUP_COLUMNS = ("contrast", "measure", "estimate", "se", "ci_low", "ci_high", "p", "q", "noise_sd")
+
+
+def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
+    """The group statistics in ``folder``: ``group_effects.tsv`` (one row per contrast and measure) and
+    ``group_effects.json`` (the design, the subjects per site, how the intervals were made)."""
+    folder = Path(folder)
+    settings = glm_settings(cfg)
+    contrasts = [lab for lab, _, _ in settings.design.contrasts()]
+    names = measure_names(settings.measures, cfg.n_components, settings.n_states)
+    rows = []
+    for c, contrast in enumerate(contrasts):
+        for q, name in enumerate(names):
+            rows.append({"contrast": contrast, "measure": name,
+                         **{k: float(np.asarray(glm[k])[c, q]) for k in GROUP_COLUMNS[2:]}})
+    with open(folder / "group_effects.tsv", "w") as f:
+        f.write("\t".join(GROUP_COLUMNS) + "\n")
+        for r in rows:
+            f.write("\t".join([r["contrast"], r["measure"], *(f"{r[k]:.6g}" for k in GROUP_COLUMNS[2:])]) + "\n")
+    counts = {s.name: int(n) for s, n in zip(cfg.sites, np.asarray(glm["counts"]))}
+    write_json(folder / "group_effects.json", {
+        "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
+        "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
+        "description": "Each contrast's effect on every measure from one linear model per measure (the site is a "
+                       "covariate), fitted from sufficient statistics each site bounded and released through CAPE. "
+                       "Continuous covariates: effect per unit. Intervals: parametric bootstrap over the sampling "
+                       "error and the release's public noise; p: Wald test on the bootstrap standard error (t, N - p "
+                       "degrees of freedom); q: Benjamini-Hochberg within each contrast; noise_sd: the part of the "
+                       "estimate's standard deviation the privacy noise adds."})
+    return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"), "rows": rows,
+            "subjects": counts, "level": settings.level}
+
+
+def read_group_effects(path) -> list[dict[str, Any]]:
+    """The rows of a ``group_effects.tsv``."""
+    with open(path) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        return [{k: (v if k in ("contrast", "measure") else float(v)) for k, v in zip(header, line.rstrip("\n")
+                                                                                      .split("\t"))} for line in f]
+
+
+def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
+    """The report's group-statistics section from :func:`write_group_effects`'s record: per contrast the
+    significant effects (FDR q < :data:`FDR_LEVEL`; else the five smallest p) and, with FNC measures, the matrix
+    of t values with the significant edges marked."""
+    if not glm:
+        return None
+    rows = read_group_effects(glm["tsv"])
+    networks = [r["network_name"] for r in table] if table and table[0]["network"] != "unnamed" else None
+    out = []
+    for i, contrast in enumerate(dict.fromkeys(r["contrast"] for r in rows)):
+        mine = [r for r in rows if r["contrast"] == contrast]
+        sig = [r for r in mine if r["q"] < FDR_LEVEL]
+        shown = sorted(sig or mine, key=lambda r: r["p"])[:max(5, len(sig)) if sig else 5]
+        summary = (f"{len(sig)} of {len(mine)} measures differ at FDR q < {FDR_LEVEL:g}" if sig else
+                   f"no measure of {len(mine)} differs at FDR q < {FDR_LEVEL:g}; the five smallest p are listed")
+        entry = {"label": contrast, "summary": summary, "rows": shown, "figure": None}
+        edges = [r for r in mine if r["measure"].startswith("fnc ")]
+        if edges:
+            t = np.array([r["estimate"] / r["se"] if r["se"] > 0 else 0.0 for r in edges])
+            marks = fnc_matrix(np.array([r["q"] < FDR_LEVEL for r in edges], float)) > 0.5
+            entry["figure"] = str(matrix_figure(fnc_matrix(t), networks, figs / f"group_effects_{i + 1}.png",
+                                                label="t (estimate / se)", title=f"FNC: {contrast}", least=3.0,
+                                                marks=marks))
+        out.append(entry)
+    n, per_site = sum(glm["subjects"].values()), ", ".join(f"{k} {v}" for k, v in glm["subjects"].items())
+    text = (f"Every measure's linear model over {n} subjects ({per_site}), each site a covariate. Each site "
+            "bounded its subjects' contributions and released their sufficient statistics through CAPE; the "
+            f"{glm['level']:.0%} intervals and the p-values include the release's noise (parametric bootstrap), "
+            "q is the Benjamini-Hochberg FDR within each contrast, and noise sd is what the privacy noise adds to "
+            "each estimate's uncertainty. Every effect: group_effects.tsv.")
+    return {"text": text, "contrasts": out, "level": glm["level"]}
 
 
 def read_fnc(components) -> np.ndarray | None:
@@ -194,7 +272,8 @@ REPORT_TITLE = "dpneuro: decentralized private ICA"
 def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: dict, unmixing: dict, *,
                             n_subjects: int, warnings: list[str], template_problem: str | None, figs: Path,
                             states: dict | None = None, truth: dict | None = None,
-                            fnc: dict | None = None, spectrum: dict | None = None) -> dict[str, Any]:
+                            fnc: dict | None = None, spectrum: dict | None = None,
+                            glm: dict | None = None) -> dict[str, Any]:
     """What the consortium's report shows, drawn the same way by the simulation and the deployed aggregator: each
     component's figures, the unmixing's convergence, the headline (with the agreement with a synthetic truth,
     when known) and the brain states. ``unmixing`` is the unmixing stage's public result."""
@@ -217,6 +296,7 @@ def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: 
         top.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
     return {"components": comps, "maps_note": maps_note, "convergence_png": conv, "headline": top,
             "metrics": metrics, "component_table": table, "fnc": fnc_section(fnc, table, figs),
+            "glm": glm_section(glm, table, figs),
             "overview_png": str(overview), "spectrum": None if spectrum_png is None else {**spectrum,
                                                                                           "figure": str(spectrum_png)},
             "states": None if states is None else states_section(states, figs)}
@@ -228,7 +308,7 @@ def write_consortium_report(out: Path, parts: dict[str, Any], priv: dict, *, tim
     return write_report(out / "report.html", title=REPORT_TITLE, headline=parts["headline"],
                         components=parts["components"], privacy=priv, metrics=parts["metrics"],
                         convergence_png=parts["convergence_png"], maps_note=parts["maps_note"], timings=timings,
-                        component_table=parts["component_table"], fnc=parts["fnc"],
+                        component_table=parts["component_table"], fnc=parts["fnc"], glm=parts["glm"],
                         overview_png=parts["overview_png"], spectrum=parts["spectrum"],
                         run=run, notes=notes, states=parts["states"], site_maps=site_maps, data=data)
 
@@ -279,6 +359,9 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
         fnc = public["fnc"]
         result["fnc"] = write_fnc(fnc["fnc"], float(fnc.get("noise_var", 0.0)), out,
                                   bound=fnc_settings(cfg).scale(len(fnc["fnc"])))
+    result["glm"] = None
+    if "estimate" in public.get("glm", {}):
+        result["glm"] = write_group_effects(cfg, public["glm"], out)
     states = public.get("states", {})
     if "vectors" in states:
         result["states"] = write_states(states["vectors"], states["occupancy"], out, method=cfg.states_method)

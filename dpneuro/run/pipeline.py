@@ -199,10 +199,13 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = 
     return _write_json(out, record)
 
 
-def _open_stage(cfg_json: str, site_jsons: list[str], stage: str, *inputs: Any) -> tuple[RunConfig, list[dict], Path]:
-    """A consortium stage's configuration, the sites' records, and its folder (named by its inputs and fields)."""
+def _open_stage(cfg_json: str, site_jsons: list[str], stage: str, *inputs: Any,
+                files=lambda cfg: []) -> tuple[RunConfig, list[dict], Path]:
+    """A consortium stage's configuration, the sites' records, and its folder (named by its inputs, fields and the
+    contents of the ``files(cfg)`` it reads)."""
     cfg = RunConfig.from_dict(_read_json(cfg_json))
-    return cfg, _sites(site_jsons), _stage_dir(cfg, stage, *inputs, stage_key(cfg, stage))
+    contents = [hashlib.sha1(Path(f).read_bytes()).hexdigest() if Path(f).is_file() else None for f in files(cfg)]
+    return cfg, _sites(site_jsons), _stage_dir(cfg, stage, *inputs, stage_key(cfg, stage), *contents)
 
 
 def _sites(site_jsons: list[str]) -> list[dict]:
@@ -270,7 +273,7 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
     Pydra's cache entry.
     """
     rel = stages.release(stage)
-    cfg, sites, d = _open_stage(cfg_json, site_jsons, stage, previous_json)
+    cfg, sites, d = _open_stage(cfg_json, site_jsons, stage, previous_json, files=rel.files)
     out = d / f"{stage}.json"
     if out.exists():
         return str(out)
@@ -281,7 +284,7 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
         check_delta(cfg.delta, min(int(s["n_subjects"]) for s in sites))  # before anything is released
         t0 = time.perf_counter()
         public = public_results(earlier)
-        inputs = [rel.site_input(cfg, s["X"], public) for s in sites]
+        inputs = [rel.site_input(cfg, s, public) for s in sites]
         result, ledgers = stages.run_inprocess(rel, cfg, inputs, [_lengths(s) for s in sites],
                                                dim=int(sites[0]["n_features"]), public=public,
                                                options=_options(label(cfg, stage)))
@@ -420,7 +423,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
     t0 = time.perf_counter()  # the truth metrics count as maps
     result = {"chain": chain, "components": cons["components"], "privacy": cons["privacy"], "space": chain["space"],
               "n_components": int(public["unmix"]["W"].shape[0]), "truth": None, "warnings": cons["warnings"],
-              "template_problem": cons["template_problem"], "states": None, "fnc": cons["fnc"],
+              "template_problem": cons["template_problem"], "states": None, "fnc": cons["fnc"], "glm": cons["glm"],
               "spectrum": cons["spectrum"],
               "fnc_subjects": {site: o["fnc_subjects"] for site, o in site_out.items() if o["fnc_subjects"]},
               "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
@@ -496,7 +499,7 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     parts = consortium_report_parts(cfg, space, mp["components"], priv, unm,
                                     n_subjects=sum(s["n_subjects"] for s in sites), warnings=mp.get("warnings", []),
                                     template_problem=mp["template_problem"], figs=figs, states=mp.get("states"),
-                                    fnc=mp.get("fnc"), spectrum=mp.get("spectrum"),
+                                    fnc=mp.get("fnc"), spectrum=mp.get("spectrum"), glm=mp.get("glm"),
                                     truth=truth)
     if mp.get("site_maps"):  # a simulation holds every site's voxel maps: each beside the consortium's map
         render_site_maps(parts["components"], mp["site_maps"], mp["components"], space["mask"], figs / "site_maps",
@@ -520,6 +523,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     if mp.get("fnc"):
         for name in ("fnc.tsv", "fnc.json"):
             shutil.copyfile(Path(mp["fnc"]["tsv"]).with_name(name), out / name)
+    if mp.get("glm"):
+        for name in ("group_effects.tsv", "group_effects.json"):
+            shutil.copyfile(Path(mp["glm"]["tsv"]).with_name(name), out / name)
     for site, p in (mp.get("fnc_subjects") or {}).items():  # each site's own subjects, beside its time courses
         shutil.copyfile(p, tc_dir / f"{site}_fnc.tsv")
     if mp.get("states"):

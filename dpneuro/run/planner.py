@@ -290,7 +290,9 @@ class BudgetPlan:
                       f", ica_epsilon_i = {cfg.ica_epsilon_i:.6g}, ica_delta_i = {cfg.ica_delta_i:g} per release, "
                       f"calibration '{cfg.calibration}'" if temporal else "")
                    + (f", brain states K = {cfg.brain_states}: states_epsilon = {cfg.states_epsilon:.6g} (at "
-                      "delta/2) for the whole stage" if releases_in(cfg, "states") else ""))
+                      "delta/2) for the whole stage" if releases_in(cfg, "states") else "")
+                   + (f", group statistics ({cfg.design}): glm_epsilon = {cfg.glm_epsilon:.6g} (at delta/2)"
+                      if releases_in(cfg, "glm") else ""))
         out += headline_lines(self.privacy)
         for name, s in self.privacy["sites"].items():
             stages = ", ".join(f"{k} {gdp_epsilon(cfg.delta, v):.3g}" for k, v in s["by_stage_mu"].items() if v > 0)
@@ -321,7 +323,8 @@ class BudgetPlan:
                 "pca_epsilon": self.config.pca_epsilon, "ica_epsilon_i": self.config.ica_epsilon_i,
                 "cumulant_epsilon": self.config.cumulant_epsilon, "ica_unmixing": self.config.ica_unmixing,
                 "ica_delta_i": self.config.ica_delta_i, "states_epsilon": self.config.states_epsilon,
-                "brain_states": self.config.brain_states, "sites": {s.name: list(s.lengths) for s in self.shapes},
+                "brain_states": self.config.brain_states, "fnc_epsilon": self.config.fnc_epsilon,
+                "glm_epsilon": self.config.glm_epsilon, "sites": {s.name: list(s.lengths) for s in self.shapes},
                 "dim": self.dim, "noise": self.noise(), "privacy": self.privacy, "warnings": self.warnings(),
                 "lines": self.lines()}
 

@@ -24,7 +24,8 @@ compute their own time courses.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,20 +33,23 @@ import numpy as np
 
 from dpneuro._utils.errors import ConfigError
 from dpneuro.algorithms.dfnc import UNIT_NOTE as DFNC_UNIT_NOTE
-from dpneuro.algorithms.dfnc import WindowSet
+from dpneuro.algorithms.dfnc import WindowSet, site_dynamics
 from dpneuro.algorithms.dfnc import site_windows as windows_of
 from dpneuro.algorithms.djica import reported_unmixing, whitening_matrix
 from dpneuro.algorithms.fnc import site_fnc
+from dpneuro.algorithms.glm import pack_statistics, subject_measures
 from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
 from dpneuro.config import RunConfig
 from dpneuro.data.io import column_blocks, scale_columns, site_matrix
+from dpneuro.data.participants import CovariateError, participants_path, read_covariates
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import cape_protocol
 from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
 from dpneuro.protocol.exchange.base import Exchange, Payload
 from dpneuro.run.factory import (
     fnc_settings,
+    glm_settings,
     ica_algorithm,
     noise_plan,
     pca_algorithm,
@@ -269,6 +273,79 @@ def fnc_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoi
     """The consortium's mean FNC (Fisher z, P = R(R-1)/2 pairs) and its noise's variance per entry."""
     st = run_aggregator(_fnc_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
     return {"fnc": np.asarray(st["fnc"]), "noise_var": float(st["noise_var"])}
+
+
+# -- glm: group statistics ----------------------------------------------------------------
+
+def participants_table(cfg: RunConfig, name: str):
+    """Where site ``name`` keeps its subjects' covariates: its entry's ``participants``, else participants.tsv in
+    its folder (or beside its first file)."""
+    entry = next((s for s in cfg.sites if s.name == name), None)
+    if entry is None:
+        raise ConfigError(f"config field 'sites': no site named {name!r}")
+    return participants_path(entry.path or (entry.files[0] if entry.files else ""), entry.participants)
+
+
+def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+    """A site's contributions to the group model (one bounded row per subject in it) from its loader's record
+    (subject ids, name), component time courses S (R x N) and the earlier public results (the mean FNC the edges
+    are centred on, the brain states its subjects' dynamics are measured against); its participants table gives
+    the covariates.
+
+    A subject without them stops the site, naming it, or with ``on_bad_subject = "skip"`` is left out of the
+    model (named on the site's console); continuous values outside the agreed range are clipped and counted.
+    """
+    settings = glm_settings(cfg)
+    name = site.get("site", "this site")
+    names = [s.name for s in cfg.sites]
+    path = participants_table(cfg, name)
+    ids = list(site["subject_ids"])
+    values, why = read_covariates(path, ids, [c.name for c in settings.design.covariates])
+    if why and cfg.on_bad_subject != "skip":
+        raise CovariateError(f"site {name!r}: {len(why)} subject(s) without covariates in {path}: "
+                             + "; ".join(f"{k} ({v})" for k, v in why.items())
+                             + ". Add them, or set on_bad_subject = \"skip\" to leave them out of the model")
+    lengths = [int(b) - int(a) for a, b in site["boundaries"]]
+    dynamics = None
+    if "states" in settings.measures:
+        ws = site_windows(cfg, S, lengths, tr=site.get("tr"), where=f"site {name}")
+        dynamics = {**site_dynamics(ws, np.asarray(public["states"]["vectors"]), cfg.states_metric),
+                    "n_windows": np.asarray(ws.lengths)}
+    Y, _, families = subject_measures(S, lengths, settings.measures, public.get("fnc", {}).get("fnc"), dynamics)
+    keep = [i for i, v in enumerate(values) if v is not None]
+    try:
+        X, clipped = settings.design.rows([values[i] for i in keep], names.index(name) if name in names else 0)
+    except ValueError as exc:
+        raise CovariateError(f"site {name!r}, {path}: {exc}") from None
+    T, scaled = pack_statistics(X, Y[keep], settings.design, families)
+    notes = [f"{len(keep)} of {len(ids)} subjects in the model"]
+    if why:
+        notes.append("left out: " + "; ".join(f"{k} ({v})" for k, v in why.items()))
+    if clipped:
+        notes.append(f"{clipped} covariate value(s) clipped to the agreed range")
+    if scaled:
+        notes.append(f"{scaled} subject(s)' measures scaled onto their bound")
+    print(f"site {name}: group statistics: " + "; ".join(notes), file=sys.stderr)
+    return T
+
+
+def _glm_protocol(cfg: RunConfig, n_sites: int):
+    return cape_protocol(glm_settings(cfg).algorithm(n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
+
+
+def glm_site(cfg: RunConfig, site: int, T, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+             timeout: float | None = None) -> dict[str, Any]:
+    """One site's group-statistics release: the mean of its subjects' bounded contributions (:func:`glm_input`)."""
+    r = run_site(_glm_protocol(cfg, n_sites), site, T, exchange, checkpoint=checkpoint, timeout=timeout)
+    return {"ledger": r["ledger"]}
+
+
+def glm_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+                   options: RunOptions | None = None) -> dict[str, Any]:
+    """The consortium's group effects (each contrast x measure: estimate, interval, p, q, noise sd) fitted from
+    the release (post-processing), and the subjects each site put in the model (public)."""
+    st = run_aggregator(_glm_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
+    return {**glm_settings(cfg).fit(st["glm"], st["counts"], st["noise_var"]), "counts": np.asarray(st["counts"])}
 
 
 # -- states: dFNC brain states -----------------------------------------------------------

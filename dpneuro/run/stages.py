@@ -63,8 +63,9 @@ class ReleasingStage:
         ``steps(cfg)``: the stage's releases in order, each run over its own
         exchange topic; empty when the run has no such stage.
     site_input : callable
-        ``site_input(cfg, X, public)``: what the site's steps read, from its
-        data matrix (the ``.npy`` path) and the earlier public results, or
+        ``site_input(cfg, site, public)``: what the site's steps read, from
+        the loader's record of the site (its data matrix ``site["X"]``, the
+        ``.npy`` path; its ``subject_ids``) and the earlier public results, or
         None when they read nothing. A deployed site keeps it in its working
         folder.
     site : callable
@@ -97,6 +98,10 @@ class ReleasingStage:
         Earlier public results ``site_input`` reads that a site's own steps
         did not return (the aggregator's alone, e.g. the spatial ICA's W): a
         deployed aggregator sends them to the sites before this stage.
+    files : callable
+        ``files(cfg)``: files ``site_input`` reads besides the sites' data
+        (the participants tables): their contents name the stage's cached
+        results, so an edited table is read again.
     """
 
     name: str
@@ -110,6 +115,7 @@ class ReleasingStage:
     algorithms: Callable[[RunConfig, int], list] | None = None
     planned: Callable[[RunConfig, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
     reads: tuple[tuple[str, str], ...] = ()
+    files: Callable[[RunConfig], list[str]] = lambda cfg: []
 
     def active(self, cfg: RunConfig) -> bool:
         return bool(self.steps(cfg))
@@ -148,10 +154,10 @@ def _reduce_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, c
 
 # -- unmix: spatial ICA of the basis, capeDJICA or the cumulant ICA -------------------------------
 
-def _unmix_input(cfg, X, public):
+def _unmix_input(cfg, site, public):
     if cfg.ica == "spatial":  # the aggregator unmixes the released basis alone: the sites read nothing
         return None
-    return roles.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+    return roles.unmixing_input(cfg, site["X"], public["reduce"]["basis"], public["reduce"]["eigenvalues"])
 
 
 def _unmix_planned(cfg, shapes, dim):
@@ -181,10 +187,10 @@ def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, ch
     return {"W": W, "b": b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
 
-def _timecourses_input(cfg, X, public):
+def _timecourses_input(cfg, site, public):
     """The site's component time courses (R x N), the same as its ``timecourses.tsv``: the FNC and the states
     read them."""
-    Z = roles.unmixing_input(cfg, X, public["reduce"]["basis"], public["reduce"]["eigenvalues"])
+    Z = roles.unmixing_input(cfg, site["X"], public["reduce"]["basis"], public["reduce"]["eigenvalues"])
     return time_courses(np.asarray(public["unmix"]["W"]), Z, np.asarray(public["unmix"]["b"]))
 
 
@@ -235,9 +241,29 @@ def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, c
                                       previous=previous, checkpoint=checkpoint, options=options)
 
 
+# -- glm: group statistics ---------------------------------------------------------------------
+
+def _glm_input(cfg, site, public):
+    """The site's bounded contributions to the group model, from its subjects' measures and covariates."""
+    return roles.glm_input(cfg, site, _timecourses_input(cfg, site, public), public)
+
+
+def _glm_planned(cfg, shapes, dim):
+    return factory.glm_settings(cfg).planned([len(s.lengths) for s in shapes])
+
+
+def _glm_site(cfg, step, site, T, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
+    return roles.glm_site(cfg, site, T, exchange, n_sites=n_sites, checkpoint=checkpoint, timeout=timeout)
+
+
+def _glm_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
+    return roles.glm_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options)
+
+
 #: the run's releasing stages, in run order
 RELEASES: tuple[ReleasingStage, ...] = (
-    ReleasingStage("reduce", lambda cfg: ("reduce",), lambda cfg, X, public: X, _reduce_site, _reduce_aggregator,
+    ReleasingStage("reduce", lambda cfg: ("reduce",), lambda cfg, site, public: site["X"], _reduce_site,
+            _reduce_aggregator,
             check=_reduce_check, spends=lambda cfg: cfg.reduction != "pdsvd",
             algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
     # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
@@ -250,6 +276,10 @@ RELEASES: tuple[ReleasingStage, ...] = (
     ReleasingStage("states", _states_steps, _timecourses_input, _states_site, _states_aggregator, to_sites=("vectors",),
             reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
             algorithms=_states_algorithms, planned=_states_planned),
+    ReleasingStage("glm", lambda cfg: ("glm",) if cfg.design else (), _glm_input, _glm_site, _glm_aggregator,
+            reads=(("unmix", "W"), ("unmix", "b"), ("states", "vectors")), spends=lambda cfg: bool(cfg.design),
+            algorithms=lambda cfg, dim: [factory.glm_settings(cfg)], planned=_glm_planned,
+            files=lambda cfg: [str(roles.participants_table(cfg, s.name)) for s in cfg.sites] if cfg.design else []),
 )
 
 
@@ -267,13 +297,15 @@ def active_releases(cfg: RunConfig) -> tuple[ReleasingStage, ...]:
 
 
 def new_reads(cfg: RunConfig, stage: ReleasingStage) -> tuple[tuple[str, str], ...]:
-    """What a deployed aggregator sends the sites before ``stage``: its ``reads`` that no earlier stage of the
-    run has sent them already (the FNC and the brain states both read the unmixing: it is sent once)."""
-    sent = set()
+    """What a deployed aggregator sends the sites before ``stage``: its ``reads`` of stages that ran and that no
+    earlier stage of the run has sent them already (the FNC and the brain states both read the unmixing: it is
+    sent once)."""
+    sent, ran = set(), set()
     for r in active_releases(cfg):
         if r.name == stage.name:
-            return tuple(x for x in stage.reads if x not in sent)
+            return tuple(x for x in stage.reads if x not in sent and x[0] in ran)
         sent.update(r.reads)
+        ran.add(r.name)
     raise KeyError(f"stage {stage.name!r} does not run in this configuration")
 
 
@@ -337,7 +369,7 @@ def unmix_inprocess(cfg: RunConfig, X_sites: Sequence[Any], lengths: Sequence[Se
     """The run's unmixing with every party in this process; each site whitens its data with the public basis
     (with spatial ICA no site takes part: the maps come from the released basis alone)."""
     rel, public = release("unmix"), {"reduce": {"basis": np.asarray(basis), "eigenvalues": np.asarray(eigenvalues)}}
-    inputs = [rel.site_input(cfg, X, public) for X in X_sites]
+    inputs = [rel.site_input(cfg, {"X": X}, public) for X in X_sites]
     res, leds = run_inprocess(rel, cfg, inputs, lengths, dim=int(np.shape(basis)[0]), public=public, options=options)
     return roles.UnmixResult(res["W"], res["b"], res["history"], res["rounds"], res["status"], leds)
 

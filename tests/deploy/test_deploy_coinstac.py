@@ -114,7 +114,7 @@ def test_compspec_satisfies_coinstac_rules():
 
     inputs = spec["computation"]["input"]
     member = {k for k, v in inputs.items() if v["source"] == "member"}
-    assert member == {dcc.DATA_INPUT, "signing_key"} and inputs["data"]["type"] == "files"
+    assert member == {dcc.DATA_INPUT, dcc.PARTICIPANTS_INPUT, "signing_key"} and inputs["data"]["type"] == "files"
     owner = {k for k, v in inputs.items() if v["source"] == "owner"}
     assert owner == set(dcc.OWNER_INPUTS) | {"seed_policy", "seed", "max_stalled_iterations", "public_keys"}
     for k in ("n_components", "pca_epsilon", "ica_epsilon_i", "ica_rounds", "seed_policy"):
@@ -393,7 +393,8 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
 
     spec = _temporal_spec()
     man = dc.consortium(tmp_path / "data", n_timepoints=60)
-    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
+    tables = [[t] if (t := Path(s["path"]) / "participants.tsv").exists() else [] for s in man["sites"]]
+    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] + t for s, t in zip(man["sites"], tables)])
     settings = dcc.settings_from_inputs(spec[0])
     ref = dc.reference(dc.run_config(man, tmp_path / "ref", **settings))
 
@@ -455,7 +456,8 @@ def _services_run(tmp_path, spec, man, *, new_process_every_iteration=False, **k
     entry = COINSTAC / "entry.py"
     services = [sim.CoinstacService(entry, log=tmp_path / "sites.log"),
                 sim.CoinstacService(entry, log=tmp_path / "remote.log")]
-    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] for s in man["sites"]])
+    tables = [[t] if (t := Path(s["path"]) / "participants.tsv").exists() else [] for s in man["sites"]]
+    sim.prepare_inputs(tmp_path / "sim", [[x["path"] for x in s["subjects"]] + t for s, t in zip(man["sites"], tables)])
 
     def restart(it: int):  # COINSTAC may start fresh containers every iteration
         for svc in services:
@@ -591,5 +593,36 @@ def test_pdsvd_and_brain_states_through_coinstac_services(tmp_path):
         assert topics >= {"reduce", "fnc-reads", "fnc", "states-mean", "states-init", "states-refine",
                           "states-final", "states-occupancy", "summary"} and "states-reads" not in topics
         for log in logs:
+            for rec in map(json.loads, log.read_text().splitlines()):
+                assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec
+
+
+@pytest.mark.slow  # heavy: CI runs it with --runslow -m slow
+def test_group_statistics_through_coinstac_services(tmp_path):
+    """A design through the COINSTAC computation: each site reads participants.tsv from its data folder, releases
+    the model's statistics once, and the remote writes group_effects.tsv; the ledgers are the simulation's."""
+    pytest.importorskip("coinstac")
+    from dpneuro.datasets.synth import make_consortium
+    from dpneuro.run.outputs import read_group_effects
+
+    covariates = {"group": ["control", "patient"], "age": [20, 70]}
+    spec = [{**site, "ica": {"value": "spatial"}, "design": {"value": "group + age"},
+             "covariates": {"value": json.dumps(covariates)}, "glm_measures": {"value": "amplitude"},
+             "glm_epsilon": {"value": 8.0}} for site in _load("inputspec.json")]
+    man = make_consortium(tmp_path / "data", n_sites=4, subjects_per_site=3, n_components=4, n_timepoints=60,
+                          space="grid30", random_state=0, effects={"patients": 0.5})
+    settings = dcc.settings_from_inputs(spec[0])
+    assert settings["covariates"] == covariates and settings["glm_measures"] == ["amplitude"]
+    ref = dc.reference(dc.run_config(man, tmp_path / "ref", **settings))
+    run = _services_run(tmp_path / "a", spec, man)
+    out = run.output_dir("remote")
+    rows = read_group_effects(out / run.output["group_effects"])
+    assert len(rows) == 2 * 4 and {r["contrast"] for r in rows} == {"group: patient vs control", "age (per unit)"}
+    priv = json.loads((out / run.output["privacy"]).read_text())
+    for i, cid in enumerate(run.clients):
+        led = priv["sites"][cid]["ledger"]
+        assert dc.same_releases(led, ref["ledgers"][f"site-{i + 1:02d}"]), cid
+        assert {r["stage"] for r in led["releases"]} == {"capepca", "static-fnc", "group-glm"}
+        for log in (tmp_path / "a" / "sim" / "cache" / cid).rglob("egress/site-*.jsonl"):
             for rec in map(json.loads, log.read_text().splitlines()):
                 assert all(a["carries"] in ALLOWED for a in rec["arrays"].values()), rec

@@ -65,8 +65,8 @@ def _toy_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, chec
 
 
 TOY = stages.ReleasingStage("toy", lambda cfg: ("toy",),
-                     lambda cfg, X, public: roles.site_whiten(X, public["reduce"]["basis"],
-                                                                 public["reduce"]["eigenvalues"]),
+                     lambda cfg, site, public: roles.site_whiten(site["X"], public["reduce"]["basis"],
+                                                                    public["reduce"]["eigenvalues"]),
                      _toy_site, _toy_aggregator)
 
 

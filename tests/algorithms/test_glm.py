@@ -1,0 +1,201 @@
+"""The private group GLM on arrays: the design's encoding and bounds, the packed statistics, OLS without noise, and
+intervals and tests that hold their levels under the privacy noise (repeated draws, fixed seeds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpneuro.algorithms.glm import (
+    CapeGLM,
+    Design,
+    GLMSettings,
+    fit_glm,
+    measure_names,
+    pack_statistics,
+    parse_design,
+    subject_measures,
+    unpack_statistics,
+)
+
+COVARIATES = {"group": ["control", "patient"], "age": [20, 70], "sex": ["F", "M"]}
+R = 5  # 10 edges and 5 amplitudes
+DESIGN = Design(parse_design("group + age + sex", COVARIATES), ("a", "b", "c", "d"))
+
+
+def _consortium(rng, *, M=(100, 100, 100, 100), group=0.0, age=0.0, sd=0.1):
+    """Every site's (X, Y) with a group effect on the first 3 measures and an age slope (per year) on the last;
+    patient fractions 0.3 to 0.6, site offsets. Returns the sites and the true coefficients (contrast x measure)."""
+    settings = GLMSettings(DESIGN, ("fnc", "amplitude"), R, None, plan="none")
+    Q = settings.n_measures
+    truth = np.zeros((3, Q))
+    truth[0, :3], truth[1, -1] = group, age
+    sites = []  # measures within their public bounds: clipping would bias the truth they are scored against
+    for s, m in enumerate(M):
+        g = rng.random(m) < 0.3 + 0.1 * s
+        years = rng.uniform(20, 70, m)
+        sex = rng.random(m) < 0.5
+        X, _ = DESIGN.rows([{"group": COVARIATES["group"][int(gi)], "age": f"{a:.1f}", "sex": "FM"[int(x)]}
+                            for gi, a, x in zip(g, years, sex)], s)
+        Y = (0.02 * s + g[:, None] * truth[0] + (np.round(years, 1)[:, None] - 45) * truth[1]
+             + rng.normal(0, sd, (m, Q)))
+        sites.append((X, Y))
+    return sites, truth
+
+
+def test_the_design_encodes_levels_ranges_and_sites_and_refuses_what_it_cannot():
+    assert DESIGN.columns == ("intercept", "group[patient]", "age", "sex[M]", "site[b]", "site[c]", "site[d]")
+    X, clipped = DESIGN.rows([{"group": "patient", "age": "45", "sex": "F"},
+                              {"group": "control", "age": "95", "sex": "M"}], 2)
+    np.testing.assert_array_equal(X, [[1, 1, 0, 0, 0, 1, 0], [1, 0, 1, 1, 0, 1, 0]])  # age 95 clipped to 70
+    assert clipped == 1
+    assert [lab for lab, _, _ in DESIGN.contrasts()] == ["group: patient vs control", "age (per unit)",
+                                                          "sex: M vs F"]
+    assert DESIGN.contrasts()[1][2] == pytest.approx(2 / 50)  # per year: the column spans 50 years over [-1, 1]
+    with pytest.raises(ValueError, match="not one of the agreed levels"):
+        DESIGN.rows([{"group": "unknown", "age": "40", "sex": "F"}], 0)
+    for design, covs, match in (("group + site", COVARIATES, "always in the model"),
+                                ("group + bmi", COVARIATES, "no entry in covariates"),
+                                ("age", {"age": [70, 20]}, "neither"), ("group + group", COVARIATES, "twice"),
+                                ("", COVARIATES, "names no covariate")):
+        with pytest.raises(ValueError, match=match):
+            parse_design(design, covs)
+
+
+def test_every_subjects_contribution_has_norm_at_most_one_and_the_bound_is_reached():
+    """The sensitivity argument: whatever a subject's covariates and measures, its packed row has L2 norm <= 1;
+    a subject at the corners of the design with measures far out comes close to 1."""
+    rng = np.random.default_rng(0)
+    settings = GLMSettings(DESIGN, ("fnc", "amplitude"), R, None, plan="none")
+    worst = 0.0
+    for trial in range(200):
+        m = 20
+        vals = [{"group": rng.choice(COVARIATES["group"]), "age": str(rng.uniform(-50, 200)),
+                 "sex": rng.choice(COVARIATES["sex"])} for _ in range(m)]
+        X, _ = DESIGN.rows(vals, int(rng.integers(4)))
+        Y = rng.standard_normal((m, settings.n_measures)) * (100 if trial % 2 else 0.1)
+        T, _ = pack_statistics(X, Y, DESIGN, settings.families)
+        worst = max(worst, np.linalg.norm(T, axis=1).max())
+    assert 0.85 < worst <= 1.0 + 1e-12
+
+
+def test_unpacking_the_mean_contribution_gives_the_pooled_statistics():
+    rng = np.random.default_rng(1)
+    sites, _ = _consortium(rng, M=(30, 20, 25, 35))
+    settings = GLMSettings(DESIGN, ("fnc", "amplitude"), R, None, plan="none")
+    packed = [pack_statistics(X, Y, DESIGN, settings.families)[0] for X, Y in sites]
+    n = [len(X) for X, _ in sites]
+    st = unpack_statistics(np.vstack(packed).mean(axis=0), n, 0.0, DESIGN, settings.families)
+    X, Y = np.vstack([x for x, _ in sites]), np.vstack([y for _, y in sites])
+    np.testing.assert_allclose(st["XtX"], X.T @ X, atol=1e-9)
+    np.testing.assert_allclose(st["XtY"], X.T @ Y, atol=1e-9)  # these measures lie within their bounds
+    np.testing.assert_allclose(st["YtY"], (Y**2).sum(axis=0), atol=1e-9)
+    assert st["sd"] == (0.0, 0.0, 0.0) and st["n"] == sum(n)
+
+
+def test_without_noise_the_fit_is_ordinary_least_squares():
+    rng = np.random.default_rng(2)
+    sites, _ = _consortium(rng, group=0.1, age=0.004)
+    out = GLMSettings(DESIGN, ("fnc", "amplitude"), R, None, plan="none", random_state=0).run(sites)
+    X, Y = np.vstack([x for x, _ in sites]), np.vstack([y for _, y in sites])
+    beta, rss, *_ = np.linalg.lstsq(X, Y, rcond=None)
+    cols, unit = [1, 2, 3], np.array([1.0, 2 / 50, 1.0])[:, None]
+    np.testing.assert_allclose(out["estimate"], beta[cols] * unit, atol=1e-10)
+    # the bootstrap's standard error is OLS's (2000 draws: within 10 %), and no noise is added
+    sigma2 = rss / (len(X) - X.shape[1])
+    se = np.sqrt(np.outer(np.diag(np.linalg.inv(X.T @ X))[cols], sigma2)) * unit
+    np.testing.assert_allclose(out["se"], se, rtol=0.1)
+    assert np.all(out["noise_sd"] == 0) and all(not led.releases for led in out["ledgers"])
+
+
+@pytest.mark.parametrize("epsilon", [2.0, 8.0])
+def test_intervals_cover_the_truth_and_tests_hold_their_level_under_the_privacy_noise(epsilon):
+    """60 private fits of 4 x 100 subjects (unequal patient fractions): the 95 % intervals cover the true
+    coefficients at 0.90 to 0.999 of all 45 contrast x measure pairs (2,700 intervals: a binomial sd of 0.004 at
+    0.95), the nominal 5 % test rejects at most 8 % of the null pairs (and some), and within each contrast (BH's
+    family) the q-values' false discovery proportion averages at most 5 % (plus the margin of 180 families)."""
+    rng = np.random.default_rng(int(epsilon))
+    covered, rejected, false_disc = [], [], []
+    for rep in range(60):
+        sites, truth = _consortium(rng, group=0.3, age=0.005)
+        out = GLMSettings(DESIGN, ("fnc", "amplitude"), R, epsilon, random_state=rep, n_boot=600).run(sites)
+        covered.append((out["ci_low"] <= truth) & (truth <= out["ci_high"]))
+        rejected.append(out["p"][truth == 0] < 0.05)
+        disc = out["q"] < 0.05  # BH's family: one contrast's measures
+        false_disc += [(d & (t == 0)).sum() / max(d.sum(), 1) for d, t in zip(disc, truth)]
+    coverage = np.mean(covered)
+    assert 0.90 <= coverage <= 0.999, coverage
+    assert 0.002 <= np.mean(rejected) <= 0.08, np.mean(rejected)
+    assert np.mean(false_disc) <= 0.05 + 0.03, np.mean(false_disc)  # 180 families: a margin of about 2 sd
+
+
+def test_the_noise_widens_the_intervals_as_epsilon_falls_and_the_planted_effects_are_found():
+    rng = np.random.default_rng(5)
+    sites, truth = _consortium(rng, group=0.3, age=0.005)
+    width = {}
+    for eps in (None, 1.0, 8.0, 64.0):
+        out = GLMSettings(DESIGN, ("fnc", "amplitude"), R, eps, plan="none" if eps is None else "cape",
+                          random_state=3, n_boot=800).run(sites)
+        width[eps] = float(np.mean(out["ci_high"] - out["ci_low"]))
+        if eps in (None, 64.0):
+            assert np.all(out["q"][0, :3] < 0.05) and out["q"][1, -1] < 0.05  # the planted effects
+            assert np.mean(out["q"][truth == 0] < 0.05) < 0.1
+    assert width[None] < width[64.0] < width[8.0] < width[1.0]
+
+
+def test_one_subject_moves_a_sites_release_by_at_most_the_declared_sensitivity():
+    rng = np.random.default_rng(6)
+    sites, _ = _consortium(rng, M=(40, 30, 30, 30))
+    settings = GLMSettings(DESIGN, ("fnc", "amplitude"), R, 2.0)
+    X, Y = sites[0]
+    alg = settings.algorithm(n_sites=4)
+    T0, _ = pack_statistics(X, Y, DESIGN, settings.families)
+    state = alg.site_init(0, T0)
+    spec, f0 = alg.site_releases(state)["glm"], alg.site_compute(state, 0, None)["glm"]
+    def release(X1, Y1):
+        return alg.site_compute(alg.site_init(0, pack_statistics(X1, Y1, DESIGN, settings.families)[0]), 0, None)
+
+    worst, far = 0.0, 0.0
+    for trial in range(40):
+        X1, Y1 = X.copy(), Y.copy()
+        i = trial % len(X)
+        X1[i] = [1, trial % 2, (-1) ** trial, 1 - trial % 2, 0, 0, 0]
+        Y1[i] = rng.standard_normal(Y.shape[1]) * (30 if trial % 2 else 0.1)
+        worst = max(worst, np.linalg.norm(release(X1, Y1)["glm"] - f0))
+        X2, Y2 = X1.copy(), Y1.copy()  # its neighbour: the same person's measures far on the other side
+        Y1[i], Y2[i] = 30 * Y1[i], -30 * Y1[i]
+        far = max(far, np.linalg.norm(release(X1, Y1)["glm"] - release(X2, Y2)["glm"]))
+    assert spec.sensitivity == pytest.approx(2 / len(X)) and isinstance(alg, CapeGLM)
+    assert worst <= spec.sensitivity + 1e-12 and 0.5 * spec.sensitivity < far <= spec.sensitivity + 1e-12
+
+
+def test_subject_measures_are_each_subjects_fnc_and_relative_amplitudes():
+    rng = np.random.default_rng(7)
+    S = rng.standard_normal((R, 300)) * np.array([1, 2, 1, 1, 0.5])[:, None]
+    Y, names, families = subject_measures(S, [100, 200], ("fnc", "amplitude"))
+    assert names == measure_names(("fnc", "amplitude"), R) and names[0] == "fnc IC01-IC02"
+    assert Y.shape == (2, 15) and families == {"fnc": slice(0, 10), "amplitude": slice(10, 15)}
+    sd = S[:, 100:].std(axis=1)
+    np.testing.assert_allclose(Y[1, 10:], np.log(sd / np.sqrt(np.mean(sd**2))), atol=1e-12)
+    np.testing.assert_allclose(Y[0, :10], np.arctanh(np.corrcoef(S[:, :100])[np.triu_indices(R, 1)]), atol=1e-12)
+    centred, _, _ = subject_measures(S, [100, 200], ("fnc",), fnc_centre=np.full(10, 0.1))
+    np.testing.assert_allclose(centred, Y[:, :10] - 0.1, atol=1e-12)
+
+
+def test_fit_refuses_a_model_with_as_many_coefficients_as_subjects():
+    st = {"XtX": np.eye(7), "XtY": np.zeros((7, 2)), "YtY": np.ones(2), "n": 8.0, "sd": (0.0, 0.0, 0.0)}
+    with pytest.raises(ValueError, match="cannot fit 7 coefficients"):
+        fit_glm(st, DESIGN)
+
+
+def test_the_states_measures_are_fractions_of_each_subjects_windows():
+    rng = np.random.default_rng(8)
+    S = rng.standard_normal((3, 200))
+    dyn = {"occupancy": np.array([[0.25, 0.75], [0.5, 0.5]]), "dwell_windows": np.array([[5.0, 15.0], [10.0, 0.0]]),
+           "transitions": np.array([3, 9]), "n_windows": np.array([40, 20])}
+    Y, names, families = subject_measures(S, [100, 100], ("states",), dynamics=dyn)
+    assert names == ["occupancy S1", "occupancy S2", "dwell S1", "dwell S2", "transitions"]
+    np.testing.assert_allclose(Y, [[-0.25, 0.25, 5 / 40, 15 / 40, 3 / 39], [0.0, 0.0, 10 / 20, 0.0, 9 / 19]])
+    assert families == {"states": slice(0, 5)}
+    with pytest.raises(ValueError, match="dynamics"):
+        subject_measures(S, [100, 100], ("states",))
