@@ -54,7 +54,7 @@ def reference(cfg: RunConfig) -> dict:
     return {"basis": public["reduce"]["basis"], "eigenvalues": public["reduce"]["eigenvalues"],
             "W": public["unmix"]["W"], "b": public["unmix"]["b"], "rounds": public["unmix"]["rounds"],
             "ledgers": ledgers, "centroids": public.get("states", {}).get("centroids"),
-            "fnc": public.get("fnc", {}).get("fnc")}
+            "fnc": public.get("fnc", {}).get("fnc"), "glm": public.get("glm")}
 
 
 def same_releases(a: dict, b: dict, rtol: float = 0.0) -> bool:

@@ -310,7 +310,7 @@ class RunConfig:
         agree=True, example=("8.0",),
         doc="Total epsilon per site in the headline sense, against the aggregator and its colluders. When set, "
             "the run plans the per-stage settings (pca_epsilon, ica_epsilon_i, cumulant_epsilon, fnc_epsilon, "
-            "states_epsilon) "
+            "states_epsilon, glm_epsilon) "
             "from the sites' subject counts (as `dpneuro budget --target-epsilon` does) and those fields are "
             "ignored. A deployed run first exchanges every site's public counts (subjects and their time points); "
             "every party then plans the same split, and each site refuses one that would spend more than this.")

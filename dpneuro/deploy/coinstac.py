@@ -186,18 +186,22 @@ def _format_confounds(value: str | list[str]) -> str:
     return ", ".join(value) if isinstance(value, (list, tuple)) else value
 
 
-def _parse_options(text: str) -> dict[str, Any]:
-    """Keyword arguments of the strategy as a JSON object, e.g. {"fd_threshold": 0.3}; "" for none."""
+def _parse_object(name: str, example: str, text: str) -> dict[str, Any]:
+    """A text input holding a JSON object ("" for none), refused naming the input with an example."""
     if not text.strip():
         return {}
     try:
         d = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"COINSTAC input 'confounds_options': a JSON object such as "
-                          f"{{\"fd_threshold\": 0.3}}, got {text!r} ({exc})") from None
+        raise ConfigError(f"COINSTAC input {name!r}: a JSON object such as {example}, got {text!r} ({exc})") from None
     if not isinstance(d, dict):
-        raise ConfigError(f"COINSTAC input 'confounds_options': a JSON object, got {text!r}")
+        raise ConfigError(f"COINSTAC input {name!r}: a JSON object, got {text!r}")
     return d
+
+
+def _parse_options(text: str) -> dict[str, Any]:
+    """Keyword arguments of the strategy as a JSON object, e.g. {"fd_threshold": 0.3}; "" for none."""
+    return _parse_object("confounds_options", '{"fd_threshold": 0.3}', text)
 
 
 def _format_options(d: dict[str, Any]) -> str:
@@ -225,16 +229,7 @@ def _format_bids(d: dict[str, str]) -> str:
 
 def _parse_covariates(text: str) -> dict[str, Any]:
     """The design terms' descriptions as a JSON object, e.g. {"group": ["control", "patient"], "age": [18, 80]}."""
-    if not text.strip():
-        return {}
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"COINSTAC input 'covariates': a JSON object such as {{\"group\": [\"control\", "
-                          f"\"patient\"], \"age\": [18, 80]}}, got {text!r} ({exc})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"COINSTAC input 'covariates': a JSON object, got {text!r}")
-    return d
+    return _parse_object("covariates", '{"group": ["control", "patient"], "age": [18, 80]}', text)
 
 
 def _parse_words(text: str) -> list[str]:
@@ -398,8 +393,8 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(pinned, dict):
             raise ConfigError(f"COINSTAC input 'public_keys': party -> public key (64 hex digits), got {pinned!r}")
         table = _value(inputs.get(PARTICIPANTS_INPUT)) or "participants.tsv"
-        participants = str(Path(state["baseDirectory"]) / table)
-        if settings.get("design") and not Path(participants).is_file():
+        participants = str(Path(state["baseDirectory"]) / table) if settings.get("design") else ""
+        if participants and not Path(participants).is_file():
             raise ConfigError(f"COINSTAC input {PARTICIPANTS_INPUT!r}: the design needs this site's participants "
                               f"table, and {table!r} is not in its data folder")
         write_json(sd / "inputs.json", {"settings": settings, "files": files, "signing_key": key_file,

@@ -4,31 +4,15 @@ reading its own participants table, give the simulation's group effects; no site
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import deploy_common as dc
 import numpy as np
 from test_deploy_sharedfs import _run_all, write_config
 
 from dpneuro.datasets.synth import make_consortium
-from dpneuro.run import pipeline, stages
 from dpneuro.run.outputs import read_group_effects
 
 COVARIATES = {"group": ["control", "patient"], "age": [20, 70]}
-
-
-def _simulated(cfg) -> dict:
-    """The simulation path's group statistics on the same configuration (same seed: same noise)."""
-    work = Path(cfg.out) / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    cj = work / "config.json"
-    cj.write_text(json.dumps(cfg.to_json(), default=str))
-    space = pipeline.stage_space(str(cj))
-    sites = [pipeline.stage_load(str(cj), s.name, space) for s in cfg.sites]
-    last = space
-    for rel in stages.RELEASES:
-        last = pipeline.stage_release(str(cj), sites, rel.name, last)
-    return pipeline.public_results(json.loads(Path(last).read_text())["chain"])["glm"]
 
 
 def test_a_deployed_consortium_fits_the_group_model_as_the_simulation_does(tmp_path):
@@ -39,7 +23,7 @@ def test_a_deployed_consortium_fits_the_group_model_as_the_simulation_does(tmp_p
               glm_measures=["amplitude"])
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared", **kw)
     _run_all(cfg, man, tmp_path)
-    ref = _simulated(dc.run_config(man, tmp_path / "sim", **kw))
+    ref = dc.reference(dc.run_config(man, tmp_path / "sim", **kw))["glm"]
     rows = read_group_effects(tmp_path / "out" / "dpneuro" / "group_effects.tsv")
     got = np.array([r["estimate"] for r in rows]).reshape(np.shape(ref["estimate"]))
     np.testing.assert_allclose(got, ref["estimate"], rtol=1e-5, atol=1e-6)
