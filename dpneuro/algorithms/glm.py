@@ -373,8 +373,10 @@ def fit_glm(stats_: Mapping[str, Any], design: Design, *, level: float = 0.95, n
     ``stats_``: :func:`unpack_statistics` (noise sd 0 for exact statistics:
     then this is OLS with a bootstrap of its sampling error). Returns arrays
     C x Q: ``estimate``, ``se``, ``ci_low``, ``ci_high``, ``p``, ``q`` and
-    ``noise_sd`` (the part of the sd the privacy noise adds), and ``sigma``
-    (Q: each measure's residual sd).
+    ``noise_sd`` (the part of the sd the privacy noise adds), ``sigma``
+    (Q: each measure's residual sd) and ``floored`` (how many of X'X's
+    eigenvalues the noise held at :data:`FLOOR`: their effects are shrunk
+    toward zero).
     """
     N, p = stats_["n"], design.p
     s_xx, s_xy, s_yy = stats_["sd"]
@@ -383,6 +385,7 @@ def fit_glm(stats_: Mapping[str, Any], design: Design, *, level: float = 0.95, n
     if N - p < 2:
         raise ValueError(f"{N:g} subjects cannot fit {p} coefficients")
     floor = max(1e-9 * N, FLOOR * s_xx)  # a design column the noise drowns is held at the noise's size
+    floored = int(np.sum(np.linalg.eigvalsh(np.asarray(stats_["XtX"])) < floor))
     A = _psd(np.asarray(stats_["XtX"]), floor)
     beta = np.linalg.solve(A, XtY)
     rss = YtY - np.einsum("pq,pq->q", beta, XtY)
@@ -413,7 +416,8 @@ def fit_glm(stats_: Mapping[str, Any], design: Design, *, level: float = 0.95, n
     pval = 2 * stats.t.sf(np.abs(t), df=N - p)
     return {"estimate": est, "se": se, "ci_low": est - half, "ci_high": est + half, "p": pval,
             "q": np.array([stats.false_discovery_control(row, method="bh") for row in pval]),
-            "noise_sd": (noise_only - beta[cols][None]).std(axis=0, ddof=1) * unit, "sigma": np.sqrt(sigma2)}
+            "noise_sd": (noise_only - beta[cols][None]).std(axis=0, ddof=1) * unit, "sigma": np.sqrt(sigma2),
+            "floored": floored}
 
 
 # -- the CAPE release and the stage's settings ----------------------------------------------------

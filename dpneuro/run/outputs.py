@@ -131,9 +131,11 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
         for r in rows:
             f.write("\t".join([r["contrast"], r["measure"], *(f"{r[k]:.6g}" for k in GROUP_COLUMNS[2:])]) + "\n")
     counts = {s.name: int(n) for s, n in zip(cfg.sites, np.asarray(glm["counts"]))}
+    floored = int(np.asarray(glm.get("floored", 0)))
     write_json(folder / "group_effects.json", {
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
+        "design_directions_shrunk": floored,
         "description": "Each contrast's effect on every measure from one linear model per measure (the site is a "
                        "covariate), fitted from sufficient statistics each site bounded and released through CAPE. "
                        "Continuous covariates: effect per unit. Intervals: parametric bootstrap over the sampling "
@@ -141,7 +143,7 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
                        "degrees of freedom); q: Benjamini-Hochberg within each contrast; noise_sd: the part of the "
                        "estimate's standard deviation the privacy noise adds."})
     return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"), "rows": rows,
-            "subjects": counts, "level": settings.level}
+            "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p}
 
 
 def read_group_effects(path) -> list[dict[str, Any]]:
@@ -182,6 +184,10 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
             f"{glm['level']:.0%} intervals and the p-values include the release's noise (parametric bootstrap), "
             "q is the Benjamini-Hochberg FDR within each contrast, and noise sd is what the privacy noise adds to "
             "each estimate's uncertainty. Every effect: group_effects.tsv.")
+    if glm.get("shrunk"):
+        text += (f" The noise on the released design moments drowned {glm['shrunk']} of the model's {glm['p']} "
+                 "directions: their effects are shrunk toward zero, so a non-zero effect may be understated and its "
+                 "interval miss it; more subjects or a larger glm_epsilon avoid it.")
     return {"text": text, "contrasts": out, "level": glm["level"]}
 
 

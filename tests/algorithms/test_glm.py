@@ -139,6 +139,9 @@ def test_the_noise_widens_the_intervals_as_epsilon_falls_and_the_planted_effects
         width[eps] = float(np.mean(out["ci_high"] - out["ci_low"]))
         if eps in (None, 64.0):
             assert np.all(out["q"][0, :3] < 0.05) and out["q"][1, -1] < 0.05  # the planted effects
+            assert out["floored"] == 0
+        else:  # the noise on X'X drowns the weakest design directions: held at the floor, and said
+            assert out["floored"] >= 1
             assert np.mean(out["q"][truth == 0] < 0.05) < 0.1
     assert width[None] < width[64.0] < width[8.0] < width[1.0]
 
