@@ -301,10 +301,17 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
     path = participants_table(cfg, name)
     ids = list(site["subject_ids"])
     values, why = read_covariates(path, ids, [c.name for c in settings.design.covariates])
+    at = names.index(name) if name in names else 0
+    for sid, v in zip(ids, values):  # a value the design cannot encode (a level not agreed, not a number)
+        if v is not None:
+            try:
+                settings.design.rows([v], at)
+            except ValueError as exc:
+                why[sid] = str(exc)
     if why and cfg.on_bad_subject != "skip":
-        raise CovariateError(f"site {name!r}: {len(why)} subject(s) without covariates in {path}: "
+        raise CovariateError(f"site {name!r}: {len(why)} subject(s) without usable covariates in {path}: "
                              + "; ".join(f"{k} ({v})" for k, v in why.items())
-                             + ". Add them, or set on_bad_subject = \"skip\" to leave them out of the model")
+                             + ". Correct the table, or set on_bad_subject = \"skip\" to leave them out of the model")
     lengths = [int(b) - int(a) for a, b in site["boundaries"]]
     dynamics = None
     if "states" in settings.measures:
@@ -312,11 +319,8 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
         dynamics = {**site_dynamics(ws, np.asarray(public["states"]["vectors"]), cfg.states_metric),
                     "n_windows": np.asarray(ws.lengths)}
     Y, _, families = subject_measures(S, lengths, settings.measures, public.get("fnc", {}).get("fnc"), dynamics)
-    keep = [i for i, v in enumerate(values) if v is not None]
-    try:
-        X, clipped = settings.design.rows([values[i] for i in keep], names.index(name) if name in names else 0)
-    except ValueError as exc:
-        raise CovariateError(f"site {name!r}, {path}: {exc}") from None
+    keep = [i for i, sid in enumerate(ids) if sid not in why]
+    X, clipped = settings.design.rows([values[i] for i in keep], at)
     T, scaled = pack_statistics(X, Y[keep], settings.design, families)
     notes = [f"{len(keep)} of {len(ids)} subjects in the model"]
     if why:

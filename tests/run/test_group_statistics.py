@@ -155,6 +155,12 @@ def test_a_subject_without_covariates_stops_its_site_or_is_left_out(planted, tmp
         table.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
         with pytest.raises(CovariateError, match=f"{gone} \\(not in the participants table\\)"):
             _fit(man, tmp_path / "stop", glm_epsilon=64.0)
+        odd = lines[4].split("\t")[0]  # a level the consortium did not agree on
+        table.write_text("\n".join(lines[:2] + lines[3:4] + [lines[4].replace("patient", "relative").replace(
+            "control", "relative")] + lines[5:]) + "\n")
+        with pytest.raises(CovariateError, match=f"{odd} \\(group = 'relative' is not one of the agreed levels"):
+            _fit(man, tmp_path / "stop2", glm_epsilon=64.0)
+        table.write_text("\n".join(lines[:2] + lines[3:]) + "\n")
         ica = _fit(man, tmp_path / "skip", glm_epsilon=64.0, on_bad_subject="skip")
         counts = json.loads((Path(ica.output_dir_) / "group_effects.json").read_text())["subjects"]
         assert counts == {man["sites"][0]["site"]: 14, man["sites"][1]["site"]: 9, man["sites"][2]["site"]: 16}
