@@ -15,7 +15,7 @@ from sections import real_frontier  # noqa: E402
 def test_every_measured_passage_of_the_readme_is_rendered_from_the_results():
     text = (ROOT / "README.md").read_text()
     blocks = make_readme.readme_blocks()
-    assert set(blocks) == {"demo", "real_frontier", "strong_privacy", "frontier", "states", "fnc"}
+    assert set(blocks) == {"demo", "real_frontier", "strong_privacy", "frontier", "states", "fnc", "group_stats"}
     assert make_readme.render_top_readme(text, blocks) == text  # the committed README is up to date
     assert text.count("<!-- measured: ") == len(blocks)
 
