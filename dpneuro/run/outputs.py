@@ -111,6 +111,8 @@ def write_fnc(vector, noise_var: float, folder, *, bound: float) -> dict[str, An
 
 #: what the group statistics call significant: FDR (Benjamini-Hochberg) q below this
 FDR_LEVEL = 0.05
+#: the report lists at most this many significant effects per contrast (group_effects.tsv has them all)
+SHOWN = 20
 GROUP_COLUMNS = ("contrast", "measure", "estimate", "se", "ci_low", "ci_high", "p", "q", "noise_sd")
 
 
@@ -142,7 +144,7 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
                        "error and the release's public noise; p: Wald test on the bootstrap standard error (t, N - p "
                        "degrees of freedom); q: Benjamini-Hochberg within each contrast; noise_sd: the part of the "
                        "estimate's standard deviation the privacy noise adds."})
-    return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"), "rows": rows,
+    return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"),
             "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p}
 
 
@@ -166,8 +168,9 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
     for i, contrast in enumerate(dict.fromkeys(r["contrast"] for r in rows)):
         mine = [r for r in rows if r["contrast"] == contrast]
         sig = [r for r in mine if r["q"] < FDR_LEVEL]
-        shown = sorted(sig or mine, key=lambda r: r["p"])[:max(5, len(sig)) if sig else 5]
-        summary = (f"{len(sig)} of {len(mine)} measures differ at FDR q < {FDR_LEVEL:g}" if sig else
+        shown = sorted(sig or mine, key=lambda r: r["p"])[:SHOWN if sig else 5]
+        summary = (f"{len(sig)} of {len(mine)} measures differ at FDR q < {FDR_LEVEL:g}"
+                   + (f"; the {SHOWN} with the smallest p are listed" if len(sig) > SHOWN else "") if sig else
                    f"no measure of {len(mine)} differs at FDR q < {FDR_LEVEL:g}; the five smallest p are listed")
         entry = {"label": contrast, "summary": summary, "rows": shown, "figure": None}
         edges = [r for r in mine if r["measure"].startswith("fnc ")]
