@@ -49,7 +49,6 @@ from dpneuro.algorithms.subject_mean import CapeSubjectMean, clip_subjects
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import NoisePlan, planned_ledgers, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
-from dpneuro.protocol.exchange import Payload
 
 __all__ = ["CapeGLM", "Covariate", "Design", "FAMILY_RMS", "GLMSettings", "MEASURES", "SHARES", "fit_glm",
            "measure_names", "pack_statistics", "parse_design", "subject_measures", "unpack_statistics"]
@@ -429,15 +428,6 @@ class CapeGLM(CapeSubjectMean):
     name = "group-glm"
     key = "glm"
     tag = 49
-
-    def aggregator_update(self, state, round, combined) -> Payload:
-        out = super().aggregator_update(state, round, combined)
-        cs = state["cape"]
-        counts = np.zeros(len(cs["weights"]))
-        summed = np.asarray(cs["summed"], np.int64)
-        counts[summed] = np.asarray(cs["weights"])[summed]
-        state["counts"] = counts  # public: the sites' weights
-        return out
 
 
 @dataclass(frozen=True)

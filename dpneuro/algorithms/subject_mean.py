@@ -19,7 +19,7 @@ from dpneuro import privacy
 from dpneuro.protocol.cape import ReleaseSpec, noise_variance
 from dpneuro.protocol.exchange import Payload
 
-__all__ = ["CapeSubjectMean", "clip_subjects", "combined_count"]
+__all__ = ["CapeSubjectMean", "clip_subjects", "site_counts"]
 
 
 def clip_subjects(F: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
@@ -29,10 +29,14 @@ def clip_subjects(F: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
     return F * np.minimum(1.0, bound / np.maximum(n, 1e-300))[:, None], scaled
 
 
-def combined_count(state: dict) -> float:
-    """The number of subjects behind the aggregator's combined release (the summed sites' public weights)."""
+def site_counts(state: dict) -> np.ndarray:
+    """Each site's subjects behind the aggregator's combined release (its public weight; 0 for a site not in the
+    sum)."""
     cs = state["cape"]
-    return float(np.asarray(cs["weights"])[np.asarray(cs["summed"], np.int64)].sum())
+    summed = np.asarray(cs["summed"], np.int64)
+    counts = np.zeros(len(cs["weights"]))
+    counts[summed] = np.asarray(cs["weights"])[summed]
+    return counts
 
 
 class CapeSubjectMean:
@@ -41,7 +45,7 @@ class CapeSubjectMean:
     Site data: M x L, one row per subject. Release ``key`` (L,): sensitivity
     2B / M_s under replacement, public bound B. The aggregator's result:
     ``key`` (the consortium's mean), ``noise_var`` (its noise's variance per
-    entry, from the plan) and ``n`` (the subjects behind it).
+    entry, from the plan) and ``counts`` (each site's subjects behind it).
     """
 
     name = "subject-mean"
@@ -91,5 +95,5 @@ class CapeSubjectMean:
     def aggregator_update(self, state, round, combined) -> Payload:
         state[self.key] = np.asarray(combined[self.key], np.float64)
         state["noise_var"] = noise_variance(state, self.key)
-        state["n"] = combined_count(state)
+        state["counts"] = site_counts(state)
         return Payload({self.key: state[self.key]}, {"stop": True}, carries={self.key: "public"})

@@ -302,12 +302,15 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
     ids = list(site["subject_ids"])
     values, why = read_covariates(path, ids, [c.name for c in settings.design.covariates])
     at = names.index(name) if name in names else 0
-    for sid, v in zip(ids, values):  # a value the design cannot encode (a level not agreed, not a number)
+    rows, clipped = {}, 0
+    for sid, v in zip(ids, values):  # each subject's row; a value the design cannot encode leaves it out by name
         if v is not None:
             try:
-                settings.design.rows([v], at)
+                x, cut = settings.design.rows([v], at)
             except ValueError as exc:
                 why[sid] = str(exc)
+                continue
+            rows[sid], clipped = x[0], clipped + cut
     if why and cfg.on_bad_subject != "skip":
         raise CovariateError(f"site {name!r}: {len(why)} subject(s) without usable covariates in {path}: "
                              + "; ".join(f"{k} ({v})" for k, v in why.items())
@@ -319,8 +322,8 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
         dynamics = {**site_dynamics(ws, np.asarray(public["states"]["vectors"]), cfg.states_metric),
                     "n_windows": np.asarray(ws.lengths)}
     Y, _, families = subject_measures(S, lengths, settings.measures, public.get("fnc", {}).get("fnc"), dynamics)
-    keep = [i for i, sid in enumerate(ids) if sid not in why]
-    X, clipped = settings.design.rows([values[i] for i in keep], at)
+    keep = [i for i, sid in enumerate(ids) if sid in rows]
+    X = np.array([rows[ids[i]] for i in keep]).reshape(len(keep), settings.design.p)
     T, scaled = pack_statistics(X, Y[keep], settings.design, families)
     notes = [f"{len(keep)} of {len(ids)} subjects in the model"]
     if why:
