@@ -187,6 +187,31 @@ def pooled_ols(design: Design, sites) -> dict[str, np.ndarray]:
             "q": np.array([stats.false_discovery_control(row, method="bh") for row in pval]), "noise_sd": np.zeros_like(est)}
 
 
+#: every method a repetition fits: the private GLM at each eps, the same fit without noise, pooled OLS
+METHODS = [("cape", e) for e in EPSILONS] + [("none", None), ("pooled OLS", None)]
+
+
+def method_fits(design: Design, sites, rep: int, n_boot: int, ledger_eps: dict):
+    """Each of :data:`METHODS` fitted on ``sites`` (noise seed ``rep``): (plan, eps, fit, seconds, pooled OLS's
+    interval widths); the first fit at each eps records its ledgers' headline in ``ledger_eps``."""
+    t = time.perf_counter()
+    ols = pooled_ols(design, sites)
+    ols_time = time.perf_counter() - t
+    width = ols["ci_high"] - ols["ci_low"]
+    for plan, eps in METHODS:
+        if plan == "pooled OLS":
+            yield plan, eps, ols, ols_time, width
+            continue
+        st = GLMSettings(design, MEASURES, N_COMPONENTS, eps, delta=DELTA, plan=plan, random_state=rep, n_boot=n_boot,
+                         level=LEVEL)
+        t = time.perf_counter()
+        fit = st.run(sites)
+        dt = time.perf_counter() - t
+        if eps is not None and eps not in ledger_eps:
+            ledger_eps[eps] = max(led.epsilon(DELTA, collusion=True) for led in fit["ledgers"])
+        yield plan, eps, fit, dt, width
+
+
 def fdp(false: np.ndarray, disc: np.ndarray) -> float:
     """The false discovery proportion: false / all discoveries, 0 without a discovery."""
     return float(false.sum() / disc.sum()) if disc.any() else 0.0
@@ -225,7 +250,6 @@ def simulation(args, given: list[str]) -> None:
     M = args.subjects
     t0, cpu0 = time.perf_counter(), time.process_time()
     design = make_design()
-    methods = [("cape", e) for e in EPSILONS] + [("none", None), ("pooled OLS", None)]
     acc: dict[tuple, list[dict]] = {}
     times: dict[tuple, list[float]] = {}
     scaled, ledger_eps = [], {}
@@ -236,21 +260,7 @@ def simulation(args, given: list[str]) -> None:
             sites = simulate(design, ref, M, rep, planted)
             T, groups = truth(ref, planted), planted_groups(ref)
             scaled.append(sum(pack_statistics(X, Y, design, ref.families)[1] for X, Y in sites) / (N_SITES * M))
-            t = time.perf_counter()
-            ols = pooled_ols(design, sites)
-            ols_time = time.perf_counter() - t
-            width = ols["ci_high"] - ols["ci_low"]
-            for plan, eps in methods:
-                if plan == "pooled OLS":
-                    fit, dt = ols, ols_time
-                else:
-                    st = GLMSettings(design, MEASURES, N_COMPONENTS, eps, delta=DELTA, plan=plan, random_state=rep,
-                                     n_boot=n_boot, level=LEVEL)
-                    t = time.perf_counter()
-                    fit = st.run(sites)
-                    dt = time.perf_counter() - t
-                    if eps is not None and eps not in ledger_eps:
-                        ledger_eps[eps] = max(led.epsilon(DELTA, collusion=True) for led in fit["ledgers"])
+            for plan, eps, fit, dt, width in method_fits(design, sites, rep, n_boot, ledger_eps):
                 acc.setdefault((scenario, plan, eps), []).append(score(fit, T, groups, width))
                 times.setdefault((scenario, plan, eps), []).append(dt)
         if (rep + 1) % max(1, reps // 10) == 0:
@@ -371,7 +381,6 @@ def real(args, given: list[str]) -> None:
     design = make_design()
     d, people, Y_sites, how = real_measures()
     print(f"  components: {how['seconds']:.1f} s; sites of {[len(g) for g in people]} people", flush=True)
-    methods = [("cape", e) for e in EPSILONS] + [("none", None), ("pooled OLS", None)]
     ref = GLMSettings(design, MEASURES, N_COMPONENTS, None, plan="none")
     scaled = sum(pack_statistics(np.zeros((len(Y), design.p)), Y, design, ref.families)[1] for Y in Y_sites)
     acc: dict[tuple, list[dict]] = {}
@@ -379,21 +388,7 @@ def real(args, given: list[str]) -> None:
     ledger_eps = {}
     for rep in range(reps):
         sites = pseudo_groups(design, Y_sites, rep)
-        t = time.perf_counter()
-        ols = pooled_ols(design, sites)
-        ols_time = time.perf_counter() - t
-        width = ols["ci_high"] - ols["ci_low"]
-        for plan, eps in methods:
-            if plan == "pooled OLS":
-                fit, dt = ols, ols_time
-            else:
-                st = GLMSettings(design, MEASURES, N_COMPONENTS, eps, delta=DELTA, plan=plan, random_state=rep,
-                                 n_boot=n_boot, level=LEVEL)
-                t = time.perf_counter()
-                fit = st.run(sites)
-                dt = time.perf_counter() - t
-                if eps is not None and eps not in ledger_eps:
-                    ledger_eps[eps] = max(led.epsilon(DELTA, collusion=True) for led in fit["ledgers"])
+        for plan, eps, fit, dt, width in method_fits(design, sites, rep, n_boot, ledger_eps):
             acc.setdefault((plan, eps), []).append(null_score(fit, width))
             times.setdefault((plan, eps), []).append(dt)
         if (rep + 1) % max(1, reps // 10) == 0:
