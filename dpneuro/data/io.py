@@ -36,10 +36,12 @@ from typing import Iterator
 import nibabel as nib
 import numpy as np
 
+from dpneuro._utils.blas import one_blas_thread
 from dpneuro._utils.errors import DpneuroError
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.data.bids import NIFTI_SUFFIXES, VERSION_KEYS, bids_entities, confounds_name, split_name
 from dpneuro.data.cleaning import CleaningError, clean_block, run_confounds
+from dpneuro.data.resample import separable_operator
 
 __all__ = [
     "DataValidationError",
@@ -1090,34 +1092,44 @@ def resampled_block(path, mask: np.ndarray, *, target=None, smoothing_fwhm: floa
     """A run resampled to ``target`` (nilearn, continuous) and/or smoothed (nilearn), masked: D x T.
 
     Volumes are read, resampled and smoothed ``chunk`` at a time (None: all at once); both act on each
-    volume alone, so the block is the same as the whole run's. float32 data stay float32, others float64.
+    volume alone, so the block is the same as the whole run's. When the run's grid and the target's differ by
+    a zoom and a shift per axis, both steps are three matrix products per chunk
+    (:mod:`dpneuro.data.resample`, equal to nilearn's up to float32 rounding); otherwise nilearn resamples each
+    volume. float32 data stay float32, others float64 (the matrix products: float32).
     """
-    from nilearn.image import resample_to_img, smooth_img  # deferred: nilearn is slow to load
-
     img = nib.load(str(path), keep_file_open=True)  # a .nii.gz is then decompressed once, chunk after chunk
+    affine = img.affine if target is None else target.affine
+    op = separable_operator(img.affine, img.shape[:3], affine, mask, smoothing_fwhm)
     n = img.shape[3]
     step = n if chunk is None else max(int(chunk), 1)
     block, bad = None, None
     for a in range(0, n, step):
-        data = np.asanyarray(img.dataobj[..., a:a + step])
+        data = op.read(img.dataobj, a, a + step) if op is not None else np.asanyarray(img.dataobj[..., a:a + step])
         if data.dtype.kind == "f":  # resampling would spread (or hide) a NaN: refuse it before, as the fast path
             b = ~np.isfinite(data).all(axis=-1)
             bad = b if bad is None else bad | b
             if bad.any():
                 continue  # only count the voxels from here on
-        part = nib.Nifti1Image(data, img.affine, img.header)
-        if target is not None:
-            part = resample_to_img(part, target, interpolation="continuous", force_resample=True,
-                                   copy_header=True, clip=False)
-        if smoothing_fwhm:  # after resampling: smoothed on the analysis grid, as nilearn's maskers do
-            part = smooth_img(part, smoothing_fwhm)
-        m = np.asarray(part.dataobj)[mask]
+        m = op.apply(data) if op is not None else _nilearn_resampled(data, img, target, smoothing_fwhm, mask)
         if block is None:
             block = np.empty((m.shape[0], n), np.float32 if m.dtype == np.float32 else np.float64)
         block[:, a:a + m.shape[1]] = m
     if bad is not None and bad.any():
         raise _NonFinite(f"{path}: non-finite values (NaN/inf) in {int(bad.sum())} voxel(s) of the run")
     return block
+
+
+def _nilearn_resampled(data: np.ndarray, img, target, smoothing_fwhm: float | None, mask: np.ndarray) -> np.ndarray:
+    """Volumes resampled to ``target`` (continuous) and smoothed by nilearn, at the mask's voxels."""
+    from nilearn.image import resample_to_img, smooth_img  # deferred: nilearn is slow to load
+
+    part = nib.Nifti1Image(data, img.affine, img.header)
+    if target is not None:
+        part = resample_to_img(part, target, interpolation="continuous", force_resample=True, copy_header=True,
+                               clip=False)
+    if smoothing_fwhm:  # after resampling: smoothed on the analysis grid, as nilearn's maskers do
+        part = smooth_img(part, smoothing_fwhm)
+    return np.asarray(part.dataobj)[mask]
 
 
 def _read_subject(path: Path, mask: np.ndarray, standardize: bool, detrend: bool, *, target=None,
@@ -1517,8 +1529,11 @@ def _decode_site(subjects, mask_bool, target, parcels, memmap_path, progress, wo
                               parcels=None if voxels_path else parcels, plan=pl, target=target, cleaning=cleaning)
 
         blocks = ordered_map(decode, plans, workers=resolve_workers(workers))
+    # the decoding threads fill the cores; BLAS threads on their small products would only contend with them
+    limits = one_blas_thread() if decoder is None else contextlib.nullcontext()
     try:
-        with (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out, \
+        with limits, \
+                (ColumnWriter(memmap_path, (D, N)) if memmap_path is not None else contextlib.nullcontext()) as out, \
                 (ColumnWriter(voxels_path, (int(mask_bool.sum()), N)) if voxels_path else contextlib.nullcontext()) \
                 as vox:
             a = 0
