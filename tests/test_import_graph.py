@@ -21,7 +21,6 @@ DEFERRED = {
     "nilearn": "templates, resampling, atlases, confounds and plotting only; it loads sklearn, pandas and more",
     "sklearn": "FastICA only (spatial ICA, site maps); it loads joblib and scipy's sparse machinery",
     "pandas": "a table of named confounds only",
-    "joblib": "the process pool of the figures only",
     "scipy.signal": "detrending and the figures' spectra only; about 0.3 s to load",
     "scipy.stats": "the synthetic HRF and PD-SVD's measured leak only; about 0.3 s to load",
     "websockets": "COINSTAC's simulator only; an optional extra (coinstac, test)",

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nibabel as nib
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont  # 25 ms to load: the maps are drawn with it
 from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.spatial.distance import squareform
 
-from dpneuro.data.io import bids_entities, load_mask, mask_to_image, resolve_workers
+from dpneuro.data.io import bids_entities, load_mask, mask_to_image
 
 
 def zscore_columns(A: np.ndarray) -> np.ndarray:
@@ -127,87 +131,255 @@ MAP_THRESHOLD = 2.0
 
 def render_component(img3d, out_png, **kw) -> Path:
     """:func:`component_figure` as a PNG at ``out_png``."""
-    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
-
-    fig = component_figure(img3d, **kw)
-    out_png = Path(out_png)
-    fig.savefig(out_png, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out_png
+    return component_figure(img3d, **kw).save(out_png)
 
 
-#: fewer figures than this are drawn in this process: starting a worker (imports, template) costs ~2 s
-PARALLEL_FIGURES = 16
+def render_many(jobs: list[tuple]) -> list[Path]:
+    """:func:`render_component` of every ``(img3d, out_png, kwargs)``.
 
-
-def _render_job(job) -> Path:
-    data, affine, out_png, kw = job
-    return render_component(nib.Nifti1Image(data, affine), out_png, **kw)
-
-
-def render_many(jobs: list[tuple], workers: int | None = None) -> list[Path]:
-    """:func:`render_component` of every ``(img3d, out_png, kwargs)``, in worker processes when there are many.
-
-    Each figure is ~0.3 s of matplotlib under the GIL and a report with four
-    sites' voxel maps draws ~100, more than the analysis takes. loky's
-    workers (joblib's) start clean, without re-running the caller's script,
-    and are shut down on return: kept alive, they held a Pydra worker for
-    their 300 s idle timeout.
+    One after another: a map's picture takes ~10 ms (:func:`component_figure`),
+    so a report's ~100 take 1 s, where the process pool these once needed
+    (0.3 s a figure with nilearn) took 3-4 s to start its two workers on two
+    cores, and threads gain nothing (numpy and PIL hold the GIL for most of a
+    picture).
     """
-    from joblib.externals.loky import ProcessPoolExecutor  # deferred: only the figures' process pool needs it
+    return [render_component(img, out, **kw) for img, out, kw in jobs]
 
-    packed = [(np.asarray(img.dataobj), img.affine, str(out), kw) for img, out, kw in jobs]
-    workers = min(resolve_workers(workers), len(jobs) // (PARALLEL_FIGURES // 2))
-    if workers < 2 or len(jobs) < PARALLEL_FIGURES:
-        return [_render_job(j) for j in packed]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_render_job, packed, chunksize=4))
+
+@dataclass
+class MapPicture:
+    """A figure drawn straight to pixels: ``image`` (PIL, in :func:`_palette`'s colours), every label drawn on it,
+    as ``(kind, text, (left, top, right, bottom))`` in pixels (a map's kinds: ``title``, ``cut`` (a cut's
+    coordinate), ``side`` (L, R), ``colorbar`` (a colour bar's tick label) and ``caption``), and where each cut
+    lies (``panels``: its name, x, y or z, to ``(left, top, width, height)``)."""
+
+    image: Any
+    labels: list[tuple[str, str, tuple[int, int, int, int]]] = field(default_factory=list)
+    panels: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+
+    def save(self, path) -> Path:
+        """The picture as a PNG at ``path`` (a palette PNG: about half of RGB's bytes)."""
+        self.image.save(path, format="PNG")
+        return Path(path)
+
+
+#: a picture's palette: this many greys (0 to 255: backgrounds, the template, labels), then the maps' colours;
+#: 64 show the template without bands, in files a third smaller than 160 gave
+_GREYS = 64
+#: how many of the maps' colours (RdBu_r, -vmax to vmax) the palette holds
+_COLOURS = 96
+
+
+def _grey(value) -> np.ndarray:
+    """The palette index of a grey level (0-255)."""
+    return np.rint(np.asarray(value, np.float64) * ((_GREYS - 1) / 255.0)).astype(np.uint8)
+
+
+def _colour(values: np.ndarray, vmax: float) -> np.ndarray:
+    """The palette index of the maps' colour of each value on the scale [-vmax, vmax]."""
+    k = np.clip(((values + vmax) / (2 * vmax) * _COLOURS).astype(int), 0, _COLOURS - 1)
+    return (_GREYS + k).astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=1)
+def _palette() -> np.ndarray:
+    """The colours of the pictures (256 x RGB, uint8): :data:`_GREYS` greys, then :data:`_COLOURS` of RdBu_r, the
+    maps' colours as nilearn and the other figures draw them. Composed as indices into it, a picture needs no
+    colour quantization, and its greys and white are exact."""
+    import matplotlib  # deferred: matplotlib is slow to load; only figures need it
+
+    greys = np.repeat(np.linspace(0.0, 255.0, _GREYS)[:, None], 3, axis=1)
+    colours = matplotlib.colormaps["RdBu_r"]((np.arange(_COLOURS) + 0.5) / _COLOURS)[:, :3] * 255
+    return np.vstack([greys, colours]).round().astype(np.uint8)
+
+
+class _Canvas:
+    """A picture under construction: palette indices (``idx``, rows x columns) and the labels to draw on it."""
+
+    def __init__(self, height: int, width: int, background: float):
+        self.idx = np.full((height, width), _grey(background), np.uint8)
+        self.texts: list[tuple[tuple[float, float], str, Any, float, str]] = []
+        self.labels: list[tuple[str, str, tuple[int, int, int, int]]] = []
+
+    def text(self, kind: str, xy, text: str, font, grey: float, anchor: str) -> None:
+        """``text`` at ``xy`` (PIL's ``anchor``) in a grey level; its box recorded under ``kind``."""
+        box = _MEASURE.textbbox(xy, text, font=font, anchor=anchor)
+        self.texts.append((xy, text, font, grey, anchor))
+        self.labels.append((kind, text, (int(box[0]), int(box[1]), int(box[2]), int(box[3]))))
+
+    def picture(self, panels: dict | None = None) -> MapPicture:
+        """The finished picture: each label antialiased over what lies under it (a grey: text sits on the
+        background, the template or a grey bar)."""
+        h, w = self.idx.shape
+        lum = _palette().astype(np.float64) @ [0.299, 0.587, 0.114]
+        for grey in sorted({t[3] for t in self.texts}):
+            cover = Image.new("L", (w, h), 0)
+            draw = ImageDraw.Draw(cover)
+            for xy, text, font, g, anchor in self.texts:
+                if g == grey:
+                    draw.text(xy, text, font=font, fill=255, anchor=anchor)
+            a = np.asarray(cover, np.float64) / 255.0
+            on = a > 0
+            self.idx[on] = _grey(grey * a[on] + lum[self.idx[on]] * (1.0 - a[on]))
+        image = Image.fromarray(self.idx)  # "L": a palette makes it "P"
+        image.putpalette(_palette().ravel().tolist())
+        return MapPicture(image, self.labels, panels or {})
+
+
+#: measures the labels' boxes
+_MEASURE = ImageDraw.Draw(Image.new("L", (1, 1)))
+
+
+#: the pictures' resolution (pixels per inch): a width of 9 inches is 900 pixels
+DPI = 100
+#: a map's three cuts: (label, the axis it cuts across, the axes drawn across and up)
+_CUTS = (("x", 0, 1, 2), ("y", 1, 0, 2), ("z", 2, 0, 1))
 
 
 def component_figure(img3d, *, threshold: float = MAP_THRESHOLD, title: str = "", bg_img=None,
-                     vmax: float | None = None, cut_coords=None, on_template: bool = True, width: float = 9.0):
-    """One component's matplotlib figure: ortho cuts on the MNI template (3-D) or an image (2-D grid).
+                     vmax: float | None = None, cut_coords=None, on_template: bool = True,
+                     width: float = 9.0) -> MapPicture:
+    """One component's figure: ortho cuts on the MNI template (3-D), or its one slice (2-D grid).
 
-    The cuts are annotated with their coordinates (mm) and L/R; the colour
-    bar's ticks are the threshold and the ends (:func:`colorbar_ticks`), and
-    its caption sits below the cuts. ``cut_coords`` (mm) default to the
-    map's peak; pass the matched truth's peak to show a component and its
-    truth through the same slices. ``on_template=False`` (data not in MNI
-    space) draws the map on its own grid, without the template. ``width``
-    (inches at 100 dpi) of a 3-D figure: a narrower one keeps its labels
-    readable where two are shown side by side.
+    As nilearn's ``plot_stat_map`` draws them (its colours, RdBu_r; voxels
+    with |z| > ``threshold`` coloured over the template), straight to pixels:
+    ~10 ms a figure where nilearn and matplotlib took 0.15-0.9 s. The cuts
+    are annotated with their coordinates (mm) and L/R; the colour bar's ticks
+    are the threshold and the ends (:func:`colorbar_ticks`), and its caption
+    sits below the cuts. ``cut_coords`` (mm) default to the map's peak; pass
+    the matched truth's peak to show a component and its truth through the
+    same slices. ``on_template=False`` (data not in MNI space) draws the map
+    on its own grid, its voxels in grey, without the template. ``width``
+    (inches at :data:`DPI`): a narrower figure keeps its labels readable
+    where two are shown side by side.
     """
-    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
-
-    data = np.asarray(img3d.dataobj, dtype=np.float64)
-    if _is_2d(data.shape):
-        fig, ax = plt.subplots(figsize=(3.6, 3.6))
-        lim = vmax or max(np.abs(data).max(), 1e-12)
-        im = ax.imshow(data[:, :, 0].T, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set_title(title, fontsize=10)
-        ax.axis("off")
-        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        cb.set_label("z-score", fontsize=8)
+    data, affine = _ras(img3d)
+    lim = float(vmax or max(np.abs(data).max(), 1e-12))
+    if _is_2d(data.shape):  # a toy grid: its one slice, on its own grid
+        cuts, on_template, width = _CUTS[2:], False, min(width, 4.0)
     else:
-        from nilearn import plotting  # deferred: nilearn is slow to load
+        cuts = _CUTS
+    if on_template:
+        bg, bg_affine, box, bg_max = _background(bg_img) if bg_img is not None else _template_background()
+        bg_max *= 1.4  # the brightest tissue light grey: the colours stand out
+    else:  # the map's own grid: its voxels (the mask) in dark grey
+        bg, bg_affine, bg_max = (data != 0).astype(np.float64), affine, 3.0
+        box = _box(data != 0, affine)
+    cut = tuple(cut_coords) if cut_coords is not None else peak_mm(img3d)
+    # pixels: a band for the title, the cuts side by side at their true aspect, a column for the colour bar,
+    # a band for the caption
+    top, bottom, edge, gap, bar_col = (30 if title else 8), 18, 6, 6, 80
+    W = int(round(width * DPI))
+    ratios = [(box[h][1] - box[h][0]) / (box[v][1] - box[v][0]) for _, _, h, v in cuts]
+    ch = int((W - bar_col - 2 * edge - gap * (len(cuts) - 1)) / sum(ratios))
+    H = top + ch + bottom
+    canvas = _Canvas(H, W, background=0.0)
+    placed = []
+    x = edge
+    for (name, axis, h, v), ratio in zip(cuts, ratios):
+        pw = int(round(ratio * ch))
+        hs = box[h][0] + (np.arange(pw) + 0.5) * (box[h][1] - box[h][0]) / pw
+        vs = box[v][1] - (np.arange(ch) + 0.5) * (box[v][1] - box[v][0]) / ch  # the top row is the highest
+        grey = _sample(_slice(bg, bg_affine, axis, cut[axis]), bg_affine, h, v, hs, vs, linear=on_template)
+        panel = _grey(np.clip(grey / bg_max, 0.0, 1.0) * 255)
+        z = _sample(_slice(data, affine, axis, cut[axis]), affine, h, v, hs, vs, linear=False)
+        shown = np.abs(z) > threshold
+        panel[shown] = _colour(z[shown], lim)
+        canvas.idx[top:top + ch, x:x + pw] = panel
+        placed.append((name, axis, x, pw))
+        x += pw + gap
+    bar_x = x - gap + 8
+    bar = _colorbar_pixels(canvas.idx, bar_x, top + 4, H - bottom - 22, lim, threshold)
+    small = _points(8)
+    for name, axis, x0, pw in placed:
+        canvas.text("cut", (x0 + 3, top + ch - 3), f"{name}={cut[axis]:.0f}", small, 255, "ld")
+        if name != "x":  # left is left (neurological convention, as nilearn draws them)
+            canvas.text("side", (x0 + 3, top + 3), "L", small, 255, "la")
+            canvas.text("side", (x0 + pw - 3, top + 3), "R", small, 255, "ra")
+    if title:
+        canvas.text("title", (8, 6), title, _points(10), 255, "la")
+    for t, y in bar:
+        canvas.text("colorbar", (bar_x + 18, y), f"{t:.2g}".replace("-", "\u2212"), small, 255, "lm")
+    canvas.text("caption", (W - 5, H - 3), f"colour: z-score, |z| > {threshold:g} shown", small, 191, "rd")
+    return canvas.picture({name: (x0, top, pw, ch) for name, _, x0, pw in placed})
 
-        fig = plt.figure(figsize=(width, width * 3.2 / 9.0))
-        bg = (bg_img if bg_img is not None else _template()) if on_template else False
-        display = plotting.plot_stat_map(img3d, bg_img=bg, threshold=threshold, display_mode="ortho",
-                                         cut_coords=cut_coords or peak_mm(img3d), figure=fig, colorbar=True,
-                                         annotate=True, draw_cross=False, title=title or None, vmax=vmax)
-        cbar = getattr(display, "_cbar", None)  # nilearn keeps its colour bar private
-        if cbar is not None:
-            lim = float(cbar.norm.vmax)
-            ticks = colorbar_ticks(lim, threshold)
-            old = cbar.ax.yaxis.get_ticklabels()
-            color = old[0].get_color() if old else "w"  # nilearn's colour for the background it drew
-            cbar.set_ticks(ticks, labels=[f"{t:.2g}" for t in ticks])
-            cbar.ax.tick_params(labelcolor=color)
-        # below the cuts (savefig's tight box grows to hold it), never over the colour bar's lowest label
-        fig.text(0.995, -0.01, f"colour: z-score, |z| > {threshold:g} shown", ha="right", va="top", fontsize=9,
-                 color="0.75")
-    return fig
+
+def _ras(img3d, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """A volume's data (as ``dtype``; None: as stored) and affine with its axes along R, A, S (a diagonal affine
+    with positive steps)."""
+    affine = np.asarray(img3d.affine, np.float64)
+    lin = affine[:3, :3]
+    if not (np.allclose(lin, np.diag(np.diag(lin))) and np.all(np.diag(lin) > 0)):
+        from nilearn.image import reorder_img  # deferred: nilearn is slow to load
+
+        img3d = reorder_img(img3d, resample="nearest")
+        affine = np.asarray(img3d.affine, np.float64)
+    data = np.asarray(img3d.dataobj, dtype)
+    return (data[..., 0] if data.ndim == 4 and data.shape[3] == 1 else data), affine
+
+
+def _slice(vol: np.ndarray, affine: np.ndarray, axis: int, mm: float) -> np.ndarray:
+    """The 2-D slice of a RAS volume across ``axis`` nearest to ``mm`` (the remaining axes in order)."""
+    i = int(np.clip(np.rint((mm - affine[axis, 3]) / affine[axis, axis]), 0, vol.shape[axis] - 1))
+    return vol[(slice(None),) * axis + (i,)]  # a view (np.take took 7 ms to copy it from the 1 mm template)
+
+
+def _sample(sl: np.ndarray, affine: np.ndarray, h: int, v: int, hs: np.ndarray, vs: np.ndarray, *,
+            linear: bool) -> np.ndarray:
+    """A slice (its axes: ``h``, ``v`` of a RAS volume) at the positions ``vs`` (mm, rows) x ``hs`` (columns):
+    bilinear (``linear``) or the nearest voxel's value; 0 outside the grid."""
+    out = np.pad(sl.T, 1)  # a border of zeros: positions off the grid read 0
+    for axis, (pos, a) in enumerate(((vs, v), (hs, h))):
+        pos = np.clip((pos - affine[a, 3]) / affine[a, a] + 1.0, 0.0, out.shape[axis] - 1.0)
+        if not linear:
+            out = np.take(out, np.rint(pos).astype(int), axis=axis)
+            continue
+        lo = np.minimum(np.floor(pos).astype(int), out.shape[axis] - 2)
+        w = np.expand_dims(pos - lo, 1 - axis)
+        out = np.take(out, lo, axis=axis) * (1.0 - w) + np.take(out, lo + 1, axis=axis) * w
+    return out
+
+
+def _box(inside: np.ndarray, affine: np.ndarray, margin: float = 4.0) -> list[tuple[float, float]]:
+    """The world box (mm, per axis) around a RAS volume's ``inside`` voxels, with a margin."""
+    ijk = np.argwhere(inside)
+    if not len(ijk):
+        ijk = np.array([[0, 0, 0], np.array(inside.shape) - 1])
+    lo, hi = ijk.min(axis=0), ijk.max(axis=0)
+    step, origin = np.diag(affine)[:3], affine[:3, 3]
+    return [(origin[a] + lo[a] * step[a] - step[a] / 2 - margin, origin[a] + hi[a] * step[a] + step[a] / 2 + margin)
+            for a in range(3)]
+
+
+def _colorbar_pixels(idx: np.ndarray, x: int, y0: int, y1: int, vmax: float, threshold: float
+                     ) -> list[tuple[float, int]]:
+    """A vertical colour bar (12 pixels wide) drawn into ``idx`` at column ``x`` from row ``y0`` to ``y1``: +vmax at
+    the top, grey where |z| is under the threshold, a white outline and tick marks. Returns each tick's value and
+    row (:func:`colorbar_ticks`)."""
+    n = y1 - y0
+    values = vmax - (np.arange(n) + 0.5) / n * 2 * vmax
+    col = _colour(values, vmax)
+    col[np.abs(values) < threshold] = _grey(128)
+    white = _grey(255)
+    idx[y0:y1, x:x + 12] = col[:, None]
+    idx[[y0 - 1, y1], x - 1:x + 13] = white
+    idx[y0 - 1:y1 + 1, [x - 1, x + 12]] = white
+    ticks = []
+    for t in colorbar_ticks(vmax, threshold):
+        y = int(np.clip(round(y0 + (vmax - t) / (2 * vmax) * n), y0, y1 - 1))
+        idx[y, x + 12:x + 16] = white
+        ticks.append((t, y))
+    return ticks
+
+
+@functools.lru_cache(maxsize=8)
+def _points(size: float):
+    """matplotlib's font (DejaVu Sans, which it ships) at ``size`` points at :data:`DPI`: the maps' labels look
+    like the other figures'."""
+    import matplotlib  # deferred: matplotlib is slow to load; only figures need it
+
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    return ImageFont.truetype(str(font), int(round(size * DPI / 72)))
 
 
 def colorbar_ticks(vmax: float, threshold: float, *, min_gap: float = 0.12) -> list[float]:
@@ -280,6 +452,7 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
     figs = Path(figs)
     figs.mkdir(parents=True, exist_ok=True)
     img = nib.load(str(components_path))
+    maps = np.asarray(img.dataobj)  # read once: a gzipped file's slicer decompresses it again for every volume
     if problem is _CHECK:
         problem = template_problem(mask_path)
     on_template = problem is None
@@ -297,10 +470,10 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
             label += f" {names[c]}"
         # index, sign and cuts as drawn: a site's voxel map of the component is drawn the same way beside it
         entry: dict = {"label": label, "index": c, "sign": 1.0}
-        comp3d = img.slicer[..., c]
+        comp3d = nib.Nifti1Image(maps[..., c], img.affine)
         cut = peak_mm(comp3d) if three_d else None
         if truth_img is not None:
-            t3d = truth_img.slicer[..., j]
+            t3d = nib.Nifti1Image(np.asarray(truth_img.dataobj[..., j]), truth_img.affine)
             cut = peak_mm(t3d) if three_d else None
             if truth["corr"][j] < 0:
                 comp3d = nib.Nifti1Image(-np.asarray(comp3d.dataobj), comp3d.affine)
@@ -315,7 +488,7 @@ def render_components(components_path, mask_path, figs: Path, *, truth: dict | N
             entry["interactive"] = interactive_view(comp3d, on_template=on_template)
         entries.append(entry)
     render_many(jobs)
-    where = ("on the MNI152 template (2 mm), through each map's peak (slice coordinates in mm; L = left)"
+    where = ("on the MNI152 template, through each map's peak (slice coordinates in mm; L = left)"
              if three_d and on_template else "on the data's own grid")
     note = (f"Each map is z-scored over voxels; voxels with |z| > {MAP_THRESHOLD:g} are coloured (colour bar: "
             f"z-score), shown {where}.")
@@ -340,13 +513,14 @@ def render_site_maps(entries: list[dict], site_maps: dict[str, str], components_
     jobs = []
     for site, path in site_maps.items():
         img = nib.load(str(path))
-        vox = np.asarray(img.dataobj, np.float64)[mask]
+        full = np.asarray(img.dataobj, np.float64)  # read once (see render_components)
+        vox = full[mask]
         for e in entries:
             c = e["index"]
             a, g = vox[:, c], e["sign"] * group[:, c]
             r = float(np.corrcoef(a, g)[0, 1]) if a.std() > 0 and g.std() > 0 else 0.0  # a silent map: no r
             sign = -1.0 if r < 0 else 1.0
-            img3d = nib.Nifti1Image(sign * np.asarray(img.slicer[..., c].dataobj), img.affine)
+            img3d = nib.Nifti1Image(sign * full[..., c], img.affine)
             png = figs / f"{site}_{c + 1:02d}.png"
             # narrower than the consortium's figure: shown two to a row at their own size
             jobs.append((img3d, png, dict(title=f"{site} {e['label']}", cut_coords=e.get("cut"),
@@ -362,6 +536,28 @@ def _template():
     from nilearn import datasets  # deferred: nilearn is slow to load
 
     return datasets.load_mni152_template(resolution=2)
+
+
+def _background(img3d, dtype=np.float64) -> tuple[np.ndarray, np.ndarray, list[tuple[float, float]], float]:
+    """An anatomical image to draw maps on: its RAS data, affine, the box around its brain (mm) and its maximum."""
+    data, affine = _ras(img3d, dtype)
+    top = float(data.max())
+    return data, affine, _box(data > 0.05 * top, affine), top
+
+
+#: the 1 mm MNI152 template nilearn ships (load_mni152_template's source), relative to nilearn's package
+_MNI152_1MM = ("datasets", "data", "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz")
+
+
+@functools.lru_cache(maxsize=1)
+def _template_background() -> tuple[np.ndarray, np.ndarray, list[tuple[float, float]], float]:
+    # read directly (0.2 s): load_mni152_template(resolution=2) resamples this file after importing
+    # nilearn.datasets (~1 s), and a picture's pixels (~0.7 mm) are finer than its 2 mm
+    spec = importlib.util.find_spec("nilearn")
+    path = Path(spec.origin).parent.joinpath(*_MNI152_1MM) if spec and spec.origin else None
+    if path is None or not path.exists():
+        return _background(_template())
+    return _background(nib.load(str(path)), dtype=None)
 
 
 def peak_mm(img3d) -> tuple[float, float, float]:
@@ -382,12 +578,21 @@ def timecourse_figure(S: np.ndarray, tr: float | None, out_png, **kw) -> Path:
     return Path(out_png)
 
 
+#: z between the rows of a time-course figure: a z-scored trace rarely leaves +-3
+TRACE_GAP = 6.0
+
+
 def timecourse_plot(S: np.ndarray, tr: float | None, *, n_show: int | None = None, title: str = ""):
-    """Each component's time course and power spectrum (one row per component); ``title`` names the data.
+    """Each component's time course and power spectrum, one row per component (IC01 at the top); ``title``
+    names the data.
 
     Each time course is z-scored over the volumes shown (ICA fixes no scale,
-    so "z" is the one unit that means something), and its spectrum is in Hz
-    from ``tr`` (seconds); without a TR the axes count volumes.
+    so "z" is the one unit that means something) and drawn :data:`TRACE_GAP`
+    z below the one above it, its 0 at its tick (minor ticks at +-2); its
+    spectrum is in Hz from ``tr`` (seconds), every spectrum to one scale (the
+    highest peak's z²/Hz under it); without a TR the axes count volumes.
+    Two axes, not two per component: matplotlib's axes and their ticks were
+    0.3 s of a figure.
     """
     import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
     from matplotlib.ticker import MaxNLocator  # deferred: matplotlib is slow to load; only figures need it
@@ -398,30 +603,39 @@ def timecourse_plot(S: np.ndarray, tr: float | None, *, n_show: int | None = Non
     S = S[:R] - S[:R].mean(axis=1, keepdims=True)
     sd = S.std(axis=1, keepdims=True)
     S = np.divide(S, sd, out=np.zeros_like(S), where=sd > 1e-12)
-    fig, axes = plt.subplots(R, 2, figsize=(8, 0.9 * R + 0.9), squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 1]})
     step = tr if tr else 1.0
     t = np.arange(S.shape[1]) * step
+    f, P = signal.welch(S, fs=1.0 / step, nperseg=min(64, S.shape[1]), axis=1)
+    peak = float(P.max()) if P.size and P.max() > 0 else 1.0
+    offsets = -TRACE_GAP * np.arange(R)
+    height = 0.6 * R + 1.0
+    top, bottom = 0.3 + (0.25 if title else 0.0), 0.55  # inches: the titles above, the axes' labels below
+    fig, axes = plt.subplots(1, 2, figsize=(8, height), sharey=True,
+                             gridspec_kw={"width_ratios": [3, 1], "left": 0.08, "right": 0.985, "wspace": 0.06,
+                                          "top": 1 - top / height, "bottom": bottom / height})
+    ax, bx = axes
     for i in range(R):
-        axes[i, 0].plot(t, S[i], lw=0.6, color="0.2")
-        axes[i, 0].set_ylabel(f"IC{i + 1:02d}", rotation=0, labelpad=18, fontsize=8)
-        f, p = signal.welch(S[i], fs=1.0 / step, nperseg=min(64, S.shape[1]))
-        axes[i, 1].plot(f, p, lw=0.8, color="C0")  # linear: a log axis within one decade gets no labels
-        axes[i, 1].set_ylim(bottom=0)
-        for ax in axes[i]:
-            ax.tick_params(labelsize=6)
-            ax.xaxis.set_major_locator(MaxNLocator(4 if ax is axes[i, 1] else 6))
-            if i < R - 1:
-                ax.set_xticklabels([])
-        axes[i, 0].set_yticks([-2, 0, 2])
-        axes[i, 1].yaxis.set_major_locator(MaxNLocator(2))
-    axes[0, 0].set_title("time course (z-scored over these volumes)", fontsize=8)
-    axes[0, 1].set_title("power spectrum" + (" (z²/Hz)" if tr else ""), fontsize=8)
-    axes[-1, 0].set_xlabel("time (s)" if tr else "volume (TR unknown)", fontsize=8)
-    axes[-1, 1].set_xlabel(f"frequency (Hz; TR {tr:g} s)" if tr else "frequency (cycles per volume)", fontsize=8)
+        ax.plot(t, S[i] + offsets[i], lw=0.6, color="0.2")
+        # linear: a log axis within one decade gets no labels
+        bx.plot(f, offsets[i] - 0.45 * TRACE_GAP + 0.9 * TRACE_GAP * P[i] / peak, lw=0.8, color="C0")
+    ax.hlines(offsets, t[0], t[-1], color="0.85", lw=0.5, zorder=0)
+    bx.hlines(offsets - 0.45 * TRACE_GAP, f[0], f[-1], color="0.85", lw=0.5, zorder=0)
+    ax.set_yticks(offsets, [f"IC{i + 1:02d}" for i in range(R)], fontsize=8)
+    ax.set_yticks(np.concatenate([offsets - 2, offsets + 2]), minor=True)
+    ax.set_ylim(offsets[-1] - TRACE_GAP / 2, TRACE_GAP / 2)
+    ax.set_xlim(t[0], t[-1])
+    bx.set_xlim(f[0], f[-1])
+    bx.tick_params(axis="y", which="both", left=False)
+    for a, n in ((ax, 6), (bx, 4)):
+        a.tick_params(axis="x", labelsize=6)
+        a.xaxis.set_major_locator(MaxNLocator(n))
+    ax.set_title("time course (z-scored over these volumes; ticks at 0 and +-2)", fontsize=8)
+    bx.set_title("power spectrum", fontsize=8)
+    ax.set_xlabel("time (s)" if tr else "volume (TR unknown)", fontsize=8)
+    bx.set_xlabel((f"frequency (Hz; TR {tr:g} s)" if tr else "frequency (cycles per volume)")
+                  + f"\none scale: highest peak {peak:.2g}" + (" z²/Hz" if tr else ""), fontsize=7)
     if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=9, y=1 - 0.08 / height, va="top")
     return fig
 
 
@@ -541,36 +755,42 @@ def overview_figure(components_path, mask_path, titles: list[str], out_png, *, t
     """Every component on one page, in the file's order (network order), each titled (its number and network):
     its projections through the brain from above and from the side (the value of largest |z| along each line of
     sight, |z| > ``threshold``) over the mask's outline. As CanICA users see them together with
-    ``plot_prob_atlas``, but a panel per component so each can be named; drawn with matplotlib alone, a
-    fraction of a second per component."""
-    import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
-    from nilearn.image import reorder_img  # deferred: nilearn is slow to load
-
-    img = reorder_img(nib.load(str(components_path)), resample="nearest")  # axes along R, A, S
-    mask = np.asarray(reorder_img(nib.load(str(mask_path)), resample="nearest").dataobj) > 0
-    data = np.asarray(img.dataobj, np.float32)
+    ``plot_prob_atlas``, but a panel per component so each can be named; drawn straight to pixels (no
+    matplotlib), ~10 ms a component."""
+    data = _ras(nib.load(str(components_path)), np.float32)[0]  # axes along R, A, S
+    mask = _ras(nib.load(str(mask_path)), None)[0] > 0
+    if data.ndim == 3:
+        data = data[..., None]
     R = data.shape[3]
     rows = -(-R // columns)
-    fig, axes = plt.subplots(rows, 2 * columns, figsize=(columns * 3.2, rows * 1.75), squeeze=False,
-                             gridspec_kw={"width_ratios": [data.shape[0], data.shape[1]] * columns, "wspace": 0.02})
-    outline = {2: mask.any(axis=2).T, 0: mask.any(axis=0).T}
     lim = float(np.percentile(np.abs(data[mask]), 99.5)) if np.any(data) else 1.0
     lim = max(lim, threshold * 1.5)
-    for k in range(rows * columns):
-        for j, axis in enumerate((2, 0)):  # from above (x, y), from the side (y, z)
-            ax = axes.flat[2 * k + j]
-            ax.axis("off")
-            if k >= R:
-                continue
-            proj = _signed_projection(data[..., k], axis).T
-            ax.imshow(outline[axis], cmap="Greys", vmin=0, vmax=4, origin="lower", interpolation="nearest")
-            ax.imshow(np.ma.masked_where(np.abs(proj) <= threshold, proj), cmap="RdBu_r", vmin=-lim, vmax=lim,
-                      origin="lower", interpolation="nearest")
-            if j == 0:
-                ax.set_title(titles[k] if k < len(titles) else "", fontsize=8, loc="left")
-    fig.savefig(out_png, dpi=80, bbox_inches="tight")
-    plt.close(fig)
-    return Path(out_png)
+    scale = 110.0 / max(data.shape[1], data.shape[2])  # pixels per voxel: a side view 110 pixels across
+    views = []  # from above (x across, y up), from the side (y across, z up)
+    for axis, (h, v) in ((2, (0, 1)), (0, (1, 2))):
+        size = (max(1, round(data.shape[v] * scale)), max(1, round(data.shape[h] * scale)))
+        pick = tuple((np.arange(n) + 0.5) / n for n in size)
+        views.append((axis, size, ((data.shape[v] * (1 - pick[0])).astype(int), (data.shape[h] * pick[1]).astype(int))))
+    title_h, gap, pad = 16, 4, 14
+    panel_h = max(size[0] for _, size, _ in views)
+    cell_w = sum(size[1] for _, size, _ in views) + gap + pad
+    cell_h = title_h + panel_h + 6
+    canvas = _Canvas(rows * cell_h + 4, columns * cell_w + 4, background=255.0)
+    for k in range(R):
+        x0, y0 = 4 + (k % columns) * cell_w, 4 + (k // columns) * cell_h
+        x = x0
+        for axis, (ph, pw), (iv, ih) in views:
+            # a view's pixel (row, column) shows voxel (ih, iv) of the projection: rows from the top (high v) down
+            outline = mask.any(axis=axis)[np.ix_(ih, iv)].T
+            proj = _signed_projection(data[..., k], axis)[np.ix_(ih, iv)].T
+            panel = np.where(outline, _grey(217), _grey(255))
+            shown = np.abs(proj) > threshold
+            panel[shown] = _colour(proj[shown], lim)
+            top = y0 + title_h + (panel_h - ph)
+            canvas.idx[top:top + ph, x:x + pw] = panel
+            x += pw + gap
+        canvas.text("title", (x0, y0 + 2), titles[k] if k < len(titles) else "", _points(7.5), 0, "la")
+    return canvas.picture().save(out_png)
 
 
 def spectrum_figure(eigenvalues, out_png, *, edge: float | None = None, threshold: float | None = None) -> Path:

@@ -10,6 +10,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 from browser import chromium, inspect_page
+from test_report_timings import assert_every_map_shown
 
 from dpneuro.config import RunConfig
 from dpneuro.data.io import load_space
@@ -38,6 +39,8 @@ def test_report_content(mni_run):
     html = open(res["report"], encoding="utf-8").read()
     assert "slice coordinates in mm" in html and "|z| &gt; 2" in html
     assert html.count("<iframe") == 4  # one interactive view per component
+    # every component's map beside its truth's, and each site's voxel map of it: a picture each, none lost
+    assert_every_map_shown(html, 4, [s.name for s in cfg.sites] if cfg.site_voxel_maps else (), truth=True)
     assert 'alt="time courses"' not in html  # no site's subject data in the consortium report
     tsvs = sorted((cfg.run_dir / "timecourses").glob("site-??.tsv"))
     assert len(tsvs) == 3
@@ -75,7 +78,8 @@ def test_report_loads_offline_in_a_browser_with_every_image(mni_run, tmp_path):
     page = inspect_page(Path(res["report"]), screenshot=tmp_path / "report.png")
     assert page["errors"] == [], page["errors"]
     assert page["remote_requests"] == [], page["remote_requests"]
-    assert len(page["images"]) >= 4 + 4 + 3  # maps and their truths (spatial ICA: no convergence figure)
+    # maps, their truths and the sites' voxel maps, the overview, FNC and spectrum (spatial ICA: no convergence)
+    assert len(page["images"]) == 4 + 4 + 4 * 3 + 3
     assert all(w > 0 and h > 0 for _, w, h in page["images"]), page["images"]
     alts = [alt for alt, _, _ in page["images"]]
     assert {"every component", "static FNC", "released spectrum"} <= set(alts), alts

@@ -3,8 +3,11 @@ voxel maps beside the consortium's, and figures whose labels can be read."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
-import os
+import re
 from pathlib import Path
 
 import nibabel as nib
@@ -14,7 +17,7 @@ import pytest
 from dpneuro.config import RunConfig, SiteEntry
 from dpneuro.data.io import load_space
 from dpneuro.datasets.synth import make_consortium
-from dpneuro.report.figures import colorbar_ticks, component_figure, timecourse_plot
+from dpneuro.report.figures import colorbar_ticks, component_figure, peak_mm, timecourse_plot
 from dpneuro.report.html import run_settings
 from dpneuro.report.timings import label
 from dpneuro.run.pipeline import prepare, run_stages
@@ -91,6 +94,31 @@ def _expected(cfg: RunConfig, *, site_maps: bool, states: bool) -> list[str]:
     return names + [label(cfg, "report")]
 
 
+def embedded_maps(page: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """Every component's cell of a report's map grid, by its label: each picture the cell embeds, by its alt text,
+    as its (width, height) in pixels (each decoded: a PNG that is there, not a broken link)."""
+    from PIL import Image
+
+    cells = {}
+    grid = page.split('<div class="grid">', 1)[1].split("\n</div>\n", 1)[0]  # the grid's own closing tag: a line
+    for cell in grid.split('<div class="comp')[1:]:
+        label = html.unescape(re.search(r"<p><b>(.*?)</b>", cell).group(1))
+        cells[label] = {html.unescape(alt): Image.open(io.BytesIO(base64.b64decode(data))).size for alt, data in
+                        re.findall(r'<img alt="([^"]*)"(?: width="\d+")? src="data:image/png;base64,([^"]+)"/>', cell)}
+    return cells
+
+
+def assert_every_map_shown(page: str, n_components: int, sites=(), *, truth: bool = False) -> None:
+    """The report shows every component's map (IC01 to ICnn, once each), its matched truth's, and every site's
+    voxel map of it, each an embedded picture of a readable size."""
+    cells = embedded_maps(page)
+    assert sorted(name.split()[0] for name in cells) == [f"IC{i + 1:02d}" for i in range(n_components)]
+    for name, pictures in cells.items():
+        expected = {name, *(["truth " + name] if truth else []), *(f"{s} {name}" for s in sites)}
+        assert set(pictures) == expected, (name, sorted(pictures))
+        assert all(w >= 300 and h >= 150 for w, h in pictures.values()), (name, pictures)
+
+
 def test_a_spatial_run_times_every_stage_and_shows_each_sites_voxel_maps(data):
     cfg, run, page = _run(data, "spatial", ica="spatial")
     timings = run["timings_s"]
@@ -100,9 +128,8 @@ def test_a_spatial_run_times_every_stage_and_shows_each_sites_voxel_maps(data):
     for name in timings:  # the report shows what run.json recorded, with a total
         assert f"<td>{name}</td>" in page
     assert "<td>total</td>" in page
-    # every site's voxel map of every component, beside the consortium's map
-    for s in SITES:
-        assert page.count(f'<img alt="{s} IC') == R
+    # every component's map, its truth's and every site's voxel map of it, in its cell of the grid
+    assert_every_map_shown(page, R, SITES, truth=True)
     assert page.count("voxel map &mdash; r = ") == R * len(SITES)
     assert "Voxel maps of each site" in page
     # the features and the settings the run used
@@ -135,36 +162,74 @@ def test_every_stage_is_timed_under_the_algorithm_that_ran(data, kw, states):
         assert "reduce (PCA without noise)" in run["timings_s"]
     assert ("&quot;brain_states&quot;" in block) == states
     assert page.count("voxel map &mdash;") == (R * len(SITES) if site_maps else 0)
+    assert_every_map_shown(page, R, SITES if site_maps else (), truth=True)
 
 
 # -- figures ----------------------------------------------------------------------------------------------
 
-def _overlaps(boxes) -> list:
-    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+def _overlap(a, b) -> bool:
+    """Two pixel boxes (left, top, right, bottom) share pixels."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _blobs(vmax: float = 6.0):
+    """A volume on the 6 mm MNI grid: a positive blob peaking at ``vmax`` in the left hemisphere and a negative one
+    (-vmax / 2) in the right."""
+    mask, affine = load_space("mni6mm")
+    ijk = np.argwhere(mask)
+    xyz = nib.affines.apply_affine(affine, ijk)
+    data = np.zeros(mask.shape)
+    data[mask] = (vmax * np.exp(-np.sum((xyz - [-40, -20, 20]) ** 2, axis=1) / 300.0)
+                  - vmax / 2 * np.exp(-np.sum((xyz - [40, -20, 20]) ** 2, axis=1) / 300.0))
+    return nib.Nifti1Image(data, affine)
 
 
 @pytest.mark.parametrize("vmax", [2.2, 2.6, 3.8, 6.0, 25.0])
-def test_colour_bar_labels_neither_overlap_nor_hide_under_the_caption(vmax):
-    import matplotlib.pyplot as plt
-
-    mask, affine = load_space("mni6mm")
-    data = np.zeros(mask.shape)
-    ijk = np.argwhere(mask)
-    centre = ijk.mean(axis=0)
-    data[mask] = vmax * np.exp(-np.sum((ijk - centre) ** 2, axis=1) / 20.0)  # one blob peaking at vmax
-    data[tuple(ijk[0])] = -vmax
-    fig = component_figure(nib.Nifti1Image(data, affine), title="IC01")
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    cbar_ax = max(fig.axes, key=lambda ax: ax.get_position().height / max(ax.get_position().width, 1e-9))
-    labels = [t for t in cbar_ax.yaxis.get_ticklabels() if t.get_visible() and t.get_text()]
-    boxes = [t.get_window_extent(renderer) for t in labels]
-    assert len(labels) >= 2 and not _overlaps(boxes), [t.get_text() for t in labels]
-    shown = {float(t.get_text().replace("\u2212", "-")) for t in labels}
+@pytest.mark.parametrize("width", [9.0, 5.4])
+def test_colour_bar_labels_neither_overlap_nor_hide_under_the_caption(vmax, width):
+    pic = component_figure(_blobs(vmax), title="site-02 IC01 dorsal attention, left (noise?)", width=width)
+    bar = [(text, box) for kind, text, box in pic.labels if kind == "colorbar"]
+    assert len(bar) >= 2
+    shown = {float(text.replace("\u2212", "-")) for text, _ in bar}
     assert {2.0, -2.0} <= shown  # the threshold is marked
-    caption = next(t for t in fig.texts if "z-score" in t.get_text()).get_window_extent(renderer)
-    assert not any(caption.overlaps(b) for b in boxes)
-    plt.close(fig)
+    assert max(shown) == pytest.approx(vmax, rel=0.05) or vmax - 2.0 < 0.12 * 2 * vmax  # an end, unless too close
+    # no label on another (the colour bar's, the caption, the title, the cuts' coordinates, L and R), all inside
+    boxes = [box for _, _, box in pic.labels]
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if _overlap(a, b)], pic.labels
+    W, H = pic.image.size
+    assert all(0 <= b[0] and b[2] <= W and 0 <= b[1] and b[3] <= H for b in boxes), (pic.image.size, pic.labels)
+    assert [t for k, t, _ in pic.labels if k == "caption"] == ["colour: z-score, |z| > 2 shown"]
+    # the caption lies below the cuts, clear of the colour bar's lowest label
+    caption = next(b for k, _, b in pic.labels if k == "caption")
+    assert all(caption[1] >= top + h for _, top, _, h in pic.panels.values())
+    assert W == round(100 * width)
+
+
+def test_a_maps_picture_shows_the_voxels_above_the_threshold_where_they_are():
+    """The cuts go through the peak; left is left; the positive blob is red, the negative blue, and nothing under
+    the threshold is coloured."""
+    img = _blobs(6.0)
+    pic = component_figure(img)
+    peak = peak_mm(img)  # the 6 mm voxel nearest the blob's centre
+    assert np.allclose(peak, (-40, -20, 20), atol=3)
+    assert [t for k, t, _ in pic.labels if k == "cut"] == [f"{n}={v:.0f}" for n, v in zip("xyz", peak)]
+    rgb = np.asarray(pic.image.convert("RGB")).astype(int)
+    red = (rgb[..., 0] > rgb[..., 2] + 40)
+    blue = (rgb[..., 2] > rgb[..., 0] + 40)
+    for name in ("y", "z"):  # the cuts across x: left of the midline on the left
+        left, top, w, h = pic.panels[name]
+        cols = np.arange(w)
+        r, b = red[top:top + h, left:left + w], blue[top:top + h, left:left + w]
+        assert r.sum() > 50 and b.sum() > 10, name
+        assert cols[r.any(axis=0)].max() < w / 2 < cols[b.any(axis=0)].min(), name
+    left, top, w, h = pic.panels["x"]  # the sagittal cut at x = -40 meets only the positive blob
+    assert red[top:top + h, left:left + w].sum() > 50 and not blue[top:top + h, left:left + w].any()
+    # nothing coloured when no voxel passes the threshold
+    quiet = component_figure(nib.Nifti1Image(np.asarray(img.dataobj) / 6.0, img.affine))
+    rgb = np.asarray(quiet.image.convert("RGB")).astype(int)
+    for left, top, w, h in quiet.panels.values():
+        panel = rgb[top:top + h, left:left + w]
+        assert np.abs(panel[..., 0] - panel[..., 2]).max() <= 2  # greys only: the template
 
 
 def test_colorbar_ticks_drop_an_end_too_close_to_the_threshold():
@@ -179,52 +244,23 @@ def test_time_courses_are_z_scored_and_their_spectrum_is_in_hz():
     rng = np.random.default_rng(0)
     S = 0.03 * rng.standard_normal((4, 150))  # the scale a site's time courses come in
     fig = timecourse_plot(S, 0.8)
-    axes = np.array(fig.axes).reshape(4, 2)
-    assert "Hz" in axes[-1, 1].get_xlabel() and "0.8 s" in axes[-1, 1].get_xlabel()
-    assert "z-scored" in axes[0, 0].get_title()
-    for ax in axes[:, 0]:
-        y = ax.get_lines()[0].get_ydata()
+    ax, bx = fig.axes
+    assert "Hz" in bx.get_xlabel() and "0.8 s" in bx.get_xlabel()
+    assert "z-scored" in ax.get_title()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["IC01", "IC02", "IC03", "IC04"]
+    traces = ax.get_lines()
+    assert len(traces) == 4 and len(bx.get_lines()) == 4
+    for line, zero in zip(traces, ax.get_yticks()):  # each trace drawn around its own tick
+        y = line.get_ydata() - zero
         assert abs(np.mean(y)) < 1e-9 and np.std(y) == pytest.approx(1.0)
-    assert axes[-1, 1].get_xlim()[1] == pytest.approx(1 / (2 * 0.8), rel=0.1)  # up to Nyquist, in Hz
+    assert bx.get_xlim()[1] == pytest.approx(1 / (2 * 0.8), rel=0.1)  # up to Nyquist, in Hz
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    for ax in axes.ravel():
-        for axis in (ax.xaxis, ax.yaxis):
+    for a in (ax, bx):
+        for axis in (a.xaxis, a.yaxis):
             boxes = [t.get_window_extent(renderer) for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
-            assert not _overlaps(boxes)
+            assert not [(p, q) for i, p in enumerate(boxes) for q in boxes[i + 1:] if p.overlaps(q)]
     plt.close(fig)
     fig = timecourse_plot(S, None)  # no TR: volumes, not seconds
-    assert "volume" in fig.axes[-2].get_xlabel() and "Hz" not in fig.axes[-1].get_xlabel()
+    assert "volume" in fig.axes[0].get_xlabel() and "Hz" not in fig.axes[1].get_xlabel()
     plt.close(fig)
-
-
-def test_figures_drawn_by_worker_processes_are_the_ones_drawn_here(tmp_path):
-    """A report's many figures go to worker processes; each PNG must be byte for byte what this process draws."""
-    from dpneuro.report.figures import PARALLEL_FIGURES, render_many
-
-    mask, affine = load_space("mni6mm")
-    rng = np.random.default_rng(3)
-    jobs = []
-    for i in range(PARALLEL_FIGURES):
-        vol = np.zeros(mask.shape)
-        vol[mask] = rng.standard_normal(int(mask.sum())) * (1 + i % 3)
-        jobs.append((nib.Nifti1Image(vol, affine), f"fig_{i:02d}.png", {"title": f"IC{i + 1:02d}", "width": 5.4}))
-    drawn = {}
-    for where, workers in (("serial", 1), ("parallel", 2)):
-        (tmp_path / where).mkdir()
-        drawn[where] = render_many([(img, tmp_path / where / name, kw) for img, name, kw in jobs], workers=workers)
-    serial, parallel = drawn["serial"], drawn["parallel"]
-    # the workers are gone on return: idle ones held a Pydra worker process for loky's 300 s timeout
-    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-    if children.exists():
-        def cmd(pid):
-            try:
-                return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:  # exited meanwhile
-                return ""
-
-        alive = [c for c in map(cmd, children.read_text().split()) if c and "resource_tracker" not in c]
-        assert not alive, f"render workers still running: {alive}"
-    assert [Path(p).name for p in parallel] == [Path(p).name for p in serial] == [name for _, name, _ in jobs]
-    for a, b in zip(serial, parallel):
-        assert Path(a).read_bytes() == Path(b).read_bytes(), Path(a).name
