@@ -61,27 +61,31 @@ class SeparableOperator:
         self._voxels = np.nonzero(mask)  # in the mask's own (C) order, as mask[mask]
 
     def read(self, dataobj, start: int, stop: int) -> np.ndarray:
-        """Volumes ``start:stop`` of a nibabel data object, only the voxels the operator reads: float32 when that
-        holds the stored values exactly (float32, 8- and 16-bit integers, scaled or not), float64 otherwise."""
+        """Volumes ``start:stop`` of a nibabel data object (X x Y x Z x t, one contiguous read): float32 when
+        that holds the stored values exactly (float32, 8- and 16-bit integers, scaled or not), float64
+        otherwise."""
         stored = np.dtype(dataobj.dtype)
         exact = stored == np.float32 or (stored.kind in "iub" and stored.itemsize <= 2)
-        return np.asfortranarray(dataobj[(*self.inputs, slice(start, stop))],
-                                 dtype=np.float32 if exact else np.float64)
+        return np.asanyarray(dataobj[..., start:stop]).astype(np.float32 if exact else np.float64, copy=False)
 
     def apply(self, block: np.ndarray) -> np.ndarray:
-        """The mask's voxels (D x t) of ``block`` (the input range x t) resampled and smoothed, in float32 for
-        float32 blocks and float64 otherwise."""
+        """The mask's voxels (D x t) of volumes ``block`` (X x Y x Z x t) resampled and smoothed, in float32
+        for float32 blocks and float64 otherwise."""
         with one_blas_thread():  # the same sums, so the same float32 result, whatever the thread count
-            return self._apply(block)
+            return self._apply(block[self.inputs])
 
     def _apply(self, block: np.ndarray) -> np.ndarray:
         if block.dtype != np.float32:
             return self._products(np.asfortranarray(block), self.matrices)
         # fMRI values sit far from 0 and vary little: the float32 products carry the variation around the
         # first volume, whose part is computed in float64, so their rounding is the variation's, not the level's
-        first = np.asfortranarray(block[..., :1], dtype=np.float64)
-        level = self._products(first, self.matrices)
-        return (self._products(np.asfortranarray(block - block[..., :1]), self._float32) + level).astype(np.float32)
+        first = block[..., :1]
+        level = self._products(np.asfortranarray(first, dtype=np.float64), self.matrices).astype(np.float32)
+        variation = np.empty(block.shape, np.float32, order="F")  # the products' input, in one pass
+        np.subtract(block, first, out=variation)
+        out = self._products(variation, self._float32)
+        out += level
+        return out
 
     def _products(self, block: np.ndarray, matrices) -> np.ndarray:
         ax, ay, az = matrices
