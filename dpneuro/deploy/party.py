@@ -561,7 +561,7 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
     return {"site": ctx.site, "components": str(comp), "timecourses": own["timecourses"], "privacy": str(priv_path),
             "report": str(report), "subjects": subjects, "epsilon": priv["epsilon"],
             "states": None if states is None else str(states), "states_occupancy": own["states_occupancy"],
-            "site_maps": own["site_maps"], "timings_s": timings}
+            "site_maps": own["site_maps"], "site_maps_ica": own["site_maps_ica"], "timings_s": timings}
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,

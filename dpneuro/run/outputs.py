@@ -402,14 +402,15 @@ def write_site_outputs(cfg: RunConfig, info: dict, space: dict, public: dict, ou
             S = time_courses(np.asarray(public["unmix"]["W"]), unmix_input, np.asarray(public["unmix"]["b"]))
         result: dict[str, Any] = {"timecourses": str(write_timecourses(S, out / "timecourses.tsv", info)),
                                   "site_maps": None, "site_maps_values": None, "states_occupancy": None,
-                                  "states_summary": None, "fnc_subjects": None}
+                                  "states_summary": None, "fnc_subjects": None,
+                                  "site_maps_ica": None}
     if cfg.fnc:  # the same per-subject FNC the site's release averaged, kept here for the group statistics
         F = site_fnc(S, [b - a for a, b in info["boundaries"]])
         result["fnc_subjects"] = str(write_subject_fnc(F, info["subject_ids"], out / "fnc_subjects.tsv"))
     if made(cfg, space):
         with timer(label(cfg, "site_maps", site)):
             path, result["site_maps_values"] = write_site_maps(cfg, info, space, S, out / "site_maps.nii.gz",
-                                                               progress=progress)
+                                                               progress=progress, record=result)
             result["site_maps"] = str(path)
     C = public.get("states", {}).get("vectors")
     if C is not None:

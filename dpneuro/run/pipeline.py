@@ -427,7 +427,8 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
               "spectrum": cons["spectrum"],
               "fnc_subjects": {site: o["fnc_subjects"] for site, o in site_out.items() if o["fnc_subjects"]},
               "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
-              "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]}}
+              "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]},
+              "site_maps_ica": {site: o["site_maps_ica"] for site, o in site_out.items() if o["site_maps_ica"]}}
     truth = _truth(cfg)
     if truth is not None:
         A_true, maps = np.load(truth["truth"]["A"]).astype(np.float64), cons["maps"]
@@ -543,6 +544,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         "seed_policy": f"fixed seed {cfg.seed} (reproducible simulation)" if cfg.seed is not None
         else "OS entropy (fresh noise every run)",
         "timings_s": timings, "ica_rounds_run": unm["rounds"], "ica_status": unm["status"],
+        # each site's guided ICA of its own voxel maps (simulated here; a deployed site records its own)
+        "site_maps_ica": mp.get("site_maps_ica", {}),
         "warnings": list(mp.get("warnings", [])), "metrics": parts["metrics"],
         "features": space.get("features", ""),
         "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},

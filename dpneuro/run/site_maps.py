@@ -36,9 +36,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpneuro._utils.blas import one_blas_thread
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.pca import subspace_factor
-from dpneuro.algorithms.spatial_ica import guided_ica
+from dpneuro.algorithms.spatial_ica import GUIDED_ICA_MAX_ITER, guided_ica
 from dpneuro.config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
 from dpneuro.data.io import (
     DataValidationError,
@@ -157,7 +158,8 @@ class SiteSubspace:
 
 def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence[int]], S: np.ndarray, mask, *,
                     method: str = "guided_ica", standardize: bool = True, detrend: bool = False,
-                    workers: int | None = None, progress: bool = False, decode=None) -> np.ndarray:
+                    workers: int | None = None, progress: bool = False, decode=None,
+                    record: dict | None = None) -> np.ndarray:
     """The site's voxel maps (voxels x R), z-scored as the consortium's maps, in the order of ``S``'s rows.
 
     Parameters
@@ -180,6 +182,14 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
     decode : callable, optional
         ``decode(path)`` -> the run's voxels x volumes as the site's matrix has them
         (:func:`dpneuro.data.io.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
+    record : dict, optional
+        Given, ``record["site_maps_ica"]`` is set to how the guided ICA ended: ``{"status": "converged" or
+        "not converged", "n_iter", "max_iter"}``, or None when none ran (``"dual_regression"``, or too little
+        data for R directions).
+
+    The products here are small (a subject's voxels x its volumes, by R or 2R) and run beside the decoding
+    threads, so they use one BLAS thread: with two, one site of the demo took 1.0-39 s on a shared 2-core
+    machine (the more its other load, the longer), with one 0.8-1.6 s.
     """
 
     if method not in METHODS:
@@ -198,33 +208,39 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
     # group's (more directions helped in a measurement, which benchmarks/site_maps.py does not repeat)
     subspace = SiteSubspace(SUBSPACE_FACTOR * R) if method == "guided_ica" else None
     pending: list[np.ndarray] = []
-    try:
-        for k, block in enumerate(progress_bar(blocks, total=len(files), desc="voxel maps", unit="run",
-                                               enabled=progress)):
-            pending.append(block)
-            i = owner[k]
-            if k + 1 < len(files) and owner[k + 1] == i:
-                continue  # the subject's next run
-            a, b = boundaries[i]
-            Y = pending[0] if len(pending) == 1 else np.concatenate(pending, axis=1)
-            pending = []
-            if Y.shape[1] != b - a:  # the file changed since the site loaded it
-                raise DataValidationError(
-                    f"{runs[i][0]}: subject {i + 1}'s runs now have {Y.shape[1]} volumes but had {b - a} when the "
-                    "site loaded them; the data changed during the run: run it again")
-            total += subject_map(Y, S[:, a:b])
-            if subspace is not None:
-                subspace.add(Y)
-    except BaseException:
-        blocks.close()  # cancels the decoding not yet started
-        raise
-    regression = zscore_columns(total / len(runs))
-    if subspace is None:
-        return regression
-    basis, _ = subspace.basis()
-    if basis.shape[1] < R or basis.shape[0] <= basis.shape[1] or np.any(regression.std(axis=0) <= 0):
-        return regression  # too little data for R directions (or a component silent at the site): nothing to refine
-    return guided_ica(basis, regression).maps
+    if record is not None:
+        record["site_maps_ica"] = None
+    with one_blas_thread():  # small products beside the decoding threads, which they would only slow
+        try:
+            for k, block in enumerate(progress_bar(blocks, total=len(files), desc="voxel maps", unit="run",
+                                                   enabled=progress)):
+                pending.append(block)
+                i = owner[k]
+                if k + 1 < len(files) and owner[k + 1] == i:
+                    continue  # the subject's next run
+                a, b = boundaries[i]
+                Y = pending[0] if len(pending) == 1 else np.concatenate(pending, axis=1)
+                pending = []
+                if Y.shape[1] != b - a:  # the file changed since the site loaded it
+                    raise DataValidationError(
+                        f"{runs[i][0]}: subject {i + 1}'s runs now have {Y.shape[1]} volumes but had {b - a} when "
+                        "the site loaded them; the data changed during the run: run it again")
+                total += subject_map(Y, S[:, a:b])
+                if subspace is not None:
+                    subspace.add(Y)
+        except BaseException:
+            blocks.close()  # cancels the decoding not yet started
+            raise
+        regression = zscore_columns(total / len(runs))
+        if subspace is None:
+            return regression
+        basis, _ = subspace.basis()
+        if basis.shape[1] < R or basis.shape[0] <= basis.shape[1] or np.any(regression.std(axis=0) <= 0):
+            return regression  # too little data for R directions (or a component silent at the site): nothing to refine
+        result = guided_ica(basis, regression)
+    if record is not None:
+        record["site_maps_ica"] = {"status": result.status, "n_iter": result.n_iter, "max_iter": GUIDED_ICA_MAX_ITER}
+    return result.maps
 
 
 def made(cfg, space: dict) -> bool:
@@ -243,17 +259,21 @@ def consortium_section(cfg, space: dict, *, simulated: bool = False) -> dict | N
         how=_HOW[cfg.site_maps_method], features=space.get("features", "parcels"))}
 
 
-def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False):
+def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False,
+                    record: dict | None = None):
     """A site's ``voxel maps`` NIfTI at ``path`` from its loader record (``runs``, ``boundaries``) and time courses.
 
     Returns ``(path, maps)``, or None when the run asks for none: without
     parcels the consortium's maps are at voxel resolution already, and
-    ``cfg.site_voxel_maps = false`` turns them off.
+    ``cfg.site_voxel_maps = false`` turns them off. ``record`` (a dict)
+    gets ``record["site_maps_ica"]``, whether the site's guided ICA
+    converged (:func:`site_voxel_maps`).
     """
     if not made(cfg, space):
         return None
     mask, _ = load_mask(space["mask"])
     maps = site_voxel_maps(site["runs"], site["boundaries"], S, mask, method=cfg.site_maps_method,
                            standardize=cfg.standardize, progress=progress,
-                           decode=voxel_decoder(site, space["mask"], cfg.cleaning(), standardize=cfg.standardize))
+                           decode=voxel_decoder(site, space["mask"], cfg.cleaning(), standardize=cfg.standardize),
+                           record=record)
     return write_components(maps, space["mask"], path), maps

@@ -1,10 +1,19 @@
 """Spatial group ICA of the released basis: recovery, the shared parametrisation, the conventions."""
 
+from importlib import import_module
+
 import numpy as np
 import pytest
 
 from dpneuro.algorithms.djica import spatial_maps, time_courses, whiten
-from dpneuro.algorithms.spatial_ica import spatial_ica
+from dpneuro.algorithms.metrics import match_components
+from dpneuro.algorithms.spatial_ica import (
+    GUIDED_ICA_MAX_ITER,
+    SPATIAL_ICA_MAX_ITER,
+    SPATIAL_ICA_RESTARTS,
+    guided_ica,
+    spatial_ica,
+)
 
 
 def _consortium_basis(seed: int, D: int = 2500, R: int = 6, N: int = 500, corr: float = 0.8):
@@ -17,6 +26,25 @@ def _consortium_basis(seed: int, D: int = 2500, R: int = 6, N: int = 500, corr: 
     X /= np.linalg.norm(X, axis=0)  # unit-norm time points, as the pipeline scales them
     lam, V = np.linalg.eigh(X @ X.T / N)
     return S, X, V[:, ::-1][:, :R], lam[::-1][:R]
+
+
+def _site_basis(seed: int, D: int = 3000, R: int = 6, N: int = 400, others: str = "networks"):
+    """A site's principal subspace of 2R directions (as site_maps takes it), noisy references for R of its maps.
+
+    The other R directions hold the site's own sources: heavy-tailed maps (``"networks"``) or Gaussian noise.
+    """
+    rng = np.random.default_rng(seed)
+    A = rng.laplace(size=(D, 2 * R)) ** 3
+    if others == "noise":
+        A[:, R:] = rng.standard_normal((D, R))
+    A /= A.std(axis=0)
+    X = A @ rng.standard_normal((2 * R, N)) + 0.5 * rng.standard_normal((D, N))
+    U = np.linalg.svd(X, full_matrices=False)[0][:, :2 * R]
+    return U, A[:, :R] + 2.0 * rng.standard_normal((D, R)), A[:, :R]
+
+
+def _mean_r(a, b) -> float:
+    return float(np.mean(np.abs(match_components(a, b)[1])))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -51,7 +79,7 @@ def test_signs_order_and_determinism():
     np.testing.assert_array_equal(again.W, r.W)  # a fixed, public start: the aggregator's result is reproducible
     # the answer does not depend on the eigenvectors' signs (a noisy release flips them at random)
     flip = np.where(np.arange(V.shape[1]) % 2, -1.0, 1.0)
-    # (to FastICA's stopping angle, sqrt(tol) = 1e-6 rad, times maps of unit variance over features)
+    # (to where FastICA stops: the kept run is polished towards tol 1e-12, a last step of ~1e-6 rad)
     np.testing.assert_allclose(np.abs(spatial_ica(V * flip, lam).maps), np.abs(r.maps), atol=2e-5)
 
 
@@ -61,3 +89,73 @@ def test_refuses_what_it_cannot_unmix():
         spatial_ica(V, np.ones(5))
     with pytest.raises(ValueError, match="NaN or infinite"):
         spatial_ica(np.eye(10)[:, :3], np.array([1.0, 0.5, np.inf]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_default_tolerances_converge_on_realistic_problems(seed):
+    """Every start of the spatial ICA and the site's guided ICA stop on the tolerance, well within max_iter."""
+    S, _, V, lam = _consortium_basis(seed)
+    r = spatial_ica(V, lam)
+    assert r.status == "converged" and r.n_iter < SPATIAL_ICA_MAX_ITER / 10, r.n_iter
+    assert r.n_converged == SPATIAL_ICA_RESTARTS  # every start, not only the kept one
+    U, ref, A = _site_basis(seed)
+    g = guided_ica(U, ref)
+    assert g.status == "converged" and g.n_iter < GUIDED_ICA_MAX_ITER / 10, g.n_iter
+    assert _mean_r(g.maps, A) > 0.99
+
+
+def test_guided_ica_says_when_it_did_not_converge():
+    """Gaussian noise in the site's other directions: FastICA wanders there (no tolerance stops it), says so,
+    and the referenced maps are found all the same."""
+    U, ref, A = _site_basis(0, others="noise")
+    g = guided_ica(U, ref, max_iter=300)
+    assert g.status == "not converged" and g.n_iter == 300
+    assert _mean_r(g.maps, A) > 0.99
+
+
+def test_the_fits_run_on_one_blas_thread(monkeypatch):
+    """Their small products gain nothing from more threads, which slowed them up to 10x on busy cores."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    module = import_module("dpneuro.algorithms.spatial_ica")  # the package's name spatial_ica is the function
+    seen = []
+    fit = module._fit
+
+    def spy(ica, Z):
+        seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return fit(ica, Z)
+
+    monkeypatch.setattr(module, "_fit", spy)
+    _, _, V, lam = _consortium_basis(0, D=300)
+    U, ref, _ = _site_basis(0, D=300)
+    with threadpool_limits(limits=2, user_api="blas"):
+        spatial_ica(V, lam, n_init=2)
+        guided_ica(U, ref)
+        after = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    assert len(seen) >= 3 and all(s == {1} for s in seen), seen  # (the kept run's polishing is a fit too)
+    assert after <= {2}  # restored after each
+
+
+def test_site_voxel_maps_record_whether_their_guided_ica_converged():
+    """The run's record of each site's voxel maps (``site_maps_ica``), for run.json and the report."""
+    from dpneuro.run.site_maps import site_voxel_maps
+
+    rng = np.random.default_rng(5)
+    D, R, M, T = 400, 3, 6, 50
+    A = rng.laplace(size=(D, 2 * R)) ** 3
+    blocks, tcs = {}, []
+    for m in range(M):
+        S_m = rng.standard_normal((2 * R, T))
+        blocks[f"sub-{m}.nii.gz"] = A @ S_m + rng.standard_normal((D, T))
+        tcs.append(S_m[:R] + 0.3 * rng.standard_normal((R, T)))
+    runs, S = [[f] for f in blocks], np.concatenate(tcs, axis=1)
+    boundaries, mask = [(T * m, T * (m + 1)) for m in range(M)], np.ones((D, 1, 1), bool)
+    record = {}
+    maps = site_voxel_maps(runs, boundaries, S, mask, decode=blocks.__getitem__, workers=1, record=record)
+    ica = record["site_maps_ica"]
+    assert ica["status"] == "converged" and 0 < ica["n_iter"] < ica["max_iter"] == GUIDED_ICA_MAX_ITER, ica
+    assert maps.shape == (D, R)
+    record = {}
+    site_voxel_maps(runs, boundaries, S, mask, method="dual_regression", decode=blocks.__getitem__, workers=1,
+                    record=record)
+    assert record == {"site_maps_ica": None}  # no guided ICA ran

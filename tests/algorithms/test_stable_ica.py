@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dpneuro.algorithms.metrics import match_components
-from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, _whiten, spatial_ica
+from dpneuro.algorithms.spatial_ica import SPATIAL_ICA_RESTARTS, SPATIAL_ICA_TOL, _whiten, spatial_ica
 from dpneuro.privacy import rmt
 
 
@@ -44,10 +44,12 @@ def test_keeps_the_run_the_criterion_picks(select):
     assert len(np.unique(np.round(r.scores, 6))) > 1  # the starts reach different optima here
     best = r.scores.min() + 1e-6 * abs(r.scores.min())  # one optimum reached from several starts: a tie
     assert r.scores[r.kept] <= best and np.all(r.scores[:r.kept] > best)  # the earliest of the best
+    # the returned maps are the kept run's (gone on towards the polishing tolerance, as a single run does)
+    np.testing.assert_array_equal(r.maps, spatial_ica(V, lam, n_init=1, init_seed=r.kept, select=select).maps)
     M = (r.maps - r.maps.mean(0)) / r.maps.std(0)
     score = (np.abs(M).sum(0).max() if select == "sparsity"
              else -np.sum((np.mean(np.log(np.cosh(M)), 0) - 0.3745672075) ** 2))
-    assert score == pytest.approx(r.scores.min(), rel=1e-6)  # the returned maps are the kept run's
+    assert score == pytest.approx(r.scores.min(), rel=1e-3)  # scored where the run stopped, at tol
     assert r.stability.shape == (V.shape[1],) and np.all((r.stability > 0) & (r.stability <= 1 + 1e-9))
 
 
@@ -55,9 +57,10 @@ def test_keeps_the_run_the_criterion_picks(select):
 def test_restarts_make_the_maps_independent_of_the_public_start():
     # What lets private maps converge to the non-private ones (benchmarks/stable_ica.py): the kept run does not
     # depend on which public starts were used. 40 fixed problems, starts from seed 0 against seed 1000; measured
-    # with scikit-learn 1.9: one run gives different maps on 12 problems (mean |r| 0.981 between the two),
-    # the default 20 starts on 4 (0.999). On these planted sources restarts neither help nor hurt recovery of
-    # the sources themselves (0.789 either way), so that is not asserted.
+    # with scikit-learn 1.9.1 at the default tolerance: one run gives different maps on 12 problems (mean |r|
+    # 0.979 between the two), the default 20 starts on 6 (0.994; the same 6 at tol 1e-12), 4 of them problems
+    # whose kept runs oscillate without converging at any tolerance. On these planted sources restarts neither
+    # help nor hurt recovery of the sources themselves (0.785 and 0.789), so that is not asserted.
     def start_dependent(n_init):
         agree = []
         for seed in range(40):
@@ -69,6 +72,25 @@ def test_restarts_make_the_maps_independent_of_the_public_start():
 
     single, stable = start_dependent(1), start_dependent(SPATIAL_ICA_RESTARTS)
     assert stable[0] <= single[0] / 2 and stable[1] > single[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7, 8])  # 4 and 9: some starts do not converge at 1e-10
+def test_the_default_tolerance_keeps_the_maps_of_a_much_tighter_one(seed):
+    # measured: at 1e-6 the kept maps matched 1e-12's on every basis tried (|r| >= 0.9995, 1.000000 once the kept
+    # run is polished); at 1e-4 not (0.885 here on seed 7: a start that stopped early won the selection)
+    V, lam, _ = _planted(seed)
+    tight = spatial_ica(V, lam, tol=1e-10)
+    assert tight.n_converged == SPATIAL_ICA_RESTARTS
+    r = spatial_ica(V, lam)
+    assert SPATIAL_ICA_TOL > 1e-10 and r.n_converged == SPATIAL_ICA_RESTARTS
+    assert _recovery(r.maps, tight.maps) >= 0.999
+
+
+def test_every_start_converges_where_a_tighter_tolerance_met_the_rounding_floor():
+    # measured: at the former tol 1e-12, start 12 stalls at 1.4e-12 and runs to max_iter (19 of 20 converge)
+    V, lam, _ = _planted(15)
+    r = spatial_ica(V, lam)
+    assert r.status == "converged" and r.n_converged == SPATIAL_ICA_RESTARTS
 
 
 def test_rejects_bad_settings():
@@ -129,7 +151,13 @@ def test_post_processing_reads_released_values_and_public_facts_only(monkeypatch
     assert set(inspect.signature(spatial_ica).parameters) == {"basis", "eigenvalues", "max_iter", "tol",
                                                               "init_seed", "n_init", "select"}
 
+    import builtins
+
+    real_open = builtins.open
+
     def refuse(*a, **k):
+        if a[:1] == ("/proc/self/maps",):  # threadpoolctl listing the loaded BLAS (one thread for the fits)
+            return real_open(*a, **k)
         raise AssertionError("post-processing opened a file")
 
     V, lam, _ = _planted(2, D=60, R=4)

@@ -249,6 +249,12 @@ def test_guided_ica_beats_dual_regression_at_every_site(consortium):
         assert html.escape(_HOW[m]) in page and all(html.escape(_HOW[o]) not in page for o in reports if o != m)
     for site, r in dr["truth"]["site_r"].items():  # 0.874 against 0.896 on average when written
         assert gi["truth"]["site_r"][site] > r + 0.01, (site, gi["truth"]["site_r"], dr["truth"]["site_r"])
+    # run.json says whether each site's guided ICA converged; dual regression has none to report
+    runs = {name: json.loads((root / name / "run.json").read_text()) for name in ("on", "dr")}
+    assert sorted(runs["on"]["site_maps_ica"]) == sorted(s["site"] for s in man["sites"])
+    for rec in runs["on"]["site_maps_ica"].values():
+        assert rec["status"] == "converged" and 0 < rec["n_iter"] < rec["max_iter"], rec
+    assert runs["dr"]["site_maps_ica"] == {}
 
 
 def test_an_unknown_method_is_refused(consortium):
