@@ -1659,8 +1659,8 @@ def describe_site_inputs(record: dict, *, files: bool = False) -> list[str]:
     if record.get("cleaning"):
         out.append(f"{name}: cleaning: {record['cleaning']['description']}")
     if s["resampled_runs"]:
-        out.append(f"{name}: {s['resampled_runs']} run(s) resampled to the analysis grid (nilearn, continuous "
-                   f"interpolation) from {', '.join(s['resampled_from'])}")
+        out.append(f"{name}: {s['resampled_runs']} run(s) resampled to the analysis grid (as nilearn's "
+                   f"resample_to_img, continuous interpolation) from {', '.join(s['resampled_from'])}")
     if s["scrubbed_volumes"]:
         out.append(f"{name}: {s['scrubbed_volumes']} volume(s) censored by scrubbing")
     for sid, why in s["excluded"]:
