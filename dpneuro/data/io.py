@@ -1094,8 +1094,9 @@ def resampled_block(path, mask: np.ndarray, *, target=None, smoothing_fwhm: floa
     Volumes are read, resampled and smoothed ``chunk`` at a time (None: all at once); both act on each
     volume alone, so the block is the same as the whole run's. When the run's grid and the target's differ by
     a zoom and a shift per axis, both steps are three matrix products per chunk
-    (:mod:`dpneuro.data.resample`, equal to nilearn's up to float32 rounding); otherwise nilearn resamples each
-    volume. float32 data stay float32, others float64 (the matrix products: float32).
+    (:mod:`dpneuro.data.resample`, equal to nilearn's up to float32 rounding), in float32 for float32 and 8- or
+    16-bit data (which it holds exactly) and float64 otherwise; otherwise nilearn resamples each volume,
+    float32 data in float32 and others in float64.
     """
     img = nib.load(str(path), keep_file_open=True)  # a .nii.gz is then decompressed once, chunk after chunk
     affine = img.affine if target is None else target.affine

@@ -57,8 +57,7 @@ class SeparableOperator:
         self.matrices = tuple(matrices)  # (box length x input range) per axis, float64
         self._float32 = tuple(m.astype(np.float32) for m in self.matrices)
         self.inputs = tuple(inputs)  # the input voxels the matrices read, per axis
-        self.mask = mask  # the mask within its bounding box
-        self._voxels = np.nonzero(mask)  # in the mask's own (C) order, as mask[mask]
+        self._voxels = np.nonzero(mask)  # the mask (within its bounding box) in its own C order, as mask[mask]
 
     def read(self, dataobj, start: int, stop: int) -> np.ndarray:
         """Volumes ``start:stop`` of a nibabel data object (X x Y x Z x t, one contiguous read): float32 when

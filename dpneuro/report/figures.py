@@ -532,7 +532,8 @@ def render_site_maps(entries: list[dict], site_maps: dict[str, str], components_
 
 @functools.lru_cache(maxsize=1)
 def _template():
-    # loaded once: reading it took ~0.6 s of every ~0.9 s map figure
+    # loaded once (about 1 s with nilearn.datasets): the interactive view's background, and the pictures' when
+    # nilearn's 1 mm file is not where _template_background looks
     from nilearn import datasets  # deferred: nilearn is slow to load
 
     return datasets.load_mni152_template(resolution=2)
