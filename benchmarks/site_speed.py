@@ -333,6 +333,16 @@ def row_canica(spec: dict) -> dict:
     return {"work_s": seconds, "n_init": spec["canica_n_init"]}
 
 
+def ica_status(run: dict) -> str:
+    """The consortium's spatial ICA and each site's guided ICA (its voxel maps), as run.json records them."""
+    sites = {k: v for k, v in (run.get("site_maps_ica") or {}).items() if v}
+    if not sites:
+        return run.get("ica_status", "")
+    done = [v["n_iter"] for v in sites.values() if v["status"] == "converged"]
+    return (f"{run.get('ica_status', '')}; site maps {len(done)} of {len(sites)} converged"
+            + (f" (at most {max(done)} of {next(iter(sites.values()))['max_iter']} iterations)" if done else ""))
+
+
 def _dpneuro_row(spec: dict, key: str) -> dict:
     toml, out = spec["toml"][key], Path(spec["dpneuro_out"][key])
     shutil.rmtree(out, ignore_errors=True)  # a fresh output folder: no cached stages
@@ -344,7 +354,7 @@ def _dpneuro_row(spec: dict, key: str) -> dict:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
     run = json.loads((out / "dpneuro" / "run.json").read_text())
     return {"work_s": seconds, "peak_rss_mb": _children_peak_mb(), "rss_of": "dpneuro run",
-            "timings_s": run["timings_s"], "ica_status": run.get("ica_status"),
+            "timings_s": run["timings_s"], "ica_status": ica_status(run),
             "ica_rounds_run": run.get("ica_rounds_run"), "run_dir": str(out / "dpneuro"),
             "warnings": run.get("warnings", [])}
 
@@ -546,7 +556,7 @@ def part_real(args, tmp: Path) -> tuple[list[dict], dict]:
     if ica.components_.shape[1] == int(mask.sum()):
         agree = mean_r(ica.components_.T, np.asarray(can.components_img_.dataobj, np.float64)[mask])
     rows = [{"method": "dpneuro DecentralizedICA() (defaults)", "seconds": dp_s,
-             "n_components": int(ica.components_.shape[0]), "ica_status": run.get("ica_status", "")},
+             "n_components": int(ica.components_.shape[0]), "ica_status": ica_status(run)},
             {"method": "nilearn CanICA() (defaults)", "seconds": can_s, "n_components": int(can.n_components),
              "ica_status": ""}]
     meta = {"part": "real", "quick": args.quick, "data": d["source"], "people": len(runs), "n_sites": len(sites),
