@@ -194,8 +194,8 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = 
               "runs": sd.runs, "skipped": sd.skipped, "excluded": sd.excluded, "cleaning": sd.cleaning,
               "run_records": sd.run_records, "filters": sd.filters, "voxels": sd.voxels_path,
               "seconds": time.perf_counter() - t0}
-    # the site's console: what was read, how it was cleaned, and every file not used (also in site.json)
-    print("\n".join(describe_site_inputs(record, files=True)), file=sys.stderr)
+    if _progress():  # the site's console, unless quiet: what was read, how it was cleaned, every file not used
+        print("\n".join(describe_site_inputs(record, files=True)), file=sys.stderr)  # (all also in site.json)
     return _write_json(out, record)
 
 

@@ -178,6 +178,21 @@ def test_data_errors_reach_the_user_as_one_line(tmp_path, consortium, capsys):
     assert (tmp_path / "o" / "dpneuro" / "report.html").exists()
 
 
+def test_a_quiet_run_prints_no_site_console(tmp_path, consortium, capsys):
+    """``-q`` prints nothing but errors and warnings: each site's account of what it read is in its record."""
+    root, man = consortium
+    sites = "".join(f'[[sites]]\nname = "{s["site"]}"\npath = "{s["path"]}"\n' for s in man["sites"])
+    for quiet in (True, False):
+        cfg = tmp_path / f"q{quiet}.toml"
+        cfg.write_text(f'out = "{tmp_path / f"o{quiet}"}"\nmask = "{man["mask"]}"\nn_components = {R}\nseed = 0\n'
+                       f'simulation = true\nparcels = 30\n{sites}')
+        assert main(["run", str(cfg), "--plugin", "serial", *(["-q"] if quiet else [])]) == 0
+        err = capsys.readouterr().err
+        assert ("time points, TR" in err) is not quiet, err
+    record = json.loads(next((tmp_path / "oTrue" / "work").glob("load-site-01-*/site.json")).read_text())
+    assert record["n_subjects"] == len(man["sites"][0]["subjects"])
+
+
 def test_config_errors_name_the_field(tmp_path, consortium):
     root, man = consortium
     good = {"sites": [{"name": "a", "path": man["sites"][0]["path"]}], "out": str(tmp_path / "o"), "plan": "conv"}
