@@ -555,7 +555,8 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
     site_maps = None if own["site_maps"] is None else Path(own["site_maps"])
     report, timings = _write_site_report(ctx, info, comp, Path(own["timecourses"]), ledger, site_maps, clock,
                                          states=None if states is None else {"matrices": states,
-                                                                             "summary": own["states_summary"]})
+                                                                             "summary": own["states_summary"]},
+                                         site_maps_ica=own["site_maps_ica"])
     subjects = [{"id": sid, "columns": [int(a), int(b_)]}
                 for sid, (a, b_) in zip(info["subject_ids"], info["boundaries"])]
     return {"site": ctx.site, "components": str(comp), "timecourses": own["timecourses"], "privacy": str(priv_path),
@@ -565,8 +566,8 @@ def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict
 
 
 def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledger: PrivacyLedger,
-                       site_maps: Path | None, clock: _Clock, states: dict | None = None
-                       ) -> tuple[Path, dict[str, float]]:
+                       site_maps: Path | None, clock: _Clock, states: dict | None = None,
+                       site_maps_ica: dict | None = None) -> tuple[Path, dict[str, float]]:
     """This site's own report: the group maps, what it spent, its own voxel maps and subjects' time courses;
     and the site's stage timings (the report's own among them).
 
@@ -586,7 +587,7 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     own = None
     if site_maps is not None:  # this site's voxel map of each component, below the group's
         render_site_maps(comps, {ctx.site: str(site_maps)}, comp, info["space"]["mask"], figs / "site_maps")
-        own = {"note": site_note(cfg.site_maps_method)}
+        own = {"note": site_note(cfg.site_maps_method, site_maps_ica)}
     states_part = None
     if states is not None:  # the consortium's states and this site's own subjects' statistics
         summary = states["summary"]

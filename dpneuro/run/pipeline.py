@@ -555,7 +555,8 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
     if cfg.seed is not None:
         notes.append(f"Simulation with fixed seed {cfg.seed}: reproducible, not for a deployment.")
     report = write_consortium_report(out, parts, priv, timings=run["timings_s"], run=run["config"], notes=notes,
-                                     site_maps=consortium_section(cfg, space, simulated=True),
+                                     site_maps=consortium_section(cfg, space, simulated=True,
+                                                                  ica=run["site_maps_ica"]),
                                      data={"cleaning": run["cleaning"]["description"], "features": run["features"],
                                            "sites": sites})
     return str(report)

@@ -52,8 +52,8 @@ from dpneuro.data.io import (
 )
 from dpneuro.report.figures import write_components, zscore_columns
 
-__all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section", "made",
-           "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
+__all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section",
+           "convergence_note", "made", "site_note", "site_voxel_maps", "subject_map", "write_site_maps"]
 
 #: what a deployed consortium's report says about them (it shows none: they are each site's own)
 CONSORTIUM_NOTE = (
@@ -81,9 +81,24 @@ _HOW = {"guided_ica": "spatial ICA of the site's principal subspace, guided by t
         "dual_regression": "dual regression on their time courses, averaged over the subjects"}
 
 
-def site_note(method: str) -> str:
-    """What a site's own report says above its voxel maps."""
-    return SITE_NOTE.format(how=_HOW[method])
+def site_note(method: str, ica: dict | None = None) -> str:
+    """What a site's own report says above its voxel maps (``ica``: its guided ICA's record, if one ran)."""
+    return SITE_NOTE.format(how=_HOW[method]) + convergence_note({"this site": ica})
+
+
+def convergence_note(ica: dict[str, dict | None]) -> str:
+    """Whether each site's guided ICA converged (records of :func:`site_voxel_maps`), for the reports."""
+    ran = {site: r for site, r in ica.items() if r}
+    if not ran:
+        return ""
+    limit = next(iter(ran.values()))["max_iter"]
+    stopped = [f"{site} ({r['n_iter']} iterations)" for site, r in ran.items() if r["status"] != "converged"]
+    if stopped:
+        return (f" The guided ICA did not converge within {limit} FastICA iterations at {', '.join(stopped)}: "
+                "those maps are its last iterate.")
+    most = max(r["n_iter"] for r in ran.values())
+    return f" The guided ICA converged ({'every site, ' if len(ran) > 1 else ''}at most {most} of {limit} FastICA " \
+           "iterations)."
 
 
 def subject_map(Y: np.ndarray, S: np.ndarray) -> np.ndarray:
@@ -248,15 +263,16 @@ def made(cfg, space: dict) -> bool:
     return bool(cfg.site_voxel_maps and space.get("parcels"))
 
 
-def consortium_section(cfg, space: dict, *, simulated: bool = False) -> dict | None:
+def consortium_section(cfg, space: dict, *, simulated: bool = False, ica: dict | None = None) -> dict | None:
     """The consortium report's note on the sites' own voxel maps, or None when none are made.
 
     ``simulated``: the report shows every site's maps (a simulation holds them all); otherwise none.
+    ``ica``: each site's guided ICA record, where this report knows them (a simulation).
     """
     if not made(cfg, space):
         return None
     return {"note": (SIMULATION_NOTE if simulated else CONSORTIUM_NOTE).format(
-        how=_HOW[cfg.site_maps_method], features=space.get("features", "parcels"))}
+        how=_HOW[cfg.site_maps_method], features=space.get("features", "parcels")) + convergence_note(ica or {})}
 
 
 def write_site_maps(cfg, site: dict, space: dict, S: np.ndarray, path, *, progress: bool = False,

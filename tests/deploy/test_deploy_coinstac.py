@@ -530,6 +530,7 @@ def test_a_new_run_in_the_same_folders_starts_afresh_with_new_processes_every_it
     for cid in again.clients:  # every member's own report: maps, its privacy, its time courses, its voxel maps
         page = (again.output_dir(cid) / "report.html").read_text()
         assert 'alt="time courses"' in page and "privacybox" in page and html.escape(site_note("guided_ica")) in page
+        assert "The guided ICA converged (at most" in page  # the site's own guided ICA, as it ended
         # the group's 4 maps, each with this site's own voxel map below it
         assert page.count('<img alt="IC') == 4 and page.count("voxel map &mdash;") == 4, re.findall(r'<img alt="IC[^"]*"', page)
         assert nib.load(again.output_dir(cid) / "site_maps.nii.gz").shape[-1] == 4

@@ -255,6 +255,20 @@ def test_guided_ica_beats_dual_regression_at_every_site(consortium):
     for rec in runs["on"]["site_maps_ica"].values():
         assert rec["status"] == "converged" and 0 < rec["n_iter"] < rec["max_iter"], rec
     assert runs["dr"]["site_maps_ica"] == {}
+    most = max(rec["n_iter"] for rec in runs["on"]["site_maps_ica"].values())  # and the report says so
+    assert f"The guided ICA converged (every site, at most {most} of 2000 FastICA iterations)." in reports["guided_ica"]
+    assert "guided ICA" not in reports["dual_regression"].replace(html.escape(_HOW["guided_ica"]), "")
+
+
+def test_the_reports_name_the_sites_whose_guided_ica_did_not_converge():
+    from dpneuro.run.site_maps import convergence_note
+
+    ok = {"status": "converged", "n_iter": 40, "max_iter": 2000}
+    assert convergence_note({"a": ok, "b": {**ok, "n_iter": 900}, "c": None}) == \
+        " The guided ICA converged (every site, at most 900 of 2000 FastICA iterations)."
+    note = convergence_note({"a": ok, "b": {"status": "not converged", "n_iter": 2000, "max_iter": 2000}})
+    assert "did not converge within 2000 FastICA iterations at b (2000 iterations)" in note and " a " not in note
+    assert convergence_note({"a": None}) == convergence_note({}) == ""
 
 
 def test_an_unknown_method_is_refused(consortium):
