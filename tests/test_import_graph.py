@@ -19,7 +19,6 @@ PACKAGES = {"dpneuro": ROOT / "dpneuro", "dpneuro.workflows": ROOT / "workflows"
 DEFERRED = {
     "matplotlib": "figures only; pyplot takes about a second to load",
     "nilearn": "templates, resampling, atlases, confounds and plotting only; it loads sklearn, pandas and more",
-    "sklearn": "FastICA only (spatial ICA, site maps); it loads joblib and scipy's sparse machinery",
     "pandas": "a table of named confounds only",
     "scipy.signal": "detrending and the figures' spectra only; about 0.3 s to load",
     "scipy.stats": "the synthetic HRF and PD-SVD's measured leak only; about 0.3 s to load",
