@@ -43,9 +43,11 @@ class FastICAFit:
     step: float = 1.0
 
 
-def random_start(seed: int, K: int) -> np.ndarray:
-    """scikit-learn's start for ``random_state=seed``: a K x K standard normal draw of ``RandomState(seed)``."""
-    return np.random.RandomState(int(seed)).normal(size=(K, K))
+def random_start(random_state: int, K: int) -> np.ndarray:
+    """scikit-learn's start for an integer ``random_state``: a K x K standard normal draw of its ``RandomState``.
+
+    A public seed, not a noise draw: FastICA's starts are part of the published algorithm (no privacy role)."""
+    return np.random.RandomState(int(random_state)).normal(size=(K, K))
 
 
 def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int) -> FastICAFit:
