@@ -50,19 +50,20 @@ def random_start(random_state: int, K: int) -> np.ndarray:
     return np.random.RandomState(int(random_state)).normal(size=(K, K))
 
 
-def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int) -> FastICAFit:
+def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int, step: float = 1.0) -> FastICAFit:
     """Symmetric FastICA with G = log cosh of whitened ``X`` (n x K, identity covariance) from ``w_init``.
 
     Stops when the plain step would turn no component further than ``tol`` (scikit-learn's measure,
     ``max_k |1 - |<w_k new, w_k old>||``; once the step is damped, after matching the plain step's rows to the
-    current ones) and returns that step, or after ``max_iter`` iterations; the step size follows the reference
-    package's rule (module notes).
+    current ones) and returns that step, or after ``max_iter`` iterations; the step size starts at ``step``
+    (1: the plain step; a fit continued from where another stopped goes on at its step size) and follows the
+    reference package's rule (module notes).
     """
     Xt = np.asarray(X, np.float64).T
     n = Xt.shape[1]
     W = _decorrelate(np.asarray(w_init, np.float64))
     before = np.zeros_like(W)  # the estimate two steps back, for the cycle test
-    mu, stroke, long = 1.0, 0.0, max_iter / 2
+    mu, stroke, long = float(step), 0.0, max_iter / 2
     for it in range(1, int(max_iter) + 1):
         G = np.tanh(W @ Xt)
         plain = _decorrelate(G @ Xt.T / n - (1.0 - G**2).mean(axis=1)[:, None] * W)
@@ -70,9 +71,9 @@ def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int) -> 
             plain = _aligned(plain, W)
         if _turn(plain, W) < tol:  # the plain step's turn, whatever step is taken: one meaning of converged
             return FastICAFit(plain, it, True, mu)
-        step = plain if mu == 1.0 else _decorrelate((1.0 - mu) * W + mu * plain)
-        back = _turn(step, before)
-        before, W = W, step
+        nxt = plain if mu == 1.0 else _decorrelate((1.0 - mu) * W + mu * plain)
+        back = _turn(nxt, before)
+        before, W = W, nxt
         if not stroke and back < tol:  # a two-step cycle: one step at half the size
             stroke, mu = mu, mu / 2
         elif stroke:

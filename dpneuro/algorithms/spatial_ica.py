@@ -42,8 +42,10 @@ iterations with two maps still mixed scored sparsest: 0.93 on the demo's
 basis), and tighter ones converge no more starts: 1e-12 is at the rounding
 floor (one start of a 200 x 8 test problem stalled at 1.4e-12, the kept start
 on a site's 8,735 x 20 subspace ran to ``max_iter``). The kept run alone then
-goes on towards 1e-12 within ``max_iter`` (``SPATIAL_ICA_POLISH_TOL``, best
-effort), so that its maps do not depend on where a start stopped: a
+goes on towards 1e-12 within ``max_iter`` (``SPATIAL_ICA_POLISH_TOL``, at
+the step size it ended with; kept only if it converges to the same maps,
+|r| >= 0.999: plain steps from a point only damped steps reached wandered to
+other optima on noise bases), so that its maps do not depend on where a start stopped: a
 deployment and its simulation, whose bases differ in the last bits, keep
 maps equal to a few 1e-6 (at 1e-6 alone: 1.4e-4, and which of the starts at
 one optimum scores best changes with the last bits). Guided ICA: each site
@@ -76,7 +78,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpneuro._utils.blas import one_blas_thread
-from dpneuro.algorithms._fastica import fastica, random_start
+from dpneuro.algorithms._fastica import FastICAFit, fastica, random_start
 from dpneuro.algorithms.djica import check_basis
 from dpneuro.algorithms.metrics import match_components
 
@@ -103,6 +105,8 @@ SELECTIONS = ("sparsity", "contrast")
 _GAUSS_LOGCOSH = 0.3745672075
 #: relative score difference below which two runs count as the same optimum
 _TIE = 1e-6
+#: a polished run is kept when each of its maps still matches one of the run's at |r| >= this
+_SAME_MAPS = 0.999
 
 
 @dataclass
@@ -179,13 +183,14 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
     with one_blas_thread():
         Z, white = _whiten(V)
         runs = [_run(Z, init_seed + i, max_iter, tol) for i in range(int(n_init))]
-        scores = np.array([_score(S, select) for _, S, _, _ in runs])
+        scores = np.array([_score(r.S, select) for r in runs])
         # ties (one optimum found from several starts, scores equal to rounding) go to the earliest start
         kept = int(np.flatnonzero(scores <= scores.min() + _TIE * abs(scores.min()))[0])
-        unmix, S, converged, n_iter = runs[kept]
+        run = runs[kept]
+        unmix, S, converged, n_iter = run.fit.W, run.S, run.fit.converged, run.fit.n_iter
         if converged and tol > SPATIAL_ICA_POLISH_TOL and n_iter < max_iter:
-            unmix, S = _polish(Z, unmix, max_iter - n_iter)
-    stability = _stability(S, [r[1] for r in runs])
+            unmix, S = _polish(Z, run, max_iter - n_iter)
+    stability = _stability(S, [r.S for r in runs])
     Q = white @ unmix.T  # V Q: the sources, up to a constant per map
     M = V @ Q
     sd = M.std(axis=0)
@@ -199,21 +204,32 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
     return SpatialICAResult(W=Qinv[order] * np.sqrt(lam), maps=M[:, order],
                             status="converged" if converged else "not converged", n_iter=n_iter,
                             stability=stability[order], scores=scores, kept=kept,
-                            n_converged=sum(bool(r[2]) for r in runs))
+                            n_converged=sum(r.fit.converged for r in runs))
 
 
-def _polish(Z: np.ndarray, unmix: np.ndarray, budget: int):
-    """The kept run continued towards ``SPATIAL_ICA_POLISH_TOL`` for at most ``budget`` iterations:
-    (unmixing, standardised maps)."""
-    # best effort: the run converged at its tolerance already; this one may sit on the rounding floor
-    unmix = fastica(Z, unmix, tol=SPATIAL_ICA_POLISH_TOL, max_iter=budget).W
-    return unmix, _standardise(Z @ unmix.T)
+@dataclass
+class _Run:
+    """One FastICA run of the spatial ICA and its standardised maps."""
+
+    fit: FastICAFit
+    S: np.ndarray
 
 
-def _run(Z: np.ndarray, seed: int, max_iter: int, tol: float):
-    """One FastICA run from the public start ``seed``: (unmixing, standardised maps, converged, iterations)."""
+def _polish(Z: np.ndarray, run: _Run, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept run continued towards ``SPATIAL_ICA_POLISH_TOL`` within ``budget`` iterations, at the step size it
+    ended with: (unmixing, standardised maps). Kept as it was unless the polishing converges to the same maps
+    (a plain step from a point the damped steps reached may wander off to another optimum)."""
+    fit = fastica(Z, run.fit.W, tol=SPATIAL_ICA_POLISH_TOL, max_iter=budget, step=run.fit.step)
+    S = _standardise(Z @ fit.W.T)
+    if fit.converged and np.abs(S.T @ run.S / len(S)).max(axis=1).min() >= _SAME_MAPS:
+        return fit.W, S
+    return run.fit.W, run.S
+
+
+def _run(Z: np.ndarray, seed: int, max_iter: int, tol: float) -> _Run:
+    """One FastICA run from the public start ``seed``."""
     fit = fastica(Z, random_start(seed, Z.shape[1]), tol=tol, max_iter=max_iter)
-    return fit.W, _standardise(Z @ fit.W.T), fit.converged, fit.n_iter
+    return _Run(fit, _standardise(Z @ fit.W.T))
 
 
 def _standardise(S: np.ndarray) -> np.ndarray:

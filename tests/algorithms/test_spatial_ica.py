@@ -169,3 +169,21 @@ def test_site_voxel_maps_record_whether_their_guided_ica_converged():
     site_voxel_maps(runs, boundaries, S, mask, method="dual_regression", decode=blocks.__getitem__, workers=1,
                     record=record)
     assert record == {"site_maps_ica": None}  # no guided ICA ran
+
+
+def test_the_kept_run_is_polished_only_towards_its_own_maps(monkeypatch):
+    """Polishing goes on from where the kept run stopped, at its step size; should the plain steps wander off to
+    another optimum (as from points only damped steps reach), the run's own maps are kept."""
+    module = import_module("dpneuro.algorithms.spatial_ica")
+    _, _, V, lam = _consortium_basis(2, D=600)
+    Z, _ = module._whiten(V)
+    run = module._run(Z, 0, SPATIAL_ICA_MAX_ITER, 1e-6)
+    assert run.fit.converged
+    W, S = module._polish(Z, run, 500)
+    assert not np.array_equal(W, run.fit.W) and _mean_r(S, run.S) > 0.999  # polished, same maps
+    c, s = np.cos(0.3), np.sin(0.3)
+    turn = np.eye(len(W))
+    turn[:2, :2] = [[c, -s], [s, c]]  # another optimum: two maps mixed
+    monkeypatch.setattr(module, "fastica", lambda *a, **k: module.FastICAFit(turn @ run.fit.W, 5, True, 1.0))
+    W, S = module._polish(Z, run, 500)
+    assert np.array_equal(W, run.fit.W) and np.array_equal(S, run.S)
