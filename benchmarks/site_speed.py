@@ -217,29 +217,19 @@ def write_tree(root: Path, size: str) -> dict:
     return m
 
 
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    return json.dumps(str(v))
-
-
 def run_toml(path: Path, sites: dict[str, str], out: Path, site_voxel_maps: bool) -> Path:
     """site_templates/fmriprep.toml's settings for these sites, n_components 8, epsilon 4, seed 0."""
+    from dpneuro.config import toml_value
+
     cfg = {k: v for k, v in tomllib.loads(TEMPLATE_TOML.read_text()).items()
            if k not in ("sites", "out", "exchange_dir")}
     cfg.update(out=str(out), n_components=N_COMPONENTS, epsilon=EPSILON, seed=SEED)
     if not site_voxel_maps:
         cfg["site_voxel_maps"] = False
     lines = [f"# benchmarks/site_speed.py: {TEMPLATE_TOML.name}'s settings"] + \
-        [f"{k} = {_toml(v)}" for k, v in cfg.items()]
+        [f"{k} = {toml_value(v)}" for k, v in cfg.items()]
     for name, p in sites.items():
-        lines += ["", "[[sites]]", f"name = {_toml(name)}", f"path = {_toml(p)}"]
+        lines += ["", "[[sites]]", f"name = {toml_value(name)}", f"path = {toml_value(p)}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -9,7 +9,7 @@
 
 from dpneuro._utils.errors import ConfigError
 from dpneuro.config.constraints import Boolean, Constraint, Interval, OrNone, StrOptions
-from dpneuro.config.docs import run_template, settings_markdown, with_settings
+from dpneuro.config.docs import run_template, settings_markdown, toml_value, with_settings
 from dpneuro.config.schema import (
     CALIBRATIONS,
     DEFAULT_RUN_ID,
@@ -43,5 +43,5 @@ __all__ = [
     "TUNED_FIELDS", "UNITS", "UNMIXINGS", "DEFAULT_RUN_ID", "REAL_DATA_SETTINGS", "SITE_MAPS_METHODS", "STAGES",
     "SUBJECTS_PER_TASK", "SYNTHETIC_CONSORTIUM", "Boolean", "ConfigError", "Constraint", "Interval", "OrNone",
     "RunConfig", "SiteEntry", "StrOptions", "check_colluding", "check_delta", "consortium_fields", "constraint",
-    "estimator_name", "run_template", "settings_markdown", "stage_fields", "summary", "with_settings",
+    "estimator_name", "run_template", "settings_markdown", "stage_fields", "summary", "toml_value", "with_settings",
 ]

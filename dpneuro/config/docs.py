@@ -13,12 +13,18 @@ from typing import Any
 from dpneuro.config.schema import SECTIONS, RunConfig
 
 
-def _toml(value) -> str:
+def toml_value(value) -> str:
+    """A setting's value as TOML: a boolean, number, string (any other value as its text), array or inline
+    table."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, dict) and not value:
-        return "{}"
-    return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in value.items()) + " }" if value else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in value) + "]"
+    return json.dumps(str(value))
 
 
 def _default(f) -> Any:
@@ -30,7 +36,8 @@ def settings_markdown() -> str:
     rows = ["| field | default | accepts | all parties agree | stages | what |", "|---|---|---|---|---|---|"]
     for f in fields(RunConfig):
         m = f.metadata
-        default = "required" if f.default is MISSING and f.default_factory is MISSING else f"`{_toml(_default(f))}`"
+        required = f.default is MISSING and f.default_factory is MISSING
+        default = "required" if required else f"`{toml_value(_default(f))}`"
         if _default(f) is None:
             default = "left out"
         doc = m["doc"].replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")  # Markdown, not HTML
@@ -97,7 +104,7 @@ def run_template() -> str:
                 out.append(TEMPLATE_SITES)
                 continue
             if "template" in m or _default(f) is not None:
-                out.append(f"{f.name} = {m.get('template') or _toml(_default(f))}\n")
+                out.append(f"{f.name} = {m.get('template') or toml_value(_default(f))}\n")
             out.extend(f"# {f.name} = {e}\n" for e in m["example"])
     return "".join(out)
 

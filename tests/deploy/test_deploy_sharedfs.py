@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dpneuro.cli import main
-from dpneuro.config import ConfigError, RunConfig
+from dpneuro.config import ConfigError, RunConfig, toml_value
 from dpneuro.deploy.party import CONSORTIUM_FIELDS, ManifestMismatch, run_manifest
 from dpneuro.deploy.sharedfs import load_party_config, site_main
 from dpneuro.report.figures import read_timecourses
@@ -33,18 +33,6 @@ def consortium(tmp_path_factory):
     return man, dc.reference(dc.run_config(man, root / "ref"))
 
 
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    return json.dumps(str(v))
-
-
 def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths=None, sites_override=None,
                  **kw) -> Path:
     """A TOML run config for the consortium (``site_paths``: which sites' data this copy names)."""
@@ -53,11 +41,11 @@ def write_config(path: Path, man: dict, *, out: Path, exchange: Path, site_paths
         from dpneuro.config import SiteEntry
 
         cfg.sites = [SiteEntry(s["name"], s["path"]) for s in sites_override]
-    lines = [f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)
+    lines = [f"{f.name} = {toml_value(getattr(cfg, f.name))}" for f in fields(cfg)
              if f.name != "sites" and getattr(cfg, f.name) not in (None, {})]
     for s in cfg.sites:
         p = s.path if site_paths is None or s.name in site_paths else ""
-        lines += ["[[sites]]", f"name = {_toml(s.name)}", f"path = {_toml(p)}"]
+        lines += ["[[sites]]", f"name = {toml_value(s.name)}", f"path = {toml_value(p)}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
