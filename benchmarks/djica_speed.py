@@ -153,7 +153,7 @@ def _group(file: str, func: str) -> str:
 
 def profile_cape(sites, subjects, rounds):
     """cProfile of every party's thread during a CAPE run, tottime grouped by module."""
-    import dpneuro.protocol.driver as protocol_module
+    import dpneuro.protocol.simulation as protocol_module  # the in-process runner calls run_site by this name
 
     profiles = []
     original = protocol_module.run_site

@@ -143,7 +143,7 @@ def painting(labels, affine, smoothed: bool) -> np.ndarray:
 def features_of(sites, A: np.ndarray):
     """Site feature matrices: each subject's voxels z-scored within the window (painted: its regions z-scored), then
     reduced by ``A`` as the product reduces cleaned voxels (an atlas's weighting survives: no z-scoring after)."""
-    from dpneuro.data.io import preprocess
+    from dpneuro.data.load import preprocess
 
     X_sites = [np.hstack([A @ preprocess(b) for b in blocks]).astype(np.float32) for blocks in sites]
     return X_sites, [[WINDOW] * len(blocks) for blocks in sites]
@@ -165,7 +165,7 @@ def cohort_atlases(model, mask, affine, n_subjects: int, quick: bool):
     from nilearn.regions import Parcellations
     from sklearn.exceptions import ConvergenceWarning
 
-    from dpneuro.data.io import preprocess
+    from dpneuro.data.load import preprocess
     from dpneuro.data.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels
 
     mask_img = nib.Nifti1Image(mask.astype(np.uint8), affine)
@@ -186,7 +186,7 @@ def cohort_atlases(model, mask, affine, n_subjects: int, quick: bool):
 def synthetic(args, t0: float) -> int:
     from frontier import consortium
 
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
     from dpneuro.data.parcellation import Parcellation, coordinate_parcels
     from dpneuro.datasets.synth import network_model
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from dpneuro.config import RunConfig
-from dpneuro.data.io import load_site
+from dpneuro.data.load import load_site
 from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
 from dpneuro.run.pipeline import prepare, run_stages
 

@@ -69,7 +69,7 @@ def one_run(cfg, X_sites, lengths, parcels, truth) -> dict:
 
 
 def main(argv=None) -> int:
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
     from dpneuro.data.parcellation import Parcellation, coordinate_parcels
     from dpneuro.datasets.synth import network_model
     from dpneuro.privacy import gdp_mu

@@ -4,7 +4,7 @@ Data: ``dpneuro.datasets.synth.network_model`` (the "networks" model: distribute
 partly bilateral, overlapping network maps; low-frequency, near-Gaussian,
 correlated time courses; global signal, structured and white noise), 20
 networks on the 6 mm MNI grid, 4 sites, 150 volumes per subject at TR 2 s.
-Every subject is prepared as a site prepares it (``dpneuro.data.io.preprocess``:
+Every subject is prepared as a site prepares it (``dpneuro.data.load.preprocess``:
 each voxel z-scored) and averaged into data-independent parcels of the mask
 (``coordinate_parcels(mask, P, seed=0)``, what the pipeline's space stage
 computes; P = 100, the default, and 400). Consortia of different sizes are
@@ -61,7 +61,7 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 
     Each subject is generated and prepared once and averaged into every parcellation.
     """
-    from dpneuro.data.io import preprocess
+    from dpneuro.data.load import preprocess
 
     blocks = {P: [[] for _ in range(n_sites)] for P in parcellations}
     for s in range(n_sites):
@@ -76,7 +76,7 @@ def consortium(model, parcellations: dict, subjects: int, n_sites: int, T: int) 
 def subject_frobenius(X_sites, lengths) -> np.ndarray:
     """Every subject's ||X_m X_m^T / n_m||_F with unit-norm time points: what the subject bound compares."""
     from dpneuro.algorithms.pca import gram_frobenius
-    from dpneuro.data.io import scale_columns
+    from dpneuro.data.matrix import scale_columns
 
     out = []
     for X, ln in zip(X_sites, lengths):

@@ -43,7 +43,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def brain_mask(quick: bool) -> np.ndarray:
     if quick:
-        from dpneuro.data.io import load_space
+        from dpneuro.data.images import load_space
 
         return load_space("mni6mm")[0]
     from nilearn import datasets

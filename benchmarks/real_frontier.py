@@ -3,7 +3,7 @@
 Data: region time series of 33 people (OpenNeuro ds000140, heat-pain task runs 3
 and 7, 122 regions of the MIST/BASC atlas, TR 2 s; pip package
 ``connattractor``, read by ``benchmarks/_real_data.py``). Every subject is
-prepared as a site prepares it (``dpneuro.data.io.preprocess``: each region z-scored
+prepared as a site prepares it (``dpneuro.data.load.preprocess``: each region z-scored
 within the run); capePCA then scales every time point to unit norm.
 
 1. Agreement with CanICA. The 33 people split over 4 sites (9, 8, 8, 8), 20
@@ -145,7 +145,7 @@ def real_subjects():
     """Per person the two runs, each region z-scored within its run (float32, regions x volumes)."""
     from _real_data import load_real_regions
 
-    from dpneuro.data.io import preprocess
+    from dpneuro.data.load import preprocess
 
     d = load_real_regions(runs=(3, 7))
     runs = []
@@ -178,7 +178,7 @@ def pseudo_windows(runs, subjects: int, n_sites: int, window: int, seed: int) ->
 
 
 def pseudo_consortium(runs, subjects: int, n_sites: int, window: int, seed: int):
-    from dpneuro.data.io import preprocess
+    from dpneuro.data.load import preprocess
 
     sites = pseudo_windows(runs, subjects, n_sites, window, seed)
     return [np.hstack([preprocess(b) for b in blocks]) for blocks in sites], [[window] * subjects for _ in sites]
@@ -188,7 +188,7 @@ def atlas_on_grid(atlas, space: str = "mni6mm"):
     """Region label of every voxel of the analysis grid (0: outside), nearest-neighbour resampled; its affine."""
     from nilearn.image import resample_img
 
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
 
     mask, affine = load_space(space)
     img = resample_img(atlas, target_affine=affine, target_shape=mask.shape, interpolation="nearest",

@@ -3,7 +3,7 @@
 A site whose runs are at 2 mm (``res-2``, 99 x 117 x 95 voxels) resamples
 each one to the analysis grid (here mni4mm) with nilearn before masking. The
 whole run at once holds every volume at 2 mm (0.88 GB of float32 for 200
-volumes) plus nilearn's resampled copy; ``dpneuro.data.io.RESAMPLE_CHUNK`` volumes
+volumes) plus nilearn's resampled copy; ``dpneuro.data.load.RESAMPLE_CHUNK`` volumes
 at a time (50) hold a quarter of it. Each mode runs in a fresh process:
 ``load_site`` on one subject (one float32 run, generated: a smooth brain-like
 image plus noise), its wall time and the growth of the process's peak RSS
@@ -59,23 +59,23 @@ def child(run: str, chunk: str, out: str) -> None:
     """One mode in this process: load the subject twice (RSS, then tracemalloc); save the matrix."""
     import tracemalloc
 
-    from dpneuro.data import io
+    from dpneuro.data import images, load
 
-    io.RESAMPLE_CHUNK = None if chunk == "none" else int(chunk)
-    mask = io.load_space("mni4mm")
+    load.RESAMPLE_CHUNK = None if chunk == "none" else int(chunk)
+    mask = images.load_space("mni4mm")
     target = nib.Nifti1Image(mask[0].astype(np.uint8), mask[1])
     tiny = Path(out).with_suffix(".tiny.nii.gz")  # imports and first-call set-up outside the measurement
     nib.Nifti1Image(np.zeros((4, 4, 4, 12), np.float32), nib.load(run).affine).to_filename(tiny)
-    io.resampled_block(tiny, np.ones((4, 4, 4), bool), target=None, smoothing_fwhm=6.0)
+    load.resampled_block(tiny, np.ones((4, 4, 4), bool), target=None, smoothing_fwhm=6.0)
     before = _reset_peak_rss()
     t0 = time.perf_counter()
-    sd = io.load_site([run], target, workers=1)
+    sd = load.load_site([run], target, workers=1)
     seconds = time.perf_counter() - t0
     rss = _peak_rss() - before
     np.save(out, np.asarray(sd.X))
     del sd
     tracemalloc.start()
-    io.load_site([run], target, workers=1)
+    load.load_site([run], target, workers=1)
     traced = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     print(json.dumps({"seconds": seconds, "rss_before_mb": before / 1024, "peak_rss_growth_mb": rss / 1024,

@@ -133,8 +133,8 @@ def main(argv=None) -> int:
         child(*args.child)
         return 0
     os.environ.setdefault("NO_ET", "1")
+    from dpneuro._utils.parallel import resolve_workers
     from dpneuro.config import RunConfig
-    from dpneuro.data.io import resolve_workers
 
     if args.quick:
         sites, T, R, sizes, configs = 3, 30, 4, [3], QUICK_CONFIGS
@@ -249,7 +249,7 @@ def save(rows: list[dict], synth: dict, workers: int, seconds: float, quick: boo
 
 
 def _n_voxels(mask_path: str) -> int:
-    from dpneuro.data.io import load_mask
+    from dpneuro.data.images import load_mask
 
     return int(load_mask(mask_path)[0].sum())
 

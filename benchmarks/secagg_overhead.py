@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import InProcessExchange, Payload
 from dpneuro.protocol.secagg import SecAggConfig, setup_phases, sum_phases
+from dpneuro.protocol.simulation import simulate
 
 PAYLOADS = {"420": (420,), "900x900": (900, 900)}
 SITES = (4, 16)

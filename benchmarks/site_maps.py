@@ -90,7 +90,7 @@ def _dual_regression_r(res: dict, mp: dict) -> list[float]:
     import numpy as np
 
     from dpneuro.algorithms.metrics import match_components
-    from dpneuro.data.io import load_mask
+    from dpneuro.data.images import load_mask
     from dpneuro.report.figures import read_timecourses
     from dpneuro.run.site_maps import site_voxel_maps
 

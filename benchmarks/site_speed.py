@@ -408,7 +408,7 @@ def agreement(run_dir: Path, canica_maps: Path, planted: Path, other_run: Path |
     from frontier import mean_r
     from nilearn.image import resample_to_img
 
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
 
     dp_img = nib.load(run_dir / "components.nii.gz")
     mask, affine = load_space("mni6mm")
@@ -462,7 +462,7 @@ def part_fmriprep(args, tmp: Path) -> tuple[list[dict], dict]:
     m = write_tree(data, size)
     import nibabel as nib
 
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
 
     mask6 = tmp / "mni6mm_mask.nii.gz"
     mask, affine = load_space("mni6mm")
@@ -518,7 +518,7 @@ def part_real(args, tmp: Path) -> tuple[list[dict], dict]:
     from real_frontier import atlas_on_grid, real_subjects
 
     import dpneuro
-    from dpneuro.data.io import load_space
+    from dpneuro.data.images import load_space
 
     d, runs = real_subjects()
     if args.quick:

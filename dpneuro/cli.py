@@ -28,7 +28,7 @@ from dpneuro.config import (
 )
 from dpneuro.config import SYNTHETIC_CONSORTIUM as SC
 from dpneuro.config.constraints import Excluding
-from dpneuro.data.io import SPACES
+from dpneuro.data.images import SPACES
 from dpneuro.datasets.synth import MODELS as SYNTH_MODELS
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.deploy.sharedfs import aggregator_main, load_party_config, site_main

@@ -36,9 +36,11 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from dpneuro._utils.files import private_dir
 from dpneuro.algorithms.djica import time_courses
 from dpneuro.config import ConfigError, RunConfig, SiteEntry, estimator_name
-from dpneuro.data.io import load_mask, load_site, mask_to_image, private_dir
+from dpneuro.data.images import load_mask, mask_to_image
+from dpneuro.data.load import load_site
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.deploy.sharedfs import aggregator_main, site_main
 from dpneuro.privacy import PrivacyLedger, privacy_report

@@ -256,6 +256,27 @@ def test_the_layer_check_sees_an_upward_import():
     assert layer("dpneuro.run.pipeline") < layer("dpneuro.deploy.party") < layer("dpneuro.cli")
 
 
+def private_imports(trees: dict[str, ast.Module] | None = None) -> list[str]:
+    """``from <package module> import _name``: a module reaching into another's private names."""
+    out = []
+    for module, tree in (trees or _trees()).items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and _absolute(module, node).startswith("dpneuro"):
+                out += [f"{module} imports {_absolute(module, node)}.{a.name} (line {node.lineno})"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports() == []
+
+
+def test_the_private_import_check_sees_one():
+    tree = ast.parse("from dpneuro._utils.files import _json_default\nfrom dpneuro._utils import errors\n")
+    assert private_imports({"dpneuro.data.load": tree}) == [
+        "dpneuro.data.load imports dpneuro._utils.files._json_default (line 1)"]
+
+
 def test_every_deferred_dependency_is_deferred_somewhere():
     used = {_deferred(name) for _, _, name in function_imports()}
     assert set(DEFERRED) <= used, f"DEFERRED entries no function imports: {sorted(set(DEFERRED) - used)}"

@@ -14,3 +14,7 @@ class ConfigError(DpneuroError, ValueError):
 class UnsafeRelease(DpneuroError, ValueError):
     """A site refuses to release: the noise another party asked for is below what its own configuration promises
     (the message names the site, the field and the party that set it)."""
+
+
+class DataValidationError(DpneuroError, ValueError):
+    """An input file is missing, unreadable or does not fit the analysis."""

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro.data.io import subject_ranges
+from dpneuro.data.matrix import subject_ranges
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import ReleaseSpec, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
@@ -384,7 +384,7 @@ def cape_cumulant_ica(Z_sites, subjects, epsilon, delta, *, clip: float | None =
                       refine_clip: float | None = None, refine_share: float = REFINE_SHARE, plan="cape",
                       random_state=None, exchange=None, options=None) -> CumulantICAResult:
     """Run the cumulant ICA over the sites' whitened data (``subjects``: per site, a count, the lengths or the
-    column ranges, as :func:`dpneuro.data.io.subject_ranges` reads them). W's rows unmix the given data."""
+    column ranges, as :func:`dpneuro.data.matrix.subject_ranges` reads them). W's rows unmix the given data."""
     plan = NoisePlan.coerce(plan)
     if plan.kind != "none" and (epsilon is None or math.isinf(epsilon)):
         raise ValueError("a private plan needs a finite epsilon")

@@ -83,16 +83,13 @@ import numpy as np
 
 from dpneuro import privacy
 from dpneuro.algorithms.metrics import qngi
-from dpneuro.data.io import SiteData, subject_ranges
+from dpneuro.data.matrix import SiteData, subject_ranges
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import ReleaseSpec, cape_protocol, ledgers
 from dpneuro.protocol.cape.plans import PLAN_KINDS, NoisePlan
-from dpneuro.protocol.driver import (
-    RunOptions,
-    SimulationResult,
-    simulate,
-)
+from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import Payload
+from dpneuro.protocol.simulation import SimulationResult, simulate
 
 __all__ = [
     "DJICAResult",
@@ -593,7 +590,7 @@ class CapeDJICA:
     """capeDJICA as a :class:`~dpneuro.protocol.cape.CapeAlgorithm` (run it with
     :func:`~dpneuro.protocol.cape.run_cape`).
 
-    Site data: a :class:`dpneuro.data.io.SiteData` of the R x N_s whitened data, or
+    Site data: a :class:`dpneuro.data.matrix.SiteData` of the R x N_s whitened data, or
     the pair ``(Z_s, subjects_s)`` with subjects_s the number of subjects
     (equal lengths) or their lengths in samples, in column order. Subject lengths are public metadata (as in
     [capeDJICA] Sec. IV, where N_m is "known a priori").
@@ -955,7 +952,7 @@ def cape_djica(
 
     Parameters
     ----------
-    Z_sites : list of ndarray (R, N_s) or of :class:`dpneuro.data.io.SiteData`
+    Z_sites : list of ndarray (R, N_s) or of :class:`dpneuro.data.matrix.SiteData`
         Whitened data of every site (see :func:`whiten`), samples as columns,
         subjects one after the other.
     subjects_per_site : int or list, optional

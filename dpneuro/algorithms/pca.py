@@ -147,14 +147,15 @@ import scipy.linalg
 
 from dpneuro import privacy
 from dpneuro._utils.errors import UnsafeRelease
-from dpneuro.data.io import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
+from dpneuro.data.matrix import NpyColumns, column_blocks, column_norms, scale_factors, subject_ranges
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import ReleaseSpec, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
 from dpneuro.protocol.cape.packing import check_symmetric_noise
 from dpneuro.protocol.cape.plans import NoisePlan
-from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
+from dpneuro.protocol.driver import Phase, RunOptions, State
 from dpneuro.protocol.exchange import Payload
+from dpneuro.protocol.simulation import simulate
 
 __all__ = [
     "CapePCA",
@@ -231,8 +232,8 @@ class SiteSource:
     ----------
     data
         One of: a D x N array (in memory or a ``numpy.memmap``); the path of a
-        ``.npy`` file or a :class:`dpneuro.data.io.NpyColumns` (read block by block
-        from the file); a :class:`dpneuro.data.io.SiteData` (its
+        ``.npy`` file or a :class:`dpneuro.data.matrix.NpyColumns` (read block by block
+        from the file); a :class:`dpneuro.data.matrix.SiteData` (its
         subject boundaries are used); a sequence of D x N_m arrays (one per
         subject); or a callable returning a fresh iterable of D x N_m blocks on
         every call (e.g. ``site_data.iter_subjects``), one block per subject.

@@ -47,7 +47,7 @@ secure sums      (secure aggregation, dpneuro.protocol.secagg; SECSUM of [PD-ML-
                   subspace, whose accuracy is (lambda_{k+1}/lambda_k)^t.
 ``scale="unit"`` first brings every column (time point) to unit L2 norm at
 its site, block by block as the data are streamed (the per-column scaling of
-:func:`dpneuro.data.io.scale_columns` and capePCA's ``scale="unit"``, in float64);
+:func:`dpneuro.data.matrix.scale_columns` and capePCA's ``scale="unit"``, in float64);
 everything above, the norm check included, then concerns the scaled columns
 and the eigenvalues are those of the scaled data.
 Data are divided by a public ``norm_bound`` (every column norm <= it; for a
@@ -145,11 +145,12 @@ from typing import Any
 import numpy as np
 
 from dpneuro.algorithms.pca import SiteSource, as_source, check_k, check_sources, orthonormalize, scale_note
-from dpneuro.data.io import column_norms, scale_factors
+from dpneuro.data.matrix import column_norms, scale_factors
 from dpneuro.privacy import PrivacyLedger, resolve_random_state
 from dpneuro.protocol import secagg
-from dpneuro.protocol.driver import Phase, RunOptions, State, simulate
+from dpneuro.protocol.driver import Phase, RunOptions, State
 from dpneuro.protocol.exchange import Payload
+from dpneuro.protocol.simulation import simulate
 
 __all__ = [
     "KSPrivacyResult",
@@ -162,6 +163,8 @@ __all__ = [
     "pd_svd",
 ]
 
+#: where a site's input waits for the secure sum (transient: never checkpointed)
+_SUM_INPUT = "_pdsvd_sum"
 _COUNT_UNIT = 2.0**-20  # counts enter the secure sum as n_m * r_n * 2^-20 (exact after rounding)
 _COUNT_BITS = 6.0
 _NOTE = ("PD-SVD adds no differential-privacy noise: its privacy is measured (KS distributional privacy, "
@@ -188,7 +191,7 @@ def _max_scaled_norm(src: SiteSource, scale: str | None) -> float:
     """The largest column norm of a validated source's data as PD-SVD uses them (after ``scale``)."""
     if scale != "unit":
         return float(src.max_norm)
-    # unit scaling (dpneuro.data.io.scale_factors) brings every nonzero column to norm 1 and keeps zero
+    # unit scaling (dpneuro.data.matrix.scale_factors) brings every nonzero column to norm 1 and keeps zero
     # columns at 0: the scaled data's largest column norm is 1 unless every column is zero
     return 1.0 if src.max_norm > 0 else 0.0
 
@@ -241,7 +244,7 @@ class PDSVD:
     scale : None or "unit"
         ``"unit"``: every column (time point) is scaled to unit L2 norm at its
         site, block by block, before anything is computed from it (the
-        scaling of :func:`dpneuro.data.io.scale_columns` and of capePCA's
+        scaling of :func:`dpneuro.data.matrix.scale_columns` and of capePCA's
         ``scale="unit"``; zero columns stay zero). The norm check then applies
         to the scaled columns, so ``norm_bound=1.0`` admits raw data.
     privacy_note : str, optional
@@ -309,7 +312,8 @@ class PDSVD:
     def _sum(self, topic: str, get_input: Callable, on_sum: Callable) -> list[Phase]:
         """A secure sum (or, with secure=False, a plain sum) whose site steps first absorb broadcasts."""
         if self.secure:
-            return [self._wrap(p) for p in self._secagg.sum_phases(self.cfg, topic, get_input, on_sum)]
+            masked, unmask = self._secagg.sum_phases(self.cfg, topic, _SUM_INPUT, on_sum)
+            return [self._wrap(masked, before=get_input), self._wrap(unmask)]
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
             return Payload({"x": np.asarray(get_input(state, rnd), dtype=np.float64)},
@@ -322,7 +326,9 @@ class PDSVD:
 
         return [self._wrap(Phase(topic, site, agg))]
 
-    def _wrap(self, phase: Phase) -> Phase:
+    def _wrap(self, phase: Phase, before: Callable | None = None) -> Phase:
+        """A phase whose site step first keeps what the broadcast carries; with ``before`` (a secure sum's
+        masked phase), then puts ``before(state, round)`` where the sum reads its input."""
         site_fn = phase.site
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
@@ -334,6 +340,8 @@ class PDSVD:
                     state["nonce"] = incoming.meta["pdsvd_nonce"]
                 if self.group_secret and incoming.meta.get("secagg") == "group-secret":
                     self._secagg.group_secret(state, incoming)  # decrypt K once; cached in state["secagg"]
+            if before is not None:
+                state[_SUM_INPUT] = before(state, rnd)
             return site_fn(state, rnd, incoming)
 
         return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,

@@ -35,7 +35,9 @@ from dpneuro.data.atlases import check as check_atlas
 from dpneuro.data.atlases import is_atlas_name
 from dpneuro.data.cleaning import AROMA_DESC, Cleaning
 from dpneuro.data.cleaning import check as check_cleaning
-from dpneuro.data.io import BIDS_FILTERS, ON_BAD_SUBJECT, SPACES, load_mask, load_space
+from dpneuro.data.discovery import BIDS_FILTERS
+from dpneuro.data.images import SPACES, load_mask, load_space
+from dpneuro.data.load import ON_BAD_SUBJECT
 from dpneuro.privacy import CALIBRATIONS, noise_multiplier
 from dpneuro.privacy.cape_delta import check_collusion
 from dpneuro.privacy.ledger import UNITS

@@ -1,7 +1,7 @@
 """BIDS file names: their entities, and the name of the confounds table fMRIPrep writes beside a run.
 
-Names only, no file is read: the data readers (:mod:`dpneuro.data.io`) and the confounds
-(:mod:`dpneuro.data.cleaning`) both use them.
+Names only, no file is read: the data readers (:mod:`dpneuro.data.discovery`, :mod:`dpneuro.data.load`) and
+the confounds (:mod:`dpneuro.data.cleaning`) both use them.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ carry it out per run:
   regression, standardisation, censoring.
 
 Spatial smoothing (``nilearn.image.smooth_img``) and resampling happen on the
-4-D image before masking, in :mod:`dpneuro.data.io`.
+4-D image before masking, in :mod:`dpneuro.data.load`.
 
 Without confounds, filters or detrending the site keeps the fast path of
-:func:`dpneuro.data.io.preprocess` (z-scored voxels), so the synthetic demo data give
+:func:`dpneuro.data.load.preprocess` (z-scored voxels), so the synthetic demo data give
 the same matrix as before.
 """
 
@@ -41,7 +41,7 @@ DEFAULT_DESC = "preproc"
 AROMA_DESC = "smoothAROMAnonaggr"
 
 
-class CleaningError(DpneuroError, ValueError):  # io turns it into a DataValidationError naming the run
+class CleaningError(DpneuroError, ValueError):  # the loader turns it into a DataValidationError naming the run
     """A run cannot be cleaned as the consortium asked (the message names the run)."""
 
 

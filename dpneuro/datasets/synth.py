@@ -225,9 +225,10 @@ from scipy.fft import next_fast_len
 from scipy.ndimage import gaussian_filter
 from scipy.spatial import cKDTree
 
+from dpneuro._utils.parallel import resolve_workers
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.djica import whiten
-from dpneuro.data.io import SPACES, load_space, resolve_workers  # noqa: F401 - the generator's grids are the analysis spaces
+from dpneuro.data.images import SPACES, load_space  # noqa: F401 - the generator's grids are the analysis spaces
 from dpneuro.datasets.states import StateProcess, default_dwell, state_correlations
 from dpneuro.privacy import default_rng, resolve_random_state
 
@@ -1452,7 +1453,7 @@ def make_consortium(
         (6, site, subject), and a control with no age effect is exactly
         what ``effects=None`` writes. Every site folder gets a BIDS
         ``participants.tsv`` (``participant_id``, ``group``, ``age``,
-        ``sex``; the ids are :func:`dpneuro.data.io.load_site`'s subject
+        ``sex``; the ids are :func:`dpneuro.data.load.load_site`'s subject
         ids) and the manifest an ``effects`` entry (see the module
         docstring).
 

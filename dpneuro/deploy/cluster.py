@@ -8,7 +8,7 @@ configured (``cluster`` in ``site.toml``). Each task writes its runs as
 ``.npy`` blocks into the site's private working folder, which the cluster's
 nodes must share; the load stage then streams them in order into the site
 matrix and deletes them. The matrix is the one the threads of
-:func:`dpneuro.data.io.load_site` give, bit for bit, and nothing leaves the site:
+:func:`dpneuro.data.load.load_site` give, bit for bit, and nothing leaves the site:
 the cluster is the site's own.
 """
 
@@ -25,8 +25,11 @@ os.environ.setdefault("NO_ET", "1")  # Pydra's online version check costs second
 import numpy as np  # noqa: E402
 import pydra  # noqa: E402
 
+from dpneuro._utils.errors import DataValidationError  # noqa: E402
+from dpneuro._utils.parallel import ordered_map, resolve_workers  # noqa: E402
 from dpneuro.config import SUBJECTS_PER_TASK  # noqa: E402
-from dpneuro.data.io import DataValidationError, decode_run, load_mask, ordered_map, resolve_workers  # noqa: E402
+from dpneuro.data.images import load_mask  # noqa: E402
+from dpneuro.data.load import decode_run  # noqa: E402
 from dpneuro.data.parcellation import space_parcels  # noqa: E402
 
 __all__ = ["cluster_decoder", "decode_batch"]
@@ -86,7 +89,7 @@ def _submit(cluster: dict, batches: list[list[str]], space_json: str, standardiz
 
 
 def cluster_decoder(cluster: dict, *, space_json: str, standardize: bool, detrend: bool = False, work: Path):
-    """A ``decoder`` for :func:`dpneuro.data.io.load_site` that decodes the runs on ``cluster`` (see module notes).
+    """A ``decoder`` for :func:`dpneuro.data.load.load_site` that decodes the runs on ``cluster`` (see module notes).
 
     ``work`` is a private folder every cluster node can read and write; it is
     emptied first and removed when the blocks have been read.

@@ -78,7 +78,7 @@ from typing import Any
 
 from dpneuro.config import ConfigError, RunConfig, SiteEntry, check_colluding
 from dpneuro.data.cleaning import STRATEGIES
-from dpneuro.data.io import BIDS_FILTERS
+from dpneuro.data.discovery import BIDS_FILTERS
 from dpneuro.deploy.party import (
     AggregatorContext,
     SiteContext,

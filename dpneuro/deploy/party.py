@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 
 from dpneuro._utils.errors import UnsafeRelease
+from dpneuro._utils.files import private_dir, write_json
 from dpneuro.algorithms.dfnc import state_matrices
 from dpneuro.config import ConfigError, RunConfig, check_delta, consortium_fields
 from dpneuro.data.atlases import atlas_image
-from dpneuro.data.io import private_dir, write_json
 from dpneuro.data.parcellation import atlas_labels, atlas_maps, is_probabilistic
 from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.protocol.driver import RunOptions

@@ -26,8 +26,8 @@ import cloudpickle  # noqa: E402  (Pydra's own format for its results)
 import pydra  # noqa: E402
 
 from dpneuro._utils.errors import DpneuroError
+from dpneuro._utils.parallel import resolve_workers  # noqa: E402
 from dpneuro.config import RunConfig  # noqa: E402
-from dpneuro.data.io import resolve_workers  # noqa: E402
 from dpneuro.report.timings import label  # noqa: E402
 from dpneuro.run import pipeline, stages  # noqa: E402
 

@@ -22,6 +22,7 @@ from dpneuro.privacy.gaussian import (
     moments_accountant_epsilon,
     noise_multiplier,
     rdp_closed_form_epsilon,
+    split_gdp,
 )
 from dpneuro.privacy.ledger import PrivacyLedger, Release
 from dpneuro.privacy.noise import default_rng, gaussian, resolve_random_state
@@ -53,4 +54,5 @@ __all__ = [
     "moments_accountant_epsilon",
     "mu_z_numeric",
     "rdp_closed_form_epsilon",
+    "split_gdp",
 ]

@@ -8,7 +8,7 @@ of phases; rounds repeat until the aggregator's broadcast carries
 ``meta["stop"] = True`` or ``max_rounds`` is reached.
 
 The same :func:`run_site` and :func:`run_aggregator` loops run in a simulation
-(threads over an in-process exchange), in separate site processes (directory
+(threads over an in-process exchange, :mod:`dpneuro.protocol.simulation`), in separate site processes (directory
 exchange) and inside the COINSTAC entry point. Algorithms never see a backend.
 
 Control flags in a broadcast's ``meta``:
@@ -34,19 +34,14 @@ therefore requires a checkpoint.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 from typing import Protocol as TypingProtocol
 
-from threadpoolctl import threadpool_limits
-
 from dpneuro._utils.errors import DpneuroError
 from dpneuro._utils.progressbar import progress_bar
-from dpneuro.protocol.exchange import DirectoryCheckpoint, InProcessExchange
-from dpneuro.protocol.exchange.base import Exchange, ExchangeError, MessageSpec, Payload, SiteTimeout
+from dpneuro.protocol.exchange.base import Exchange, MessageSpec, Payload, SiteTimeout
 
 State = dict[str, Any]
 SpecLike = MessageSpec | Callable[[State, int], MessageSpec] | None
@@ -90,14 +85,6 @@ class Checkpoint(TypingProtocol):
 
 class SiteDropped(DpneuroError, RuntimeError):
     """The aggregator continued without this site (it missed a deadline)."""
-
-
-class SimulatedDropout(Exception):
-    """Raised by a site step in tests and simulations to make that site vanish.
-
-    :func:`simulate` treats it as the site's process dying: the site stops
-    without an error and the others carry on.
-    """
 
 
 @dataclass
@@ -284,99 +271,3 @@ def run_aggregator(
         bar.close()
     state["rounds"] = rnd
     return state
-
-
-@dataclass
-class SimulationResult:
-    aggregator: State
-    sites: list[State | None] = field(default_factory=list)  # None for a site that dropped
-    exchange: Exchange | None = None
-
-
-def run_parties(
-    n_sites: int,
-    site: Callable[[int, Exchange, float | None], Any],
-    aggregator: Callable[[Exchange], Any],
-    exchange: Exchange,
-    *,
-    timeout: float | None = None,
-) -> tuple[Any, list[Any]]:
-    """Every party of one exchange in this process: ``site(s, exchange, timeout)`` in a thread per site,
-    ``aggregator(exchange)`` here; returns the aggregator's result and each site's (None for a site that
-    dropped). Any party's exception stops the run and is re-raised here."""
-    results: list[Any] = [None] * n_sites
-    errors: list[BaseException] = []
-
-    def worker(s: int) -> None:
-        try:
-            # a site waits for the aggregator, which may itself wait out a slow site
-            results[s] = site(s, exchange, None if timeout is None else 3 * timeout)
-        except (SimulatedDropout, SiteDropped):
-            pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-            exchange.close()
-
-    threads = [threading.Thread(target=worker, args=(s,), name=f"site-{s}", daemon=True) for s in range(n_sites)]
-    # S site threads each running a multi-threaded BLAS oversubscribe the cores many times over
-    limits = threadpool_limits(limits=1, user_api="blas") if n_sites > 1 else None
-    for t in threads:
-        t.start()
-    try:
-        agg = aggregator(exchange)
-    except BaseException as exc:
-        if limits is not None:
-            limits.restore_original_limits()
-        exchange.close()
-        for t in threads:
-            t.join(timeout=5)
-        # whoever failed first closed the exchange; the others then fail with
-        # ExchangeError, so the first error of another kind is the cause
-        causes = [e for e in errors if not isinstance(e, ExchangeError)]
-        if causes and isinstance(exc, ExchangeError):
-            raise causes[0] from None
-        raise
-    for t in threads:
-        t.join(timeout=5)
-    if limits is not None:
-        limits.restore_original_limits()
-    if any(t.is_alive() for t in threads):
-        # a site the aggregator no longer waits for: wake it so the run can end
-        exchange.close()
-        for t in threads:
-            t.join(timeout=30)
-        errors = [e for e in errors if not isinstance(e, ExchangeError)]
-    if errors:
-        raise errors[0]
-    return agg, results
-
-
-def simulate(
-    protocol: PhasedProtocol,
-    site_data: Sequence[Any],
-    *,
-    exchange: Exchange | None = None,
-    options: RunOptions | None = None,
-    checkpoint_dir=None,
-) -> SimulationResult:
-    """Run every party of ``protocol`` in this process: one thread per site (:func:`run_parties`).
-
-    ``exchange`` defaults to a fresh :class:`~dpneuro.protocol.exchange.InProcessExchange`.
-    With ``checkpoint_dir`` every party keeps a checkpoint there
-    (``aggregator.npz``, ``site-XXX.npz``), so calling again with the same
-    folder and a persistent exchange resumes without releasing anything twice.
-    Any party's exception stops the run and is re-raised here.
-    """
-
-    def ckpt(name: str):
-        return None if checkpoint_dir is None else DirectoryCheckpoint(Path(checkpoint_dir) / f"{name}.npz")
-
-    n = len(site_data)
-    ex = exchange if exchange is not None else InProcessExchange(n_sites=n)
-    if ex.n_sites != n:
-        raise ValueError(f"exchange is for {ex.n_sites} sites but {n} sites' data were given")
-    opts = options or RunOptions()
-    agg, sites = run_parties(
-        n, lambda s, e, t: run_site(protocol, s, site_data[s], e, timeout=t, checkpoint=ckpt(f"site-{s:03d}")),
-        lambda e: run_aggregator(protocol, e, options=opts, checkpoint=ckpt("aggregator")), ex, timeout=opts.timeout)
-    return SimulationResult(aggregator=agg, sites=sites, exchange=ex)

@@ -17,7 +17,8 @@ from PIL import Image, ImageDraw, ImageFont  # 25 ms to load: the maps are drawn
 from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.spatial.distance import squareform
 
-from dpneuro.data.io import bids_entities, load_mask, mask_to_image
+from dpneuro.data.bids import bids_entities
+from dpneuro.data.images import load_mask, mask_to_image
 
 
 def zscore_columns(A: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpneuro.data.io import site_data_summary
+from dpneuro.data.load import site_data_summary
 from dpneuro.privacy import gdp_epsilon
 from dpneuro.privacy.summary import headline_lines, plain_reading, privacy_warnings, strength, threat_model
 from dpneuro.report.figures import MAP_THRESHOLD

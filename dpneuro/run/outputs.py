@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from dpneuro._utils.files import write_json
 from dpneuro.algorithms.dfnc import n_components_of, site_dynamics, state_matrices
 from dpneuro.algorithms.djica import spatial_maps, time_courses
 from dpneuro.algorithms.fnc import site_fnc
 from dpneuro.algorithms.glm import measure_names
 from dpneuro.config import RunConfig
-from dpneuro.data.io import load_mask, write_json
+from dpneuro.data.images import load_mask
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.privacy import PrivacyLedger, privacy_report
 from dpneuro.privacy.rmt import detection_threshold, wigner_edge

@@ -28,20 +28,13 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
+from dpneuro._utils.files import private_dir, write_json
 from dpneuro.algorithms.dfnc import matrix_to_vector, taper
 from dpneuro.algorithms.djica import usable_eigenvalues
 from dpneuro.algorithms.metrics import match_components, md_index, qngi
 from dpneuro.config import RunConfig, check_delta, stage_fields
-from dpneuro.data.io import (
-    describe_site_inputs,
-    load_mask,
-    load_site,
-    load_space,
-    mask_to_image,
-    private_dir,
-    site_data_summary,
-    write_json,
-)
+from dpneuro.data.images import load_mask, load_space, mask_to_image
+from dpneuro.data.load import describe_site_inputs, load_site, site_data_summary
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.datasets.states import window_labels
 from dpneuro.datasets.synth import load_manifest
@@ -173,7 +166,7 @@ def stage_load(cfg_json: str, site_name: str, space_json: str, cache_key: str = 
     out = d / "site.json"
     if out.exists():
         return str(out)
-    for part in d.glob(".*.part"):  # what a killed load was writing (io.ColumnWriter): never finished, so dropped
+    for part in d.glob(".*.part"):  # what a killed load was writing (matrix.ColumnWriter): never finished, so dropped
         part.unlink(missing_ok=True)
     parcels = space_parcels(space)
     decoder = None

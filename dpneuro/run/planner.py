@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from dpneuro._utils.errors import DataValidationError
 from dpneuro.config import ConfigError, RunConfig, check_delta
 from dpneuro.data.cleaning import CleaningError
-from dpneuro.data.io import DataValidationError, subject_lengths
-from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu
+from dpneuro.data.discovery import subject_lengths
+from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu, split_gdp
 from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, wigner_edge
 from dpneuro.privacy.summary import headline_lines, privacy_report, privacy_warnings
 from dpneuro.protocol.cape import ReleaseSpec
@@ -61,7 +62,7 @@ def site_shapes(cfg: RunConfig, *, subjects: int | Sequence[int] | None = None,
     """Each site's subject lengths, or ``subjects`` x ``timepoints`` (a number for every site, or one per site:
     unequal sites are planned without their data).
 
-    Read as the site reads its data (:func:`dpneuro.data.io.subject_lengths`: the same discovery, each run's
+    Read as the site reads its data (:func:`dpneuro.data.discovery.subject_lengths`: the same discovery, each run's
     volumes from its header and, when scrubbing, the volumes its confounds keep; no image data read).
     A subject that ``on_bad_subject = "skip"`` leaves out at load time is still counted here.
     """
@@ -96,12 +97,26 @@ def releases_in(cfg: RunConfig, stage: str) -> bool:
     return release(stage).spends(cfg)
 
 
+def _planned_stages(cfg: RunConfig, stages: tuple[str, ...]) -> list[str]:
+    """The stages whose ledgers a plan of ``stages`` predicts: the reduction always, the others that spend."""
+    return [rel.name for rel in RELEASES if rel.planned is not None
+            and (rel.name == "reduce" or (rel.name in stages and rel.spends(cfg)))]
+
+
+def stage_algorithms(cfg: RunConfig, dim: int, stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, list]:
+    """Each planned stage's algorithms, built once from ``cfg``: the planner predicts the ledgers and reads the
+    budget settings from the same objects."""
+    return {name: release(name).algorithms(cfg, dim) for name in _planned_stages(cfg, stages)}
+
+
 def planned_ledgers(cfg: RunConfig, shapes: list[SiteShape], dim: int,
-                    stages: tuple[str, ...] = RELEASING_STAGES) -> dict[str, PrivacyLedger]:
+                    stages: tuple[str, ...] = RELEASING_STAGES, *,
+                    algorithms: dict[str, list] | None = None) -> dict[str, PrivacyLedger]:
     """Every site's ledger of a run of ``cfg`` (its ``stages``; the reduction always) on sites of these shapes
-    (no data needed): each stage's own prediction (:attr:`dpneuro.run.stages.ReleasingStage.planned`)."""
-    per_stage = [rel.planned(cfg, shapes, dim) for rel in RELEASES if rel.planned is not None
-                 and (rel.name == "reduce" or (rel.name in stages and rel.spends(cfg)))]
+    (no data needed): each stage's own prediction (:meth:`dpneuro.run.stages.ReleasingStage.plan`), from
+    ``algorithms`` (:func:`stage_algorithms`) when the caller built them already."""
+    algs = stage_algorithms(cfg, dim, stages) if algorithms is None else algorithms
+    per_stage = [release(name).plan(cfg, shapes, dim, algs[name]) for name in _planned_stages(cfg, stages)]
     out = {}
     for i, s in enumerate(shapes):
         led = PrivacyLedger.merge_all([leds[i] for leds in per_stage if leds[i] is not None])
@@ -332,9 +347,14 @@ class BudgetPlan:
 def spend(cfg: RunConfig, shapes: list[SiteShape], dim: int,
           stages: tuple[str, ...] = RELEASING_STAGES) -> BudgetPlan:
     """What a run of ``cfg`` (its ``stages``) spends per site (refuses what the run refuses)."""
-    cfg.validate(data_sites=())
+    return _spend(cfg.validate(data_sites=()), shapes, dim, stages)
+
+
+def _spend(cfg: RunConfig, shapes: list[SiteShape], dim: int, stages: tuple[str, ...],
+           algorithms: dict[str, list] | None = None) -> BudgetPlan:
+    """:func:`spend` of a configuration validated already, from the stages' ``algorithms`` if built already."""
     check_delta(cfg.delta, min(len(s.lengths) for s in shapes))  # as the run does once it has counted
-    leds = planned_ledgers(cfg, shapes, dim, stages)
+    leds = planned_ledgers(cfg, shapes, dim, stages, algorithms=algorithms)
     priv = privacy_report(leds, delta=cfg.delta, n_subjects={s.name: len(s.lengths) for s in shapes},
                           plan=cfg.plan, n_colluding=cfg.n_colluding, seeded=cfg.seed is not None)
     return BudgetPlan(cfg, shapes, dim, priv)
@@ -374,6 +394,15 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     Default: :data:`TEMPORAL_PCA_SHARE` with temporal ICA (the measured best
     split), otherwise every stage keeps its share under ``cfg``'s own settings.
     """
+    return _plan_for_target(cfg.validate(data_sites=()), shapes, dim, target_epsilon, pca_share=pca_share,
+                            stages=stages)
+
+
+def _plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_epsilon: float, *,
+                     pca_share: float | None, stages: tuple[str, ...]) -> BudgetPlan:
+    """:func:`plan_for_target` of a configuration validated already. The stages' algorithms are built once for
+    ``cfg`` (its ledgers and its budget settings) and once for the planned settings, whose configuration is
+    validated as a run would validate it."""
     if pca_share is None and "unmix" in stages and releases_in(cfg, "unmix") and releases_in(cfg, "reduce"):
         pca_share = CUMULANT_PCA_SHARE if cfg.cumulant_unmixing else TEMPORAL_PCA_SHARE
     if pca_share is not None and not 0 < pca_share < 1:
@@ -383,34 +412,24 @@ def plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_ep
     if cfg.plan == "none" or cfg.reduction in ("none", "pdsvd"):
         raise ConfigError(f"plan {cfg.plan!r} / reduction {cfg.reduction!r}: the reduction adds no noise, so the "
                           "run has no differential-privacy budget to plan")
-    cfg.validate(data_sites=())
     mu_t = gdp_mu(target_epsilon, cfg.delta)
-    base = spend(cfg, shapes, dim, stages)
+    algorithms = stage_algorithms(cfg, dim, stages)
+    base = _spend(cfg, shapes, dim, stages, algorithms)
     active = [st for st in RELEASING_STAGES if st in stages and releases_in(cfg, st)]
-    algorithms = {st: release(st).algorithms(cfg, dim) for st in active}
-    budgets = {st: algs[0].budget for st, algs in algorithms.items()}  # a stage's algorithms share one setting
-    names = {st: {n for alg in algs for n in alg.ledger_stages} for st, algs in algorithms.items()}
+    budgets = {st: algorithms[st][0].budget for st in active}  # a stage's algorithms share one setting
+    names = {st: {n for alg in algorithms[st] for n in alg.ledger_stages} for st in active}
     # each site's mu per stage (the stage's ledger names composed); every stage's mu is 1 / its noise multiplier
     # times a constant of the plan, so the mu of any rescaling follows from these without another plan
     site_mu = [{st: math.sqrt(sum(v**2 for k, v in s["by_stage_mu"].items() if k in names[st])) for st in active}
                for s in base.privacy["sites"].values()]
-    mu = {st: max(m[st] for m in site_mu) for st in active}
-    total = sum(v**2 for v in mu.values())
-    share = {st: mu[st] ** 2 / total for st in active}
     later = [st for st in active if st != "reduce"]
+    share = None  # every stage keeps its part of mu^2 (the PCA alone: all of it)
     if pca_share is not None and later:
-        rest = sum(share[st] for st in later)
-        share = {"reduce": pca_share, **{st: (1 - pca_share) * share[st] / rest for st in later}}
-    elif not later:
-        share = {"reduce": 1.0}  # the PCA alone: the other settings stay as they are (unused)
-    # mu is proportional to 1 / noise multiplier: scale each stage to its share, then all to the target
-    z0 = {st: budgets[st].noise_multiplier * mu[st] / (math.sqrt(share[st]) * mu_t) for st in active}
-
-    # the largest site's mu at z0 (each stage at its share alone would give mu_t; the sites' sums may give less)
-    mu_max = max(math.sqrt(sum((m[st] * budgets[st].noise_multiplier / z0[st]) ** 2 for st in active))
-                 for m in site_mu)
-    planned = spend(_with_multipliers(cfg, {st: z * mu_max / mu_t for st, z in z0.items()}, budgets), shapes, dim,
-                    stages)
+        mu2 = {st: max(m[st] for m in site_mu) ** 2 for st in later}
+        share = {"reduce": pca_share, **{st: (1 - pca_share) * mu2[st] / sum(mu2.values()) for st in later}}
+    factor = split_gdp(site_mu, mu_t, share)
+    planned_cfg = _with_multipliers(cfg, {st: budgets[st].noise_multiplier * f for st, f in factor.items()}, budgets)
+    planned = _spend(planned_cfg.validate(data_sites=()), shapes, dim, stages)
     planned.target_epsilon = target_epsilon
     return planned
 
@@ -424,12 +443,14 @@ def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES, *,
     workflow) calls this before the first stage, so the run spends what the
     plan printed; every party of a deployed run calls it on the counts the
     sites announced (:mod:`dpneuro.deploy.party`), so all plan the same split.
-    Without ``cfg.epsilon`` the configuration is returned as is.
+    Without ``cfg.epsilon`` the configuration is returned as is. ``cfg`` is validated already (each of those
+    entry points validates it first); the planned configuration is validated here.
     """
     if cfg.epsilon is None:
         return cfg, None
     shapes = site_shapes(cfg) if shapes is None else shapes
-    plan = plan_for_target(replace(cfg, epsilon=None), shapes, features(cfg, dim), cfg.epsilon, stages=stages)
+    plan = _plan_for_target(replace(cfg, epsilon=None), shapes, features(cfg, dim), cfg.epsilon, pca_share=None,
+                            stages=stages)
     return replace(plan.config, epsilon=cfg.epsilon), plan
 
 

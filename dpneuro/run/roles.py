@@ -41,7 +41,7 @@ from dpneuro.algorithms.glm import pack_statistics, subject_measures
 from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
 from dpneuro.config import RunConfig
-from dpneuro.data.io import column_blocks, scale_columns, site_matrix
+from dpneuro.data.matrix import column_blocks, scale_columns, site_matrix
 from dpneuro.data.participants import CovariateError, participants_path, read_covariates
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import cape_protocol
@@ -57,6 +57,7 @@ from dpneuro.run.factory import (
     reduce_plan,
     states_settings,
 )
+from dpneuro.run.naming import ordered_unmixing
 
 __all__ = [
     "ReduceResult",
@@ -127,25 +128,27 @@ class ReduceResult:
     rounds: int = 0
 
 
-def reduce_site(cfg: RunConfig, site: int, X, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
-                dim: int | None = None, checkpoint: Checkpoint | None = None,
-                timeout: float | None = None) -> ReduceResult:
-    """One site's part of capePCA: X is its D x N matrix, ``lengths`` its subjects' time points.
+def reduce_site(cfg: RunConfig, step: str, site: int, X, lengths: Sequence[int], exchange: Exchange, *,
+                n_sites: int, dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+    """One site's part of capePCA (or PD-SVD): X is its D x N matrix, ``lengths`` its subjects' time points.
 
-    Returns the public basis and eigenvalues (the aggregator's final
-    broadcast) and this site's ledger (``ledgers[0]``).
+    Returns this site's ledger and the public basis and eigenvalues (the aggregator's final broadcast).
     """
     st = run_site(reduce_protocol(cfg, n_sites, dim), site, pca_source(X, lengths), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     final = st["final"]
-    return ReduceResult(np.asarray(final.arrays["V"]), np.asarray(final.arrays["eigenvalues"]), [st["ledger"]])
+    return {"ledger": st["ledger"], "basis": np.asarray(final.arrays["V"]),
+            "eigenvalues": np.asarray(final.arrays["eigenvalues"])}
 
 
-def reduce_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, dim: int | None = None,
-                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> ReduceResult:
+def reduce_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                      public=None, previous=None, checkpoint: Checkpoint | None = None,
+                      options: RunOptions | None = None) -> dict[str, Any]:
     """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
     st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
-    return ReduceResult(np.asarray(st["basis"]), np.asarray(st["eigenvalues"]), rounds=int(st.get("rounds", 0)))
+    return {"basis": np.asarray(st["basis"]), "eigenvalues": np.asarray(st["eigenvalues"]),
+            "rounds": int(st.get("rounds", 0))}
 
 
 # -- unmix: spatial ICA, or capeDJICA / the cumulant ICA --------------------------------
@@ -201,19 +204,19 @@ class UnmixResult:
     ledgers: list[PrivacyLedger | None] = field(default_factory=list)
 
 
-def _unmix_result(agg: State, ledgers: list) -> UnmixResult:
+def _unmix_result(agg: State) -> UnmixResult:
     if "ica" not in agg:  # the cumulant ICA: its two releases, then W
         W = np.asarray(agg["W"])
-        return UnmixResult(W, np.zeros(W.shape[0]), {}, 2 if "P" in agg else 1, "separated", ledgers)
+        return UnmixResult(W, np.zeros(W.shape[0]), {}, 2 if "P" in agg else 1, "separated")
     st = agg["ica"]
     W, b = reported_unmixing(st)  # the Polyak average when the optimizer keeps one, else the last iterate
     hist = {k: [float(x) for x in v] for k, v in st["history"].items()}
-    return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]), ledgers)
+    return UnmixResult(np.array(W), np.array(b), hist, len(hist.get("rho", [])), str(st["status"]))
 
 
-def _spatial_result(basis, eigenvalues, ledgers: list) -> UnmixResult:
+def _spatial_result(basis, eigenvalues) -> UnmixResult:
     r = spatial_ica(basis, eigenvalues)
-    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status, ledgers)
+    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status)
 
 
 def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
@@ -225,30 +228,38 @@ def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
     return f"temporal ICA, {rounds} capeDJICA rounds ({status})"
 
 
-def unmix_site(cfg: RunConfig, site: int, Z, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
-               checkpoint: Checkpoint | None = None, timeout: float | None = None) -> PrivacyLedger:
+def unmix_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], exchange: Exchange, *,
+               n_sites: int, dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
     """One site's part of the temporal unmixing on its whitened data Z (R x N); returns its ledger.
 
     Spatial ICA is the aggregator's post-processing of the released basis: the
     site sends nothing and its ledger stays empty.
     """
     if cfg.ica == "spatial":
-        return PrivacyLedger()
+        return {"ledger": PrivacyLedger()}
     st = run_site(unmix_protocol(cfg, n_sites), site, (Z, [int(n) for n in lengths]), exchange,
                   checkpoint=checkpoint, timeout=timeout)
-    return st["ledger"]
+    return {"ledger": st["ledger"]}
 
 
-def unmix_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
-                     options: RunOptions | None = None, basis=None, eigenvalues=None) -> UnmixResult:
+def unmix_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                     public: Mapping[str, Mapping[str, Any]], previous=None, checkpoint: Checkpoint | None = None,
+                     options: RunOptions | None = None) -> dict[str, Any]:
     """The aggregator's part of the temporal unmixing (capeDJICA: averages the noisy gradients, updates W and b).
 
-    With spatial ICA it unmixes the released ``basis`` and ``eigenvalues`` alone (no messages).
+    With spatial ICA it unmixes the released basis and eigenvalues (``public["reduce"]``) alone, without
+    messages. The components are then put in the run's public order (:func:`dpneuro.run.naming.ordered_unmixing`),
+    which every later reader sees.
     """
+    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     if cfg.ica == "spatial":
-        return _spatial_result(basis, eigenvalues, [])
-    st = run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
-    return _unmix_result(st, [])
+        r = _spatial_result(V, lam)
+    else:
+        r = _unmix_result(run_aggregator(unmix_protocol(cfg, n_sites), exchange, checkpoint=checkpoint,
+                                         options=options))
+    W, b = ordered_unmixing(cfg, V, lam, r.W, r.b)
+    return {"W": W, "b": b, "history": r.history, "rounds": r.rounds, "status": r.status}
 
 
 # -- fnc: static functional network connectivity ----------------------------------------------
@@ -258,8 +269,9 @@ def _fnc_protocol(cfg: RunConfig, n_sites: int):
     return cape_protocol(fnc_settings(cfg).algorithm(P=P, n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
 
 
-def fnc_site(cfg: RunConfig, site: int, S, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
-             checkpoint: Checkpoint | None = None, timeout: float | None = None) -> dict[str, Any]:
+def fnc_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+             dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
+             timeout: float | None = None) -> dict[str, Any]:
     """One site's FNC release from its component time courses S (R x N): its subjects' FNC, each bounded, their
     mean released. Returns the site's ledger and the consortium's mean as broadcast."""
     r = run_site(_fnc_protocol(cfg, n_sites), site, site_fnc(S, lengths), exchange, checkpoint=checkpoint,
@@ -268,7 +280,8 @@ def fnc_site(cfg: RunConfig, site: int, S, lengths: Sequence[int], exchange: Exc
     return {"ledger": r["ledger"], **({"fnc": np.asarray(final.arrays["fnc"])} if final is not None else {})}
 
 
-def fnc_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+def fnc_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                   public=None, previous=None, checkpoint: Checkpoint | None = None,
                    options: RunOptions | None = None) -> dict[str, Any]:
     """The consortium's mean FNC (Fisher z, P = R(R-1)/2 pairs) and its noise's variance per entry."""
     st = run_aggregator(_fnc_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
@@ -340,14 +353,16 @@ def _glm_protocol(cfg: RunConfig, n_sites: int):
     return cape_protocol(glm_settings(cfg).algorithm(n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
 
 
-def glm_site(cfg: RunConfig, site: int, T, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+def glm_site(cfg: RunConfig, step: str, site: int, T, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
+             dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
              timeout: float | None = None) -> dict[str, Any]:
     """One site's group-statistics release: the mean of its subjects' bounded contributions (:func:`glm_input`)."""
     r = run_site(_glm_protocol(cfg, n_sites), site, T, exchange, checkpoint=checkpoint, timeout=timeout)
     return {"ledger": r["ledger"]}
 
 
-def glm_aggregator(cfg: RunConfig, exchange: Exchange, *, n_sites: int, checkpoint: Checkpoint | None = None,
+def glm_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                   public=None, previous=None, checkpoint: Checkpoint | None = None,
                    options: RunOptions | None = None) -> dict[str, Any]:
     """The consortium's group effects (each contrast x measure: estimate, interval, p, q, noise sd) fitted from
     the release (post-processing), and the subjects each site put in the model (public)."""
@@ -382,10 +397,12 @@ def site_windows(cfg: RunConfig, S, lengths: Sequence[int], *, tr: float | None 
 
 
 def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *,
-                n_sites: int, previous: dict | None = None, checkpoint: Checkpoint | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
-    """One site's part of one brain-states release, on its component time courses S (R x N); ``previous`` is
-    its result of the stage's previous release. Returns the site's ledger and what the release made public."""
+                n_sites: int, dim: int | None = None, previous: dict | None = None,
+                checkpoint: Checkpoint | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """One site's part of one brain-states release (``step``: ``states-<release>``), on its component time
+    courses S (R x N); ``previous`` is its result of the stage's previous release. Returns the site's ledger and
+    what the release made public."""
+    step = step.removeprefix("states-")
     st = states_settings(cfg)
     ws = site_windows(cfg, S, lengths, where=f"site {site}")
     alg = st.algorithm(step, D=ws.D, n_sites=n_sites, groups={site: max(ws.lengths)}, previous=previous)
@@ -395,10 +412,12 @@ def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int],
     return {"ledger": r["ledger"], **st.site_result(step, r.get("final"), previous)}
 
 
-def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, previous: dict | None = None,
-                      checkpoint: Checkpoint | None = None, options: RunOptions | None = None) -> dict[str, Any]:
+def states_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: int, dim: int | None = None,
+                      public=None, previous: dict | None = None, checkpoint: Checkpoint | None = None,
+                      options: RunOptions | None = None) -> dict[str, Any]:
     """The aggregator's part of one brain-states release; after the last, the states' ``vectors`` (D x K,
     Fisher z of the connectivity pairs) and the consortium's ``occupancy`` (K)."""
+    step = step.removeprefix("states-")
     st = states_settings(cfg)
     D = cfg.n_components * (cfg.n_components - 1) // 2
     alg = st.algorithm(step, D=D, n_sites=n_sites, previous=previous)

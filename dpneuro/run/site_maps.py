@@ -37,19 +37,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from dpneuro._utils.blas import one_blas_thread
+from dpneuro._utils.errors import DataValidationError
+from dpneuro._utils.parallel import ordered_map, resolve_workers
 from dpneuro._utils.progressbar import progress_bar
 from dpneuro.algorithms.pca import subspace_factor
 from dpneuro.algorithms.spatial_ica import GUIDED_ICA_MAX_ITER, guided_ica
 from dpneuro.config import SITE_MAPS_METHODS as METHODS  # how a site makes its voxel maps
-from dpneuro.data.io import (
-    DataValidationError,
-    decode_run,
-    load_mask,
-    ordered_map,
-    resolve_workers,
-    scale_columns,
-    voxel_decoder,
-)
+from dpneuro.data.images import load_mask
+from dpneuro.data.load import decode_run, voxel_decoder
+from dpneuro.data.matrix import scale_columns
 from dpneuro.report.figures import write_components, zscore_columns
 
 __all__ = ["CONSORTIUM_NOTE", "METHODS", "SIMULATION_NOTE", "SITE_NOTE", "SiteSubspace", "consortium_section",
@@ -196,7 +192,7 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         A tqdm progress bar over the runs.
     decode : callable, optional
         ``decode(path)`` -> the run's voxels x volumes as the site's matrix has them
-        (:func:`dpneuro.data.io.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
+        (:func:`dpneuro.data.load.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
     record : dict, optional
         Given, ``record["site_maps_ica"]`` is set to how the guided ICA ended: ``{"status": "converged" or
         "not converged", "n_iter", "max_iter"}``, or None when none ran (``"dual_regression"``, or too little

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,9 +33,10 @@ from dpneuro.algorithms.pca import check_sources
 from dpneuro.config import RunConfig
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import planned_ledgers as cape_planned
-from dpneuro.protocol.driver import RunOptions, run_parties
+from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange.inprocess import InProcessExchange
-from dpneuro.run import factory, naming, roles
+from dpneuro.protocol.simulation import run_parties
+from dpneuro.run import factory, roles
 from dpneuro.run.factory import (
     PDSVD_THREAT_MODEL,
     ica_algorithm,
@@ -73,10 +75,12 @@ class ReleasingStage:
         previous, checkpoint, timeout)``: one site's part of ``step``; returns
         its ledger under ``"ledger"`` and the step's public result as the site
         sees it. ``previous`` is the site's result of the stage's previous step.
+        A role of :mod:`dpneuro.run.roles`, which every entry point calls
+        directly.
     aggregator : callable
         ``aggregator(cfg, step, exchange, *, n_sites, dim, public, previous,
         checkpoint, options)``: the aggregator's part of ``step``; returns the
-        step's public result.
+        step's public result. A role of :mod:`dpneuro.run.roles`.
     to_sites : tuple of str
         Public results the aggregator sends every site at the end of a
         deployed run (what the sites need for their own outputs).
@@ -91,9 +95,10 @@ class ReleasingStage:
         budget setting they are calibrated from (``.budget``) and the ledger
         names of their releases (``.ledger_stages``).
     planned : callable or None
-        ``planned(cfg, shapes, dim)``: each site's ledger of the stage on sites
-        of these shapes (``.lengths``, ``.n_samples``), without data: what the
-        planner predicts and the run then records.
+        ``planned(cfg, algorithms, shapes, dim)``: each site's ledger of the
+        stage on sites of these shapes (``.lengths``, ``.n_samples``), without
+        data, from the stage's ``algorithms(cfg, dim)``: what the planner
+        predicts and the run then records (:meth:`plan` builds them).
     reads : tuple of (stage, key)
         Earlier public results ``site_input`` reads that a site's own steps
         did not return (the aggregator's alone, e.g. the spatial ICA's W): a
@@ -113,12 +118,20 @@ class ReleasingStage:
     check: Callable[[RunConfig, Sequence[Any], Sequence[Sequence[int]]], Sequence[Any]] | None = None
     spends: Callable[[RunConfig], bool] = lambda cfg: False
     algorithms: Callable[[RunConfig, int], list] | None = None
-    planned: Callable[[RunConfig, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
+    planned: Callable[[RunConfig, list, Sequence[Any], int], list[PrivacyLedger | None]] | None = None
     reads: tuple[tuple[str, str], ...] = ()
     files: Callable[[RunConfig], list[str]] = lambda cfg: []
 
     def active(self, cfg: RunConfig) -> bool:
         return bool(self.steps(cfg))
+
+    def plan(self, cfg: RunConfig, shapes: Sequence[Any], dim: int, algorithms: list | None = None
+             ) -> list[PrivacyLedger | None]:
+        """Each site's ledger of the stage on sites of these shapes (:attr:`planned`), from ``algorithms`` built
+        once by the caller, else built here."""
+        if self.planned is None or self.algorithms is None:
+            raise ValueError(f"stage {self.name!r} releases nothing to plan")
+        return self.planned(cfg, self.algorithms(cfg, dim) if algorithms is None else algorithms, shapes, dim)
 
 
 # -- reduce: capePCA or PD-SVD ------------------------------------------------------------------
@@ -130,26 +143,15 @@ def _reduce_check(cfg, inputs, lengths):
                           for s, (X, ln) in enumerate(zip(inputs, lengths, strict=True))], cfg.n_components)
 
 
-def _reduce_planned(cfg, shapes, dim):
+def _reduce_planned(cfg, algorithms, shapes, dim):
     if cfg.reduction == "pdsvd":  # secure sums, no noise: every ledger says so
         leds = [PrivacyLedger(owner=f"site-{i}") for i in range(len(shapes))]
         for led in leds:
             led.mark_not_private(PDSVD_THREAT_MODEL)
         return leds
-    pca = pca_algorithm(cfg, dim)
+    pca, = algorithms
     return cape_planned(pca, reduce_plan(cfg), [pca.public_state(i, s.lengths, s.n_samples, dim)
                                                 for i, s in enumerate(shapes)])
-
-
-def _reduce_site(cfg, step, site, X, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    r = roles.reduce_site(cfg, site, X, lengths, exchange, n_sites=n_sites, dim=dim, checkpoint=checkpoint,
-                             timeout=timeout)
-    return {"ledger": r.ledgers[0], "basis": r.basis, "eigenvalues": r.eigenvalues}
-
-
-def _reduce_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    r = roles.reduce_aggregator(cfg, exchange, n_sites=n_sites, dim=dim, checkpoint=checkpoint, options=options)
-    return {"basis": r.basis, "eigenvalues": r.eigenvalues, "rounds": r.rounds}
 
 
 # -- unmix: spatial ICA of the basis, capeDJICA or the cumulant ICA -------------------------------
@@ -160,8 +162,8 @@ def _unmix_input(cfg, site, public):
     return roles.unmixing_input(cfg, site["X"], public["reduce"]["basis"], public["reduce"]["eigenvalues"])
 
 
-def _unmix_planned(cfg, shapes, dim):
-    ica = ica_algorithm(cfg)
+def _unmix_planned(cfg, algorithms, shapes, dim):
+    ica, = algorithms
     return cape_planned(ica, noise_plan(cfg), [ica.public_state(i, s.lengths) for i, s in enumerate(shapes)])
 
 
@@ -174,19 +176,6 @@ def _unmix_check(cfg, inputs, lengths):
     return inputs
 
 
-def _unmix_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    return {"ledger": roles.unmix_site(cfg, site, Z, lengths, exchange, n_sites=n_sites, checkpoint=checkpoint,
-                                          timeout=timeout)}
-
-
-def _unmix_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
-    r = roles.unmix_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options,
-                               basis=V, eigenvalues=lam)
-    W, b = naming.ordered_unmixing(cfg, V, lam, r.W, r.b)  # public post-processing: every later reader sees this order
-    return {"W": W, "b": b, "history": r.history, "rounds": r.rounds, "status": r.status}
-
-
 def _timecourses_input(cfg, site, public):
     """The site's component time courses (R x N), the same as its ``timecourses.tsv``: the FNC and the states
     read them."""
@@ -196,16 +185,9 @@ def _timecourses_input(cfg, site, public):
 
 # -- fnc: static functional network connectivity ------------------------------------------------
 
-def _fnc_planned(cfg, shapes, dim):
-    return factory.fnc_settings(cfg).planned([len(s.lengths) for s in shapes], cfg.n_components)
-
-
-def _fnc_site(cfg, step, site, S, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    return roles.fnc_site(cfg, site, S, lengths, exchange, n_sites=n_sites, checkpoint=checkpoint, timeout=timeout)
-
-
-def _fnc_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    return roles.fnc_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options)
+def _fnc_planned(cfg, algorithms, shapes, dim):
+    settings, = algorithms
+    return settings.planned([len(s.lengths) for s in shapes], cfg.n_components)
 
 
 # -- states: dFNC brain states ------------------------------------------------------------------
@@ -225,20 +207,11 @@ def _states_algorithms(cfg, dim):
     return [states_settings(cfg)]  # the stage's budget and ledger names (the planner's view)
 
 
-def _states_planned(cfg, shapes, dim):
+def _states_planned(cfg, algorithms, shapes, dim):
+    settings, = algorithms
     for s in shapes:  # the planner refuses what the run refuses
         roles.check_window_fits(cfg, s.lengths, f"site {s.name}")
-    return states_settings(cfg).planned([roles.window_counts(cfg, s.lengths) for s in shapes], cfg.n_components)
-
-
-def _states_site(cfg, step, site, S, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    return roles.states_site(cfg, step.removeprefix("states-"), site, S, lengths, exchange, n_sites=n_sites,
-                                previous=previous, checkpoint=checkpoint, timeout=timeout)
-
-
-def _states_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    return roles.states_aggregator(cfg, step.removeprefix("states-"), exchange, n_sites=n_sites,
-                                      previous=previous, checkpoint=checkpoint, options=options)
+    return settings.planned([roles.window_counts(cfg, s.lengths) for s in shapes], cfg.n_components)
 
 
 # -- glm: group statistics ---------------------------------------------------------------------
@@ -248,35 +221,32 @@ def _glm_input(cfg, site, public):
     return roles.glm_input(cfg, site, _timecourses_input(cfg, site, public), public)
 
 
-def _glm_planned(cfg, shapes, dim):
-    return factory.glm_settings(cfg).planned([len(s.lengths) for s in shapes])
-
-
-def _glm_site(cfg, step, site, T, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    return roles.glm_site(cfg, site, T, exchange, n_sites=n_sites, checkpoint=checkpoint, timeout=timeout)
-
-
-def _glm_aggregator(cfg, step, exchange, *, n_sites, dim, public, previous, checkpoint, options):
-    return roles.glm_aggregator(cfg, exchange, n_sites=n_sites, checkpoint=checkpoint, options=options)
+def _glm_planned(cfg, algorithms, shapes, dim):
+    settings, = algorithms
+    return settings.planned([len(s.lengths) for s in shapes])
 
 
 #: the run's releasing stages, in run order
 RELEASES: tuple[ReleasingStage, ...] = (
-    ReleasingStage("reduce", lambda cfg: ("reduce",), lambda cfg, site, public: site["X"], _reduce_site,
-            _reduce_aggregator,
+    ReleasingStage("reduce", lambda cfg: ("reduce",), lambda cfg, site, public: site["X"], roles.reduce_site,
+            roles.reduce_aggregator,
             check=_reduce_check, spends=lambda cfg: cfg.reduction != "pdsvd",
             algorithms=lambda cfg, dim: [pca_algorithm(cfg, dim)], planned=_reduce_planned),
     # spatial ICA unmixes the released basis at the aggregator: post-processing, no release
-    ReleasingStage("unmix", lambda cfg: ("unmix",), _unmix_input, _unmix_site, _unmix_aggregator, to_sites=("W", "b"),
+    ReleasingStage("unmix", lambda cfg: ("unmix",), _unmix_input, roles.unmix_site, roles.unmix_aggregator,
+            to_sites=("W", "b"),
             check=_unmix_check, spends=lambda cfg: cfg.ica == "temporal",
             algorithms=lambda cfg, dim: [ica_algorithm(cfg)], planned=_unmix_planned),
-    ReleasingStage("fnc", lambda cfg: ("fnc",) if cfg.fnc else (), _timecourses_input, _fnc_site, _fnc_aggregator,
+    ReleasingStage("fnc", lambda cfg: ("fnc",) if cfg.fnc else (), _timecourses_input, roles.fnc_site,
+            roles.fnc_aggregator,
             to_sites=("fnc",), reads=(("unmix", "W"), ("unmix", "b")), spends=lambda cfg: cfg.fnc,
             algorithms=lambda cfg, dim: [factory.fnc_settings(cfg)], planned=_fnc_planned),
-    ReleasingStage("states", _states_steps, _timecourses_input, _states_site, _states_aggregator, to_sites=("vectors",),
+    ReleasingStage("states", _states_steps, _timecourses_input, roles.states_site, roles.states_aggregator,
+            to_sites=("vectors",),
             reads=(("unmix", "W"), ("unmix", "b")), check=_states_check, spends=lambda cfg: cfg.brain_states > 0,
             algorithms=_states_algorithms, planned=_states_planned),
-    ReleasingStage("glm", lambda cfg: ("glm",) if cfg.design else (), _glm_input, _glm_site, _glm_aggregator,
+    ReleasingStage("glm", lambda cfg: ("glm",) if cfg.design else (), _glm_input, roles.glm_site,
+            roles.glm_aggregator,
             reads=(("unmix", "W"), ("unmix", "b"), ("states", "vectors")), spends=lambda cfg: bool(cfg.design),
             algorithms=lambda cfg, dim: [factory.glm_settings(cfg)], planned=_glm_planned,
             files=lambda cfg: [str(roles.participants_table(cfg, s.name)) for s in cfg.sites] if cfg.design else []),
@@ -335,15 +305,12 @@ def run_inprocess(stage: ReleasingStage, cfg: RunConfig, inputs: Sequence[Any], 
     agg_prev: Any = None
     ledgers: list[list[PrivacyLedger]] = [[] for _ in range(n)]
     for step in stage.steps(cfg):
-        def site(s: int, exchange, timeout, step: str = step) -> dict[str, Any]:
-            return stage.site(cfg, step, s, inputs[s], [int(x) for x in lengths[s]], exchange, n_sites=n, dim=dim,
-                              previous=site_prev[s], checkpoint=None, timeout=timeout)
-
-        def aggregator(exchange, step: str = step) -> dict[str, Any]:
-            return stage.aggregator(cfg, step, exchange, n_sites=n, dim=dim, public=public, previous=agg_prev,
-                                    checkpoint=None, options=opts)
-
-        agg_prev, site_prev = run_parties(n, site, aggregator, InProcessExchange(n_sites=n), timeout=opts.timeout)
+        # each party's own step with its arguments bound: a site thread calls the stage's site step directly
+        sites = [partial(stage.site, cfg, step, s, inputs[s], [int(x) for x in lengths[s]], n_sites=n, dim=dim,
+                         previous=site_prev[s], checkpoint=None) for s in range(n)]
+        aggregator = partial(stage.aggregator, cfg, step, n_sites=n, dim=dim, public=public, previous=agg_prev,
+                             checkpoint=None, options=opts)
+        agg_prev, site_prev = run_parties(sites, aggregator, InProcessExchange(n_sites=n), timeout=opts.timeout)
         result.update(agg_prev)
         for s, r in enumerate(site_prev):
             if r is not None:

@@ -138,7 +138,7 @@ def test_subject_level_units_and_sensitivities():
 
 
 def test_sitedata_boundaries_make_the_unit_subject():
-    class FakeSiteData:  # the attributes of dpneuro.data.io.SiteData the sources use
+    class FakeSiteData:  # the attributes of dpneuro.data.matrix.SiteData the sources use
         def __init__(self, X, bounds):
             self.X, self.boundaries = X, bounds
 

@@ -7,8 +7,9 @@ import pytest
 
 from dpneuro.algorithms import PDSVD, ks_privacy, pd_pca, pd_svd
 from dpneuro.algorithms.pdsvd import Blinding, SiteInput, covariance_statistics
-from dpneuro.protocol.driver import RunOptions, SimulatedDropout, simulate
+from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import InProcessExchange
+from dpneuro.protocol.simulation import SimulatedDropout, simulate
 
 CLEAR = {"public", "secagg-mask", "secagg-share", "encrypted-share"}
 

@@ -12,7 +12,8 @@ import pytest
 from scipy.linalg import subspace_angles
 
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import load_space, preprocess
+from dpneuro.data.images import load_space
+from dpneuro.data.load import preprocess
 from dpneuro.data.parcellation import MapsBasis, Parcellation, atlas_basis, atlas_labels, atlas_maps
 from dpneuro.run.features import features
 from dpneuro.run.stages import reduce_inprocess

@@ -16,7 +16,7 @@ from sklearn.utils import Bunch
 import dpneuro.data.atlases as atlases
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.atlases import atlas_image, coordinates, sphere_labels
-from dpneuro.data.io import load_space
+from dpneuro.data.images import load_space
 from dpneuro.data.parcellation import atlas_labels, is_probabilistic
 from dpneuro.run.features import features
 

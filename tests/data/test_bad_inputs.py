@@ -10,9 +10,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from dpneuro._utils.errors import ConfigError
+from dpneuro._utils.errors import ConfigError, DataValidationError
 from dpneuro.config import RunConfig
-from dpneuro.data.io import DataValidationError, describe_site_inputs, load_image, load_site
+from dpneuro.data.images import load_image
+from dpneuro.data.load import describe_site_inputs, load_site
 from dpneuro.run.planner import site_shapes
 
 SHAPE = (4, 3, 2)  # a tiny grid: 24 voxels, all in the mask

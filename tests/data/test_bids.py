@@ -10,8 +10,10 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from dpneuro._utils.errors import DataValidationError
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import DataValidationError, find_subjects, load_site
+from dpneuro.data.discovery import find_subjects
+from dpneuro.data.load import load_site
 from dpneuro.run.stages import reduce_inprocess
 
 SHAPE = (5, 4, 3)

@@ -13,9 +13,11 @@ from nilearn import signal
 from nilearn.image import resample_to_img
 from nilearn.interfaces.fmriprep import load_confounds_strategy
 
+from dpneuro._utils.errors import DataValidationError
 from dpneuro.config import ConfigError, RunConfig
 from dpneuro.data.cleaning import Cleaning
-from dpneuro.data.io import DataValidationError, describe_site_inputs, load_mask, load_site, preprocess
+from dpneuro.data.images import load_mask
+from dpneuro.data.load import describe_site_inputs, load_site, preprocess
 from dpneuro.datasets.fmriprep import analysis_mask, write_fmriprep_site
 
 
@@ -145,7 +147,7 @@ def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scal
     float32 (which holds float32 and 16-bit values exactly), and the whole run's non-finite voxels are counted."""
     from nilearn.image import smooth_img
 
-    from dpneuro.data.io import resampled_block
+    from dpneuro.data.load import resampled_block
 
     mask_path = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask_path)
@@ -176,7 +178,7 @@ def test_resampling_in_chunks_equals_the_whole_run_at_once(tmp_path, dtype, scal
 def test_resampling_in_chunks_bounds_memory(tmp_path):
     import tracemalloc
 
-    from dpneuro.data.io import resampled_block
+    from dpneuro.data.load import resampled_block
 
     mask_path = analysis_mask(tmp_path / "mask.nii.gz")
     m, _ = load_mask(mask_path)
@@ -552,7 +554,7 @@ def test_transform_reads_new_subjects_as_the_fit_read_its_sites(tmp_path):
 def test_a_costly_site_keeps_its_voxels_once_for_its_voxel_maps(tmp_path):
     """Resampled and smoothed runs are decoded once: the voxel maps read the voxels the loader kept, which are
     the runs as a fresh decode gives them (column for column)."""
-    from dpneuro.data.io import voxel_decoder
+    from dpneuro.data.load import voxel_decoder
     from dpneuro.data.parcellation import Parcellation, coordinate_parcels
 
     mask = analysis_mask(tmp_path / "mask.nii.gz")

@@ -13,7 +13,7 @@ from scipy import ndimage
 
 import dpneuro.data.atlases as atlases
 from dpneuro.config import RunConfig
-from dpneuro.data.io import load_space
+from dpneuro.data.images import load_space
 from dpneuro.data.networks import (
     NETWORKS,
     NOISE_FLAG,

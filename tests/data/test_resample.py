@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from nilearn.image import resample_to_img, smooth_img
 
-from dpneuro.data.io import resampled_block
+from dpneuro.data.load import resampled_block
 from dpneuro.data.resample import separable_operator
 
 EPS32 = np.finfo(np.float32).eps

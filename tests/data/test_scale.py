@@ -12,8 +12,11 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from dpneuro._utils.parallel import ordered_map
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import ColumnWriter, NpyColumns, column_blocks, load_site, load_space, ordered_map
+from dpneuro.data.images import load_space
+from dpneuro.data.load import load_site
+from dpneuro.data.matrix import ColumnWriter, NpyColumns, column_blocks
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.run import pipeline
 from dpneuro.run.factory import STREAMED_PCA_ITERATIONS, STREAMED_PCA_TOL, check_reduction_fits, pca_mode
@@ -150,7 +153,7 @@ def test_covariance_mode_refused_before_any_data_are_read(consortium, monkeypatc
     root, man = consortium
     cfg = _config(root, man, "big", max_memory_gb=0.01)  # 900 voxels need 9 * 8 * 900^2 B = 0.054 GB
     read = []
-    monkeypatch.setattr("dpneuro.data.io._read_subject", lambda *a, **k: read.append(a) or None)
+    monkeypatch.setattr("dpneuro.data.load._read_subject", lambda *a, **k: read.append(a) or None)
     with pytest.raises(ConfigError, match="capepca-power.*Nothing was released"):
         pipeline.prepare(cfg)
     assert read == []
@@ -169,7 +172,7 @@ def test_covariance_release_larger_than_a_message_is_refused_before_any_data_are
     cfg = _config(root, man, "msg")  # 900 voxels: fits max_memory_gb, the release is 8 * 900^2 B
     limit = covariance_release_bytes(900) - 1
     read = []
-    monkeypatch.setattr("dpneuro.data.io._read_subject", lambda *a, **k: read.append(a) or None)
+    monkeypatch.setattr("dpneuro.data.load._read_subject", lambda *a, **k: read.append(a) or None)
     with pytest.raises(ConfigError, match="message of 6 MB, more than the exchange carries.*Nothing was released"):
         check_reduction_fits(cfg, message_limit=limit)
     assert read == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpneuro.data.io import load_site
+from dpneuro.data.load import load_site
 from dpneuro.datasets.synth import load_manifest, make_consortium, network_model
 
 KW = dict(n_sites=2, subjects_per_site=[2, 3], n_components=4, n_timepoints=40, space="grid30", random_state=5)

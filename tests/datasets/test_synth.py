@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import kurtosis
 
-from dpneuro.data.io import load_space
+from dpneuro.data.images import load_space
 from dpneuro.datasets.synth import garch_sources, load_manifest, make_consortium
 
 
@@ -365,7 +365,7 @@ def test_workers_do_not_change_a_byte(tmp_path, kw):
 
 
 def test_uncompressed_nii_same_data_and_found_by_the_loaders(tmp_path):
-    from dpneuro.data.io import find_subjects
+    from dpneuro.data.discovery import find_subjects
 
     kw = dict(n_sites=2, subjects_per_site=[1, 2], n_components=3, n_timepoints=10, space="mni6mm", random_state=2,
               dtype="int16")
@@ -426,7 +426,7 @@ def test_bold_gzip_is_what_nib_save_writes(tmp_path, monkeypatch, space):
 
 
 def test_every_space_has_its_model_parameters():
-    from dpneuro.data.io import SPACES
+    from dpneuro.data.images import SPACES
     from dpneuro.datasets.synth import _BLOB_SIGMA, _NET_GLOBAL_SMOOTH, _NET_PHYSIO_SMOOTH, _NET_SIGMA
 
     for table in (_BLOB_SIGMA, _NET_SIGMA, _NET_PHYSIO_SMOOTH, _NET_GLOBAL_SMOOTH):

@@ -12,7 +12,9 @@ import pytest
 from scipy import ndimage
 from scipy.stats import kurtosis
 
-from dpneuro.data.io import load_space, preprocess, scale_columns
+from dpneuro.data.images import load_space
+from dpneuro.data.load import preprocess
+from dpneuro.data.matrix import scale_columns
 from dpneuro.data.parcellation import Parcellation, coordinate_parcels
 from dpneuro.datasets.synth import (
     MODELS,

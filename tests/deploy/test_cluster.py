@@ -15,8 +15,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from dpneuro._utils.errors import DataValidationError
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import DataValidationError
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.run import pipeline
 

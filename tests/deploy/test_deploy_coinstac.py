@@ -137,7 +137,8 @@ def test_compspec_selects_offer_exactly_what_the_configuration_accepts():
     """A select's values are a copy of the configuration's choices: they must not drift apart."""
     from dpneuro import config
     from dpneuro.algorithms.djica import OPTIMIZERS
-    from dpneuro.data.io import ON_BAD_SUBJECT, SPACES
+    from dpneuro.data.images import SPACES
+    from dpneuro.data.load import ON_BAD_SUBJECT
 
     accepted = {"space": SPACES, "reduction": config.REDUCTIONS, "ica": config.ICA_MODELS, "plan": config.PLANS,
                 "pca_contribution": config.PCA_CONTRIBUTIONS, "optimizer": tuple(OPTIMIZERS),

@@ -19,10 +19,11 @@ from cape_toys import Zeros
 from dpneuro.config import ConfigError
 from dpneuro.deploy import sharedfs
 from dpneuro.protocol.cape import cape_protocol
-from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import DirectoryExchange, InProcessExchange, MessageRejected, PartyFailed, Payload, codec
 from dpneuro.protocol.exchange.directory import check_failure_notices, write_failure_notice
 from dpneuro.protocol.exchange.keys import KeyFileError, PartyKeys, load_private_key, read_public_keys
+from dpneuro.protocol.simulation import simulate
 
 SITES = ["site-01", "site-02", "site-03"]
 

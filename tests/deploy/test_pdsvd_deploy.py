@@ -30,10 +30,11 @@ import pytest
 
 from dpneuro.algorithms.pca import as_source
 from dpneuro.algorithms.pdsvd import PDSVD, SiteInput, pd_pca, pd_svd
-from dpneuro.data.io import column_norms, scale_factors
-from dpneuro.protocol.driver import RunOptions, run_aggregator, run_site, simulate
+from dpneuro.data.matrix import column_norms, scale_factors
+from dpneuro.protocol.driver import RunOptions, run_aggregator, run_site
 from dpneuro.protocol.exchange import DirectoryCheckpoint, DirectoryExchange, InProcessExchange, Payload
 from dpneuro.protocol.secagg import SecAggError, group_secret, group_secret_phase
+from dpneuro.protocol.simulation import simulate
 
 CLEAR = {"public", "secagg-mask", "secagg-share", "encrypted-share"}
 D, K, S, N_ITER = 30, 5, 4, 40

@@ -21,8 +21,9 @@ from dpneuro.protocol.cape import (
 )
 from dpneuro.protocol.cape.packing import multiplicity, noise_array, pack, pack_weighted
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, guarantee_plan, plan_variances, symmetric_guarantee
-from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout
+from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import InProcessExchange, Payload
+from dpneuro.protocol.simulation import SimulatedDropout
 
 
 def _releases(result, round=0, topic="release"):
@@ -381,7 +382,7 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
         return rel.site(state, rnd, incoming)
 
     proto._round[-1] = Phase(rel.topic, flaky_site, rel.aggregator, rel.site_spec, rel.broadcast_spec, True)
-    from dpneuro.protocol.driver import simulate
+    from dpneuro.protocol.simulation import simulate
 
     res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
     assert res.sites[4] is None

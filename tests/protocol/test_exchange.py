@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dpneuro.protocol.driver import RunOptions, run_aggregator, simulate
+from dpneuro.protocol.driver import RunOptions, run_aggregator
 from dpneuro.protocol.exchange import (
     AGGREGATOR,
     ArraySpec,
@@ -45,6 +45,7 @@ from dpneuro.protocol.exchange.codec import (
     register_state_type,
     save_state_file,
 )
+from dpneuro.protocol.simulation import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import exchange_workers as ew  # noqa: E402

@@ -1,6 +1,6 @@
 """Tests for dpneuro.protocol.secagg: fixed point, Shamir, masks, and the phases under the driver.
 
-End-to-end runs use :func:`dpneuro.protocol.driver.simulate` with a one-second
+End-to-end runs use :func:`dpneuro.protocol.simulation.simulate` with a one-second
 gather timeout; every dropout therefore costs about one second.
 """
 
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dpneuro.protocol.driver import Phase, RunOptions, SimulatedDropout, simulate
+from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import Payload
 from dpneuro.protocol.exchange.codec import decode_state, encode_state
 from dpneuro.protocol.secagg import (
@@ -35,6 +35,7 @@ from dpneuro.protocol.secagg import (
     shamir,
     sum_phases,
 )
+from dpneuro.protocol.simulation import SimulatedDropout, simulate
 
 TIMEOUT = 1.0  # aggregator's gather timeout in the simulations (s)
 STAGES = ["secagg-keys", "secagg-share-keys", "sum-masked", "sum-unmask"]
@@ -61,7 +62,7 @@ class SumProtocol:
 
     def phases(self, round):
         phases = setup_phases(self.config) if round == 0 else []
-        phases += sum_phases(self.config, "sum", self._input, self._on_sum)
+        phases += sum_phases(self.config, "sum", "_in", self._on_sum)
         phases.append(Phase("final", site=lambda s, r, inc: Payload(),
                             aggregator=lambda a, r, m: Payload(meta={"stop": r == self.max_rounds - 1}),
                             allow_dropout=True))
@@ -86,6 +87,8 @@ class SumProtocol:
         def site(state, rnd, incoming):
             if (state["site"], rnd, phase.topic) in self.drops:
                 raise SimulatedDropout
+            if phase.topic == "sum-masked":  # the protocol's own step puts the sum's input in the state
+                state["_in"] = self._input(state, rnd)
             out = phase.site(state, rnd, incoming)
             return self.tamper(state["site"], rnd, phase.topic, out) if self.tamper else out
 
@@ -499,7 +502,7 @@ def _setup_inline(n_sites, round=0):
 
 def test_site_refuses_request_for_both_shares_of_one_site():
     cfg, states, agg, incoming = _setup_inline(4)
-    masked, unmask = sum_phases(cfg, "sum", lambda s, r: s["_x"], lambda a, r, t: Payload())
+    masked, unmask = sum_phases(cfg, "sum", "_x", lambda a, r, t: Payload())
     msgs = {s: masked.site(st_, 0, incoming) for s, st_ in states.items()}
     bcast = masked.aggregator(agg, 0, msgs)
     assert bcast.meta["s_request"] == []
@@ -539,12 +542,14 @@ def test_keys_ratchet_so_a_revealed_key_covers_one_sum_only():
     next sum must be a fresh key that never masked anything it sent."""
     cfg, states, agg, incoming = _setup_inline(4)
     first_pk = {s: prg.public_key(st_["secagg"]["s_sk"]) for s, st_ in states.items()}
-    phases = sum_phases(cfg, "sum", lambda s, r: s["_x"], lambda a, r, t: Payload(arrays={"t": t}))
+    phases = sum_phases(cfg, "sum", "_x", lambda a, r, t: Payload(arrays={"t": t}))
     out = run_inline(phases, states, agg, 0, incoming, skip=())
     np.testing.assert_allclose(out.arrays["t"], 6.0, atol=4 * cfg.quantum)
     assert all(prg.public_key(st_["secagg"]["s_sk"]) != first_pk[s] for s, st_ in states.items())
     # round 1: site 3 is gone; its epoch-1 key is reconstructed, not the epoch-0 one
     live = {s: states[s] for s in (0, 1, 2)}
+    for s, st_ in live.items():
+        st_["_x"] = np.full(3, float(s))  # the sum took round 0's input
     masked, unmask = phases
     bcast = masked.aggregator(agg, 1, {s: masked.site(st_, 1, out) for s, st_ in live.items()})
     assert bcast.meta["s_request"] == [3]
@@ -557,7 +562,7 @@ def test_keys_ratchet_so_a_revealed_key_covers_one_sum_only():
 
 def test_states_are_checkpointable():
     cfg, states, agg, incoming = _setup_inline(3)
-    masked, _ = sum_phases(cfg, "sum", lambda s, r: s["_x"], lambda a, r, t: Payload())
+    masked, _ = sum_phases(cfg, "sum", "_x", lambda a, r, t: Payload())
     msgs = {s: masked.site(st_, 0, incoming) for s, st_ in states.items()}
     masked.aggregator(agg, 0, msgs)
     for state in [states[0], agg]:
@@ -577,8 +582,23 @@ def test_commitment_is_sha256_of_seed():
 
 def test_interleaved_sums_refused():
     cfg, states, agg, incoming = _setup_inline(3)
-    a = sum_phases(cfg, "a", lambda s, r: s["_x"], lambda ag, r, t: Payload())
-    b = sum_phases(cfg, "b", lambda s, r: s["_x"], lambda ag, r, t: Payload())
+    a = sum_phases(cfg, "a", "_x", lambda ag, r, t: Payload())
+    b = sum_phases(cfg, "b", "_x", lambda ag, r, t: Payload())
     a[0].site(states[0], 0, incoming)
     with pytest.raises(SecAggError, match="'a' is still open; sums may not interleave"):
         b[0].site(states[0], 0, None)
+
+
+def test_sum_input_is_taken_from_the_state_once():
+    """A site adds what its protocol put in the state just before the sum, and the sum takes it out of the state:
+    a later sum cannot send it again, and a sum without an input stops the site by name."""
+    cfg, states, agg, incoming = _setup_inline(3)
+    masked, _ = sum_phases(cfg, "sum", "_x", lambda a, r, t: Payload())
+    masked.site(states[0], 0, incoming)
+    assert "_x" not in states[0]
+    masked_next, _ = sum_phases(cfg, "next", "_x", lambda a, r, t: Payload())
+    states[0]["secagg"].pop("open")  # as if the first sum had ended
+    with pytest.raises(SecAggError, match=r"site 0: secure sum 'next' has no input: .*state\['_x'\]"):
+        masked_next.site(states[0], 0, None)
+    with pytest.raises(ValueError, match="input_key must start with '_'"):
+        sum_phases(cfg, "sum", "x", lambda a, r, t: Payload())

@@ -17,8 +17,9 @@ from dpneuro.privacy import cape_release_mu
 from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, cape_protocol
 from dpneuro.protocol.cape.phases import verify_plan
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, plan_variances, symmetric_guarantee
-from dpneuro.protocol.driver import Phase, RunOptions, simulate
+from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import InProcessExchange, Payload
+from dpneuro.protocol.simulation import simulate
 
 SPEC = ReleaseSpec((4,), sensitivity=0.5, noise_multiplier=2.0)  # tau = 1
 

@@ -13,7 +13,7 @@ from browser import chromium, inspect_page
 from test_report_timings import assert_every_map_shown
 
 from dpneuro.config import RunConfig
-from dpneuro.data.io import load_space
+from dpneuro.data.images import load_space
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.report.figures import read_timecourses, template_problem
 from dpneuro.workflows import run_workflow

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpneuro.config import RunConfig, SiteEntry
-from dpneuro.data.io import load_space
+from dpneuro.data.images import load_space
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.report.figures import colorbar_ticks, component_figure, peak_mm, timecourse_plot
 from dpneuro.report.html import run_settings

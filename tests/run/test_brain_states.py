@@ -72,7 +72,7 @@ def test_the_planner_predicts_the_stage_ledgers():
         cfg = _cfg(states_method=method, states_window=30, states_step=2)
         res = stages.states_inprocess(cfg, S, lengths)
         shapes = [SiteShape(f"s{i}", ln) for i, ln in enumerate(lengths)]
-        planned = stages.release("states").planned(cfg, shapes, 0)
+        planned = stages.release("states").plan(cfg, shapes, 0)
         for run, plan in zip(res["ledgers"], planned):
             assert run.by_stage() == pytest.approx(plan.by_stage())
 
@@ -91,7 +91,7 @@ def test_a_subject_shorter_than_a_window_is_refused_naming_the_setting():
         stages.release("states").check(cfg, [S] * 4, [[70, 30] if i == 2 else [50, 50] for i in range(4)])
     shapes = [SiteShape(f"s{i}", (70, 30) if i == 2 else (50, 50)) for i in range(4)]
     with pytest.raises(ConfigError, match="states_window.*site s2"):  # the planner refuses it too
-        stages.release("states").planned(cfg, shapes, 0)
+        stages.release("states").plan(cfg, shapes, 0)
 
 
 @pytest.mark.parametrize("kw, field", [

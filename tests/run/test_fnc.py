@@ -84,7 +84,7 @@ def test_the_planner_predicts_the_stage_ledgers_on_unequal_sites():
     for plan in ("cape", "conv"):
         cfg = _cfg(plan=plan, fnc_epsilon=2.5)
         _, leds = stages.run_inprocess(stages.release("fnc"), cfg, S, lengths, dim=0, public={})
-        planned = stages.release("fnc").planned(cfg, [SiteShape(f"s{i}", ln) for i, ln in enumerate(lengths)], 0)
+        planned = stages.release("fnc").plan(cfg, [SiteShape(f"s{i}", ln) for i, ln in enumerate(lengths)], 0)
         for run, plan_led in zip(leds, planned):
             assert run.by_stage() == pytest.approx(plan_led.by_stage())
             assert run.by_stage() == pytest.approx({"static-fnc": run.mu_collusion})

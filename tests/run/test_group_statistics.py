@@ -51,7 +51,7 @@ def test_the_planner_predicts_the_stage_ledgers_on_unequal_sites():
         cfg = _cfg(plan=plan, glm_epsilon=2.5)
         _, leds = stages.run_inprocess(stages.release("glm"), cfg, _packed(cfg, counts), [[100] * m for m in counts],
                                        dim=0, public={})
-        planned = stages.release("glm").planned(cfg, [SiteShape(f"s{i}", (100,) * m) for i, m in enumerate(counts)],
+        planned = stages.release("glm").plan(cfg, [SiteShape(f"s{i}", (100,) * m) for i, m in enumerate(counts)],
                                                 0)
         for run, plan_led in zip(leds, planned):
             assert run.by_stage() == pytest.approx(plan_led.by_stage())

@@ -8,10 +8,12 @@ import nibabel as nib
 import numpy as np
 import pytest
 
+from dpneuro._utils.errors import DataValidationError
 from dpneuro.algorithms.metrics import match_components
 from dpneuro.algorithms.spatial_ica import guided_ica
 from dpneuro.config import ConfigError, RunConfig
-from dpneuro.data.io import DataValidationError, decode_run, scale_columns
+from dpneuro.data.load import decode_run
+from dpneuro.data.matrix import scale_columns
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.report.figures import zscore_columns
 from dpneuro.run.pipeline import prepare, run_stages

@@ -36,10 +36,13 @@ from dpneuro.privacy import PrivacyLedger, max_colluding
 from dpneuro.protocol import secagg
 from dpneuro.protocol.cape.packing import check_symmetric_noise, n_unique, noise_array
 from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances, symmetric_guarantee
-from dpneuro.protocol.driver import Phase, RunOptions, SimulationResult, State, simulate
+from dpneuro.protocol.driver import Phase, RunOptions, State
 from dpneuro.protocol.exchange.base import MessageRejected, Payload
+from dpneuro.protocol.simulation import SimulationResult, simulate
 
 CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
+#: where a site's weighted zero-sum noise waits for the secure sum (transient: never checkpointed)
+_ZERO_SUM_INPUT = "_cape_zero_sum"
 
 
 @dataclass(frozen=True)
@@ -146,8 +149,8 @@ class _CapeProtocol:
         self._round: list[Phase] = []
         if plan.kind == "cape":
             self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
-            masked, unmask = secagg.sum_phases(secagg_config, "zs", self._zero_sum_input, self._agg_zero_sum)
-            self._round += [self._wrap(masked), self._wrap(unmask)]
+            masked, unmask = secagg.sum_phases(secagg_config, "zs", _ZERO_SUM_INPUT, self._agg_zero_sum)
+            self._round += [self._wrap(masked, before=self._zero_sum_input), self._wrap(unmask)]
         self._round.append(Phase("release", self._site_release, self._agg_release, allow_dropout=True))
 
     # -- driver interface ------------------------------------------------------------
@@ -171,11 +174,15 @@ class _CapeProtocol:
     def _restart_index(self, round: int) -> int:
         return (len(self._setup) if round == 0 else 0)
 
-    def _wrap(self, phase: Phase) -> Phase:
+    def _wrap(self, phase: Phase, before=None) -> Phase:
+        """A secure-aggregation phase whose site step first keeps the broadcast and runs ``before`` (which puts
+        the secure sum's input in the state): CAPE's own work is done before the sum's step, never called back."""
         site_fn = phase.site
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
             self._absorb(state, incoming)
+            if before is not None:
+                before(state, rnd)
             return site_fn(state, rnd, incoming)
 
         return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
@@ -284,7 +291,8 @@ class _CapeProtocol:
             cs["verified"] = {"digest": digest, "me": me}
         return cs["verified"]["me"], len(plan["cape/sites"]), plan["cape/weights"]
 
-    def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
+    def _zero_sum_input(self, state: State, rnd: int) -> None:
+        """Draw this round's zero-sum noise e_hat_s and put mu_s e_hat_s where the secure sum reads its input."""
         self._compute(state, rnd)
         cs = state["cape"]
         me, _, w = self._my_plan(state, rnd)
@@ -295,7 +303,7 @@ class _CapeProtocol:
             e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
             parts.append(w[me] * e_hat[name])
         cs["e_hat"] = e_hat
-        return np.concatenate(parts) if parts else np.zeros(0)
+        state[_ZERO_SUM_INPUT] = np.concatenate(parts) if parts else np.zeros(0)
 
     def _agg_zero_sum(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         cs = state["cape"]

@@ -8,8 +8,8 @@ sites may drop out, and fixed-point encoding with stochastic rounding.
 Typical use inside a protocol::
 
     cfg = SecAggConfig(n_sites=S)
-    phases = setup_phases(cfg)                           # once per run
-    phases += sum_phases(cfg, "noise", get_input, on_sum)  # per secure sum
+    phases = setup_phases(cfg)                            # once per run
+    phases += sum_phases(cfg, "noise", "_noise", on_sum)  # per secure sum of each site's state["_noise"]
 
 A secret shared by the sites only (the aggregator relays it encrypted) can be
 agreed right after the setup with ``group_secret_phase(cfg)``; each site then

@@ -68,7 +68,6 @@ from dpneuro.protocol.secagg.config import SecAggConfig
 from dpneuro.protocol.secagg.errors import SecAggDropped, SecAggError, SecAggWarning
 
 State = dict[str, Any]
-GetInput = Callable[[State, int], np.ndarray]
 OnSum = Callable[[State, int, np.ndarray], Payload]
 
 SECRET_BYTES = 32
@@ -441,8 +440,7 @@ def group_secret(state: State, incoming: Payload | None = None) -> bytes:
 
 # -- one secure sum: masked input collection -------------------------------------------
 
-def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
-                 ) -> Callable[[State, int, Payload | None], Payload]:
+def _masked_site(config: SecAggConfig, topic: str, input_key: str) -> Callable[[State, int, Payload | None], Payload]:
     phase_topic = f"{topic}-masked"
 
     def step(state: State, round: int, incoming: Payload | None) -> Payload:
@@ -463,7 +461,10 @@ def _masked_site(config: SecAggConfig, topic: str, get_input: GetInput
 
         rng = state.get("rounding_rng")
         rng = rng if isinstance(rng, np.random.Generator) else None
-        x = np.asarray(get_input(state, round))
+        if input_key not in state:
+            raise SecAggError(f"site {u}: secure sum {topic!r} has no input: the protocol's step before it must "
+                              f"put the array to add in state[{input_key!r}]")
+        x = np.asarray(state.pop(input_key))  # taken, so a later sum can never send it again
         y = config.encode(x, rng=rng).reshape(-1)  # a fresh array: masks are added in place
 
         seed = os.urandom(SECRET_BYTES)
@@ -702,7 +703,7 @@ def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum
     return step
 
 
-def sum_phases(config: SecAggConfig, topic: str, get_input: GetInput, on_sum: OnSum) -> list[Phase]:
+def sum_phases(config: SecAggConfig, topic: str, input_key: str, on_sum: OnSum) -> list[Phase]:
     """The two phases of one secure sum of a float array over the sites.
 
     Parameters
@@ -712,9 +713,13 @@ def sum_phases(config: SecAggConfig, topic: str, get_input: GetInput, on_sum: On
     topic : str
         Names the sum; the phases' topics are ``f"{topic}-masked"`` and
         ``f"{topic}-unmask"``. Must be unique within a round.
-    get_input : callable
-        ``get_input(state, round) -> ndarray`` at each site: the float array
-        to add (same shape at every site, ``|x| <= config.value_range``).
+    input_key : str
+        The key of a site's state that holds the float array it adds (the
+        same shape at every site, ``|x| <= config.value_range``), put there
+        by the protocol's own code before the masked phase's site step runs
+        (a wrapper of that step, as CAPE's zero-sum noise does); the step
+        takes it out of the state. Transient: it starts with ``_``, so no
+        checkpoint keeps it.
     on_sum : callable
         ``on_sum(agg_state, round, total) -> Payload`` at the aggregator with
         the float sum over the sites whose inputs were included; its return
@@ -734,8 +739,11 @@ def sum_phases(config: SecAggConfig, topic: str, get_input: GetInput, on_sum: On
     raises :class:`SecAggError` if fewer than ``config.threshold`` sites
     send masked inputs or answer the unmasking request.
     """
+    if not input_key.startswith("_"):
+        raise ValueError(f"input_key must start with '_' (a transient state key, never checkpointed), got "
+                         f"{input_key!r}")
     return [
-        Phase(topic=f"{topic}-masked", site=_masked_site(config, topic, get_input),
+        Phase(topic=f"{topic}-masked", site=_masked_site(config, topic, input_key),
               aggregator=_masked_aggregator(config, topic), allow_dropout=True),
         Phase(topic=f"{topic}-unmask", site=_unmask_site(config, topic),
               aggregator=_unmask_aggregator(config, topic, on_sum), allow_dropout=True),

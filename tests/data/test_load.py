@@ -1,4 +1,5 @@
-"""Tests for dpneuro.data.io (NIfTI validation, masking, site matrices)."""
+"""Tests for reading a site's data: NIfTI validation and loading (dpneuro.data.load), masks
+(dpneuro.data.images), discovery (dpneuro.data.discovery) and site matrices (dpneuro.data.matrix)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,11 @@ import numpy as np
 import pytest
 from nibabel.testing import data_path
 
-from dpneuro.data.io import (
-    DataValidationError,
-    SiteData,
-    find_nifti,
-    load_mask,
-    load_site,
-    mask_to_image,
-    open_site_data,
-    subject_id_from_path,
-)
+from dpneuro._utils.errors import DataValidationError
+from dpneuro.data.discovery import find_nifti, subject_id_from_path
+from dpneuro.data.images import load_mask, mask_to_image
+from dpneuro.data.load import load_site
+from dpneuro.data.matrix import SiteData, open_site_data
 from dpneuro.datasets.synth import make_consortium
 
 FUNCTIONAL = Path(data_path) / "functional.nii"  # 17 x 21 x 3 x 20, TR 2 s
@@ -294,12 +290,12 @@ def test_truncated_gzip_detected_from_header_pass(grid_files):
 def test_valid_gzip_needs_no_full_decompression(grid, monkeypatch):
     # the header pass must rely on the gzip trailer for complete files, not
     # decompress every subject twice
-    import dpneuro.data.io as dio
+    import dpneuro.data.load as dload
 
     def fail(*args, **kwargs):
         raise AssertionError("header pass decompressed a complete file")
 
-    monkeypatch.setattr(dio.gzip, "open", fail)
+    monkeypatch.setattr(dload.gzip, "open", fail)
     assert load_site(grid["sites"][0]["path"], grid["mask"]).n_subjects == 2
 
 
@@ -496,7 +492,7 @@ def test_one_site_data_type_feeds_every_stage():
     """A SiteData from an array carries its subjects to capePCA and capeDJICA; one scaling for both."""
     from dpneuro.algorithms.djica import cape_djica
     from dpneuro.algorithms.pca import as_source, second_moment
-    from dpneuro.data.io import SiteData, scale_columns
+    from dpneuro.data.matrix import SiteData, scale_columns
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((6, 40))
