@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,8 @@ class _Bench:
     def phases(self, round):
         if self.secure:
             phases = setup_phases(self.cfg) if round == 0 else []
-            return phases + sum_phases(self.cfg, "sum", self._input, self._on_sum)
+            masked, unmask = sum_phases(self.cfg, "sum", "_in", self._on_sum)
+            return phases + [replace(masked, site=self._with_input(masked.site)), unmask]
         return [Phase("plain", self._plain_site, self._plain_agg)]
 
     def site_init(self, site, data):
@@ -60,8 +62,11 @@ class _Bench:
         return {}
 
     @staticmethod
-    def _input(state, round):
-        return state["_x"]
+    def _with_input(step):
+        def site(state, round, incoming):
+            state["_in"] = state["_x"]  # the protocol's own step puts the sum's input where the sum takes it
+            return step(state, round, incoming)
+        return site
 
     def _on_sum(self, agg_state, round, total):
         self.stamps.append((time.perf_counter(), time.process_time()))

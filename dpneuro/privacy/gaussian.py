@@ -152,27 +152,27 @@ class GaussianBudget:
         return epsilon_for_multiplier(z, self.delta, method=self.calibration)
 
 
-def split_gdp(site_mu: Sequence[Mapping[str, float]], target_mu: float,
+def split_gdp(site_mu: Sequence[Mapping[str, float]], target_mu: float, multipliers: Mapping[str, float],
               share: Mapping[str, float] | None = None) -> dict[str, float]:
-    """How to scale each stage's noise multiplier so that the most exposed site spends ``target_mu`` in total.
+    """The noise multiplier of each stage at which the most exposed site spends ``target_mu`` in total.
 
-    ``site_mu`` holds each site's mu per stage at the current multipliers. A stage's mu is inversely
-    proportional to its multiplier, and the stages compose in GDP as ``sqrt(sum mu^2)``. Stage ``st`` gets
-    ``share[st]`` of the largest site's mu^2. By default each stage keeps the part it has now, that site's
-    current mu per stage.
+    ``site_mu`` holds each site's mu per stage at the stages' current ``multipliers``. A stage's mu is
+    inversely proportional to its multiplier, and the stages compose in GDP as ``sqrt(sum mu^2)``. Stage ``st``
+    gets ``share[st]`` of the largest site's mu^2. By default each stage keeps the part it has now, that
+    site's current mu per stage.
 
     Each stage is first scaled so that alone, at its share, it would give ``target_mu``. Then all stages are
     scaled together until the largest site's total is ``target_mu``: sites whose stages peak at different sites
-    spend less than the sum of the shares. Returns stage -> factor; multiply the stage's multiplier by it.
+    spend less than the sum of the shares.
     """
-    stages = list(site_mu[0])
+    stages = list(multipliers)
     mu = {st: max(m[st] for m in site_mu) for st in stages}
     if share is None:
         total = sum(v**2 for v in mu.values())
         share = {st: mu[st] ** 2 / total for st in stages}
-    alone = {st: mu[st] / (math.sqrt(share[st]) * target_mu) for st in stages}
-    mu_max = max(math.sqrt(sum((m[st] / alone[st]) ** 2 for st in stages)) for m in site_mu)
-    return {st: alone[st] * mu_max / target_mu for st in stages}
+    alone = {st: multipliers[st] * mu[st] / (math.sqrt(share[st]) * target_mu) for st in stages}
+    mu_max = max(math.sqrt(sum((m[st] * multipliers[st] / alone[st]) ** 2 for st in stages)) for m in site_mu)
+    return {st: z * mu_max / target_mu for st, z in alone.items()}
 
 
 def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:

@@ -425,10 +425,12 @@ def _plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_e
     later = [st for st in active if st != "reduce"]
     share = None  # every stage keeps its part of mu^2 (the PCA alone: all of it)
     if pca_share is not None and later:
-        mu2 = {st: max(m[st] for m in site_mu) ** 2 for st in later}
-        share = {"reduce": pca_share, **{st: (1 - pca_share) * mu2[st] / sum(mu2.values()) for st in later}}
-    factor = split_gdp(site_mu, mu_t, share)
-    planned_cfg = _with_multipliers(cfg, {st: budgets[st].noise_multiplier * f for st, f in factor.items()}, budgets)
+        mu2 = {st: max(m[st] for m in site_mu) ** 2 for st in active}
+        part = {st: mu2[st] / sum(mu2.values()) for st in active}
+        rest = sum(part[st] for st in later)
+        share = {"reduce": pca_share, **{st: (1 - pca_share) * part[st] / rest for st in later}}
+    z = split_gdp(site_mu, mu_t, {st: budgets[st].noise_multiplier for st in active}, share)
+    planned_cfg = _with_multipliers(cfg, z, budgets)
     planned = _spend(planned_cfg.validate(data_sites=()), shapes, dim, stages)
     planned.target_epsilon = target_epsilon
     return planned
