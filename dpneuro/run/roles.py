@@ -6,7 +6,8 @@ or a temporal unmixing, dFNC brain states) are built from a
 and wrapped with :func:`dpneuro.protocol.cape.cape_protocol`; each stage then has a
 *site role* (``*_site``: :func:`dpneuro.protocol.driver.run_site`) and an *aggregator
 role* (``*_aggregator``: :func:`dpneuro.protocol.driver.run_aggregator`) that run over
-whatever exchange they are given. Three callers share them:
+whatever exchange they are given, with the signatures the stage table declares
+(:class:`dpneuro.run.stages.ReleasingStage`), which holds them. Three callers share them:
 
 - the simulation, every party in one process (:func:`dpneuro.run.stages.run_inprocess`, called by
   :func:`dpneuro.run.pipeline.stage_release` for every stage of the table, hence by the Pydra workflow);
