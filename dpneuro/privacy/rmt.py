@@ -2,7 +2,7 @@
 
 capePCA's averaged release is A_hat = A + E with E symmetric Gaussian: off-diagonal
 entries of std sigma, a std that is public (the ledgers hold every release's
-sensitivity and noise std, the counts are public; :func:`dpneuro.run.planner.expected_noise`
+sensitivity and noise std, the counts are public; :func:`dpneuro.run.expectations.expected_noise`
 computes it). E is a scaled Wigner matrix, so its spectrum is known:
 
 - its eigenvalues fill the semicircle on [-2 sigma sqrt(D), 2 sigma sqrt(D)]

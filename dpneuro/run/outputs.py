@@ -40,9 +40,9 @@ from dpneuro.report.figures import (
 )
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
+from dpneuro.run.expectations import expected_noise, run_warnings
 from dpneuro.run.factory import fnc_settings, glm_settings
 from dpneuro.run.naming import component_labels, read_component_table, write_component_table
-from dpneuro.run.planner import expected_noise, run_warnings
 from dpneuro.run.roles import contribution_note, describe_unmixing, site_windows, unmixing_input
 from dpneuro.run.site_maps import made, write_site_maps
 

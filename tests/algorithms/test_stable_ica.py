@@ -169,7 +169,7 @@ def test_post_processing_reads_released_values_and_public_facts_only(monkeypatch
 
 
 def test_planner_reports_the_random_matrix_view():
-    from dpneuro.run.planner import random_matrix_line, reference_spectrum
+    from dpneuro.run.expectations import random_matrix_line, reference_spectrum
 
     spec = reference_spectrum("subspace", 20)
     # off-diagonal std 0.0024 at D = 122 (4 x 100 subjects, eps 1): edge 0.053, 9 reference eigenvalues detectable

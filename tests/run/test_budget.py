@@ -217,7 +217,7 @@ def test_target_with_brain_states_keeps_every_stage_share_and_is_spent(consortia
 
 
 def test_planner_says_how_many_components_a_budget_supports(capsys):
-    from dpneuro.run.planner import REFERENCE_SPECTRUM, supported_components
+    from dpneuro.run.expectations import REFERENCE_SPECTRUM, supported_components
 
     # more noise, fewer components; the reference speaks for region-level data only
     counts = [supported_components(norm, 120) for norm in (0.3, 0.03, 0.01, 0.005, 0.001)]
@@ -251,7 +251,7 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
 
     from dpneuro.algorithms import cape_pca
     from dpneuro.config import RunConfig
-    from dpneuro.run.planner import expected_noise
+    from dpneuro.run.expectations import expected_noise
 
     D, S, Ns = 100, 4, 300
     rng = np.random.default_rng(0)
@@ -272,7 +272,7 @@ def test_expected_covariance_noise_is_what_a_release_carries(tmp_path):
 
 
 def test_subspace_reference_spectra_are_what_consistent_subspaces_give():
-    from dpneuro.run.planner import REFERENCE_SUBSPACE_SPECTRA, reference_spectrum, supported_components
+    from dpneuro.run.expectations import REFERENCE_SUBSPACE_SPECTRA, reference_spectrum, supported_components
 
     for k, spec in REFERENCE_SUBSPACE_SPECTRA.items():
         # k lam_j of averaged projectors: in (0, 1], decreasing, summing to at most k over the top k
