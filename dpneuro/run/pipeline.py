@@ -86,7 +86,9 @@ def _write_json(path: Path, obj: Any) -> str:
 
 
 def _progress() -> bool:
-    """Progress bars on (see :func:`progress`; Pydra runs stages in-process, so they read the environment)."""
+    """Progress bars on (see :func:`progress`). A console setting travels in the environment: Pydra's workers are
+    processes started from this one, so they inherit it, and it stays out of the stages' inputs, hence out of
+    Pydra's cache keys (``-q`` never recomputes a stage)."""
     return os.environ.get("DPNEURO_PROGRESS", "") == "1"
 
 
