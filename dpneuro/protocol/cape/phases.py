@@ -175,14 +175,15 @@ class _CapeProtocol:
         return (len(self._setup) if round == 0 else 0)
 
     def _wrap(self, phase: Phase, before=None) -> Phase:
-        """A secure-aggregation phase whose site step first keeps the broadcast and runs ``before`` (which puts
-        the secure sum's input in the state): CAPE's own work is done before the sum's step, never called back."""
+        """A secure-aggregation phase whose site step first keeps the broadcast; with ``before`` (the masked
+        phase), then puts ``before(state, round)`` where the sum takes its input: CAPE's own work is done before
+        the sum's step, never called back from it."""
         site_fn = phase.site
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
             self._absorb(state, incoming)
             if before is not None:
-                before(state, rnd)
+                state[_ZERO_SUM_INPUT] = before(state, rnd)
             return site_fn(state, rnd, incoming)
 
         return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
@@ -291,8 +292,8 @@ class _CapeProtocol:
             cs["verified"] = {"digest": digest, "me": me}
         return cs["verified"]["me"], len(plan["cape/sites"]), plan["cape/weights"]
 
-    def _zero_sum_input(self, state: State, rnd: int) -> None:
-        """Draw this round's zero-sum noise e_hat_s and put mu_s e_hat_s where the secure sum reads its input."""
+    def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
+        """Draw this round's zero-sum noise e_hat_s; the secure sum adds mu_s e_hat_s."""
         self._compute(state, rnd)
         cs = state["cape"]
         me, _, w = self._my_plan(state, rnd)
@@ -303,7 +304,7 @@ class _CapeProtocol:
             e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
             parts.append(w[me] * e_hat[name])
         cs["e_hat"] = e_hat
-        state[_ZERO_SUM_INPUT] = np.concatenate(parts) if parts else np.zeros(0)
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def _agg_zero_sum(self, state: State, rnd: int, total: np.ndarray) -> Payload:
         cs = state["cape"]
