@@ -57,6 +57,7 @@ from dpneuro.config import ConfigError, RunConfig, check_delta, consortium_field
 from dpneuro.data.atlases import atlas_image
 from dpneuro.data.parcellation import atlas_labels, atlas_maps, is_probabilistic
 from dpneuro.privacy import PrivacyLedger, privacy_report
+from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange import DirectoryCheckpoint, Exchange, Payload
 from dpneuro.protocol.exchange.codec import load_state_file, save_state_file
@@ -80,7 +81,7 @@ from dpneuro.run.outputs import (
 from dpneuro.run.pipeline import stage_load, stage_space
 from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
-from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, new_reads, sites_reply
+from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, new_reads, site_budget, sites_reply
 
 __all__ = [
     "AggregatorContext",
@@ -501,10 +502,14 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
         previous: dict[str, Any] | None = None
         public[rel.name] = {}
         for step in rel.steps(cfg):
+            # the site's guard holds every step to the configured total, less what the earlier steps spent
+            budget = site_budget(cfg, f"site {ctx.site!r}", leds)
+
             def compute(rel: ReleasingStage = rel, step: str = step, data: Any = data,
-                        previous: dict | None = previous) -> dict[str, Any]:
+                        previous: dict | None = previous, budget: SiteBudget = budget) -> dict[str, Any]:
                 return rel.site(cfg, step, i, data, lengths, ctx.exchange(step), n_sites=n, dim=dim,
-                                previous=previous, checkpoint=ctx.checkpoint(step), timeout=ctx.timeout)
+                                previous=previous, checkpoint=ctx.checkpoint(step), timeout=ctx.timeout,
+                                budget=budget)
 
             ctx.say(f"site {ctx.site}: {label(cfg, rel.name)} ({step}): taking part")
             previous = _cached(work / f"{step}.result.npz", compute, clock, label(cfg, rel.name))

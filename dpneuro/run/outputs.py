@@ -248,6 +248,21 @@ def consortium_privacy(cfg: RunConfig, ledgers: dict[str, PrivacyLedger], n_subj
     return priv
 
 
+def influence_notes(public: dict) -> list[str]:
+    """What one deviating site can do to the result, in words, from the influence each stage's aggregator kept
+    (:func:`dpneuro.protocol.cape.phases.site_influence`)."""
+    notes = []
+    for stage, r in public.items():
+        for name, v in ((r.get("influence") or {}) if isinstance(r, dict) else {}).items():
+            notes.append(
+                f"A site that deviates from the protocol can move the averaged release {name!r} of stage {stage!r} "
+                f"by at most {v['largest']:.3g} in Frobenius norm ({v['relative']:.3g} times the public bound "
+                f"{v['bound']:.3g} of one site's statistic; an honest site's own data can move it by up to "
+                f"{v['honest']:.3g}) before the aggregator's checks stop the run: its own release's norm, and the "
+                "combined release's once the zero-sum noise cancels.")
+    return notes
+
+
 def headline(cfg: RunConfig, priv: dict, *, n_components: int, n_subjects: int, warnings: list[str],
              ica: str = "") -> list[str]:
     """The box at the top of the consortium's report: what ran, the privacy headline, the warnings."""
@@ -348,9 +363,12 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
     W = np.asarray(public["unmix"]["W"])
     comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
-    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else [])))
+    priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else []),
+                                                                     *influence_notes(public)))
     if transport:
         priv["transport"] = transport
+    priv["site_influence"] = {stage: dict(r["influence"]) for stage, r in public.items()
+                              if isinstance(r, dict) and r.get("influence")}
     warnings = run_warnings(cfg, n_samples, int(V.shape[0]), priv)
     problem = template_problem(space["mask"])
     if problem:

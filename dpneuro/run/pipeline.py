@@ -39,6 +39,7 @@ from dpneuro.data.parcellation import space_parcels
 from dpneuro.datasets.states import window_labels
 from dpneuro.datasets.synth import load_manifest
 from dpneuro.privacy import PrivacyLedger
+from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.report.figures import render_site_maps, site_timecourse_figure
 from dpneuro.report.timings import label, timed
@@ -249,6 +250,14 @@ def _save_public(d: Path, result: dict[str, Any]) -> dict[str, Any]:
     return {"arrays": arrays, "values": values}
 
 
+def _budgets(cfg: RunConfig, names: list[str], chain: dict[str, str]) -> list[SiteBudget]:
+    """Each site's budget for the next stage: the configured total, less what the stages in ``chain`` spent."""
+    recs = [_read_json(path) for name, path in chain.items() if name != "space"]
+    return [stages.site_budget(cfg, f"site {n!r}", [PrivacyLedger.from_dict(r["ledgers"][n]) for r in recs
+                                                   if (r.get("ledgers") or {}).get(n) is not None])
+            for n in names]
+
+
 def public_results(chain: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The public results of every releasing stage in ``chain`` that ran: stage -> name -> value."""
     out = {}
@@ -282,7 +291,8 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
         inputs = [rel.site_input(cfg, s, public) for s in sites]
         result, ledgers = stages.run_inprocess(rel, cfg, inputs, [_lengths(s) for s in sites],
                                                dim=int(sites[0]["n_features"]), public=public,
-                                               options=_options(label(cfg, stage)))
+                                               options=_options(label(cfg, stage)),
+                                               budgets=_budgets(cfg, [s["site"] for s in sites], earlier))
         record.update(public=_save_public(d, result), ledgers=_ledgers_json(ledgers, [s["site"] for s in sites]),
                       seconds=time.perf_counter() - t0)
     return _write_json(out, record)

@@ -45,6 +45,7 @@ from dpneuro.config import RunConfig
 from dpneuro.data.matrix import column_blocks, scale_columns, site_matrix
 from dpneuro.data.participants import CovariateError, participants_path, read_covariates
 from dpneuro.privacy import PrivacyLedger
+from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.cape import cape_protocol
 from dpneuro.protocol.driver import Checkpoint, Phase, RunOptions, State, run_aggregator, run_site
 from dpneuro.protocol.exchange.base import Exchange, Payload
@@ -107,11 +108,12 @@ def contribution_note(cfg: RunConfig) -> str:
 
 # -- reduce: capePCA or PD-SVD ------------------------------------------------------------
 
-def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None):
-    """The run's reduction as driver phases: capePCA under the run's noise plan, or PD-SVD."""
+def reduce_protocol(cfg: RunConfig, n_sites: int, dim: int | None = None, budget: SiteBudget | None = None):
+    """The run's reduction as driver phases: capePCA under the run's noise plan, or PD-SVD (no noise to guard).
+    ``budget``: the one site's that runs it (its guard's total and earlier spend)."""
     if cfg.reduction == "pdsvd":
         return pdsvd_protocol(cfg, n_sites)
-    return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites)
+    return cape_protocol(pca_algorithm(cfg, dim), reduce_plan(cfg), n_sites=n_sites, budget=budget)
 
 
 def pca_source(X, lengths: Sequence[int]):
@@ -131,12 +133,13 @@ class ReduceResult:
 
 def reduce_site(cfg: RunConfig, step: str, site: int, X, lengths: Sequence[int], exchange: Exchange, *,
                 n_sites: int, dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
-                timeout: float | None = None) -> dict[str, Any]:
+                timeout: float | None = None,
+                budget: SiteBudget | None = None) -> dict[str, Any]:
     """One site's part of capePCA (or PD-SVD): X is its D x N matrix, ``lengths`` its subjects' time points.
 
     Returns this site's ledger and the public basis and eigenvalues (the aggregator's final broadcast).
     """
-    st = run_site(reduce_protocol(cfg, n_sites, dim), site, pca_source(X, lengths), exchange,
+    st = run_site(reduce_protocol(cfg, n_sites, dim, budget), site, pca_source(X, lengths), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     final = st["final"]
     return {"ledger": st["ledger"], "basis": np.asarray(final.arrays["V"]),
@@ -148,8 +151,10 @@ def reduce_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites:
                       options: RunOptions | None = None) -> dict[str, Any]:
     """The aggregator's part of capePCA: averages the noisy second moments, eigendecomposes."""
     st = run_aggregator(reduce_protocol(cfg, n_sites, dim), exchange, checkpoint=checkpoint, options=options)
+    # how far one deviating site could move each averaged release past the aggregator's checks (CAPE only)
+    influence = {k: dict(v) for k, v in st.get("cape", {}).get("influence", {}).items()}
     return {"basis": np.asarray(st["basis"]), "eigenvalues": np.asarray(st["eigenvalues"]),
-            "rounds": int(st.get("rounds", 0))}
+            "rounds": int(st.get("rounds", 0)), "influence": influence}
 
 
 # -- unmix: spatial ICA, or capeDJICA / the cumulant ICA --------------------------------
@@ -188,9 +193,9 @@ def unmixing_input(cfg: RunConfig, X, basis, eigenvalues) -> np.ndarray:
     return site_whiten(X, basis, eigenvalues, linear=cfg.cumulant_unmixing)
 
 
-def unmix_protocol(cfg: RunConfig, n_sites: int):
+def unmix_protocol(cfg: RunConfig, n_sites: int, budget: SiteBudget | None = None):
     """The run's temporal unmixing under its noise plan, as driver phases."""
-    return cape_protocol(ica_algorithm(cfg), noise_plan(cfg), n_sites=n_sites)
+    return cape_protocol(ica_algorithm(cfg), noise_plan(cfg), n_sites=n_sites, budget=budget)
 
 
 @dataclass
@@ -231,7 +236,8 @@ def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:
 
 def unmix_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], exchange: Exchange, *,
                n_sites: int, dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
-               timeout: float | None = None) -> dict[str, Any]:
+               timeout: float | None = None,
+               budget: SiteBudget | None = None) -> dict[str, Any]:
     """One site's part of the temporal unmixing on its whitened data Z (R x N); returns its ledger.
 
     Spatial ICA is the aggregator's post-processing of the released basis: the
@@ -239,7 +245,7 @@ def unmix_site(cfg: RunConfig, step: str, site: int, Z, lengths: Sequence[int], 
     """
     if cfg.ica == "spatial":
         return {"ledger": PrivacyLedger()}
-    st = run_site(unmix_protocol(cfg, n_sites), site, (Z, [int(n) for n in lengths]), exchange,
+    st = run_site(unmix_protocol(cfg, n_sites, budget), site, (Z, [int(n) for n in lengths]), exchange,
                   checkpoint=checkpoint, timeout=timeout)
     return {"ledger": st["ledger"]}
 
@@ -265,17 +271,19 @@ def unmix_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: 
 
 # -- fnc: static functional network connectivity ----------------------------------------------
 
-def _fnc_protocol(cfg: RunConfig, n_sites: int):
+def _fnc_protocol(cfg: RunConfig, n_sites: int, budget: SiteBudget | None = None):
     P = cfg.n_components * (cfg.n_components - 1) // 2
-    return cape_protocol(fnc_settings(cfg).algorithm(P=P, n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
+    return cape_protocol(fnc_settings(cfg).algorithm(P=P, n_sites=n_sites), noise_plan(cfg), n_sites=n_sites,
+                         budget=budget)
 
 
 def fnc_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
              dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
-             timeout: float | None = None) -> dict[str, Any]:
+             timeout: float | None = None,
+             budget: SiteBudget | None = None) -> dict[str, Any]:
     """One site's FNC release from its component time courses S (R x N): its subjects' FNC, each bounded, their
     mean released. Returns the site's ledger and the consortium's mean as broadcast."""
-    r = run_site(_fnc_protocol(cfg, n_sites), site, site_fnc(S, lengths), exchange, checkpoint=checkpoint,
+    r = run_site(_fnc_protocol(cfg, n_sites, budget), site, site_fnc(S, lengths), exchange, checkpoint=checkpoint,
                  timeout=timeout)
     final = r.get("final")
     return {"ledger": r["ledger"], **({"fnc": np.asarray(final.arrays["fnc"])} if final is not None else {})}
@@ -350,15 +358,17 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
     return T
 
 
-def _glm_protocol(cfg: RunConfig, n_sites: int):
-    return cape_protocol(glm_settings(cfg).algorithm(n_sites=n_sites), noise_plan(cfg), n_sites=n_sites)
+def _glm_protocol(cfg: RunConfig, n_sites: int, budget: SiteBudget | None = None):
+    return cape_protocol(glm_settings(cfg).algorithm(n_sites=n_sites), noise_plan(cfg), n_sites=n_sites,
+                         budget=budget)
 
 
 def glm_site(cfg: RunConfig, step: str, site: int, T, lengths: Sequence[int], exchange: Exchange, *, n_sites: int,
              dim: int | None = None, previous=None, checkpoint: Checkpoint | None = None,
-             timeout: float | None = None) -> dict[str, Any]:
+             timeout: float | None = None,
+             budget: SiteBudget | None = None) -> dict[str, Any]:
     """One site's group-statistics release: the mean of its subjects' bounded contributions (:func:`glm_input`)."""
-    r = run_site(_glm_protocol(cfg, n_sites), site, T, exchange, checkpoint=checkpoint, timeout=timeout)
+    r = run_site(_glm_protocol(cfg, n_sites, budget), site, T, exchange, checkpoint=checkpoint, timeout=timeout)
     return {"ledger": r["ledger"]}
 
 
@@ -399,7 +409,8 @@ def site_windows(cfg: RunConfig, S, lengths: Sequence[int], *, tr: float | None 
 
 def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int], exchange: Exchange, *,
                 n_sites: int, dim: int | None = None, previous: dict | None = None,
-                checkpoint: Checkpoint | None = None, timeout: float | None = None) -> dict[str, Any]:
+                checkpoint: Checkpoint | None = None, timeout: float | None = None,
+                budget: SiteBudget | None = None) -> dict[str, Any]:
     """One site's part of one brain-states release (``step``: ``states-<release>``), on its component time
     courses S (R x N); ``previous`` is its result of the stage's previous release. Returns the site's ledger and
     what the release made public."""
@@ -407,7 +418,8 @@ def states_site(cfg: RunConfig, step: str, site: int, S, lengths: Sequence[int],
     st = states_settings(cfg)
     ws = site_windows(cfg, S, lengths, where=f"site {site}")
     alg = st.algorithm(step, D=ws.D, n_sites=n_sites, groups={site: max(ws.lengths)}, previous=previous)
-    r = run_site(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites), site, st.site_data(step, ws, site), exchange,
+    r = run_site(cape_protocol(alg, noise_plan(cfg), n_sites=n_sites, budget=budget), site,
+                 st.site_data(step, ws, site), exchange,
                  checkpoint=checkpoint, timeout=timeout)
     r["ledger"].note(DFNC_UNIT_NOTE)
     return {"ledger": r["ledger"], **st.site_result(step, r.get("final"), previous)}

@@ -32,6 +32,7 @@ from dpneuro.algorithms.djica import time_courses
 from dpneuro.algorithms.pca import check_sources
 from dpneuro.config import RunConfig
 from dpneuro.privacy import PrivacyLedger
+from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.cape import planned_ledgers as cape_planned
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange.inprocess import InProcessExchange
@@ -72,9 +73,11 @@ class ReleasingStage:
         folder.
     site : callable
         ``site(cfg, step, site, data, lengths, exchange, *, n_sites, dim,
-        previous, checkpoint, timeout)``: one site's part of ``step``; returns
+        previous, checkpoint, timeout, budget)``: one site's part of ``step``; returns
         its ledger under ``"ledger"`` and the step's public result as the site
-        sees it. ``previous`` is the site's result of the stage's previous step.
+        sees it. ``previous`` is the site's result of the stage's previous step;
+        ``budget`` the site's total and what its earlier steps spent
+        (:class:`~dpneuro.privacy.budget.SiteBudget`), which its guard holds it to.
         A role of :mod:`dpneuro.run.roles`, which every entry point calls
         directly.
     aggregator : callable
@@ -291,11 +294,13 @@ def from_reply(reply: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def run_inprocess(stage: ReleasingStage, cfg: RunConfig, inputs: Sequence[Any], lengths: Sequence[Sequence[int]], *,
-                  dim: int, public: Public, options: RunOptions | None = None
-                  ) -> tuple[dict[str, Any], list[PrivacyLedger]]:
+                  dim: int, public: Public, options: RunOptions | None = None,
+                  budgets: Sequence[SiteBudget] | None = None) -> tuple[dict[str, Any], list[PrivacyLedger]]:
     """Every party of ``stage`` in this process (a thread per site, one in-process exchange per step).
 
-    Returns the stage's public result (the aggregator's) and each site's ledger.
+    ``budgets``: each site's total and what it spent before this stage (default: the configured total, nothing
+    spent); every step's releases count against it, as at a deployed site. Returns the stage's public result
+    (the aggregator's) and each site's ledger.
     """
     n, opts = len(inputs), options or RunOptions()
     if stage.check is not None:
@@ -304,10 +309,11 @@ def run_inprocess(stage: ReleasingStage, cfg: RunConfig, inputs: Sequence[Any], 
     site_prev: list[Any] = [None] * n
     agg_prev: Any = None
     ledgers: list[list[PrivacyLedger]] = [[] for _ in range(n)]
+    spent = list(budgets) if budgets is not None else [site_budget(cfg, f"site {s}") for s in range(n)]
     for step in stage.steps(cfg):
         # each party's own step with its arguments bound: a site thread calls the stage's site step directly
         sites = [partial(stage.site, cfg, step, s, inputs[s], [int(x) for x in lengths[s]], n_sites=n, dim=dim,
-                         previous=site_prev[s], checkpoint=None) for s in range(n)]
+                         previous=site_prev[s], checkpoint=None, budget=spent[s]) for s in range(n)]
         aggregator = partial(stage.aggregator, cfg, step, n_sites=n, dim=dim, public=public, previous=agg_prev,
                              checkpoint=None, options=opts)
         agg_prev, site_prev = run_parties(sites, aggregator, InProcessExchange(n_sites=n), timeout=opts.timeout)
@@ -315,7 +321,14 @@ def run_inprocess(stage: ReleasingStage, cfg: RunConfig, inputs: Sequence[Any], 
         for s, r in enumerate(site_prev):
             if r is not None:
                 ledgers[s].append(r["ledger"])
+                spent[s] = spent[s].after(r["ledger"])
     return result, [PrivacyLedger.merge_all(led) for led in ledgers]
+
+
+def site_budget(cfg: RunConfig, owner: str, spent: Sequence[PrivacyLedger] = ()) -> SiteBudget:
+    """A site's budget for its next stage: the configured total (``cfg.epsilon``, None for per-stage settings)
+    at ``cfg.delta``, and the ledgers of the stages it has finished."""
+    return SiteBudget(owner, cfg.epsilon, cfg.delta, PrivacyLedger.merge_all(spent))
 
 
 # -- one stage in this process, for notebooks, tests and benchmarks -------------------------------

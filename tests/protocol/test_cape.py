@@ -367,23 +367,28 @@ def test_noise_is_fresh_every_round_and_ledger_counts_rounds():
         assert led.draws == 6  # one zero-sum and one local draw per round
 
 
-def test_dropout_after_zero_sum_redoes_round_among_survivors():
-    """5 sites (one colluder assumed), one drops after the zero-sum step: the 4 survivors redo the round with fresh
-    draws and more local noise, so each keeps the guarantee the 5-site consortium promised (not the weaker one
-    4 sites would give at the same noise)."""
-    S = 5
-    alg = Zeros(shape=(5000,))
-    proto = cape_protocol(alg, "cape", n_sites=S)
-    rel = proto._round[-1]
+def _dropping(proto, phase_index, site=4, rnd=0):
+    """``proto`` whose ``site`` drops out in phase ``phase_index`` of round ``rnd``."""
+    ph = proto._round[phase_index]
 
-    def flaky_site(state, rnd, incoming):
-        if state["site"] == 4 and rnd == 0:
+    def flaky_site(state, r, incoming):
+        if state["site"] == site and r == rnd:
             raise SimulatedDropout
-        return rel.site(state, rnd, incoming)
+        return ph.site(state, r, incoming)
 
-    proto._round[-1] = Phase(rel.topic, flaky_site, rel.aggregator, rel.site_spec, rel.broadcast_spec, True)
+    proto._round[phase_index] = Phase(ph.topic, flaky_site, ph.aggregator, ph.site_spec, ph.broadcast_spec,
+                                      ph.allow_dropout)
+    return proto
+
+
+def test_dropout_before_release_redoes_round_among_survivors():
+    """5 sites (one colluder assumed), one drops in the zero-sum step: the 4 survivors redo the round with fresh
+    draws and more local noise, so each keeps the guarantee the 5-site consortium promised (not the weaker one
+    4 sites would give at the same noise), and each releases once."""
     from dpneuro.protocol.simulation import simulate
 
+    S = 5
+    proto = _dropping(cape_protocol(Zeros(shape=(5000,)), "cape", n_sites=S), 0)  # the masked secure-sum step
     res = simulate(proto, [10] * S, options=RunOptions(timeout=3))
     assert res.sites[4] is None
     assert res.aggregator["active"] == [0, 1, 2, 3]
@@ -396,9 +401,25 @@ def test_dropout_after_zero_sum_redoes_round_among_survivors():
     assert var > tau**2 / 4**2  # above the symmetric 4-site plan's tau^2 / S^2: the price of the promise
     assert _chi2_var_ok(res.aggregator["combined"][0], var)
     promised = symmetric_guarantee(S, 1, ZERO_SUM_VARIANCE) * 0.5 / tau
-    for st in survivors:  # the release made before the redo stays in the ledger
-        assert sum(r.count for r in st["ledger"].releases) == 2
+    for st in survivors:  # one release, at the consortium's promise
+        assert sum(r.count for r in st["ledger"].releases) == 1
         assert st["ledger"].releases[-1].mu_collusion == pytest.approx(promised, rel=1e-6)
+
+
+def test_dropout_after_release_stops_the_run_without_second_releases():
+    """A site that drops once the others released cannot be cancelled without a second release by every survivor,
+    which their guards refuse: the aggregator stops, naming the site, and no survivor released twice."""
+    from dpneuro.protocol.cape.phases import DropoutAfterRelease
+    from dpneuro.protocol.exchange import InProcessExchange
+    from dpneuro.protocol.simulation import simulate
+
+    S = 5
+    proto = _dropping(cape_protocol(Zeros(shape=(50,)), "cape", n_sites=S), -1)  # the release step
+    ex = InProcessExchange(S)
+    with pytest.raises(DropoutAfterRelease, match="site 4 dropped out after the other sites released round 0"):
+        simulate(proto, [10] * S, exchange=ex, options=RunOptions(timeout=3))
+    for s in range(4):
+        assert [r["topic"] for r in ex.egress_log(s)].count("release") == 1
 
 
 def test_mismatched_site_configuration_is_refused():

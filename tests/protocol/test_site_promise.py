@@ -15,7 +15,7 @@ from cape_toys import Zeros
 from dpneuro._utils.errors import UnsafeRelease
 from dpneuro.privacy import cape_release_mu
 from dpneuro.protocol.cape import NoisePlan, ReleaseSpec, cape_protocol
-from dpneuro.protocol.cape.phases import verify_plan
+from dpneuro.protocol.cape.guard import verify_plan
 from dpneuro.protocol.cape.plans import ZERO_SUM_VARIANCE, plan_variances, symmetric_guarantee
 from dpneuro.protocol.driver import Phase, RunOptions
 from dpneuro.protocol.exchange import InProcessExchange, Payload

@@ -53,8 +53,8 @@ class _Mean:
         return Payload(meta={"stop": True})
 
 
-def _toy_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout):
-    proto = cape_protocol(_Mean(cfg.n_components), cfg.plan, n_sites=n_sites)
+def _toy_site(cfg, step, site, Z, lengths, exchange, *, n_sites, dim, previous, checkpoint, timeout, budget):
+    proto = cape_protocol(_Mean(cfg.n_components), cfg.plan, n_sites=n_sites, budget=budget)
     return {"ledger": run_site(proto, site, Z, exchange, checkpoint=checkpoint, timeout=timeout)["ledger"]}
 
 

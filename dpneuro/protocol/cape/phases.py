@@ -21,7 +21,6 @@ releasing site's ledger.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,11 +30,13 @@ from typing import Protocol as TypingProtocol
 import numpy as np
 
 from dpneuro import privacy
-from dpneuro._utils.errors import UnsafeRelease
-from dpneuro.privacy import PrivacyLedger, max_colluding
+from dpneuro._utils.errors import DpneuroError
+from dpneuro.privacy import PrivacyLedger
+from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol import secagg
+from dpneuro.protocol.cape.guard import SiteGuard, plan_digest, record_release
 from dpneuro.protocol.cape.packing import check_symmetric_noise, n_unique, noise_array
-from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances, symmetric_guarantee
+from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances
 from dpneuro.protocol.driver import Phase, RunOptions, State
 from dpneuro.protocol.exchange.base import MessageRejected, Payload
 from dpneuro.protocol.simulation import SimulationResult, simulate
@@ -135,11 +136,21 @@ def _plan_payload(plan: NoisePlan, specs: Mapping[str, Any], taus: dict[str, np.
     return arrays, plans
 
 
+def _plan_held(state: State) -> str:
+    """The noise plan a party holds for the zero-sum secure sum: a site's pinned plan, the aggregator's
+    broadcast one. Bound into the pairwise masks, so an aggregator that sent two honest sites different plans
+    learns nothing of their zero-sum draws (the masks do not cancel)."""
+    cs = state["cape"]
+    return cs["guard"]["digest"] if "guard" in cs else cs["plan_digest"]
+
+
 class _CapeProtocol:
     """The driver-facing protocol built by :func:`cape_protocol`."""
 
-    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, n_sites: int, secagg_config=None):
+    def __init__(self, algorithm: CapeAlgorithm, plan: NoisePlan, n_sites: int, secagg_config=None,
+                 budget: SiteBudget | None = None):
         self.alg = algorithm
+        self.budget = budget  # the site's total and earlier stages' spend (a site's own protocol only)
         self.plan = plan
         self.n_sites = int(n_sites)  # the configured consortium: what every site's promise is computed for
         self.name = f"{algorithm.name}[{plan.kind}]"
@@ -149,7 +160,8 @@ class _CapeProtocol:
         self._round: list[Phase] = []
         if plan.kind == "cape":
             self._setup += [self._wrap(p) for p in secagg.setup_phases(secagg_config)]
-            masked, unmask = secagg.sum_phases(secagg_config, "zs", _ZERO_SUM_INPUT, self._agg_zero_sum)
+            masked, unmask = secagg.sum_phases(secagg_config, "zs", _ZERO_SUM_INPUT, self._agg_zero_sum,
+                                               context=_plan_held)
             self._round += [self._wrap(masked, before=self._zero_sum_input), self._wrap(unmask)]
         self._round.append(Phase("release", self._site_release, self._agg_release, allow_dropout=True))
 
@@ -181,7 +193,7 @@ class _CapeProtocol:
         site_fn = phase.site
 
         def site(state: State, rnd: int, incoming: Payload | None) -> Payload:
-            self._absorb(state, incoming)
+            self._absorb(state, incoming, phase.topic)
             if before is not None:
                 state[_ZERO_SUM_INPUT] = before(state, rnd)
             return site_fn(state, rnd, incoming)
@@ -189,15 +201,21 @@ class _CapeProtocol:
         return Phase(phase.topic, site, phase.aggregator, phase.site_spec, phase.broadcast_spec,
                      phase.allow_dropout)
 
-    @staticmethod
-    def _absorb(state: State, incoming: Payload | None) -> None:
-        """Keep the algorithm's broadcast and the current plan from whatever phase brought them."""
+    def _absorb(self, state: State, incoming: Payload | None, topic: str) -> None:
+        """Keep the algorithm's broadcast from whatever phase brought it; a plan it carries goes to the guard."""
         if incoming is None:
             return
         if incoming.meta.get("cape_alg"):
             state["cape"]["alg_in"] = incoming
-        if "cape/sites" in incoming.arrays:
-            state["cape"]["plan"] = {k: np.asarray(v) for k, v in incoming.arrays.items() if k.startswith("cape/")}
+        plan = {k: v for k, v in incoming.arrays.items() if k.startswith("cape/") and k != "cape/esum"}
+        if plan:
+            self.guard(state).offer(plan, topic=topic, redo="goto" in incoming.meta)
+
+    def guard(self, state: State) -> SiteGuard:
+        """The site's guard for this stage (:class:`~dpneuro.protocol.cape.guard.SiteGuard`): every draw and
+        release of the stage passes through it."""
+        return SiteGuard(state, noise_plan=self.plan, n_sites=self.n_sites, stage=self.alg.name,
+                         max_rounds=self.max_rounds, releases=self.alg.site_releases(state), budget=self.budget)
 
     # -- set-up ----------------------------------------------------------------------
     def _site_setup(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
@@ -233,13 +251,15 @@ class _CapeProtocol:
                 taus[name][s] = float(m.arrays[f"tau/{name}"][0])
         state["cape"] = {"specs": first, "weights": weights, "taus": taus, "summed": sites, "plan_sites": sites}
         plan_arrays, plans = _plan_payload(self.plan, first, taus, weights, sites, self.n_sites)
-        self._keep_plan(state["cape"], plans, sites)
+        self._keep_plan(state["cape"], plans, sites, plan_arrays)
         alg = self.alg.aggregator_first(state)
         return Payload({**alg.arrays, **plan_arrays}, {**alg.meta, "cape_alg": True, "active": sites})
 
     @staticmethod
-    def _keep_plan(cs: dict, plans: dict[str, Variances], sites: list[int]) -> None:
-        """What the aggregator keeps of a plan: the average's noise, and each site's release noise (its bound)."""
+    def _keep_plan(cs: dict, plans: dict[str, Variances], sites: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """What the aggregator keeps of a plan (``arrays``, as broadcast): the average's noise, each site's release
+        noise (its bound), and the plan's digest, which the zero-sum secure sum binds (:func:`_plan_held`)."""
+        cs["plan_digest"] = plan_digest(arrays)
         cs["noise_var"] = {name: v.combined_variance() for name, v in plans.items()}
         cs["release_var"] = {name: dict(zip(map(str, sites), map(float, v.release_variance())))
                              for name, v in plans.items()}
@@ -277,32 +297,15 @@ class _CapeProtocol:
             cs["f"] = {k: np.asarray(v, dtype=np.float64) for k, v in f.items()}
             cs["f_round"] = rnd
 
-    def _my_plan(self, state: State, rnd: int) -> tuple[int, int, np.ndarray]:
-        """This site's position in the broadcast plan, once the site has checked the plan (:func:`verify_plan`)."""
-        cs = state["cape"]
-        plan = cs["plan"]
-        specs = self.alg.site_releases(state)
-        now = {n: specs[n] for n in self._now(cs["specs"], rnd)}
-        # a plan lasts many rounds: check each plan (and set of releases) once, not every round
-        key = (sorted(now), sorted((k, np.asarray(v).tobytes()) for k, v in plan.items()),
-               [(now[n].tau, now[n].sensitivity) for n in sorted(now)])
-        digest = hashlib.sha256(repr(key).encode()).hexdigest()
-        if cs.get("verified", {}).get("digest") != digest:
-            me = verify_plan(plan, now, state["site"], self.plan, self.n_sites, who=state.get("site_name"))
-            cs["verified"] = {"digest": digest, "me": me}
-        return cs["verified"]["me"], len(plan["cape/sites"]), plan["cape/weights"]
-
     def _zero_sum_input(self, state: State, rnd: int) -> np.ndarray:
-        """Draw this round's zero-sum noise e_hat_s; the secure sum adds mu_s e_hat_s."""
+        """Draw this round's zero-sum noise e_hat_s through the guard; the secure sum adds mu_s e_hat_s."""
         self._compute(state, rnd)
-        cs = state["cape"]
-        me, _, w = self._my_plan(state, rnd)
+        cs, guard = state["cape"], self.guard(state)
+        w = guard.plan["cape/weights"][guard.me]
         parts, e_hat = [], {}
         for name, spec in self._now(cs["specs"], rnd).items():
-            std = float(np.sqrt(cs["plan"][f"cape/e_var/{name}"][me]))
-            size = n_unique(tuple(spec["shape"]), spec["symmetric"])
-            e_hat[name] = privacy.gaussian(state["rng"], (size,), std, state["ledger"])
-            parts.append(w[me] * e_hat[name])
+            e_hat[name] = guard.zero_sum(rnd, name, n_unique(tuple(spec["shape"]), spec["symmetric"]))
+            parts.append(w * e_hat[name])
         cs["e_hat"] = e_hat
         return np.concatenate(parts) if parts else np.zeros(0)
 
@@ -319,32 +322,32 @@ class _CapeProtocol:
         cs = state["cape"]
         self.plan.check(len(active))
         plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active, self.n_sites)
-        self._keep_plan(cs, plans, active)
+        self._keep_plan(cs, plans, active, plan_arrays)
         cs["plan_sites"] = active
         cs["redos"] = cs.get("redos", 0) + 1
         return Payload(plan_arrays, {"active": active, "goto": self._restart_index(rnd)})
 
     # -- release ---------------------------------------------------------------------
     def _site_release(self, state: State, rnd: int, incoming: Payload | None) -> Payload:
-        self._absorb(state, incoming)
+        self._absorb(state, incoming, "release")
         self._compute(state, rnd)
-        cs = state["cape"]
-        me, S, w = self._my_plan(state, rnd)
+        cs, guard = state["cape"], self.guard(state)
         kind = self.plan.kind
-        specs = self.alg.site_releases(state)
+        me, plan = guard.me, guard.plan
+        S, w = len(plan["cape/sites"]), plan["cape/weights"]
         arrays, carries, kept = {}, {}, {}
         post = getattr(self.alg, "site_postprocess", None)
         offset = 0
         for name, spec in self._now(cs["specs"], rnd).items():
             shape, sym = tuple(spec["shape"]), spec["symmetric"]
             size = n_unique(shape, sym)
-            g_std = float(np.sqrt(cs["plan"][f"cape/g_var/{name}"][me]))
             e = np.zeros(size)
             if kind == "cape":
-                assert incoming is not None  # the zero-sum step's broadcast, which a cape round always has
+                if incoming is None or "cape/esum" not in incoming.arrays:
+                    raise guard.refuse_missing_sum(rnd, name)
                 esum = incoming.arrays["cape/esum"][offset:offset + size]
                 e = cs["e_hat"][name] - esum / (w[me] * S)
-            g = privacy.gaussian(state["rng"], (size,), g_std, state["ledger"]) if kind != "none" else 0.0
+            g = guard.local(rnd, name, size)  # the release: counted, within the total, recorded
             noise = e + g
             kept[name] = (e, g)
             offset += size
@@ -354,8 +357,6 @@ class _CapeProtocol:
                 # zero-sum parts still cancel, sum_s mu_s L(e_s) = L(sum_s mu_s e_s) = 0
                 arrays[name] = np.asarray(post(state, name, arrays[name]), dtype=np.float64)
             carries[name] = CARRIES[kind]
-            record_release(state["ledger"], self.plan, name, specs[name], cs["plan"], me,
-                           stage=self.alg.name, cache=cs.setdefault("mu_collusion", {}))
         cs.pop("e_hat", None)
         state["_last_noise"] = kept  # packed (e_s, g_s) of the last release; stays on the site
         return Payload(arrays, {}, carries)
@@ -365,23 +366,94 @@ class _CapeProtocol:
         active = sorted(state["active"])
         planned = cs["plan_sites"]
         if self.plan.kind == "cape" and active != planned:
-            return self._redo(state, rnd, active)
+            names = state.get("site_names")
+            lost = [f"site {names[s]!r}" if names else f"site {s}" for s in sorted(set(planned) - set(active))]
+            raise DropoutAfterRelease(
+                f"{', '.join(lost)} dropped out after the other sites released round {rnd} of {self.alg.name!r}: "
+                "their zero-sum noise no longer cancels, and removing it would take a second release of the round "
+                "from every survivor, beyond the releases each site's guard allows; the run stops (the survivors' "
+                "ledgers hold the one release each made)")
         self._check_releases(state, rnd, msgs, active)
         w = cs["weights"][active] / cs["weights"][active].sum()
         combined = {name: sum(wi * msgs[s].arrays[name] for wi, s in zip(w, active))
                     for name in self._now(cs["specs"], rnd)}
+        if getattr(self.alg, "site_postprocess", None) is None:
+            self._check_combined(state, rnd, combined, dict(zip(map(str, active), map(float, w))))
         alg = self.alg.aggregator_update(state, rnd, combined)
         if self.plan.kind != "cape" and active != planned:
             cs["plan_sites"] = active
             plan_arrays, plans = _plan_payload(self.plan, cs["specs"], cs["taus"], cs["weights"], active,
                                                self.n_sites)
-            self._keep_plan(cs, plans, active)
+            self._keep_plan(cs, plans, active, plan_arrays)
             alg = Payload({**alg.arrays, **plan_arrays}, alg.meta)
         return Payload(alg.arrays, {**alg.meta, "cape_alg": True, "active": active})
+
+    def _check_combined(self, state: State, rnd: int, combined: dict[str, np.ndarray],
+                        weights: dict[str, float]) -> None:
+        """Refuse a combined release no honest consortium could have made.
+
+        One site's release hides behind its zero-sum noise, so its own norm
+        check is loose; in the weighted average the zero-sum parts cancel and
+        what is left is sum_s mu_s f(x_s) (norm at most the common public bound,
+        the weights summing to 1) plus the local noise, whose variance the plan
+        fixes. Past that, some site deviates. Also keeps, per release, the
+        largest influence one site can have on the average undetected
+        (:func:`site_influence`).
+        """
+        cs = state["cape"]
+        kept = cs.setdefault("influence", {})
+        for name, spec in self._now(cs["specs"], rnd).items():
+            if spec.get("bound") is None:
+                continue
+            var = cs["noise_var"][name] if self.plan.kind != "none" else 0.0
+            limit = float(spec["bound"]) + noise_tail(spec, var)
+            norm = float(np.linalg.norm(combined[name]))
+            if norm > limit:
+                raise MessageRejected(
+                    f"rejected the sites' combined release {name!r} of round {rnd}: its norm {norm:.4g} exceeds the "
+                    f"{limit:.4g} that honest sites allow once the zero-sum noise cancels (the clipped statistics' "
+                    f"common bound {float(spec['bound']):.4g} plus the remaining noise's tail bound): at least one "
+                    "site deviates from the protocol; the run stops rather than use it")
+            release_var = cs["release_var"][name] if self.plan.kind != "none" else {}
+            kept[name] = site_influence(spec, weights, release_var, var)
+
+
+class DropoutAfterRelease(DpneuroError, RuntimeError):
+    """A site dropped out after the others released a CAPE round: finishing it would take second releases."""
 
 
 #: the tail probability a release's noise may exceed its bound with (Laurent & Massart's chi-square bound)
 _NOISE_TAIL = 50.0  # e^-50, about 2e-22 per release
+
+
+def noise_tail(spec: dict, noise_var: float) -> float:
+    """A bound on the Frobenius norm of a release's noise of per-entry variance ``noise_var``, exceeded with
+    probability e^-50: ||noise||^2 <= var (n + 2 sqrt(n t) + 2 t) (Laurent & Massart; n draws, a symmetric
+    array's entry mirrored at most ndim! times)."""
+    shape = tuple(spec["shape"])
+    n, t = n_unique(shape, bool(spec["symmetric"])), _NOISE_TAIL
+    mirrored = math.sqrt(math.factorial(len(shape))) if spec["symmetric"] else 1.0
+    return mirrored * math.sqrt(noise_var * (n + 2 * math.sqrt(n * t) + 2 * t))
+
+
+def site_influence(spec: dict, weights: dict[str, float], release_var: dict[str, float],
+                   combined_var: float) -> dict[str, float]:
+    """How far one deviating site can move the weighted average of a release without being refused.
+
+    Two checks bound it: its own release (norm at most B + its noise's tail
+    t_s, so it moves the average by at most 2 mu_s (B + t_s)) and the
+    combined statistic (norm at most B + t, so at most 2 (B + t) from where
+    the honest sites would have put it). ``largest`` is the smaller of the two
+    for the most influential site, ``relative`` the same over the statistic's
+    own bound B; ``honest`` is how far one honest site's data alone can move
+    the average (2 mu_s B for the heaviest site).
+    """
+    B = float(spec["bound"])
+    combined = 2 * (B + noise_tail(spec, combined_var))
+    per_site = [min(2 * w * (B + noise_tail(spec, release_var.get(s, 0.0))), combined) for s, w in weights.items()]
+    largest = max(per_site, default=combined)
+    return {"bound": B, "largest": largest, "relative": largest / B if B > 0 else math.inf,
+            "honest": 2 * max(weights.values(), default=0.0) * B}
 
 
 def release_problem(a: np.ndarray, spec: dict, noise_var: float, *, check_shape: bool = True) -> str | None:
@@ -401,10 +473,7 @@ def release_problem(a: np.ndarray, spec: dict, noise_var: float, *, check_shape:
         return "it contains NaN or infinite values"
     if spec.get("bound") is None:
         return None
-    n, t = n_unique(shape, bool(spec["symmetric"])), _NOISE_TAIL
-    mirrored = math.sqrt(math.factorial(len(shape))) if spec["symmetric"] else 1.0  # an entry's copies, at most
-    noise = mirrored * math.sqrt(noise_var * (n + 2 * math.sqrt(n * t) + 2 * t))
-    limit = float(spec["bound"]) + noise
+    limit = float(spec["bound"]) + noise_tail(spec, noise_var)
     norm = float(np.linalg.norm(a))
     if norm > limit:
         return (f"its norm {norm:.4g} exceeds the public bound {limit:.4g} (the clipped statistic's "
@@ -412,114 +481,10 @@ def release_problem(a: np.ndarray, spec: dict, noise_var: float, *, check_shape:
     return None
 
 
-#: relative slack for rounding when a site compares the broadcast plan with its own promise
-_PLAN_RTOL = 1e-6
-
-
-def _plan_field(plan: dict[str, np.ndarray], key: str, n: int, refuse) -> np.ndarray:
-    if key not in plan:
-        raise refuse(key, "is missing")
-    a = np.asarray(plan[key], dtype=np.float64)
-    if a.shape != (n,) or not np.all(np.isfinite(a)) or np.any(a < 0):
-        raise refuse(key, f"must be {n} finite non-negative numbers, got {np.array2string(a, precision=4)}")
-    return a
-
-
-def verify_plan(plan: dict[str, np.ndarray], releases: dict[str, ReleaseSpec], site: int, noise_plan: NoisePlan,
-                n_sites: int, *, who: str | None = None) -> int:
-    """Check a broadcast variance plan against this site's own promise before it draws any noise for it.
-
-    The plan comes from the aggregator; what a site promised comes from its own
-    configuration: each release's std tau_s = noise multiplier x sensitivity
-    (:class:`ReleaseSpec`, computed from the site's own counts), the collusion
-    assumption and zero-sum scale of its :class:`NoisePlan`, and the configured
-    number of sites. The site refuses (:class:`~dpneuro._utils.errors.UnsafeRelease`)
-    unless
-
-    - the plan lists it, with positive weights that sum to 1 and finite variances;
-    - every release alone carries at least tau_s^2 (its single-release guarantee);
-    - under ``cape`` (plans for unequal sites ``"guarantee"``, the default), the
-      guarantee against the aggregator and the assumed colluders, computed from the
-      plan exactly as the ledger computes it, is at most what an equal consortium of
-      ``n_sites`` gives at the site's noise multiplier: the guarantee the planner
-      promised. Honest sites draw exactly the plan's variances, and whichever sites
-      collude are conditioned out, so this bound holds whatever the plan claims.
-
-    Returns the site's position in the plan.
-    """
-    name = who or f"site {site}"
-
-    def refuse(field: str, why: str) -> UnsafeRelease:
-        return UnsafeRelease(f"{name} refuses to release: the aggregator's noise plan field {field!r} {why}; "
-                             "nothing was released")
-
-    sites = np.asarray(plan.get("cape/sites", []))
-    if sites.ndim != 1 or site not in sites.tolist() or len(set(sites.tolist())) != len(sites) \
-            or not all(0 <= int(s) < n_sites for s in sites):
-        raise refuse("cape/sites", f"lists sites {sites.tolist()}, not this site among at most {n_sites}")
-    S, me = len(sites), sites.tolist().index(site)
-    w = _plan_field(plan, "cape/weights", S, refuse)
-    if np.any(w <= 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9):
-        raise refuse("cape/weights", f"must be positive and sum to 1, got {w.tolist()}")
-    kind = noise_plan.kind
-    if kind == "none":
-        return me
-    n_c = noise_plan.colluders(n_sites)
-    # the promised guarantee per unit noise multiplier (conv has no coalition beyond the release itself)
-    promised = symmetric_guarantee(n_sites, n_c, noise_plan.zero_sum_variance) if kind == "cape" else 0.0
-    for rel, spec in releases.items():
-        e = _plan_field(plan, f"cape/e_var/{rel}", S, refuse)
-        g = _plan_field(plan, f"cape/g_var/{rel}", S, refuse)
-        tau2 = spec.tau**2
-        alone = Variances(e, g, w).release_variance()[me] if kind == "cape" else g[me]  # conv adds no zero-sum
-        if not alone >= tau2 * (1 - _PLAN_RTOL):
-            raise refuse(f"cape/g_var/{rel}", f"gives release {rel!r} noise of variance {alone:.4g} alone, below the "
-                         f"{tau2:.4g} this site's own privacy setting requires")
-        if kind == "cape" and noise_plan.unequal == "guarantee":
-            # every coalition, however many: a site checks each plan once
-            mu = privacy.cape_release_mu(spec.sensitivity, e, g, w, me, n_c, closed_form=False, max_subsets=math.inf)
-            limit = promised * spec.sensitivity / spec.tau
-            if not mu <= limit * (1 + _PLAN_RTOL):
-                raise refuse(f"cape/e_var/{rel}", f"would give release {rel!r} a guarantee of mu = {mu:.4g} against "
-                             f"the aggregator and {n_c} colluding site(s), above the {limit:.4g} this site's "
-                             f"configuration promises ({n_sites} sites)")
-    return me
-
-
 def noise_variance(state: State, name: str) -> float:
     """Per-entry variance of the noise in the aggregator's combined release ``name`` under the run's plan (the
     zero-sum part cancels): public, so an algorithm's aggregator step may weigh a noisy release by it."""
     return float(state["cape"]["noise_var"][name])
-
-
-def record_release(ledger: PrivacyLedger, plan: NoisePlan, name: str, spec: ReleaseSpec,
-                   plan_arrays: dict[str, np.ndarray], me: int, *, stage: str, count: int = 1,
-                   cache: dict | None = None) -> None:
-    """Record one release of ``name`` by the site at position ``me`` of the variance plan.
-
-    The one place a CAPE release enters a ledger: the protocol calls it after
-    every release, the budget planner (:func:`planned_ledgers`) with the
-    number of rounds, so the two always agree.
-    """
-    if plan.kind == "none":
-        ledger.mark_not_private("plan 'none': releases carry no noise and are not private")
-        return
-    # the site's calibrated std: exactly what one release carries under the papers' plan, a lower bound on it
-    # when the zero-sum part is scaled up (the single-release figure is then an upper bound on its eps)
-    var = min(_release_variance(plan_arrays, name, me), spec.tau**2)
-    mu_c = 0.0
-    if plan.kind == "cape":
-        cache = {} if cache is None else cache
-        sites = np.asarray(plan_arrays["cape/sites"]).tolist()
-        key = f"{name}:{spec.sensitivity!r}:{sites}"
-        if key not in cache:
-            n_c = max_colluding(len(sites)) if plan.n_colluding is None else plan.n_colluding
-            cache[key] = privacy.cape_release_mu(spec.sensitivity, plan_arrays[f"cape/e_var/{name}"],
-                                                 plan_arrays[f"cape/g_var/{name}"], plan_arrays["cape/weights"],
-                                                 me, n_c)
-        mu_c = cache[key]
-    ledger.record(name, spec.sensitivity, float(np.sqrt(var)), count, unit=spec.unit, stage=spec.stage or stage,
-                  neighbour=spec.neighbour, mu_collusion=mu_c)
 
 
 def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Sequence[State], *,
@@ -552,17 +517,14 @@ def planned_ledgers(algorithm: CapeAlgorithm, plan: NoisePlan | str, states: Seq
     return out
 
 
-def _release_variance(plan: dict[str, np.ndarray], name: str, me: int) -> float:
-    v = Variances(plan[f"cape/e_var/{name}"], plan[f"cape/g_var/{name}"], plan["cape/weights"])
-    return float(v.release_variance()[me])
-
-
 def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n_sites: int,
-                  secagg_config=None):
+                  secagg_config=None, budget: SiteBudget | None = None):
     """Wrap ``algorithm`` into a driver protocol under ``plan``.
 
     Refuses a plan outside CAPE's assumptions (fewer than 3 sites, too many
-    colluders) before anything runs.
+    colluders) before anything runs. ``budget``: the total and earlier spend of
+    the one site that runs this protocol object (a deployed site's, or a site
+    thread's in a simulation): its guard refuses any release beyond it.
     """
     plan = NoisePlan.coerce(plan)
     plan.check(n_sites)
@@ -571,7 +533,7 @@ def cape_protocol(algorithm: CapeAlgorithm, plan: NoisePlan | str = "cape", *, n
         plan = replace(plan, n_colluding=plan.colluders(n_sites))
         if secagg_config is None:
             secagg_config = secagg.SecAggConfig(n_sites=n_sites)
-    return _CapeProtocol(algorithm, plan, n_sites, secagg_config)
+    return _CapeProtocol(algorithm, plan, n_sites, secagg_config, budget)
 
 
 def run_cape(algorithm: CapeAlgorithm, site_data: Sequence[Any], plan: NoisePlan | str = "cape", *,

@@ -69,6 +69,8 @@ from dpneuro.protocol.secagg.errors import SecAggDropped, SecAggError, SecAggWar
 
 State = dict[str, Any]
 OnSum = Callable[[State, int, np.ndarray], Payload]
+#: what a party holds for a sum (its state -> a string bound into every pairwise mask; see sum_phases)
+Context = Callable[[State], str]
 
 SECRET_BYTES = 32
 _ONE_SHARE = prg.ciphertext_bytes(shamir.SHARE_BYTES)  # setup: the s key share
@@ -440,7 +442,14 @@ def group_secret(state: State, incoming: Payload | None = None) -> bytes:
 
 # -- one secure sum: masked input collection -------------------------------------------
 
-def _masked_site(config: SecAggConfig, topic: str, input_key: str) -> Callable[[State, int, Payload | None], Payload]:
+def _mask_topic(topic: str, context: Context | None, state: State) -> str:
+    """What a pairwise mask is derived for: the sum's topic and, with a ``context``, what the party holds for it
+    (e.g. CAPE's noise plan): parties holding different contexts get masks that do not cancel."""
+    return topic if context is None else f"{topic}#{context(state)}"
+
+
+def _masked_site(config: SecAggConfig, topic: str, input_key: str, context: Context | None = None
+                 ) -> Callable[[State, int, Payload | None], Payload]:
     phase_topic = f"{topic}-masked"
 
     def step(state: State, round: int, incoming: Payload | None) -> Payload:
@@ -470,9 +479,10 @@ def _masked_site(config: SecAggConfig, topic: str, input_key: str) -> Callable[[
         seed = os.urandom(SECRET_BYTES)
         prg.add_mask(y, seed, +1)
         s_sk = prg.load_private(sa["s_sk"])
+        mask_topic = _mask_topic(topic, context, state)
         for v in keyset:
             if v != u:
-                key = prg.mask_key(s_sk, bytes.fromhex(sa["s_pk"][str(v)]), tag, u, v, epoch, round, topic)
+                key = prg.mask_key(s_sk, bytes.fromhex(sa["s_pk"][str(v)]), tag, u, v, epoch, round, mask_topic)
                 prg.add_mask(y, key, +1 if u < v else -1)  # lower index adds, higher subtracts
 
         next_sk = prg.new_private_key()
@@ -638,7 +648,7 @@ def _recover(config: SecAggConfig, points: dict[int, int], check: Callable[[int]
     return out
 
 
-def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum
+def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum, context: Context | None = None
                        ) -> Callable[[State, int, dict[int, Payload]], Payload]:
     def step(agg_state: State, round: int, msgs: dict[int, Payload]) -> Payload:
         sa = _agg_state(agg_state)
@@ -688,7 +698,7 @@ def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum
                 _recover(config, s_pts[v], check_s, f"the mask key of dropped site {v}", bad_log, topic, round))
             for u in u2:
                 key = prg.mask_key(s_sk, bytes.fromhex(sa["s_pk"][str(u)]), sa["tag"], u, v,
-                                   int(sa["epoch"]), round, topic)
+                                   int(sa["epoch"]), round, _mask_topic(topic, context, agg_state))
                 prg.add_mask(total, key, -1 if u < v else +1)  # undo what site u added
         values = config.decode(total).reshape(tuple(op["shape"]))
 
@@ -703,7 +713,8 @@ def _unmask_aggregator(config: SecAggConfig, topic: str, on_sum: OnSum
     return step
 
 
-def sum_phases(config: SecAggConfig, topic: str, input_key: str, on_sum: OnSum) -> list[Phase]:
+def sum_phases(config: SecAggConfig, topic: str, input_key: str, on_sum: OnSum, context: Context | None = None
+               ) -> list[Phase]:
     """The two phases of one secure sum of a float array over the sites.
 
     Parameters
@@ -725,6 +736,13 @@ def sum_phases(config: SecAggConfig, topic: str, input_key: str, on_sum: OnSum) 
         the float sum over the sites whose inputs were included; its return
         value is broadcast, with ``meta["secagg_included"]`` (those sites)
         added. ``agg_state["secagg"]["last"]`` holds the same information.
+    context : callable, optional
+        ``context(state) -> str``, called with a site's state and with the
+        aggregator's: what each party holds for this sum (CAPE: the digest of
+        the noise plan it drew under, or broadcast). It enters every pairwise
+        mask, so the masks cancel only if every party holds the same: an
+        aggregator that told two honest sites different things learns a sum
+        hidden by the masks that did not cancel, nothing of the inputs.
 
     Returns
     -------
@@ -743,8 +761,8 @@ def sum_phases(config: SecAggConfig, topic: str, input_key: str, on_sum: OnSum) 
         raise ValueError(f"input_key must start with '_' (a transient state key, never checkpointed), got "
                          f"{input_key!r}")
     return [
-        Phase(topic=f"{topic}-masked", site=_masked_site(config, topic, input_key),
+        Phase(topic=f"{topic}-masked", site=_masked_site(config, topic, input_key, context),
               aggregator=_masked_aggregator(config, topic), allow_dropout=True),
         Phase(topic=f"{topic}-unmask", site=_unmask_site(config, topic),
-              aggregator=_unmask_aggregator(config, topic, on_sum), allow_dropout=True),
+              aggregator=_unmask_aggregator(config, topic, on_sum, context), allow_dropout=True),
     ]
