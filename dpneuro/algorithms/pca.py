@@ -888,7 +888,8 @@ class CapePCA:
             raise ValueError(f"site {state['site']}: broadcast V has shape {V.shape}, expected {(src.dim, width)}")
         # the release's sensitivity holds for ||V||_2 <= 1 only: a scaled V would scale it past the noise
         if not (np.all(np.isfinite(V)) and np.linalg.norm(V, 2) <= 1 + 1e-6):
-            raise UnsafeRelease(f"site {state['site']} refuses to release: the aggregator's broadcast basis 'V' is "
+            who = state.get("site_name") or f"site {state['site']}"
+            raise UnsafeRelease(f"{who} refuses to release: the aggregator's broadcast basis 'V' is "
                                 "not orthonormal (spectral norm above 1), so this site's sensitivity would not bound "
                                 "its release; nothing was released")
         return V
