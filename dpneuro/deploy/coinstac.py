@@ -45,7 +45,12 @@ run's first iteration. A site's public key travels in its first output (over
 COINSTAC's authenticated transport, which identifies its client); the remote
 pins every site's key and its own in the run manifest, and each site checks
 that the manifest pins its own key unchanged. From then on no party, nor
-anyone on the path of the message files, can write as another. An owner input
+anyone on the path of the message files, can write as another. Every
+signature also covers the run's binding, a digest of that manifest (which
+holds a random ``run_nonce`` drawn by the remote;
+:func:`~dpneuro.protocol.exchange.codec.run_binding`), so a message from
+another COINSTAC run, even one with the same settings and pinned keys, is
+refused as replayed. An owner input
 ``public_keys`` (party -> 64 hex digits, from ``dpneuro keygen``) pins the
 sites' keys in advance instead (a member then passes its private key file as
 ``signing_key``).
@@ -71,6 +76,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import threading
 from pathlib import Path
@@ -90,7 +96,7 @@ from dpneuro.deploy.party import (
 )
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.protocol.exchange.base import AGGREGATOR, ExchangeError, Suspend
-from dpneuro.protocol.exchange.codec import canonical_json
+from dpneuro.protocol.exchange.codec import canonical_json, run_binding
 from dpneuro.protocol.exchange.coinstac import MAX_MESSAGE_BYTES, SUFFIX, CoinstacExchange
 from dpneuro.protocol.exchange.keys import AGGREGATOR_NAME, PartyKeys, generate_key, load_private_key, public_hex
 from dpneuro.run.factory import check_reduction_fits
@@ -420,11 +426,13 @@ def _local(args: dict[str, Any]) -> dict[str, Any]:
     check_manifest(cfg, manifest, party=f"COINSTAC site {me!r}", source="the remote's run manifest")
     key = _party_keys(manifest, me, _signing_key(sd, saved.get("signing_key")))
     index, n = manifest["sites"].index(me), len(manifest["sites"])
+    # the manifest as checked here and as the remote wrote it (canonical JSON: Node's rewriting changes nothing)
+    binding = run_binding(RUN_ID, manifest)
 
     def exchange(stage: str) -> CoinstacExchange:
         return CoinstacExchange(run_id=stage, key=key, n_sites=n, base_dir=state["baseDirectory"],
                                 transfer_dir=state["transferDirectory"], state_dir=sd / "exchange" / stage,
-                                site=index)
+                                site=index, binding=binding)
 
     for m in inputs["dpneuro"].get("missing") or []:
         if me in m.get("sites", []):  # COINSTAC lost a message of ours: the same bytes again, no new release
@@ -467,6 +475,8 @@ def _remote_setup(outs: dict[str, dict], sd: Path) -> dict[str, Any]:
                               "(input 'public_keys'); the remote refuses to run with it")
     manifest["public_keys"] = {**{c: pinned.get(c) or outs[c].get("public_key") for c in sites},
                                AGGREGATOR_NAME: public_hex(_signing_key(sd))}
+    # two runs with the same settings and pinned keys still bind their messages differently (run_binding)
+    manifest["run_nonce"] = secrets.token_hex(16)
     grid = manifest["grid"]
     dim = min(cfg.parcels, grid["n_voxels"]) if cfg.parcels else grid["n_voxels"]
     check_reduction_fits(cfg, dim, MAX_MESSAGE_BYTES)  # COINSTAC moves files of at most 10 MB
@@ -506,11 +516,12 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
     settings = json.loads((sd / "settings.json").read_text())
     cfg = _config(settings, manifest["sites"], sd / "work")
     key = _party_keys(manifest, AGGREGATOR_NAME, _signing_key(sd))
+    binding = run_binding(RUN_ID, manifest)
 
     def exchange(stage: str) -> CoinstacExchange:
         return CoinstacExchange(run_id=stage, key=key, n_sites=len(manifest["sites"]),
                                 base_dir=state["baseDirectory"], transfer_dir=state["transferDirectory"],
-                                state_dir=sd / "exchange" / stage, site_dirs=manifest["sites"])
+                                state_dir=sd / "exchange" / stage, site_dirs=manifest["sites"], binding=binding)
 
     for o in outs.values():  # a site still waits for a broadcast already sent: COINSTAC lost it
         w = o.get("wait")

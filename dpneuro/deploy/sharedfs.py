@@ -15,9 +15,19 @@ Trust assumptions (docs/privacy.md, "Threat model"). Every party signs what it
 sends with its own Ed25519 key (``--key-file``, made by ``dpneuro keygen``)
 and checks every message against the public keys the consortium pinned out of
 band in one keys file (``--keys``), so no party can write as another and
-nothing secret lies in the shared folder. A run without a keys file is
+nothing secret lies in the shared folder. Every signature (messages and
+failure notices) also covers the run's binding: its run id and the SHA-256 of
+its run manifest as each party computes it from its own configuration
+(:func:`~dpneuro.protocol.exchange.codec.run_binding`), so a message copied
+from another run's folder is refused as replayed. A run without a keys file is
 refused unless the configuration says it is a simulation (then each party
-publishes its public key in the shared folder: trust on first use). What is
+publishes its public key in the shared folder: trust on first use).
+
+The shared folder holds nothing a party follows: no party reads, writes or
+removes anything there through a symlink or a non-regular file, nor through a
+folder that is not a real one (:mod:`~dpneuro.protocol.exchange.safefs`
+refuses it by name), and a party refuses to start when its ``out``, its
+``--key-file`` or its ``--keys`` lies inside ``exchange_dir``. What is
 *in* the messages is protected regardless of who reads the folder: only
 CAPE-noised or secure-aggregation-masked arrays and public metadata leave a
 site, and each site checks the noise plan it is sent against its own
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 import tempfile
 import time
@@ -59,8 +70,8 @@ from dpneuro.deploy.party import (
     run_site_analysis,
 )
 from dpneuro.protocol.driver import RunOptions
-from dpneuro.protocol.exchange import DirectoryExchange, PartyFailed
-from dpneuro.protocol.exchange.codec import check_name
+from dpneuro.protocol.exchange import DirectoryExchange, ExchangeError, PartyFailed, safefs
+from dpneuro.protocol.exchange.codec import check_name, run_binding
 from dpneuro.protocol.exchange.directory import (
     check_failure_notices,
     clear_failure_notice,
@@ -104,6 +115,29 @@ def run_folder(cfg: RunConfig, run_id: str) -> Path:
     return Path(cfg.exchange_dir) / check_name("run id", run_id)
 
 
+def _shared(cfg: RunConfig) -> Path:
+    """The shared folder's root: below it nothing is followed through a symlink (safefs)."""
+    return Path(cfg.exchange_dir)
+
+
+def _inside(path, folder) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def _check_private(cfg: RunConfig, me: str, key_file, keys_file) -> None:
+    """Refuse a party whose private files would lie in the shared folder, where anyone with access could read or
+    swap them: its outputs and progress (``out``), its private key, the public keys it pins."""
+    shared = cfg.exchange_dir
+    if _inside(cfg.out, shared):
+        raise ConfigError(f"{me}: config field 'out' ({cfg.out}) is inside config field 'exchange_dir' ({shared}): "
+                          "a party's outputs, private progress and default key must not lie in the shared folder; "
+                          "choose an 'out' outside it")
+    for flag, path in (("--key-file", key_file), ("--keys", keys_file)):
+        if path and _inside(path, shared):
+            raise ConfigError(f"{me}: {flag} {path} is inside config field 'exchange_dir' ({shared}): whoever can "
+                              "write to the shared folder could read or replace it; keep it outside")
+
+
 def _own_key(cfg: RunConfig, me: str, key_file, pinned: bool):
     """This party's private key: ``key_file``, else its default place in the party's private folder (made there on
     first use only when nothing is pinned, i.e. in a simulation)."""
@@ -120,18 +154,18 @@ def _own_key(cfg: RunConfig, me: str, key_file, pinned: bool):
 def _published_keys(cfg: RunConfig, folder: Path, me: str, private, timeout: float | None) -> dict[str, str]:
     """Trust on first use, for simulations only: each party publishes its public key in the shared folder and
     takes the others' from there; a name already published with another key is refused."""
-    keys_dir = folder / "keys"
+    keys_dir, base = folder / "keys", _shared(cfg)
     mine = public_hex(private)
-    publish_once(keys_dir / f"{me}.pub", mine.encode())
-    have = (keys_dir / f"{me}.pub").read_text().strip()
+    publish_once(keys_dir / f"{me}.pub", mine.encode(), base=base)
+    have = (safefs.read(base, keys_dir / f"{me}.pub") or b"").decode("ascii", "replace").strip()
     if have != mine:
         raise KeyFileError(f"{me}: another key is already published as {me!r} in {keys_dir}: another process uses "
                            "this party's name (or an earlier run with other keys used this run id)")
     out = {}
     for party in [AGGREGATOR_NAME, *[s.name for s in cfg.sites]]:
         path = keys_dir / f"{party}.pub"
-        _wait_for(path, timeout, f"{party}'s public key", folder, me)
-        out[party] = path.read_text().strip()
+        _wait_for(path, timeout, f"{party}'s public key", folder, me, base)
+        out[party] = (safefs.read(base, path) or b"").decode("ascii", "replace").strip()
     return out
 
 
@@ -163,24 +197,31 @@ def _check_writable(path: Path, what: str) -> None:
         raise ConfigError(f"{what} {path} cannot be written ({exc.strerror or exc}); nothing was released") from None
 
 
-def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: str) -> None:
+def _wait_for(path: Path, timeout: float | None, what: str, folder: Path, me: str, base: Path) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
-    if not path.exists():  # a site started before its aggregator says what it waits for, once
+    if not safefs.is_file(base, path):  # a site started before its aggregator says what it waits for, once
         limit = "without a time limit" if timeout is None else f"for up to {timeout:g} s"
         print(f"{me}: waiting {limit} for {what} ({path}): start `dpneuro aggregator` with the same "
               "exchange_dir and run id", file=sys.stderr, flush=True)
-    while not path.exists():
-        check_failure_notices(folder, me)
+    while not safefs.is_file(base, path):
+        check_failure_notices(folder, me, base=base)
         if deadline is not None and time.monotonic() >= deadline:
             raise WaitTimeout(f"waited {timeout} s for {what} ({path}); is the aggregator running with the "
                                "same exchange_dir and run id?")
         time.sleep(_POLL)
 
 
-def _publish_manifest(path: Path, manifest: dict[str, Any]) -> None:
+def _read_manifest(path: Path, base: Path) -> Any:
+    try:
+        return json.loads(safefs.read(base, path) or b"")
+    except ValueError as exc:
+        raise ManifestMismatch(f"{path} is not a run manifest (not JSON: {exc})") from None
+
+
+def _publish_manifest(path: Path, manifest: dict[str, Any], base: Path) -> None:
     """Write the manifest once; an existing one must be this run's (a restarted aggregator)."""
     text = json.dumps(manifest, indent=1, sort_keys=True)
-    if not publish_once(path, text.encode()) and json.loads(path.read_text()) != json.loads(text):
+    if not publish_once(path, text.encode(), base=base) and _read_manifest(path, base) != json.loads(text):
         raise ManifestMismatch(
             f"{path} already describes a run with different settings; this aggregator refuses to "
             f"continue it (use another --run-id, or remove {path.parent} to start over)")
@@ -190,7 +231,8 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys, progress: bool = False):
+def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys, binding: str, progress: bool = False):
+    """The run's exchanges, one per stage (``run_id=stage``), every signature bound to the run (``binding``)."""
     names = [s.name for s in cfg.sites]
     try:
         [check_name("site name", n) for n in names]
@@ -199,7 +241,7 @@ def _exchange_factory(folder: Path, cfg: RunConfig, key: PartyKeys, progress: bo
 
     def make(stage: str) -> DirectoryExchange:
         return DirectoryExchange(folder, len(cfg.sites), run_id=stage, key=key, site_names=names,
-                                 notify=_say if progress else None)
+                                 notify=_say if progress else None, binding=binding, base=_shared(cfg))
 
     return make
 
@@ -225,15 +267,15 @@ def _why(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
 
 
-def _reporting(folder: Path, party: str, run):
+def _reporting(folder: Path, base: Path, party: str, run):
     """Run ``run(signer)``; if it fails, leave a notice so that the other parties stop at once, naming ``party``.
 
-    The notice's space is set aside first (a full disk can still carry it), and it is signed with the party's key
-    once ``run`` has put it in ``signer["keys"]``.
+    The notice's space is set aside first (a full disk can still carry it), and it is signed with the party's key,
+    for this run, once ``run`` has put them in ``signer["keys"]`` and ``signer["binding"]``.
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    clear_failure_notice(folder, party)  # a restarted party is alive again
-    reserve_failure_notice(folder, party)
+    safefs.make_folder(base, folder)
+    clear_failure_notice(folder, party, base=base)  # a restarted party is alive again
+    reserve_failure_notice(folder, party, base=base)
     signer: dict[str, Any] = {}
     try:
         return run(signer)
@@ -241,8 +283,9 @@ def _reporting(folder: Path, party: str, run):
         raise  # another party's failure: it left its own notice
     except BaseException as exc:
         try:
-            write_failure_notice(folder, party, _why(exc), signer.get("keys"))
-        except OSError as notice_exc:
+            write_failure_notice(folder, party, _why(exc), signer.get("keys"), binding=signer.get("binding"),
+                                 base=base)
+        except (OSError, ExchangeError) as notice_exc:  # ExchangeError: a file planted where the notice goes
             print(f"{party}: could not leave a failure notice in {folder} ({notice_exc}); the other parties "
                   "stop at their timeout", file=sys.stderr)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -263,21 +306,24 @@ def aggregator_main(cfg: RunConfig, *, run_id: str | None = None, key_file=None,
     folder = run_folder(cfg, run_id)
 
     def run(signer: dict[str, Any]) -> dict[str, Any]:
+        _check_private(cfg, "the aggregator", key_file, keys_file)
         out = cfg.run_dir
         _check_writable(out, "the aggregator's output folder")
         _check_writable(_party_work(cfg, run_id, "aggregator"), "the aggregator's working folder")
-        _publish_manifest(folder / "manifest.json", run_manifest(cfg, run_id))
+        manifest = run_manifest(cfg, run_id)
+        _publish_manifest(folder / "manifest.json", manifest, _shared(cfg))
+        signer["binding"] = binding = run_binding(run_id, manifest)
         keys = signer["keys"] = _party_keys(cfg, folder, AGGREGATOR_NAME, key_file, keys_file)
         transport = ("Every message is signed with its sender's own Ed25519 key and checked against the public "
                      "keys " + ("the consortium pinned in its keys file (--keys): no party can write as another."
                                 if keys_file else "the parties published in the shared folder (a simulation: "
                                 "trust on first use)."))
         ctx = AggregatorContext(cfg=cfg, work=_party_work(cfg, run_id, "aggregator"), out=out,
-                                exchange=_exchange_factory(folder, cfg, keys, progress),
+                                exchange=_exchange_factory(folder, cfg, keys, binding, progress),
                                 options=RunOptions(timeout=cfg.timeout, progress=progress), transport=transport)
         return run_aggregator_analysis(ctx)
 
-    return _reporting(folder, "aggregator", run)
+    return _reporting(folder, _shared(cfg), "aggregator", run)
 
 
 def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=None,
@@ -295,16 +341,24 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=
     folder = run_folder(cfg, run_id)
 
     def run(signer: dict[str, Any]) -> dict[str, Any]:
+        _check_private(cfg, f"site {site!r}", key_file, keys_file)
         manifest_path = folder / "manifest.json"
-        _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest", folder, site)
-        check_manifest(cfg, json.loads(manifest_path.read_text()), party=f"site {site!r}",
+        _wait_for(manifest_path, cfg.timeout, "the aggregator's run manifest", folder, site, _shared(cfg))
+        published = _read_manifest(manifest_path, _shared(cfg))
+        if not isinstance(published, dict) or published.get("run_id") != run_id:
+            theirs = published.get("run_id") if isinstance(published, dict) else None
+            raise ManifestMismatch(f"site {site!r} refuses to start: the run manifest {manifest_path} describes run "
+                                   f"{theirs!r}, not {run_id!r} (copied from another run?)")
+        check_manifest(cfg, published, party=f"site {site!r}",
                        source=f"the aggregator's run manifest {manifest_path}")
+        # bound to what this site checked: its own view of the run, equal to the aggregator's
+        signer["binding"] = binding = run_binding(run_id, run_manifest(cfg, run_id))
         _check_writable(cfg.run_dir / site, f"site {site!r}'s output folder")
         _check_writable(_party_work(cfg, run_id, site), f"site {site!r}'s working folder")
         keys = signer["keys"] = _party_keys(cfg, folder, site, key_file, keys_file)
         ctx = SiteContext(cfg=cfg, site=site, work=_party_work(cfg, run_id, site), out=cfg.run_dir / site,
-                          exchange=_exchange_factory(folder, cfg, keys, progress), timeout=cfg.timeout,
+                          exchange=_exchange_factory(folder, cfg, keys, binding, progress), timeout=cfg.timeout,
                           progress=_say if progress else None)
         return run_site_analysis(ctx)
 
-    return _reporting(folder, site, run)
+    return _reporting(folder, _shared(cfg), site, run)

@@ -198,10 +198,10 @@ def test_a_full_disk_at_a_site_stops_every_party_naming_it(tmp_path, monkeypatch
     keys_file, private = dc.party_keys(tmp_path / "keys", [s.name for s in cfg.sites])
     real = directory.publish_once
 
-    def full(path, blob):  # site-01's disk fills up when it first sends
+    def full(path, blob, **kw):  # site-01's disk fills up when it first sends
         if path.name == "site-01.msg":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, blob)
+        return real(path, blob, **kw)
 
     monkeypatch.setattr(directory, "publish_once", full)
     out: dict = {}
@@ -303,8 +303,9 @@ def test_coinstac_parties_sign_with_their_own_keys_and_check_the_manifests_pin(t
 
     mine, other = dcc._signing_key(tmp_path / "a"), dcc._signing_key(tmp_path / "b")
     assert public_hex(dcc._signing_key(tmp_path / "a")) == public_hex(mine)  # kept for the run
-    manifest = {"sites": SITES, "public_keys": {"aggregator": public_hex(other), "site-01": public_hex(other),
-                                                "site-02": public_hex(mine), "site-03": public_hex(other)}}
+    agg, third = dcc._signing_key(tmp_path / "c"), dcc._signing_key(tmp_path / "d")  # every party its own key
+    manifest = {"sites": SITES, "public_keys": {"aggregator": public_hex(agg), "site-01": public_hex(other),
+                                                "site-02": public_hex(mine), "site-03": public_hex(third)}}
     with pytest.raises(ConfigError, match="pins another public key for 'site-01'"):
         dcc._party_keys(manifest, "site-01", mine)
     keys = dcc._party_keys(manifest, "site-02", mine)

@@ -253,11 +253,11 @@ class SiteGuard:
             sites_new = set(np.asarray(new.get("cape/sites", [])).tolist())
             survivors = sites_new < sites_old
             if not survivors or (self.noise_plan.kind == "cape" and not redo):
+                how = ", sent back to the zero-sum step" if self.noise_plan.kind == "cape" else ""
                 raise self._refuse(
-                    f"the aggregator's broadcast before step {topic!r} changes field {field!r} of the noise plan pinned at "
-                    "set-up; a plan may change only to one for the survivors of a dropout (strictly fewer of the "
-                    "pinned sites" + (", sent back to the zero-sum step" if self.noise_plan.kind == "cape" else "")
-                    + ")")
+                    f"the aggregator's broadcast before step {topic!r} changes field {field!r} of the noise plan "
+                    "pinned at set-up; a plan may change only to one for the survivors of a dropout (strictly fewer "
+                    f"of the pinned sites{how})")
         me = verify_plan(new, self.releases, int(self.state["site"]), self.noise_plan, self.n_sites, who=self.who)
         self._check_budget(new, me, what=f"the plan broadcast before step {topic!r}")
         self.cs["plan"] = new

@@ -13,15 +13,19 @@ The tag is the sending party's Ed25519 signature (format version 2, keys of
 inside one process, an HMAC-SHA256 with a key they share (version 1).
 
 The JSON header holds the message's address (``run_id``, ``sender``,
-``round``, ``topic``), its ``meta`` and ``carries`` and a manifest with one
+``round``, ``topic``), the run's ``binding`` when it has one (the run id and a
+digest of its run manifest, :func:`run_binding`: what ties the message to one
+deployed run), its ``meta`` and ``carries`` and a manifest with one
 ``[name, dtype, shape, offset, nbytes]`` entry per array; offsets are relative
 to the start of the array bytes, arrays are packed back to back in manifest
 order. The tag is computed with the run's key over everything before it.
 
 :func:`decode_payload` checks, in this order: length and magic (malformed),
-the tag (tampered, or the wrong key), that the authenticated address is the one
-the message was read from (a replayed or misplaced message), the dtype
-whitelist, the manifest's consistency, and the size limit. Any failure raises
+the tag (tampered, or the wrong key), that the authenticated binding is the
+reader's (a message replayed from another run or manifest), that the
+authenticated address is the one the message was read from (a replayed or
+misplaced message), the dtype whitelist, the manifest's consistency, and the
+size limit. Any failure raises
 :class:`~dpneuro.protocol.exchange.base.MessageRejected` naming the message.
 
 Checkpoints
@@ -66,6 +70,7 @@ __all__ = [
     "encode_state",
     "load_state_file",
     "register_state_type",
+    "run_binding",
     "save_state_file",
 ]
 
@@ -111,6 +116,24 @@ def canonical_json(obj: Any) -> str:
     every number as a float64, keys sorted, no insignificant white space.
     """
     return json.dumps(_canonical(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def run_binding(run_id: str, manifest: Mapping[str, Any]) -> str:
+    """``<run_id>:<sha256 of the run manifest>``: what every signature of a deployed run covers.
+
+    A message or failure notice signed for one run is refused in another (another run id, or the same run id
+    with other settings), even where the same keys sign both. The digest is taken over :func:`canonical_json`, so
+    parties whose manifests differ only in how JSON wrote a number (4 or 4.0) agree on it.
+    """
+    return f"{check_name('run id', run_id)}:{hashlib.sha256(canonical_json(manifest).encode()).hexdigest()}"
+
+
+def short_binding(binding: str | None) -> str:
+    """A binding as messages show it: the run id and the digest's first 12 hex digits."""
+    if binding is None:
+        return "no run (unbound)"
+    run_id, sep, digest = str(binding).rpartition(":")
+    return f"{run_id}:{digest[:12]}" if sep else repr(str(binding)[:40])
 
 
 def check_name(kind: str, name: str) -> str:
@@ -183,7 +206,8 @@ def _wire_array(name: str, arr: Any, where: str) -> np.ndarray:
     return np.asarray(a, dtype=dt, order="C")  # not ascontiguousarray: it turns 0-d into 1-d
 
 
-def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, topic: str, key: bytes) -> bytes:
+def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, topic: str, key: bytes,
+                   binding: str | None = None) -> bytes:
     """Serialise and authenticate one message.
 
     Parameters
@@ -196,6 +220,9 @@ def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, to
     key : bytes or PartyKeys
         The parties' signing keys (the sender signs with its own), or an HMAC key (at least 16 bytes) that
         parties inside one process share.
+    binding : str, optional
+        The deployed run the message belongs to (:func:`run_binding`), authenticated with it; None only where
+        there is no run manifest (parties in one process).
 
     Returns
     -------
@@ -218,6 +245,7 @@ def encode_payload(payload: Payload, *, run_id: str, sender: int, round: int, to
         "sender": int(sender),
         "round": int(round),
         "topic": topic,
+        **({"binding": str(binding)} if binding is not None else {}),  # unbound messages keep their old bytes
         "meta": dict(payload.meta),
         "carries": {str(k): str(v) for k, v in payload.carries.items()},
         "arrays": manifest,
@@ -238,7 +266,7 @@ def _is_int(x: Any) -> bool:
 
 def decode_payload(
     blob: bytes, *, run_id: str, sender: int, round: int, topic: str, key: bytes,
-    max_bytes: int | None = None,
+    max_bytes: int | None = None, binding: str | None = None,
 ) -> Payload:
     """Check and deserialise a message read from address ``(run_id, sender, round, topic)``.
 
@@ -252,6 +280,8 @@ def decode_payload(
         As for :func:`encode_payload`: a signature is checked with the public key of ``sender``.
     max_bytes : int, optional
         Limit on the total array bytes.
+    binding : str, optional
+        The reader's run (:func:`run_binding`); the message's authenticated binding must be the same.
 
     Returns
     -------
@@ -262,7 +292,7 @@ def decode_payload(
     ------
     MessageRejected
         If the message is malformed, tampered with, authenticated with another
-        key, addressed elsewhere, uses a forbidden dtype, has an inconsistent
+        key, replayed from another run or manifest, addressed elsewhere, uses a forbidden dtype, has an inconsistent
         manifest or is too large. The error names the sender, round and topic.
     """
     auth = authenticator(key)
@@ -301,6 +331,9 @@ def decode_payload(
     if not isinstance(header, dict):
         raise reject("malformed header: not a JSON object")
 
+    if header.get("binding") != binding:  # before the address: a stage of another run has the same address
+        theirs, mine = short_binding(header.get("binding")), short_binding(binding)
+        raise reject(f"replayed from another run or manifest: it was written for {theirs}, this run is {mine}")
     got = (header.get("run_id"), header.get("sender"), header.get("round"), header.get("topic"))
     if got != (run_id, sender, round, topic):
         raise reject(

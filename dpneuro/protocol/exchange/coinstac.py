@@ -79,6 +79,9 @@ class CoinstacExchange(Exchange):
         For the remote: the folder (``clientId``) of each site id under ``base_dir``.
     max_bytes : int
         Largest encoded message (COINSTAC: < 10 MB).
+    binding : str, optional
+        The run every message is bound to (:func:`~dpneuro.protocol.exchange.codec.run_binding` of the run
+        manifest): a message of another run is refused as replayed. None: no binding (tests without a manifest).
 
     Notes
     -----
@@ -90,9 +93,10 @@ class CoinstacExchange(Exchange):
 
     def __init__(self, *, run_id: str, key, n_sites: int, base_dir, transfer_dir, state_dir,
                  site: int | None = None, site_dirs: Iterable[str] | None = None,
-                 max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_bytes: int = MAX_MESSAGE_BYTES, binding: str | None = None) -> None:
         authenticator(key)  # bytes of >= 16 or PartyKeys, else ValueError
         self.run_id = check_name("run id", run_id)
+        self.binding = binding
         self.n_sites = int(n_sites)
         self.base_dir, self.transfer_dir, self.state_dir = Path(base_dir), Path(transfer_dir), Path(state_dir)
         self.site = site
@@ -119,7 +123,8 @@ class CoinstacExchange(Exchange):
     def _deliver(self, sender: int, round: int, topic: str, payload: Payload) -> None:
         topic = check_name("topic", topic)
         name = message_name(self.run_id, round, topic, sender)
-        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key)
+        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key,
+                              binding=self.binding)
         if len(blob) > self.max_bytes:
             raise ExchangeError(f"message from {describe(sender, round, topic)} is {len(blob) / 2**20:.1f} MB; "
                                 f"COINSTAC messages must stay below {self.max_bytes / 2**20:.0f} MB (use parcels or "
@@ -156,7 +161,7 @@ class CoinstacExchange(Exchange):
         if size > blob_limit(limit):
             raise ExchangeError(f"rejected message from {describe(sender, round, topic)}: {size} bytes")
         payload = decode_payload(path.read_bytes(), run_id=self.run_id, sender=sender, round=round, topic=topic,
-                                 key=self._key, max_bytes=limit)
+                                 key=self._key, max_bytes=limit, binding=self.binding)
         return validate(payload, expect, sender, round, topic)
 
     # -- site side -------------------------------------------------------------------------

@@ -8,11 +8,21 @@ machine mounting the same folder. Layout under ``root``::
     <run_id>/round-000012/<topic>/aggregator.msg     aggregator -> every site
     <run_id>/egress/site-003.jsonl                   site 3's egress log
     <run_id>/alive/site-003                          site 3's heartbeat (mtime)
+    failed/site-003-<hash>.json                      site 3 stopped, and why (signed; shared by every run_id)
 
 A message is written to a temporary file in its final directory, fsynced and
 then hard-linked to its name, so readers only ever see complete files and the
 first writer of an address wins; a second, different message for the same
 address is an error. Readers poll.
+
+In a deployed run every message and failure notice is signed over the run's
+``binding`` (its run id and a digest of its run manifest,
+:func:`~dpneuro.protocol.exchange.codec.run_binding`), so one copied from
+another run's folder is refused as replayed. Whoever can write to the folder
+may still plant symlinks, FIFOs or devices in it: every file is reached through
+:mod:`~dpneuro.protocol.exchange.safefs`, which never reads, writes or removes
+anything through a symlink or a non-regular file below the shared folder's root
+(``base``) and refuses such a file by name.
 """
 
 from __future__ import annotations
@@ -22,13 +32,13 @@ import hmac
 import json
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dpneuro.protocol.exchange import safefs
 from dpneuro.protocol.exchange.base import (
     AGGREGATOR,
     Exchange,
@@ -46,9 +56,9 @@ from dpneuro.protocol.exchange.codec import (
     blob_limit,
     check_name,
     encode_payload,
-    fsync_dir,
     load_state_file,
     save_state_file,
+    short_binding,
 )
 from dpneuro.protocol.exchange.inprocess import (
     DEFAULT_MAX_BYTES,
@@ -63,8 +73,12 @@ from dpneuro.protocol.exchange.inprocess import (
 _KEY_CHECK = b"dpneuro directory exchange: key check"
 
 
-def publish_once(path: Path, blob: bytes) -> bool:
+def publish_once(path: Path, blob: bytes, *, base=None) -> bool:
     """Atomically create ``path`` holding ``blob``.
+
+    ``base``: the shared folder's root (default ``path``'s folder); no folder from it down to ``path``, nor
+    ``path`` itself, may be a symlink or other than a real folder / regular file
+    (:class:`~dpneuro.protocol.exchange.safefs.PlantedFile`).
 
     Returns
     -------
@@ -72,33 +86,8 @@ def publish_once(path: Path, blob: bytes) -> bool:
         True if this call created the file, False if it already existed (its
         content is left untouched).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)  # atomic create-if-absent: never overwrites
-            created = True
-        except FileExistsError:
-            created = False
-        except OSError:
-            # a file system without hard links: a rename is still atomic, but
-            # two concurrent first writers could race (one party per address
-            # makes that a protocol error anyway)
-            created = not path.exists()
-            if created:
-                os.replace(tmp, path)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    if created:
-        fsync_dir(path.parent)
-    return created
+    path = Path(path)
+    return safefs.create_once(path.parent if base is None else base, path, blob)
 
 
 def _notice_path(root, party: str) -> Path:
@@ -115,78 +104,100 @@ def _reserve_path(root, party: str) -> Path:
     return path.with_name(f".{path.stem}.reserved")
 
 
-def reserve_failure_notice(root, party: str) -> None:
-    """Set aside the space of ``party``'s failure notice now, while the disk has room (see :data:`NOTICE_BYTES`)."""
+def _base(root, base) -> Path:
+    return Path(root if base is None else base)
+
+
+def reserve_failure_notice(root, party: str, *, base=None) -> None:
+    """Set aside the space of ``party``'s failure notice now, while the disk has room (see :data:`NOTICE_BYTES`).
+
+    ``base``: the shared folder's root (default ``root``), below which nothing is written through a symlink.
+    """
     path = _reserve_path(root, party)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.stat().st_size < NOTICE_BYTES:
-        with open(path, "wb") as f:
-            f.write(b" " * NOTICE_BYTES)
-            f.flush()
-            os.fsync(f.fileno())
+    have = safefs.status(_base(root, base), path)
+    if have is None or have.st_size < NOTICE_BYTES:
+        safefs.write_over(_base(root, base), path, b" " * NOTICE_BYTES)
 
 
-def _notice_body(party: str, error: str) -> bytes:
-    return json.dumps({"party": party, "error": error}, sort_keys=True).encode()
+def _notice_body(party: str, error: str, binding: str | None) -> bytes:
+    """What a notice's signature covers: who, why and, in a deployed run, which run (codec.run_binding)."""
+    body: dict[str, Any] = {"party": party, "error": error}
+    if binding is not None:  # unbound notices keep their old signed bytes
+        body["binding"] = binding
+    return json.dumps(body, sort_keys=True).encode()
 
 
-def write_failure_notice(root, party: str, error: str, keys=None) -> None:
+def write_failure_notice(root, party: str, error: str, keys=None, *, binding: str | None = None,
+                         base=None) -> None:
     """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error`` (the other parties' waits end).
 
-    Signed with ``party``'s own key when ``keys`` (:class:`~dpneuro.protocol.exchange.keys.PartyKeys`) is given. Written
-    into the space :func:`reserve_failure_notice` set aside when there is one: overwriting allocated bytes and a
-    rename need no free space, so a party that stops because the disk is full can still say so.
+    Signed with ``party``'s own key when ``keys`` (:class:`~dpneuro.protocol.exchange.keys.PartyKeys`) is given,
+    over the run's ``binding`` too (:func:`~dpneuro.protocol.exchange.codec.run_binding`), so that a notice copied
+    from another run is not taken for this run's. Written into the space :func:`reserve_failure_notice` set aside
+    when there is one: overwriting allocated bytes and a rename need no free space, so a party that stops because
+    the disk is full can still say so. ``base``: as for :func:`reserve_failure_notice`.
     """
+    base = _base(root, base)
     path = _notice_path(root, party)
-    path.parent.mkdir(parents=True, exist_ok=True)
     error = str(error)[:600]  # escaped, signed and wrapped, still within NOTICE_BYTES
-    notice = {"party": party, "error": error}
+    notice: dict[str, Any] = {"party": party, "error": error}
+    if binding is not None:
+        notice["binding"] = binding
     if keys is not None:
-        notice["signature"] = keys.sign_named(_notice_body(party, error)).hex()
+        notice["signature"] = keys.sign_named(_notice_body(party, error, binding)).hex()
     blob = json.dumps(notice).encode()
     blob = blob + b" " * max(0, NOTICE_BYTES - len(blob))  # JSON ignores trailing white space
     reserved = _reserve_path(root, party)
-    tmp = reserved if reserved.exists() else path.with_name(f".{path.stem}.{os.getpid()}.tmp")
-    with open(tmp, "r+b" if tmp.exists() else "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    tmp = reserved if safefs.is_file(base, reserved) else path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    safefs.write_over(base, tmp, blob)
+    safefs.replace(base, tmp, path)
 
 
-def clear_failure_notice(root, party: str) -> None:
+def clear_failure_notice(root, party: str, *, base=None) -> None:
     """A restarted party withdraws its old notice."""
-    _notice_path(root, party).unlink(missing_ok=True)
+    safefs.unlink(_base(root, base), _notice_path(root, party))
 
 
-def check_failure_notices(root, me: str, keys=None) -> None:
+def check_failure_notices(root, me: str, keys=None, *, binding: str | None = None, base=None) -> None:
     """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``.
 
-    With ``keys``, a notice whose signature is not its party's still stops the run (any party may abort it),
-    but is reported as unauthenticated instead of blaming the party it names.
+    With ``keys``, a notice whose signature is not its party's for this run (``binding``) still stops the run
+    (any party may abort it), but is reported as unauthenticated, or as replayed from another run, instead of
+    blaming the party it names. ``base``: as for :func:`reserve_failure_notice`; a notice that is a symlink or
+    not a regular file is refused (:class:`PlantedFile`).
     """
+    base = _base(root, base)
     d = Path(root) / "failed"
-    if not d.is_dir():
-        return
     mine = _notice_path(root, me).name
-    for f in sorted(d.glob("*.json")):
-        if f.name == mine:
+    for name in safefs.names(base, d):
+        if not name.endswith(".json") or name.startswith(".") or name == mine:
             continue
         try:
-            info = json.loads(f.read_text())
+            info = json.loads(safefs.read(base, d / name) or b"")
         except (OSError, ValueError):
             continue  # being replaced: seen on the next poll
+        if not isinstance(info, dict):
+            continue
         party, error = str(info.get("party")), str(info.get("error"))
         who = "the aggregator" if party == "aggregator" else f"site {party!r}"
         if keys is not None:
-            sig = info.get("signature")
-            try:
-                ok = isinstance(sig, str) and keys.verify_named(party, _notice_body(party, error), bytes.fromhex(sig))
-            except (ValueError, KeyError):
-                ok = False
-            if not ok:
+            sig, claimed = info.get("signature"), info.get("binding")
+
+            def signed(bound) -> bool:
+                try:
+                    return isinstance(sig, str) and keys.verify_named(party, _notice_body(party, error, bound),
+                                                                      bytes.fromhex(sig))
+                except (ValueError, KeyError):
+                    return False
+
+            if not signed(binding):
+                if claimed != binding and isinstance(claimed, str) and signed(claimed):
+                    raise PartyFailed(
+                        f"the run was stopped by a failure notice of {who} replayed from another run or manifest "
+                        f"({name}: written for {short_binding(claimed)}, this run is {short_binding(binding)}); "
+                        f"it does not say that {who} failed in this run: {error}")
                 raise PartyFailed(f"the run was stopped by a failure notice not signed by {who}, whom it names "
-                                  f"({f.name}): {error}")
+                                  f"({name}): {error}")
         raise PartyFailed(f"{who} stopped with an error: {error}")
 
 
@@ -214,6 +225,13 @@ class DirectoryExchange(Exchange):
         While a site waits in :meth:`receive` its heartbeat is refreshed this often.
     notify : callable, optional
         Told, every ``notify_interval`` seconds of waiting, whom this party waits for and for what.
+    binding : str, optional
+        The deployed run every message and failure notice is bound to
+        (:func:`~dpneuro.protocol.exchange.codec.run_binding`: run id and run manifest digest); a message
+        written for another run is refused as replayed. None: no binding (no run manifest).
+    base : path-like, optional
+        The shared folder's root (default ``root``): nothing from it down is read, written or removed through a
+        symlink or a non-regular file (:class:`~dpneuro.protocol.exchange.safefs.PlantedFile`).
 
     Notes
     -----
@@ -231,7 +249,7 @@ class DirectoryExchange(Exchange):
         poll_interval: float = 0.01, max_bytes: int = DEFAULT_MAX_BYTES,
         liveness_timeout: float = 60.0, heartbeat_interval: float = 1.0,
         site_names: Sequence[str] | None = None, notify: Callable[[str], None] | None = None,
-        notify_interval: float = 30.0,
+        notify_interval: float = 30.0, binding: str | None = None, base: str | os.PathLike[str] | None = None,
     ) -> None:
         if int(n_sites) < 1:
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
@@ -245,7 +263,9 @@ class DirectoryExchange(Exchange):
         self.n_sites = int(n_sites)
         self.run_id = check_name("run id", run_id)
         self.root = Path(root)
+        self.base = Path(base) if base is not None else self.root
         self.run_dir = self.root / self.run_id
+        self.binding = binding
         self.poll_interval = float(poll_interval)
         self.max_bytes = int(max_bytes)
         self.liveness_timeout = float(liveness_timeout)
@@ -258,7 +278,7 @@ class DirectoryExchange(Exchange):
         self._logged: dict[int, set[tuple[int, str]]] = {}
         self._log_needs_newline: dict[int, bool] = {}
         for sub in ("egress", "alive"):
-            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+            safefs.make_folder(self.base, self.run_dir / sub)
         # failure notices are shared by every exchange under root (the stages of one deployed run)
         self.failed_dir = self.root / "failed"
         self._check_run_file()
@@ -278,7 +298,8 @@ class DirectoryExchange(Exchange):
 
     # -- failures ----------------------------------------------------------------
     def _check_failures(self, me: int) -> None:
-        check_failure_notices(self.root, self._party(me), None if isinstance(self._key, bytes) else self._key)
+        check_failure_notices(self.root, self._party(me), None if isinstance(self._key, bytes) else self._key,
+                              binding=self.binding, base=self.base)
 
     def message_path(self, sender: int, round: int, topic: str) -> Path:
         """Where the message from ``sender`` (a site id or ``AGGREGATOR``) for ``(round, topic)`` lives."""
@@ -297,8 +318,13 @@ class DirectoryExchange(Exchange):
             check = "ed25519:" + self._key.digest()
         info = {"format": 1, "run_id": self.run_id, "n_sites": self.n_sites, "key_check": check}
         path = self.run_dir / "run.json"
-        publish_once(path, json.dumps(info, sort_keys=True).encode())
-        have = json.loads(path.read_text())
+        publish_once(path, json.dumps(info, sort_keys=True).encode(), base=self.base)
+        try:
+            have = json.loads(safefs.read(self.base, path) or b"")
+        except ValueError:
+            have = {}
+        if not isinstance(have, dict):
+            have = {}
         if have.get("n_sites") != self.n_sites:
             raise ExchangeError(f"run {self.run_id!r} in {self.run_dir} has {have.get('n_sites')} sites, "
                                 f"not {self.n_sites}")
@@ -316,14 +342,15 @@ class DirectoryExchange(Exchange):
 
     def _read(self, path: Path, sender: int, round: int, topic: str, limit: int) -> bytes | None:
         """The bytes at ``path``, or None if nothing was published there yet."""
-        try:
-            size = path.stat().st_size
+        f = safefs.open_read(self.base, path)
+        if f is None:
+            return None
+        with f:
+            size = os.fstat(f.fileno()).st_size
             if size > blob_limit(limit):  # don't read a huge file into memory
                 raise MessageRejected(f"rejected message from {describe(sender, round, topic)}: "
                                       f"oversized: {size} bytes, limit {limit} bytes of array data")
-            return path.read_bytes()
-        except FileNotFoundError:
-            return None
+            return f.read()
 
     def _decode(self, blob: bytes, sender: int, round: int, topic: str, expect: MessageSpec | None) -> Payload:
         return decode_checked(self, blob, sender, round, topic, expect)
@@ -346,8 +373,7 @@ class DirectoryExchange(Exchange):
     def _logged_set(self, sender: int) -> set[tuple[int, str]]:
         """(round, topic) pairs already in ``sender``'s egress log (lock held)."""
         if sender not in self._logged:
-            path = self._egress_path(sender)
-            raw = path.read_bytes() if path.exists() else b""
+            raw = safefs.read(self.base, self._egress_path(sender)) or b""
             self._logged[sender] = {(r["round"], r["topic"]) for r in self._parse_log(raw)}
             # a crash mid-append may leave a torn last line: start on a fresh one
             self._log_needs_newline[sender] = bool(raw) and not raw.endswith(b"\n")
@@ -371,23 +397,21 @@ class DirectoryExchange(Exchange):
             line = json.dumps(egress_record(self.run_id, sender, round, topic, payload), sort_keys=True) + "\n"
             if self._log_needs_newline[sender]:
                 line = "\n" + line
-            with open(self._egress_path(sender), "a", encoding="utf-8") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            safefs.append(self.base, self._egress_path(sender), line.encode("utf-8"))
             self._log_needs_newline[sender] = False
             logged.add((round, topic))
 
     def _deliver(self, sender: int, round: int, topic: str, payload: Payload) -> bool:
         """Publish a message; False if the identical message was already there."""
         self._check_open()
-        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key)
+        blob = encode_payload(payload, run_id=self.run_id, sender=sender, round=round, topic=topic, key=self._key,
+                              binding=self.binding)
         path = self.message_path(sender, round, topic)
         created = False
-        if not path.exists():
+        if not safefs.is_file(self.base, path):
             self._log_egress(sender, round, topic, payload)  # write-ahead: see class notes
-            created = publish_once(path, blob)
-        if not created and path.read_bytes() != blob:
+            created = publish_once(path, blob, base=self.base)
+        if not created and safefs.read(self.base, path) != blob:
             raise ExchangeError(f"{describe(sender, round, topic)} already sent a different message "
                                 "for this address; a party must never send two different messages")
         if created:
@@ -433,7 +457,7 @@ class DirectoryExchange(Exchange):
             self._wait(deadline)
 
     def has_sent(self, site: int, round: int, topic: str) -> bool:
-        return self.message_path(check_site(self.n_sites, site), check_round(round), topic).exists()
+        return safefs.is_file(self.base, self.message_path(check_site(self.n_sites, site), check_round(round), topic))
 
     # -- aggregator side ---------------------------------------------------------
     def gather(
@@ -467,14 +491,11 @@ class DirectoryExchange(Exchange):
         self._deliver(AGGREGATOR, check_round(round), check_name("topic", topic), payload)
 
     def has_broadcast(self, round: int, topic: str) -> bool:
-        return self.message_path(AGGREGATOR, check_round(round), topic).exists()
+        return safefs.is_file(self.base, self.message_path(AGGREGATOR, check_round(round), topic))
 
     # -- liveness and audit ------------------------------------------------------
     def heartbeat(self, site: int) -> None:
-        path = self._alive_path(check_site(self.n_sites, site))
-        with open(path, "a"):
-            pass
-        os.utime(path)
+        safefs.touch(self.base, self._alive_path(check_site(self.n_sites, site)))
 
     def alive(self) -> set[int]:
         """Sites whose heartbeat (refreshed on every send and while waiting) is recent.
@@ -484,19 +505,16 @@ class DirectoryExchange(Exchange):
         """
         now, out = time.time(), set()
         for s in range(self.n_sites):
-            try:
-                if now - self._alive_path(s).stat().st_mtime <= self.liveness_timeout:
-                    out.add(s)
-            except FileNotFoundError:
-                pass
+            st = safefs.status(self.base, self._alive_path(s))
+            if st is not None and now - st.st_mtime <= self.liveness_timeout:
+                out.add(s)
         return out
 
     def egress_log(self, site: int) -> list[dict[str, Any]]:
         """Records of every message ``site`` sent, oldest first (``AGGREGATOR``: the broadcasts)."""
         if site != AGGREGATOR:
             site = check_site(self.n_sites, site)
-        path = self._egress_path(site)
-        return self._parse_log(path.read_bytes()) if path.exists() else []
+        return self._parse_log(safefs.read(self.base, self._egress_path(site)) or b"")
 
     def close(self) -> None:
         self._closed.set()

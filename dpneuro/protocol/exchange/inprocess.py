@@ -65,7 +65,7 @@ def decode_checked(ex, blob: bytes, sender: int, round: int, topic: str, expect:
     """Decode and check a message read by exchange ``ex``; a rejection names the sender by its site name."""
     try:
         payload = decode_payload(blob, run_id=ex.run_id, sender=sender, round=round, topic=topic,
-                                 key=ex._key, max_bytes=ex._limit(expect))
+                                 key=ex._key, max_bytes=ex._limit(expect), binding=ex.binding)
         return validate(payload, expect, sender, round, topic)
     except MessageRejected as exc:
         if ex.site_names is None:
@@ -127,6 +127,9 @@ class InProcessExchange(Exchange):
     call raises ``ExchangeError("exchange closed")``; the egress logs stay
     readable.
     """
+
+    #: parties in one process share no run manifest: messages are not bound to one (codec.run_binding)
+    binding: str | None = None
 
     def __init__(
         self, n_sites: int, *, run_id: str | None = None, key: bytes | None = None,

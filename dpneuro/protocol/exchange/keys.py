@@ -1,11 +1,12 @@
 """Per-party signing keys: no party of a run can write as another.
 
 Every party (the aggregator and each site) holds its own Ed25519 private key
-(:func:`generate_key` writes one, 0600) and signs every message it sends.
-Every party holds the public keys of all the others, pinned out of band: the
-consortium collects each party's public key (``dpneuro keygen`` prints it) into
-one keys file that every party is given (:func:`read_public_keys`), like SSH's
-known hosts. A message is accepted only with a valid signature of the party
+(:func:`generate_key` writes one, 0600; :func:`load_private_key` refuses one
+that group or others may read or write, as ssh does) and signs every message it
+sends. Every party holds the public keys of all the others, pinned out of band:
+the consortium collects each party's public key (``dpneuro keygen`` prints it)
+into one keys file that every party is given (:func:`read_public_keys`), like
+SSH's known hosts; no two parties may share a key. A message is accepted only with a valid signature of the party
 whose address it was written to, so a site cannot forge the aggregator's
 broadcast or another site's release, and nothing secret lies in the shared
 folder.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -71,9 +73,19 @@ def generate_key(path: str | os.PathLike[str]) -> str:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
-    """The private key written by :func:`generate_key`."""
+    """The private key written by :func:`generate_key`.
+
+    On POSIX a key file that its group or others may read or write is refused, as ssh refuses one: whoever can
+    read it can sign as this party, whoever can write it can swap the party's key.
+    """
     try:
-        text = Path(path).read_text().strip()
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if os.name == "posix" and mode & 0o077:
+                raise KeyFileError(f"key file {path}: its permissions {stat.S_IMODE(mode):04o} let its group or "
+                                   f"others read or write it, so another user could sign as this party; run "
+                                   f"`chmod 600 {path}` (only its owner may read it)")
+            text = f.read().decode("ascii", "replace").strip()
     except OSError as exc:
         raise KeyFileError(f"key file {path}: {exc.strerror or exc}") from None
     try:
@@ -106,7 +118,19 @@ def read_public_keys(path: str | os.PathLike[str]) -> dict[str, str]:
     data = data.get("public_keys", data)
     for party, value in data.items():
         _parse_public(party, value, f"keys file {path}")
-    return {str(k): str(v).strip().lower() for k, v in data.items()}
+    keys = {str(k): str(v).strip().lower() for k, v in data.items()}
+    _check_distinct(keys, f"keys file {path}")
+    return keys
+
+
+def _check_distinct(keys: Mapping[str, str], where: str) -> None:
+    """Refuse two parties with one public key: whoever holds it could write as both."""
+    seen: dict[str, str] = {}
+    for party, value in keys.items():
+        if value in seen:
+            raise KeyFileError(f"{where}: {seen[value]!r} and {party!r} have the same public key ({value[:16]}...); "
+                               "every party needs its own key (`dpneuro keygen`), or one could write as the other")
+        seen[value] = party
 
 
 def write_public_keys(path: str | os.PathLike[str], keys: Mapping[str, str]) -> Path:
@@ -142,6 +166,7 @@ class PartyKeys:
                             "(the aggregator and each site) needs one")
         self._public = {p: _parse_public(p, public[p], "public keys") for p in [AGGREGATOR_NAME, *self.sites]}
         self._hex = {p: str(public[p]).strip().lower() for p in self._public}
+        _check_distinct(self._hex, "the consortium's public keys")
         if me not in self._public:
             raise KeyFileError(f"{me!r} is not a party of this run (sites: {self.sites})")
         if public_hex(private) != self._hex[me]:
