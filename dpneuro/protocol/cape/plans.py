@@ -184,7 +184,7 @@ def guarantee_plan(taus, weights, n_colluding: int, zero_sum_variance: float = Z
     ``consortium`` is the number of sites the run was configured with (default
     S): when sites have dropped out, the survivors' plan still gives each of
     them the guarantee of the full consortium (more local noise), which is what
-    every site checks before it releases (:func:`dpneuro.protocol.cape.phases.verify_plan`).
+    every site checks before it releases (:func:`dpneuro.protocol.cape.guard.verify_plan`).
     """
     taus = np.asarray(taus, float)
     mu = np.asarray(weights, float)
