@@ -165,8 +165,6 @@ def _release_variance(plan: dict[str, np.ndarray], name: str, me: int) -> float:
     return float(v.release_variance()[me])
 
 
-
-
 def plan_digest(arrays: dict[str, Any]) -> str:
     """A plan's identity: its arrays, names and values (what a site pins; what the zero-sum sum binds)."""
     h = hashlib.sha256()

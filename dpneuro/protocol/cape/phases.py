@@ -13,10 +13,14 @@ each round ``zs-masked``,       sites compute f(x_s), draw e_hat_s and secure-su
           ``zs-unmask``         the aggregator learns only the sum and broadcasts it (``cape`` only)
           ``release``          sites release f(x_s) + e_s + g_s; the aggregator averages and updates
 
-If a site disappears after the zero-sum step, the survivors' e_s no longer
-cancel: the aggregator sends everyone back to ``zs-masked`` with a plan for
-the survivors and fresh draws. Every release already made stays in the
-releasing site's ledger.
+If a site disappears during the zero-sum step, the survivors' e_s would no
+longer cancel: the aggregator sends everyone back to ``zs-masked`` with a plan
+for the survivors and fresh draws, before anyone releases. A site that
+disappears after the others released stops the run (:class:`DropoutAfterRelease`):
+cancelling it would take second releases, which every site's guard refuses.
+Every draw and release of a site passes its guard
+(:class:`dpneuro.protocol.cape.guard.SiteGuard`); the aggregator checks each
+release and the combined one (:meth:`_CapeProtocol._check_combined`).
 """
 
 from __future__ import annotations
