@@ -87,3 +87,26 @@ def party_keys(folder: Path, sites: list[str]) -> tuple[Path, dict[str, Path]]:
     public = {p: generate_key(path) for p, path in private.items()}
     return write_public_keys(folder / "consortium.keys", public), private
 
+
+
+def start_parties(cfg, keys_file: Path, private: dict[str, Path], out: dict, run_id: str | None = None) -> list:
+    """The aggregator and every site of ``cfg`` (sharedfs.aggregator_main / site_main, each with its own pinned key)
+    started in threads; each party's result, or the exception it ended with, lands in ``out``."""
+    import threading
+
+    from dpneuro.deploy import sharedfs
+
+    def run(name, fn):
+        try:
+            out[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            out[name] = exc
+
+    threads = [threading.Thread(target=run, daemon=True, args=("aggregator", lambda: sharedfs.aggregator_main(
+        cfg, run_id=run_id, key_file=private["aggregator"], keys_file=keys_file)))]
+    for s in cfg.sites:
+        threads.append(threading.Thread(target=run, daemon=True, args=(s.name, lambda n=s.name: sharedfs.site_main(
+            cfg, n, run_id=run_id, key_file=private[n], keys_file=keys_file))))
+    for t in threads:
+        t.start()
+    return threads

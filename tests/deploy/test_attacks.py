@@ -10,7 +10,6 @@ stopped by name. docs/privacy.md ("Threat model") names the test of each row.
 
 from __future__ import annotations
 
-import threading
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 
 from dpneuro._utils.errors import UnsafeRelease
-from dpneuro.deploy import sharedfs
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import phases
 from dpneuro.protocol.exchange import DirectoryExchange, PartyFailed, Payload
@@ -91,29 +89,17 @@ def deploy(tmp_path: Path, man: dict, patches=(), **kw) -> Outcome:
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), **settings)
     sites = [s.name for s in cfg.sites]
     keys_file, private = dc.party_keys(tmp_path / "keys", sites)
-    errors: dict[str, BaseException | None] = {}
-
-    def party(name: str) -> None:
-        try:
-            if name == "aggregator":
-                sharedfs.aggregator_main(cfg, run_id=RUN, key_file=private[name], keys_file=keys_file)
-            else:
-                sharedfs.site_main(cfg, name, run_id=RUN, key_file=private[name], keys_file=keys_file)
-            errors[name] = None
-        except BaseException as exc:  # noqa: BLE001 - the outcome is what the test checks
-            errors[name] = exc
-
+    out: dict[str, object] = {}
     with ExitStack() as stack:
         for obj, attr, new in patches:
             old = getattr(obj, attr)
             setattr(obj, attr, new)
             stack.callback(setattr, obj, attr, old)
-        threads = [threading.Thread(target=party, args=(p,), daemon=True) for p in ["aggregator", *sites]]
-        for t in threads:
-            t.start()
+        threads = dc.start_parties(cfg, keys_file, private, out, RUN)
         for t in threads:
             t.join(timeout=240)
         assert not any(t.is_alive() for t in threads), "a party did not stop"
+    errors = {p: (e if isinstance(e, BaseException) else None) for p, e in out.items()}
     return Outcome(errors, cfg, sites)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import struct
-import threading
 import time
 
 import deploy_common as dc
@@ -172,24 +171,6 @@ def test_honest_releases_stay_inside_their_bound():
 
 # -- faults: a full disk, a read-only output folder ----------------------------------------------------
 
-def _parties(cfg, keys_file, private, out):
-    """The aggregator and every site of ``cfg`` in threads; their results or errors in ``out``."""
-    def run(name, fn):
-        try:
-            out[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            out[name] = exc
-
-    threads = [threading.Thread(target=run, args=("aggregator", lambda: sharedfs.aggregator_main(
-        cfg, key_file=private["aggregator"], keys_file=keys_file)))]
-    for s in cfg.sites:
-        threads.append(threading.Thread(target=run, args=(s.name, lambda n=s.name: sharedfs.site_main(
-            cfg, n, key_file=private[n], keys_file=keys_file))))
-    for t in threads:
-        t.start()
-    return threads
-
-
 def test_a_full_disk_at_a_site_stops_every_party_naming_it(tmp_path, monkeypatch):
     from dpneuro.protocol.exchange import directory
 
@@ -206,7 +187,7 @@ def test_a_full_disk_at_a_site_stops_every_party_naming_it(tmp_path, monkeypatch
     monkeypatch.setattr(directory, "publish_once", full)
     out: dict = {}
     t0 = time.monotonic()
-    for t in _parties(cfg, keys_file, private, out):
+    for t in dc.start_parties(cfg, keys_file, private, out):
         t.join(timeout=110)
     assert time.monotonic() - t0 < 100  # told at once, not at the 120 s timeout
     assert isinstance(out["site-01"], OSError) and "is full" in str(out["site-01"])
@@ -286,7 +267,7 @@ def test_a_site_stopped_in_its_own_maps_keeps_the_consortiums_outputs(tmp_path, 
 
     monkeypatch.setattr(party, "write_site_outputs", stopped)
     out: dict = {}
-    for t in _parties(cfg, keys_file, private, out):
+    for t in dc.start_parties(cfg, keys_file, private, out):
         t.join(timeout=110)
     assert isinstance(out["aggregator"], dict)  # the consortium's run completed
     for s in cfg.sites:

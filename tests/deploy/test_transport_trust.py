@@ -110,23 +110,6 @@ def test_a_coinstac_message_from_another_run_is_refused_as_replayed(tmp_path):
         remote(r2).gather(0, "release", [0])
 
 
-def _parties(cfg, keys_file, private, out, run_id):
-    def run(name, fn):
-        try:
-            out[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            out[name] = exc
-
-    threads = [threading.Thread(target=run, args=("aggregator", lambda: sharedfs.aggregator_main(
-        cfg, run_id=run_id, key_file=private["aggregator"], keys_file=keys_file)))]
-    for s in cfg.sites:
-        threads.append(threading.Thread(target=run, args=(s.name, lambda n=s.name: sharedfs.site_main(
-            cfg, n, run_id=run_id, key_file=private[n], keys_file=keys_file))))
-    for t in threads:
-        t.start()
-    return threads
-
-
 def test_an_aggregator_broadcast_copied_from_another_run_is_refused_as_replayed(tmp_path):
     """Run r1 ends; run r2 of the same consortium (same keys, same settings) starts, and someone copies r1's
     broadcasts into r2's folder before r2's aggregator writes its own: r2's site refuses the first it reads."""
@@ -134,7 +117,7 @@ def test_an_aggregator_broadcast_copied_from_another_run_is_refused_as_replayed(
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), ica="spatial", timeout=30)
     keys_file, private = dc.party_keys(tmp_path / "keys", [s.name for s in cfg.sites])
     out: dict = {}
-    for t in _parties(cfg, keys_file, private, out, "r1"):
+    for t in dc.start_parties(cfg, keys_file, private, out, "r1"):
         t.join(timeout=110)
     assert isinstance(out["aggregator"], dict), out["aggregator"]
     r1, r2 = tmp_path / "shared" / "r1", tmp_path / "shared" / "r2"
