@@ -250,12 +250,10 @@ def _save_public(d: Path, result: dict[str, Any]) -> dict[str, Any]:
     return {"arrays": arrays, "values": values}
 
 
-def _budgets(cfg: RunConfig, names: list[str], chain: dict[str, str]) -> list[SiteBudget]:
+def _budgets(cfg: RunConfig, sites: list[dict], chain: dict[str, str]) -> list[SiteBudget]:
     """Each site's budget for the next stage: the configured total, less what the stages in ``chain`` spent."""
-    recs = [_read_json(path) for name, path in chain.items() if name != "space"]
-    return [stages.site_budget(cfg, f"site {n!r}", [PrivacyLedger.from_dict(r["ledgers"][n]) for r in recs
-                                                   if (r.get("ledgers") or {}).get(n) is not None])
-            for n in names]
+    spent = _site_ledgers(sites, chain)
+    return [stages.site_budget(cfg, f"site {s['site']!r}", [spent[s["site"]]]) for s in sites]
 
 
 def public_results(chain: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -292,7 +290,7 @@ def stage_release(cfg_json: str, site_jsons: list[str], stage: str, previous_jso
         result, ledgers = stages.run_inprocess(rel, cfg, inputs, [_lengths(s) for s in sites],
                                                dim=int(sites[0]["n_features"]), public=public,
                                                options=_options(label(cfg, stage)),
-                                               budgets=_budgets(cfg, [s["site"] for s in sites], earlier))
+                                               budgets=_budgets(cfg, sites, earlier))
         record.update(public=_save_public(d, result), ledgers=_ledgers_json(ledgers, [s["site"] for s in sites]),
                       seconds=time.perf_counter() - t0)
     return _write_json(out, record)

@@ -256,10 +256,20 @@ class SiteGuard:
                     f"the aggregator's broadcast before step {topic!r} changes field {field!r} of the noise plan "
                     "pinned at set-up; a plan may change only to one for the survivors of a dropout (strictly fewer "
                     f"of the pinned sites{how})")
-        me = verify_plan(new, self.releases, int(self.state["site"]), self.noise_plan, self.n_sites, who=self.who)
+        me = self._verify(new)
         self._check_budget(new, me, what=f"the plan broadcast before step {topic!r}")
         self.cs["plan"] = new
         self.rec.update(digest=digest, me=me, drawn={})  # zero-sum draws of an older plan are void
+
+    def _verify(self, plan: dict[str, np.ndarray]) -> int:
+        """:func:`verify_plan` against the site's releases as they are now (kept, so a change of its own stds is
+        checked again)."""
+        me = verify_plan(plan, self.releases, int(self.state["site"]), self.noise_plan, self.n_sites, who=self.who)
+        self.rec["specs"] = self._specs_key()
+        return me
+
+    def _specs_key(self) -> str:
+        return repr(sorted((n, float(s.tau), float(s.sensitivity)) for n, s in self.releases.items()))
 
     def _done(self, name: str) -> int:
         return sum(1 for _, n in self.rec["released"] if n == name)
@@ -280,6 +290,8 @@ class SiteGuard:
         spec = self.releases.get(name)
         if spec is None:
             raise self._refuse(f"{name!r} is not one of the releases this site declared")
+        if self.rec.get("specs") != self._specs_key():  # the site's own stds changed since the plan was checked
+            self._verify(self.plan)
         planned = spec.rounds is None or rnd in spec.rounds
         if not (0 <= rnd < self.max_rounds and planned):
             raise self._refuse(f"the stage plans no release of {name!r} in round {rnd}")

@@ -42,7 +42,7 @@ from dpneuro.protocol.cape.guard import SiteGuard, plan_digest, record_release
 from dpneuro.protocol.cape.packing import check_symmetric_noise, n_unique, noise_array
 from dpneuro.protocol.cape.plans import NoisePlan, Variances, plan_variances
 from dpneuro.protocol.driver import Phase, RunOptions, State
-from dpneuro.protocol.exchange.base import MessageRejected, Payload
+from dpneuro.protocol.exchange.base import MessageRejected, Payload, party
 from dpneuro.protocol.simulation import SimulationResult, simulate
 
 CARRIES = {"cape": "cape-noise", "conv": "gaussian-noise", "none": "NON-PRIVATE (plan none)"}
@@ -272,9 +272,8 @@ class _CapeProtocol:
         """Refuse, naming the site, a release that is missing, misshapen, not finite or beyond its public bound."""
         cs = state["cape"]
         post = getattr(self.alg, "site_postprocess", None)
-        names = state.get("site_names")
         for s in active:
-            who = f"site {names[s]!r}" if names else f"site {s}"
+            who = party(s, state.get("site_names"))
             for name, spec in self._now(cs["specs"], rnd).items():
                 if name not in msgs[s].arrays:
                     raise MessageRejected(f"rejected release {name!r} from {who}: it is missing")
@@ -370,8 +369,7 @@ class _CapeProtocol:
         active = sorted(state["active"])
         planned = cs["plan_sites"]
         if self.plan.kind == "cape" and active != planned:
-            names = state.get("site_names")
-            lost = [f"site {names[s]!r}" if names else f"site {s}" for s in sorted(set(planned) - set(active))]
+            lost = [party(s, state.get("site_names")) for s in sorted(set(planned) - set(active))]
             raise DropoutAfterRelease(
                 f"{', '.join(lost)} dropped out after the other sites released round {rnd} of {self.alg.name!r}: "
                 "their zero-sum noise no longer cancels, and removing it would take a second release of the round "
