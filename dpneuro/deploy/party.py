@@ -149,8 +149,10 @@ def _norm(v: Any) -> Any:
     return v
 
 
-def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, source: str = "the run manifest") -> None:
-    """Raise :class:`ManifestMismatch` naming the first field where ``cfg`` and ``manifest`` disagree.
+def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str,
+                   source: str = "the run manifest") -> dict[str, Any]:
+    """Raise :class:`ManifestMismatch` naming the first field where ``cfg`` and ``manifest`` disagree; return this
+    party's own manifest of the run (:func:`run_manifest`), which it checked ``manifest`` against.
 
     Parameters
     ----------
@@ -189,6 +191,7 @@ def check_manifest(cfg: RunConfig, manifest: dict[str, Any], *, party: str, sour
             raise ManifestMismatch(
                 f"{party} refuses to start: the data grid (config fields 'mask' / 'space' / 'atlas') disagrees with "
                 f"{source}: {key} is {mine['grid'][key]!r} here and {grid.get(key)!r} there")
+    return mine
 
 
 # -- files -------------------------------------------------------------------------------------

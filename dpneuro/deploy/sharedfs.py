@@ -349,10 +349,10 @@ def site_main(cfg: RunConfig, site: str, *, run_id: str | None = None, key_file=
             theirs = published.get("run_id") if isinstance(published, dict) else None
             raise ManifestMismatch(f"site {site!r} refuses to start: the run manifest {manifest_path} describes run "
                                    f"{theirs!r}, not {run_id!r} (copied from another run?)")
-        check_manifest(cfg, published, party=f"site {site!r}",
-                       source=f"the aggregator's run manifest {manifest_path}")
+        own = check_manifest(cfg, published, party=f"site {site!r}",
+                             source=f"the aggregator's run manifest {manifest_path}")
         # bound to what this site checked: its own view of the run, equal to the aggregator's
-        signer["binding"] = binding = run_binding(run_id, run_manifest(cfg, run_id))
+        signer["binding"] = binding = run_binding(run_id, own)
         _check_writable(cfg.run_dir / site, f"site {site!r}'s output folder")
         _check_writable(_party_work(cfg, run_id, site), f"site {site!r}'s working folder")
         keys = signer["keys"] = _party_keys(cfg, folder, site, key_file, keys_file)
