@@ -62,7 +62,8 @@ def run_cell(man: dict, out: Path, M: int, R: int, space: str, parcels: int, pri
     kw = dict(sites=sites, out=str(out), mask=man["mask"], space=space, parcels=parcels, n_components=R, seed=seed,
               truth=str(Path(man["mask"]).parent), reduction="capepca" if private else "none")
     if private:
-        kw["epsilon"] = EPSILON
+        # each site's own maps are measured at every size, also where the consortium's are noise
+        kw.update(epsilon=EPSILON, allow_noise_maps=True)
         if not parcels:
             kw["reduction"] = "capepca-power"  # the D x D covariance of 29,398 voxels does not fit
     cfg, _ = prepare(RunConfig.from_dict(kw), until="maps")

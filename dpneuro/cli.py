@@ -37,7 +37,7 @@ from dpneuro.protocol.exchange.keys import generate_key
 from dpneuro.report.timings import lines as timing_lines
 from dpneuro.run.features import features
 from dpneuro.run.pipeline import Interrupted, prepare, progress
-from dpneuro.run.planner import MAPS_OVERLAP, plan_for_target, site_shapes, spend, subjects_needed
+from dpneuro.run.planner import MAPS_OVERLAP, buys_nothing, plan_for_target, site_shapes, spend, subjects_needed
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -112,6 +112,8 @@ def _print_summary(out: Path, seconds: float, quiet: bool = False) -> None:
     print(f"privacy:    {out / 'privacy.json'}")
     if (out / "site_maps").is_dir():
         print(f"site maps:  {out / 'site_maps'} (each site's own, at voxel resolution)")
+    if run.get("signal"):
+        print(f"signal:     {run['signal']}")
     if run.get("metrics"):
         print("truth:      " + ", ".join(f"{k} = {v:.3f}" for k, v in run["metrics"].items()))
     _print_privacy(json.loads((out / "privacy.json").read_text()), run.get("warnings", []))
@@ -250,6 +252,8 @@ def _cmd_budget(args: argparse.Namespace) -> int:
                          default=str))
         return EXIT_OK
     print(plan)
+    if target is not None and not cfg.allow_noise_maps and (why := buys_nothing(plan)):
+        print(f"STOP: a run of this plan stops before its first release: {why}")
     if target is not None:
         print(f"Subjects per site this budget needs for all {cfg.n_components} components above the noise: "
               + (f"{needed} ({len(shapes)} equal sites of {volumes} volumes per subject; region-level fMRI's "
@@ -286,6 +290,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
               f"({res['ica_status']})")
         print(f"report:     {res['report']}")
         print(f"components: {res['components']}")
+        print(f"signal:     {res['signal']}")
         print(f"privacy:    {res['privacy']}")
         _print_privacy(json.loads(Path(res["privacy"]).read_text()), res.get("warnings"))
     return EXIT_OK
@@ -293,9 +298,11 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
     public = generate_key(args.key_file)
-    print(f"private key: {args.key_file} (0600: keep it on this machine)")
-    print("public key, for the consortium's keys file (every party gets the same file, passed with --keys):")
-    print(f'"{args.party}" = "{public}"')
+    # stdout is the keys-file line alone, so `dpneuro keygen ... >> consortium.keys` makes a valid keys file
+    print(f"private key: {args.key_file} (0600: keep it on this machine)", file=sys.stderr)
+    print("public key, for the consortium's keys file (every party gets the same file, passed with --keys), "
+          "on stdout:", file=sys.stderr)
+    print(f"{json.dumps(args.party)} = \"{public}\"")
     return EXIT_OK
 
 
@@ -323,9 +330,11 @@ def _add_party_parsers(sub) -> None:
     s.set_defaults(func=_cmd_site)
     s = sub.add_parser("keygen", help="make a party's signing key and print its public key",
                        description="Makes this party's private Ed25519 key (0600, never overwritten) and prints "
-                                   "the line for the consortium's keys file. Every party (the aggregator and each "
-                                   "site) runs it once; the consortium collects the printed lines into one file "
-                                   "and checks each by a channel it trusts (e.g. read out on a call).")
+                                   "the line for the consortium's keys file on stdout (what it did on stderr), so "
+                                   "`dpneuro keygen NAME.key --party NAME >> consortium.keys` adds it to a keys "
+                                   "file. Every party (the aggregator and each site) runs it once; the consortium "
+                                   "collects the lines into one file and checks each by a channel it trusts (e.g. "
+                                   "read out on a call).")
     s.add_argument("key_file", help="where to write the private key")
     s.add_argument("--party", required=True, help="the party's name in the run: a site's name, or 'aggregator'")
     s.set_defaults(func=_cmd_keygen, quiet=True)

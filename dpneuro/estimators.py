@@ -405,6 +405,11 @@ class _Decentralized(BaseEstimator):
 
 
 
+def _signal(labels: list[dict]) -> np.ndarray:
+    """Which components of a components.tsv stand above the privacy noise."""
+    return np.array([r.get("signal", True) for r in labels], bool)
+
+
 def _group_effects(components) -> list[dict] | None:
     path = Path(components).with_name("group_effects.tsv")
     return read_group_effects(path) if path.exists() else None
@@ -443,7 +448,11 @@ class DecentralizedICA(_Decentralized):
         One row of ``components.tsv`` per component: ``network`` (a network of the
         Schaefer 2018 atlas, "Subcortical", "Cerebellum", "Other", or "unnamed" off MNI
         grids), ``overlap_<network>``, ``peak_x/y/z`` (MNI mm), ``hemisphere``,
-        ``variance_share`` (of the released spectrum), ``noise_fraction``, ``noise``.
+        ``variance_share`` (of the released spectrum), ``noise_fraction``, ``signal`` (above the
+        privacy noise), ``signal_share``, ``noise`` (below the privacy noise, or mostly outside grey matter).
+    signal_components_ : ndarray of bool (n_components,)
+        Which components stand above the privacy noise (released eigenvalues above the noise's edge); the
+        others are named "noise" and are no finding in the FNC or the group statistics.
     fnc_ : ndarray (n_components, n_components) or None
         The consortium's static FNC (Fisher z, diagonal 0; ``fnc.tsv``), None with ``fnc = False``;
         its noise's standard deviation per entry is in ``fnc.json`` beside it.
@@ -491,6 +500,7 @@ class DecentralizedICA(_Decentralized):
         self.components_img_ = _in_memory(mp["components"])
         self.components_ = np.asarray(self.components_img_.dataobj)[self._mask].T.astype(np.float64)
         self.component_labels_ = read_component_table(table_path(mp["components"]))
+        self.signal_components_ = _signal(self.component_labels_)
         self.fnc_ = read_fnc(mp["components"])
         self.group_effects_ = _group_effects(mp["components"])
         self.basis_, self.eigenvalues_ = red["basis"], red["eigenvalues"]
@@ -539,6 +549,7 @@ class DecentralizedICA(_Decentralized):
         self.output_dir_ = Path(res["components"]).parent
         self.components_img_ = _in_memory(res["components"])
         self.component_labels_ = read_component_table(table_path(res["components"]))
+        self.signal_components_ = _signal(self.component_labels_)
         self.fnc_ = read_fnc(res["components"])
         self.group_effects_ = _group_effects(res["components"])
         self.privacy_ = PrivacySummary(priv)

@@ -316,6 +316,12 @@ class RunConfig:
             "from the sites' subject counts (as `dpneuro budget --target-epsilon` does) and those fields are "
             "ignored. A deployed run first exchanges every site's public counts (subjects and their time points); "
             "every party then plans the same split, and each site refuses one that would spend more than this.")
+    allow_noise_maps: bool = setting(
+        False, section="privacy", constraint=Boolean(), agree=True, flag="allow-noise-maps",
+        doc="A run whose planned noise (from `epsilon` and the sites' counts) exceeds even the largest eigenvalue "
+            "of typical fMRI would give noise maps only: it stops before anything is released and says the "
+            "subjects per site or the epsilon it would take. true runs it anyway (for tests and teaching; every "
+            "output then marks its components as noise).")
     pca_epsilon: float = setting(
         6.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
         agree=True, flag="pca-epsilon",

@@ -82,15 +82,17 @@ def _smooth_walk(rng, n: int, k: int) -> np.ndarray:
     return x / x.std(0)
 
 
-def _confounds(rng, motion: np.ndarray, tr: float) -> tuple[dict[str, np.ndarray], dict]:
-    """An fMRIPrep confounds table (columns nilearn's strategies read) and its JSON sidecar."""
+def _confounds(rng, motion: np.ndarray, tr: float, power2: bool = True) -> tuple[dict[str, np.ndarray], dict]:
+    """An fMRIPrep confounds table (columns nilearn's strategies read) and its JSON sidecar; without ``power2``
+    no ``*_power2`` columns, as some fMRIPrep versions write it (the same draws either way)."""
     n = motion.shape[0]
     cols: dict[str, np.ndarray] = {}
 
     def expand(name, x):
         d = np.r_[np.nan, np.diff(x)]
         cols[name], cols[f"{name}_derivative1"] = x, d
-        cols[f"{name}_power2"], cols[f"{name}_derivative1_power2"] = x ** 2, d ** 2
+        if power2:
+            cols[f"{name}_power2"], cols[f"{name}_derivative1_power2"] = x ** 2, d ** 2
 
     for name, x in zip(MOTION, (motion * 0.1).T):  # mm / rad scale
         expand(name, x)
@@ -141,13 +143,15 @@ def _nifti(path: Path, data: np.ndarray, affine, *, tr: float | None = None, mni
 def write_fmriprep_site(root, *, n_subjects: int = 3, n_volumes: int = 80, tr: float = 2.0, random_state=0,
                         multi_run: bool = True, trs: dict[str, float] | None = None, extra_res: bool = False,
                         n_sources: int = 3, artefact_amplitude: float = 4.0, noise: float = 1.0,
-                        corrupt: tuple[str, ...] = ()) -> FmriprepSite:
+                        corrupt: tuple[str, ...] = (), power2: bool = True) -> FmriprepSite:
     """Write a site's fMRIPrep derivatives (see the module notes) under ``root``; returns what it wrote.
 
     multi_run : sub-01 gets two runs in ses-1 and one in ses-2 (one person, three runs)
     trs : per-subject TR overriding ``tr`` (e.g. ``{"sub-02": 1.5}``)
     extra_res : also write each MNI run at ``res-3`` (a 3 mm copy: the same run twice unless filtered by res)
     corrupt : subjects whose desc-preproc runs are truncated gzip files
+    power2 : False: confounds tables without the ``*_power2`` columns (as some fMRIPrep versions write them; the
+        data are the same)
     random_state : None, int or numpy Generator (used as it is)
     """
     root = Path(root)
@@ -193,7 +197,7 @@ def write_fmriprep_site(root, *, n_subjects: int = 3, n_volumes: int = 80, tr: f
                 vol = (maps @ sources + artefact_amplitude * np.outer(art_map, art_tc)
                        + noise * rng.standard_normal((xyz.shape[0], n)))
                 vol = (100.0 * brain[:, None] + vol * brain[:, None]).astype(np.float32).reshape(INPUT_SHAPE + (n,))
-                cols, meta = _confounds(rng, motion, run_tr)
+                cols, meta = _confounds(rng, motion, run_tr, power2)
                 _write_tsv(func / f"{stem}_desc-confounds_timeseries.tsv", cols)
                 (func / f"{stem}_desc-confounds_timeseries.json").write_text(json.dumps(meta))
                 ress = ["2", "3"] if extra_res else ["2"]

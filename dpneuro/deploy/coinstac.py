@@ -545,7 +545,8 @@ def _remote(args: dict[str, Any]) -> dict[str, Any]:
                         f"the remote waits for sites {pending} to finish")
         return {"output": {"dpneuro": {"manifest": manifest, "phase": "finishing", "pending": pending}},
                 "cache": {"dpneuro": "finishing"}}
-    final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan")}
+    final = {k: res[k] for k in ("sites", "ica_rounds", "ica_status", "epsilon", "delta", "plan", "signal",
+                                 "signal_components")}
     for k in ("components", "component_table", "fnc", "group_effects", "privacy", "report", "W", "basis", "states"):
         if res.get(k):
             final[k] = os.path.relpath(res[k], out_dir)  # files in the remote's outputDirectory

@@ -71,6 +71,7 @@ from dpneuro.run.naming import read_component_table
 from dpneuro.run.outputs import (
     component_title,
     consortium_report_parts,
+    consortium_signal,
     states_section,
     table_path,
     write_consortium_outputs,
@@ -78,7 +79,7 @@ from dpneuro.run.outputs import (
     write_maps,
     write_site_outputs,
 )
-from dpneuro.run.pipeline import stage_load, stage_space
+from dpneuro.run.pipeline import check_site, stage_load, stage_space
 from dpneuro.run.planner import SiteShape, apply_target, planned_settings
 from dpneuro.run.site_maps import consortium_section, made, site_note
 from dpneuro.run.stages import ReleasingStage, active_releases, from_reply, new_reads, site_budget, sites_reply
@@ -477,6 +478,7 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
     done = work / "site-result.json"
     if done.exists():
         return json.loads(done.read_text())
+    check_site(cfg, ctx.site)  # its files' checks (participants table, ...) before it loads or releases anything
     ctx.say(f"site {ctx.site}: loading and checking its subjects")
     info = load_site_data(ctx)
     check_delta(cfg.delta, int(info["n_subjects"]))  # each site its own N: the smallest site refuses
@@ -528,22 +530,26 @@ def run_site_analysis(ctx: SiteContext) -> dict[str, Any]:
                                       timeout=ctx.timeout)
         return dict(reply.arrays)  # what every stage sends the sites (stages.sites_reply)
 
-    for name, values in from_reply(_cached(work / "summary.result.npz", summary, clock,
-                                           label(cfg, "summary"))).items():
+    final = _cached(work / "summary.result.npz", summary, clock, label(cfg, "summary"))
+    for name, values in from_reply(final).items():
         public.setdefault(name, {}).update(values)
-    result = _write_site_outputs(ctx, info, public, inputs, ledger, clock)
+    signal = None
+    if SIGNAL_KEY in final:  # the consortium's noise components, named as in its report
+        on = np.asarray(final[SIGNAL_KEY], np.float64)
+        signal = {"signal": (on[0] > 0.5).tolist(), "share": on[1].tolist()}
+    result = _write_site_outputs(ctx, info, public, inputs, ledger, clock, signal=signal)
     write_json(done, result)
     return result
 
 
 def _write_site_outputs(ctx: SiteContext, info: dict, public: dict, inputs: dict, ledger: PrivacyLedger,
-                        clock: _Clock) -> dict:
+                        clock: _Clock, signal: dict | None = None) -> dict:
     cfg, out = ctx.cfg, ctx.out
     # the consortium's results first: a site stopped while it computes its own maps still has them
     V, lam = public["reduce"]["basis"], public["reduce"]["eigenvalues"]
     W = np.asarray(public["unmix"]["W"])
     with clock.timed(label(cfg, "maps")):
-        comp, _ = write_maps(info["space"], V, lam, W, out / "components.nii.gz")
+        comp, _ = write_maps(info["space"], V, lam, W, out / "components.nii.gz", signal=signal)
         np.save(out / "W.npy", W)
     states = None
     if "vectors" in public.get("states", {}):  # the consortium's states, as this site received them
@@ -608,7 +614,8 @@ def _write_site_report(ctx: SiteContext, info: dict, comp: Path, tc: Path, ledge
     report = write_report(out / "report.html", title=f"dpneuro: site {ctx.site}", headline=headline,
                           components=comps, privacy=priv, maps_note=maps_note, timecourses_png=tc_png,
                           site_maps=own, timings=timings, states=states_part, component_table=table,
-                          data={"cleaning": cfg.cleaning().describe(), "features": info["space"].get("features", ""),
+                          data={"cleaning": (info.get("cleaning") or {}).get("description", cfg.cleaning().describe()),
+                                "features": info["space"].get("features", ""),
                                 "sites": [info]},
                           notes=["This report stays at this site: its time courses and voxel maps are computed "
                                  "from this site's own data and are not private releases. Stage times include "
@@ -674,7 +681,14 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
             public[rel.name].update(previous)
 
     def summary() -> dict[str, Any]:
-        reply = Payload({k: np.asarray(v) for k, v in sites_reply(public).items()})
+        results = {k: np.asarray(v) for k, v in sites_reply(public).items()}
+
+        def reply(declared: dict[int, dict]) -> Payload:
+            # which components carry signal needs every site's ledger: known once they declared
+            ledgers, _, n_samples = _declared(cfg, declared)
+            got = consortium_signal(cfg, public, ledgers, n_samples)
+            return Payload({**results, SIGNAL_KEY: np.array([got["signal"], got["share"]], np.float64)})
+
         return {"sites": roles.summary_aggregator(reply, ctx.exchange("summary"),
                                                      checkpoint=ctx.checkpoint("summary"), options=ctx.options)}
 
@@ -684,18 +698,28 @@ def run_aggregator_analysis(ctx: AggregatorContext) -> dict[str, Any]:
     return result
 
 
+#: the summary's reply: which components carry signal (row 0, 1 or 0) and their shares (row 1)
+SIGNAL_KEY = "maps.signal"
+
+
+def _declared(cfg: RunConfig, declared: dict) -> tuple[dict[str, PrivacyLedger], dict[str, int], dict[str, int]]:
+    """Every site's ledger, subjects and time points as it declared them at the end of the run, by name."""
+    ledgers, n_subjects, n_samples = {}, {}, {}
+    for i, name in enumerate(site.name for site in cfg.sites):
+        d = declared.get(i) or declared.get(str(i)) or {}
+        if d.get("site") != name:
+            raise ValueError(f"site {i} declared itself as {d.get('site')!r}, the run expects {name!r}")
+        ledgers[name] = PrivacyLedger.from_dict(d["ledger"])
+        n_subjects[name], n_samples[name] = int(d["n_subjects"]), int(d["n_samples"])
+    return ledgers, n_subjects, n_samples
+
+
 def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict, declared: dict,
                               clock: _Clock) -> dict[str, Any]:
     cfg, out = ctx.cfg, ctx.out
     t0 = time.perf_counter()
     names = [s.name for s in cfg.sites]
-    ledgers, n_subjects, n_samples = {}, {}, {}
-    for s, name in enumerate(names):
-        d = declared.get(s) or declared.get(str(s)) or {}
-        if d.get("site") != name:
-            raise ValueError(f"site {s} declared itself as {d.get('site')!r}, the run expects {name!r}")
-        led = PrivacyLedger.from_dict(d["ledger"])
-        ledgers[name], n_subjects[name], n_samples[name] = led, int(d["n_subjects"]), int(d["n_samples"])
+    ledgers, n_subjects, n_samples = _declared(cfg, declared)
     cons = write_consortium_outputs(cfg, space, public, ledgers, n_subjects, n_samples, out, assumptions=(
         "Each site's ledger was declared by that site at the end of the run; the aggregator checked at "
         "set-up that every site calibrated the same releases (CAPE set-up phase).",), transport=ctx.transport)
@@ -731,4 +755,5 @@ def _write_aggregator_outputs(ctx: AggregatorContext, space: dict, public: dict,
             "W": str(out / "W.npy"), "basis": str(out / "basis.npy"), "sites": names,
             "ica_rounds": int(ica["rounds"]), "ica_status": ica["status"], "epsilon": dict(priv["epsilon"]),
             "states": None if parts["states"] is None else str(out / "states.npy"),
-            "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings}
+            "delta": cfg.delta, "plan": cfg.plan, "warnings": warnings, "timings_s": timings,
+            "signal": cons["spectrum"]["sentence"], "signal_components": list(cons["signal"]["signal"])}

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import re
 import shutil
 import signal
 import threading
@@ -33,15 +34,28 @@ from dpneuro.run import pipeline, stages  # noqa: E402
 
 #: a stage's error travels through the remaining tasks as this prefix and its message (see :func:`_guard`)
 ERROR = "dpneuro-error: "
+#: what every failure message ends with: the run's cache never holds a failure (:func:`run_workflow`)
+RESUME = "The stages that finished are kept and the failed one was not cached"
 
 
-def _guard(stage, cfg_json: str, *args):
-    """Run a stage, unless an input is an upstream error; return its error instead of raising.
+def _what_to_do(exc: BaseException) -> str:
+    """The user's next step after a stage raised ``exc``."""
+    if isinstance(exc, MemoryError):
+        return ("it ran out of memory: free some, or run one stage at a time (dpneuro run --plugin serial), then "
+                "run the same command again")
+    if isinstance(exc, DpneuroError):  # a problem the package names on purpose: an input, a setting, a refusal
+        return "correct what the error names, then run the same command again"
+    return "run the same command again to retry it; if it fails the same way, report it with the traceback"
+
+
+def _guard(what: str, site: str, stage, cfg_json: str, *args):
+    """Run ``stage`` (named ``what``, at ``site`` for a site's own stage), unless an input is an upstream error;
+    return its error instead of raising.
 
     No task fails under Pydra: Pydra 0.25's concurrent worker can spin forever
-    pruning the graph after a failed task. The first error is handed down to
+    pruning the graph after a failed task. The first error, naming the stage, is handed down to
     the workflow's outputs and raised there (:func:`run_workflow`), and its
-    traceback is kept next to the run's configuration.
+    traceback is kept next to the run's configuration, in a file of the stage's own.
     """
     for v in args:
         for x in v if isinstance(v, (list, tuple)) else [v]:
@@ -50,34 +64,37 @@ def _guard(stage, cfg_json: str, *args):
     try:
         return stage(cfg_json, *args)
     except Exception as exc:  # noqa: BLE001 - carried to run_workflow, which raises it
-        crash = Path(cfg_json).parent / f"error-{stage.__name__}.txt"
+        name = re.sub(r"[^\w.-]", "_", "-".join(filter(None, (what, site))))
+        crash = Path(cfg_json).parent / f"error-{name}.txt"
         crash.write_text(traceback.format_exc())
-        return f"{ERROR}{' '.join(str(exc).split()) or type(exc).__name__} (traceback: {crash})"
+        where = f"stage {what!r}" + (f" at site {site!r}" if site else "")
+        return (f"{ERROR}{where} failed: {' '.join(str(exc).split()) or type(exc).__name__} (traceback: {crash}). "
+                f"{RESUME}: {_what_to_do(exc)}")
 
 
 @pydra.mark.task
 def space_task(cfg_json: str, cache_key: str) -> str:
-    return _guard(pipeline.stage_space, cfg_json, cache_key)
+    return _guard("space", "", pipeline.stage_space, cfg_json, cache_key)
 
 
 @pydra.mark.task
 def load_task(cfg_json: str, site_name: str, space_json: str, cache_key: str) -> str:
-    return _guard(pipeline.stage_load, cfg_json, site_name, space_json, cache_key)
+    return _guard("load", site_name, pipeline.stage_load, cfg_json, site_name, space_json, cache_key)
 
 
 @pydra.mark.task
 def release_task(cfg_json: str, site_jsons: ty.List[str], stage: str, previous_json: str, cache_key: str) -> str:
-    return _guard(pipeline.stage_release, cfg_json, list(site_jsons), stage, previous_json, cache_key)
+    return _guard(stage, "", pipeline.stage_release, cfg_json, list(site_jsons), stage, previous_json, cache_key)
 
 
 @pydra.mark.task
 def maps_task(cfg_json: str, site_jsons: ty.List[str], last_json: str, cache_key: str) -> str:
-    return _guard(pipeline.stage_maps, cfg_json, list(site_jsons), last_json, cache_key)
+    return _guard("maps", "", pipeline.stage_maps, cfg_json, list(site_jsons), last_json, cache_key)
 
 
 @pydra.mark.task
 def report_task(cfg_json: str, site_jsons: ty.List[str], maps_json: str, cache_key: str) -> str:
-    return _guard(pipeline.stage_report, cfg_json, list(site_jsons), maps_json, cache_key)
+    return _guard("report", "", pipeline.stage_report, cfg_json, list(site_jsons), maps_json, cache_key)
 
 
 def build_workflow(cfg: RunConfig, cache_dir=None) -> pydra.Workflow:
@@ -207,21 +224,79 @@ def _running_stage(wf: pydra.Workflow, cfg: RunConfig) -> str:
     for name in pipeline.run_order():
         node = getattr(wf, name if name in doing else f"release_{name}")
         if not _finished(node):
+            if name == "load" and (sites := _unfinished_sites(node, cfg)):
+                return f"loading the sites' data (load: {', '.join(sites)})"
             return doing.get(name, f"running stage {label(cfg, name)}")
     return "finishing the run"
 
 
+def _unfinished_sites(node, cfg: RunConfig) -> list[str]:
+    """The sites whose load has no complete result (the split node's results are in the sites' order)."""
+    try:
+        results = node.result()
+    except Exception:  # noqa: BLE001 - as in _finished
+        return []
+    if not isinstance(results, list) or len(results) != len(cfg.sites):
+        return []
+    return [s.name for s, r in zip(cfg.sites, results) if r is None or r.errored or r.output is None]
+
+
 def _clear_interrupted(cache_dir: Path) -> None:
-    """Drop the Pydra results a killed run left: Pydra saves a task's result even when a signal stops it,
-    with no output and not marked as failed, and would hand that result to the next run as finished."""
+    """Drop the Pydra results a killed or failed run left. Pydra saves a task's result even when a signal stops it,
+    with no output and not marked as failed, and would hand that result to the next run as finished. A failed
+    result (the workflow's own, after a worker died) Pydra 0.25 does compute again, but loading it marks the
+    workflow as failed for good: the rerun would then succeed and still report "workflow failed". A stage's error
+    carried as its result (:func:`_guard`) is dropped too, should the run that got it have died before doing so."""
     for result in Path(cache_dir).glob("*/_result.pklz"):
         try:
             res = cloudpickle.loads(result.read_bytes())
-            stale = res.output is None and not res.errored
+            stale = res.output is None or res.errored or ERROR in str(res.output)
         except Exception:  # noqa: BLE001 - a result cut off mid-write is as stale
             stale = True
         if stale:
             shutil.rmtree(result.parent, ignore_errors=True)
+
+
+def _stop_on_crash(sub: pydra.Submitter, crashed: list[BaseException]) -> None:
+    """End the run at once when a worker process dies (killed for memory, a crash outside Python): Pydra 0.25
+    drops that task's error and waits a minute for a result that never comes, then fails with a message about
+    the graph. The first such error lands in ``crashed``."""
+    def handler(loop, context):
+        exc = context.get("exception")
+        if not isinstance(exc, BrokenProcessPool):
+            loop.default_exception_handler(context)
+        elif not crashed:
+            crashed.append(exc)
+            for t in asyncio.all_tasks(loop):
+                t.cancel()
+
+    sub.loop.set_exception_handler(handler)
+
+
+def _failed(wf: pydra.Workflow, cfg: RunConfig, exc: BaseException, crashed: bool) -> WorkflowError:
+    """The error of a run Pydra itself ended (a dead worker, Pydra's own error), naming the stage that was running
+    and where the traceback is; Pydra's cache, which then holds the failure, is removed (the stages' own files
+    stay, so the next run resumes after the finished ones)."""
+    doing = _running_stage(wf, cfg)
+    text = ["".join(traceback.format_exception(exc))]
+    for path in sorted(Path(wf.cache_dir).glob("*/_error.pklz")):  # Pydra's own crash records, before they go
+        try:
+            text.append(f"\n{path}:\n" + "".join(cloudpickle.loads(path.read_bytes())["error message"]))
+        except Exception:  # noqa: BLE001 - a record cut off mid-write says nothing more
+            continue
+    crash = Path(pipeline.write_config(cfg)).parent / "error-workflow.txt"
+    crash.write_text("".join(text))
+    shutil.rmtree(wf.cache_dir, ignore_errors=True)
+    why = _one_line(exc)
+    why = why if len(why) <= 300 else why[:300] + " ..."  # Pydra's graph errors run to pages: the file has them
+    if crashed:
+        return WorkflowError(
+            f"the run failed while {doing}: its worker process ended abruptly (killed by the system, e.g. out of "
+            f"memory, or a crash outside Python) (traceback: {crash}). {RESUME}: run the same command again; if it "
+            "ends the same way, give the run more memory or run one stage at a time (dpneuro run --plugin serial)")
+    return WorkflowError(f"the run failed while {doing}: {why} (traceback: {crash}). {RESUME}: "
+                         "run the same command again to retry it; if it fails the same way, report it with the "
+                         "traceback")
 
 
 def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared: bool = False,
@@ -233,7 +308,9 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
     is planned first (:func:`dpneuro.run.pipeline.prepare`), unless ``prepared``
     says the caller already did. ``plugin``: Pydra's concurrent worker by
     default (the sites load at the same time, one process per usable core), or
-    "serial". A stage's error is raised as :class:`WorkflowError`, in one line.
+    "serial". A stage's error is raised as :class:`WorkflowError`, in one line naming the stage (and site), the
+    error, the file with its traceback and what to do; so is a worker process that died (the run stops at once).
+    A failure is never left in Pydra's cache as a result: the same call runs the failed stage again.
 
     SIGINT (Ctrl-C) or SIGTERM (in the main thread) raises :class:`dpneuro.run.pipeline.Interrupted` naming the
     stage that was running, once the workers have stopped and Pydra's cache (which an interrupted run
@@ -245,12 +322,14 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
     _clear_interrupted(wf.cache_dir)  # what a run killed outright (SIGKILL, power cut) left
     if plugin == "cf":
         plugin_args.setdefault("n_procs", resolve_workers())  # the sites load in parallel, one per core
+    crashed: list[BaseException] = []
     with _signals_interrupt():
         try:
             with pydra.Submitter(plugin=plugin, **plugin_args) as sub:
+                _stop_on_crash(sub, crashed)
                 try:
                     sub(wf)
-                except KeyboardInterrupt:
+                except (KeyboardInterrupt, asyncio.CancelledError):
                     _stop_workers(sub)
                     raise
         except KeyboardInterrupt as exc:
@@ -258,11 +337,13 @@ def run_workflow(cfg: RunConfig, *, plugin: str = "cf", cache_dir=None, prepared
             stage = _running_stage(wf, cfg)
             shutil.rmtree(wf.cache_dir, ignore_errors=True)
             raise pipeline.Interrupted(getattr(exc, "signum", signal.SIGINT), stage) from None
-        except Exception as exc:  # noqa: BLE001 - re-raised as one readable line
-            raise WorkflowError(_one_line(exc)) from exc
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - re-raised as one readable line
+            threading.excepthook = _THREAD_HOOK
+            raise _failed(wf, cfg, crashed[0] if crashed else exc, bool(crashed)) from exc
     res = wf.result(return_inputs=False)
     if res.errored:
-        raise RuntimeError(f"workflow failed; see the crash files under {wf.cache_dir}")
+        raise _failed(wf, cfg, RuntimeError(f"Pydra marked the workflow as failed (crash files under "
+                                            f"{wf.cache_dir})"), False)
     out = {name: getattr(res.output, name) for name in pipeline.run_order()}
     out["load"] = list(out["load"])
     errors = [x for v in out.values() for x in (v if isinstance(v, list) else [v]) if str(x).startswith(ERROR)]

@@ -27,8 +27,12 @@ import math
 
 import numpy as np
 
-__all__ = ["components_above_edge", "debias_eigenvalues", "detection_threshold", "eigenvector_overlap",
-           "wigner_edge"]
+__all__ = ["TW1_99", "components_above_edge", "debias_eigenvalues", "detection_threshold", "eigenvector_overlap",
+           "noise_edge", "wigner_edge"]
+
+#: the 99th percentile of the Tracy-Widom (GOE) law of the largest eigenvalue's fluctuation (Tracy and Widom,
+#: "On orthogonal and symplectic matrix ensembles", 1996; tabulated by Bejan, 2005: 2.0234)
+TW1_99 = 2.0234
 
 
 def _check(noise_std, dim) -> tuple[float, int]:
@@ -44,6 +48,14 @@ def wigner_edge(noise_std: float, dim: int) -> float:
     """2 sigma sqrt(D): the largest eigenvalue of a D x D symmetric noise matrix with off-diagonal std sigma."""
     s, d = _check(noise_std, dim)
     return 2.0 * s * math.sqrt(d)
+
+
+def noise_edge(noise_std: float, dim: int) -> float:
+    """Where the noise's own largest eigenvalue stays in 99 % of releases: the edge 2 sigma sqrt(D) plus the
+    Tracy-Widom fluctuation's 99th percentile on its scale sigma D^(-1/6). At the bare edge a pure-noise release
+    would show an eigenvalue above it about one time in six."""
+    s, d = _check(noise_std, dim)
+    return 2.0 * s * math.sqrt(d) + TW1_99 * s * d ** (-1.0 / 6.0)
 
 
 def detection_threshold(noise_std: float, dim: int) -> float:

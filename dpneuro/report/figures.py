@@ -706,29 +706,36 @@ def states_figure(matrices, occupancy, out_png) -> Path:
     return Path(out_png)
 
 
-def fnc_figure(Z, networks: list[str] | None, noise_sd: float, out_png) -> Path:
-    """The consortium's static FNC (R x R, Fisher z) in the components' order, lines between networks."""
+def fnc_figure(Z, networks: list[str] | None, noise_sd: float, out_png, *, hidden=None) -> Path:
+    """The consortium's static FNC (R x R, Fisher z) in the components' order, lines between networks; the
+    components ``hidden`` marks (below the privacy noise) greyed out."""
     return matrix_figure(Z, networks, out_png, label=f"Fisher z (noise sd {noise_sd:.3f})", title="static FNC",
-                         least=max(3 * noise_sd, 0.1))
+                         least=max(3 * noise_sd, 0.1), hidden=hidden)
 
 
 def matrix_figure(Z, networks: list[str] | None, out_png, *, label: str, title: str, least: float = 0.1,
-                  marks=None) -> Path:
+                  marks=None, hidden=None) -> Path:
     """A component x component matrix in the components' order, lines between networks; ``marks`` (a boolean
-    matrix) puts a dot on the entries it selects; the colour scale spans at least +-``least``."""
+    matrix) puts a dot on the entries it selects; the colour scale spans at least +-``least``. The rows and
+    columns of the components ``hidden`` selects (below the privacy noise: no finding) are grey and labelled
+    "noise"."""
     import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     Z = np.asarray(Z, float)
     R = Z.shape[0]
     shown = Z.copy()
     np.fill_diagonal(shown, np.nan)
-    lim = max(float(np.nanmax(np.abs(shown))) if R > 1 else 0.0, least)
+    off = np.zeros(R, bool) if hidden is None else np.asarray(hidden, bool)
+    shown[off, :] = np.nan
+    shown[:, off] = np.nan
+    lim = max(float(np.nanmax(np.abs(shown))) if np.isfinite(shown).any() else 0.0, least)
     fig, ax = plt.subplots(figsize=(2.2 + 0.22 * R, 1.8 + 0.22 * R))
+    ax.set_facecolor("0.85")  # what is not drawn: the diagonal, the noise components
     im = ax.imshow(shown, cmap="RdBu_r", vmin=-lim, vmax=lim)
     if marks is not None:
         rows, cols = np.nonzero(np.asarray(marks, bool))
         ax.scatter(cols, rows, s=6, c="k", marker="o")
-    labels = [f"IC{i + 1:02d}" + (f" {networks[i]}" if networks else "") for i in range(R)]
+    labels = [f"IC{i + 1:02d}" + (" noise" if off[i] else f" {networks[i]}" if networks else "") for i in range(R)]
     ticks = range(R) if R <= 40 else []
     ax.set_xticks(ticks, [labels[i] for i in ticks], fontsize=6, rotation=90)
     ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=6)
@@ -795,19 +802,21 @@ def overview_figure(components_path, mask_path, titles: list[str], out_png, *, t
     return canvas.picture().save(out_png)
 
 
-def spectrum_figure(eigenvalues, out_png, *, edge: float | None = None, threshold: float | None = None) -> Path:
-    """The released eigenvalues against the noise the plan puts on the released matrix: its bulk's edge
-    (2 sigma sqrt(D)) and the detection threshold (sigma sqrt(D), BBP) below which an eigenvector is noise."""
+def spectrum_figure(eigenvalues, out_png, *, edge: float | None = None) -> Path:
+    """The released eigenvalues against the edge of the noise the plan puts on the released matrix
+    (:func:`dpneuro.privacy.rmt.noise_edge`): the eigenvalues above it carry signal, those below are
+    indistinguishable from the noise's own (grey)."""
     import matplotlib.pyplot as plt  # deferred: matplotlib is slow to load; only figures need it
 
     lam = np.asarray(eigenvalues, float)
     fig, ax = plt.subplots(figsize=(5.5, 2.4))
     k = np.arange(1, lam.size + 1)
-    ax.bar(k, lam, color="C0", label="released eigenvalues")
-    if threshold is not None:
-        ax.axhline(threshold, color="C3", ls="--", lw=1, label="detection threshold sigma sqrt(D)")
+    above = lam > edge if edge is not None else np.ones(lam.size, bool)
+    ax.bar(k[above], lam[above], color="C0", label="released eigenvalues above the noise")
+    if not above.all():
+        ax.bar(k[~above], lam[~above], color="0.6", label="below the noise's edge")
     if edge is not None:
-        ax.axhline(edge, color="C1", ls=":", lw=1, label="noise edge 2 sigma sqrt(D)")
+        ax.axhline(edge, color="C1", ls=":", lw=1, label="noise edge (2 sigma sqrt(D), 99 %)")
     ax.set_xlabel("component of the PCA", fontsize=8)
     ax.set_ylabel("eigenvalue", fontsize=8)
     ax.tick_params(labelsize=7)

@@ -117,14 +117,22 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 def components_table(rows: list[dict]) -> str:
     """The components in network order: network (and its share of the map's weight), peak, hemisphere, share of
     the released spectrum and the noise fraction (components.tsv)."""
-    body = [[r["component"], r["network_name"], r[f"overlap_{r['network']}"] if r["network"] != "unnamed" else "",
+    def noise(r: dict) -> str:
+        if not r.get("signal", True):
+            return "yes: below the privacy noise"
+        return "yes: outside grey matter" if r["noise"] else ""
+
+    body = [[r["component"], r["network_name"],
+             r[f"overlap_{r['network']}"] if r["network"] != "unnamed" and r.get("signal", True) else "",
              f"{r['peak_x']:.0f}, {r['peak_y']:.0f}, {r['peak_z']:.0f}", r["hemisphere"], r["variance_share"],
-             r["noise_fraction"], "yes" if r["noise"] else ""] for r in rows]
+             r["noise_fraction"], noise(r)] for r in rows]
     note = ("<p class=\"small\">Each component named by the network of the Schaefer 2018 atlas (7 networks of Yeo "
             "2011) that holds most of its map's positive weight; outside the atlas's cortex, by MNI position "
             "(subcortical, cerebellum, white matter / edge). Noise fraction: the map's weight outside grey matter "
             "or on the brain mask's edge (flagged above 0.6). Spectrum: the component's share of the released "
-            "eigenvalues. All computed from the public maps (components.tsv).</p>")
+            "eigenvalues. A component whose map lies mostly in released directions below the privacy noise's edge "
+            "(the released spectrum below) is noise, named so and no finding. All computed from the public maps "
+            "and the plan's public noise (components.tsv).</p>")
     return "<h3>Components</h3>" + note + _table(
         ["component", "network", "overlap", "peak (x, y, z mm)", "hemisphere", "spectrum share", "noise fraction",
          "noise?"], body)
@@ -193,11 +201,11 @@ def spectrum_html(spectrum: dict) -> str:
         text = (f"The eigenvalues of the released matrix behind the {len(lam)} components; the release carried no "
                 "privacy noise.")
     else:
-        above = sum(1 for x in lam if x > spectrum["threshold"])
         text = (f"The eigenvalues of the released matrix behind the {len(lam)} components, against the noise the "
-                f"plan put on it (per-entry sd {spectrum['noise_sd']:.3g} over D = {spectrum['dim']} features): an "
-                "eigenvalue below the detection threshold sigma sqrt(D) leaves no trace in its eigenvector (BBP). "
-                f"{above} of {len(lam)} stand above it.")
+                f"plan put on it (per-entry sd sigma = {spectrum['noise_sd']:.3g} over D = {spectrum['dim']} "
+                "features): the noise's own eigenvalues reach its edge 2 sigma sqrt(D) (drawn with the largest one's "
+                "99 % fluctuation), so an eigenvalue below the edge cannot be told from noise (grey). "
+                + spectrum["sentence"])
     return f'<h3>Released spectrum</h3><p class="small">{text}</p>' + _img(spectrum["figure"], "released spectrum")
 
 
@@ -229,7 +237,9 @@ def fnc_html(fnc: dict) -> str:
         "in the components' network order. Each site computed its subjects' FNC, bounded each subject's, and "
         "released their mean through CAPE; each entry carries Gaussian noise of standard deviation "
         f"{fnc['noise_sd']:.3f} (so |z| below {2 * fnc['noise_sd']:.3f} is within the noise's 95 % range). Each "
-        "subject's own FNC stays at its site (fnc_subjects.tsv).</p>",
+        "subject's own FNC stays at its site (fnc_subjects.tsv)."
+        + (f" The rows of {', '.join(fnc['noise_components'])} are grey: those components are below the privacy "
+           "noise, so their connectivity is no finding." if fnc.get("noise_components") else "") + "</p>",
         _img(fnc["figure"], "static FNC")])
 
 

@@ -13,13 +13,13 @@ import math
 import numpy as np
 
 from dpneuro.config import RunConfig
-from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, wigner_edge
+from dpneuro.privacy.rmt import detection_threshold, eigenvector_overlap, noise_edge, wigner_edge
 from dpneuro.privacy.summary import privacy_warnings
 from dpneuro.protocol.cape import ReleaseSpec
 
 __all__ = ["REFERENCE_DIMS", "REFERENCE_SPECTRUM", "REFERENCE_SUBSPACE_SPECTRA", "expected_noise",
-           "last_component_overlap", "random_matrix_line", "reference_spectrum", "run_warnings",
-           "supported_components"]
+           "last_component_overlap", "random_matrix_line", "reference_spectrum", "run_warnings", "signal_components",
+           "signal_sentence", "supported_components"]
 
 
 def expected_noise(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: dict) -> dict[str, float]:
@@ -147,3 +147,42 @@ def run_warnings(cfg: RunConfig, n_samples: dict[str, int], dim: int, privacy: d
                    "points put eigenvalues summing to 1): expect noise maps. Add subjects, use fewer features "
                    "(parcels) or components, or a larger budget.")
     return out
+
+
+def signal_components(eigenvalues, W, noise_std: float | None, dim: int) -> dict:
+    """Which components stand above the released matrix's noise, from public quantities only.
+
+    The released eigenvalues above the noise's edge (2 sigma sqrt(D) and the largest noise eigenvalue's 99 %
+    fluctuation, :func:`dpneuro.privacy.rmt.noise_edge`) are the m directions the noise leaves: below it an
+    eigenvalue is indistinguishable from the noise's own. Component k's map mixes the whitened eigen-directions
+    by column k of W^-1 (its map is V Lambda^(1/2) W^-1); its ``share`` is the part of that column in the m
+    directions above the edge, and the m components with the largest shares are the signal (the shares of an
+    orthogonal W sum to m). Without noise (``noise_std`` None or 0) every component is signal.
+    """
+    lam = np.asarray(eigenvalues, np.float64)
+    K = lam.size
+    if not noise_std:
+        return {"edge": None, "noise_sd": None, "n_signal": K, "signal": [True] * K, "share": [1.0] * K}
+    edge = noise_edge(noise_std, dim)
+    above = lam > edge
+    M2 = np.linalg.inv(np.asarray(W, np.float64)) ** 2
+    share = M2[above].sum(axis=0) / np.maximum(M2.sum(axis=0), np.finfo(float).tiny)
+    m = int(above.sum())
+    signal = np.zeros(K, bool)
+    signal[np.argsort(-share, kind="stable")[:m]] = True
+    return {"edge": float(edge), "noise_sd": float(noise_std), "n_signal": m, "signal": signal.tolist(),
+            "share": [float(x) for x in share]}
+
+
+def signal_sentence(signal: dict, expected: int | None = None) -> str:
+    """The one sentence every output uses for how many components carry signal (``signal``:
+    :func:`signal_components`; ``expected``: the planner's count on typical fMRI, when it applies)."""
+    K, m = len(signal["signal"]), signal["n_signal"]
+    if signal["edge"] is None:
+        return f"All {K} components carry signal: the released matrix carried no privacy noise."
+    plan = f"; the plan expected about {expected} on typical fMRI" if expected is not None else ""
+    rest = (f" The other {K - m} are marked as noise (components.tsv) and left out of the FNC's and the group "
+            "statistics' findings." if m < K else "")
+    verb = "eigenvalue stands" if m == 1 else "eigenvalues stand"
+    return (f"{m} of {K} components carry signal: {m} released {verb} above the privacy noise's edge "
+            f"({signal['edge']:.3g}: 2 sigma sqrt(D) and its 99 % fluctuation){plan}.{rest}")

@@ -22,7 +22,7 @@ from dpneuro.config import RunConfig, stage_fields
 from dpneuro.data.networks import REGIONS, ComponentLabel, component_variances, name_components, network_order
 from dpneuro.run.features import reducer
 
-__all__ = ["component_labels", "ordered_unmixing", "read_component_table", "write_component_table"]
+__all__ = ["NOISE_NAME", "component_labels", "ordered_unmixing", "read_component_table", "write_component_table"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -67,24 +67,37 @@ def ordered_unmixing(cfg: RunConfig, basis, eigenvalues, W, b) -> tuple[np.ndarr
 
 #: the columns of components.tsv, in order (one row per component, components.nii.gz's order)
 TABLE_COLUMNS = ("component", "network", "network_name", "hemisphere", "peak_x", "peak_y", "peak_z",
-                 "variance_share", "noise_fraction", "noise") + tuple(f"overlap_{r}" for r in REGIONS)
+                 "variance_share", "noise_fraction", "signal", "signal_share", "noise") + tuple(
+    f"overlap_{r}" for r in REGIONS)
+#: what components.tsv's network_name says of a component below the privacy noise (``network`` keeps the
+#: atlas's nearest network, for the order)
+NOISE_NAME = "noise"
 
 
-def write_component_table(labels: list[ComponentLabel], path) -> Path:
+def write_component_table(labels: list[ComponentLabel], path, signal: dict | None = None) -> Path:
     """``components.tsv``: each component's network, overlaps, peak (MNI mm), hemisphere, share of the released
-    spectrum and noise fraction, rows in the maps' order."""
+    spectrum and noise fraction, rows in the maps' order; with ``signal``
+    (:func:`dpneuro.run.expectations.signal_components`) whether it stands above the privacy noise.
+
+    A component below the noise is named :data:`NOISE_NAME`, and ``noise`` is true for it as for a map that
+    lies mostly outside grey matter."""
     path = Path(path)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=TABLE_COLUMNS, delimiter="\t", extrasaction="ignore")
         w.writeheader()
         for k, lab in enumerate(labels):
-            row = {**lab.to_row(), "component": f"IC{k + 1:02d}"}
+            above = True if signal is None else bool(signal["signal"][k])
+            row = {**lab.to_row(), "component": f"IC{k + 1:02d}", "signal": above,
+                   "signal_share": 1.0 if signal is None else float(signal["share"][k])}
+            if not above:
+                row.update(network_name=NOISE_NAME, noise=True)
             w.writerow({c: (f"{v:.4g}" if isinstance(v, float) else v) for c, v in row.items()})
     return path
 
 
 def read_component_table(path) -> list[dict]:
-    """The rows of a ``components.tsv`` (numbers as floats, ``noise`` as bool); [] when there is none."""
+    """The rows of a ``components.tsv`` (numbers as floats, ``noise`` and ``signal`` as bools); [] when there is
+    none."""
     path = Path(path)
     if not path.exists():
         return []
@@ -93,9 +106,9 @@ def read_component_table(path) -> list[dict]:
         for row in csv.DictReader(f, delimiter="\t"):
             out: dict = {}
             for k, v in row.items():
-                if k == "noise":
+                if k in ("noise", "signal"):
                     out[k] = v == "True"
-                elif k.startswith(("peak_", "overlap_")) or k in ("variance_share", "noise_fraction"):
+                elif k.startswith(("peak_", "overlap_")) or k in ("variance_share", "noise_fraction", "signal_share"):
                     out[k] = float(v)
                 else:
                     out[k] = v

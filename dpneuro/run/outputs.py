@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from dpneuro._utils.files import write_json
 from dpneuro.algorithms.dfnc import n_components_of, site_dynamics, state_matrices
@@ -23,7 +24,6 @@ from dpneuro.config import RunConfig
 from dpneuro.data.images import load_mask
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.privacy import PrivacyLedger, privacy_report
-from dpneuro.privacy.rmt import detection_threshold, wigner_edge
 from dpneuro.report.figures import (
     convergence_figure,
     fnc_figure,
@@ -40,7 +40,13 @@ from dpneuro.report.figures import (
 )
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
-from dpneuro.run.expectations import expected_noise, run_warnings
+from dpneuro.run.expectations import (
+    expected_noise,
+    run_warnings,
+    signal_components,
+    signal_sentence,
+    supported_components,
+)
 from dpneuro.run.factory import fnc_settings, glm_settings
 from dpneuro.run.naming import component_labels, read_component_table, write_component_table
 from dpneuro.run.roles import contribution_note, describe_unmixing, site_windows, unmixing_input
@@ -69,13 +75,14 @@ def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
     return parcels.expand(A) if parcels is not None else A
 
 
-def write_maps(space: dict, basis, eigenvalues, W, path) -> tuple[Path, np.ndarray]:
+def write_maps(space: dict, basis, eigenvalues, W, path, *, signal: dict | None = None) -> tuple[Path, np.ndarray]:
     """``components.nii.gz`` (one volume per component on the mask's grid), ``components.tsv`` beside it (each
-    component named, :mod:`dpneuro.run.naming`) and the voxel maps written."""
+    component named, :mod:`dpneuro.run.naming`, and with ``signal`` marked when it is below the privacy noise)
+    and the voxel maps written."""
     maps = component_maps(space, basis, eigenvalues, W)
     path = write_components(maps, space["mask"], path)
     mask, affine = load_mask(space["mask"])
-    write_component_table(component_labels(maps, mask, affine, eigenvalues, W), table_path(path))
+    write_component_table(component_labels(maps, mask, affine, eigenvalues, W), table_path(path), signal=signal)
     return path, maps
 
 
@@ -90,9 +97,15 @@ def fnc_matrix(vector) -> np.ndarray:
         n_components_of(len(vector)))
 
 
-def write_fnc(vector, noise_var: float, folder, *, bound: float) -> dict[str, Any]:
+def noise_names(signal: dict | None) -> list[str]:
+    """The components below the privacy noise (:func:`dpneuro.run.expectations.signal_components`), by name."""
+    return [] if signal is None else [f"IC{k + 1:02d}" for k, on in enumerate(signal["signal"]) if not on]
+
+
+def write_fnc(vector, noise_var: float, folder, *, bound: float, signal: dict | None = None) -> dict[str, Any]:
     """The consortium's static FNC in ``folder``: ``fnc.tsv`` (R x R, Fisher z, components.nii.gz's order) and
-    ``fnc.json`` (what it is and the noise each entry carries)."""
+    ``fnc.json`` (what it is, the noise each entry carries and the components below the privacy noise, whose
+    entries are no finding)."""
     folder = Path(folder)
     Z = fnc_matrix(vector)
     names = [f"IC{i + 1:02d}" for i in range(Z.shape[0])]
@@ -102,24 +115,48 @@ def write_fnc(vector, noise_var: float, folder, *, bound: float) -> dict[str, An
             f.write(name + "\t" + "\t".join(f"{x:.6g}" for x in row) + "\n")
     noise_sd = float(np.sqrt(max(noise_var, 0.0)))
     write_json(folder / "fnc.json", {
-        "units": "Fisher z", "noise_sd": noise_sd, "subject_bound": bound,
+        "units": "Fisher z", "noise_sd": noise_sd, "subject_bound": bound, "noise_components": noise_names(signal),
         "description": "The consortium's mean static FNC: every subject's Fisher-z correlation between its component "
                        "time courses, bounded at its site (L2 norm of its pairs <= subject_bound), averaged through "
                        "one CAPE release per site; each entry carries Gaussian noise of standard deviation noise_sd "
-                       "(diagonal: 0, not released)."})
-    return {"tsv": str(folder / "fnc.tsv"), "json": str(folder / "fnc.json"), "noise_sd": noise_sd}
+                       "(diagonal: 0, not released). An entry of a component in noise_components (below the "
+                       "privacy noise, components.tsv) is no finding."})
+    return {"tsv": str(folder / "fnc.tsv"), "json": str(folder / "fnc.json"), "noise_sd": noise_sd,
+            "noise_components": noise_names(signal)}
 
 
 #: what the group statistics call significant: FDR (Benjamini-Hochberg) q below this
 FDR_LEVEL = 0.05
 #: the report lists at most this many significant effects per contrast (group_effects.tsv has them all)
 SHOWN = 20
-GROUP_COLUMNS = ("contrast", "measure", "estimate", "se", "ci_low", "ci_high", "p", "q", "noise_sd")
+GROUP_COLUMNS = ("contrast", "measure", "estimate", "se", "ci_low", "ci_high", "p", "q", "noise_sd", "signal")
 
 
-def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
+def measure_signal(name: str, signal: dict | None) -> bool:
+    """Whether a measure (:func:`dpneuro.algorithms.glm.measure_names`) involves only components above the
+    privacy noise (a brain-state measure, of every component's FNC, counts as signal)."""
+    noise = set(noise_names(signal))
+    return not any(part in noise for part in name.replace("-", " ").split())
+
+
+def _findings_q(rows: list[dict]) -> None:
+    """Each row's q: Benjamini-Hochberg within its contrast over the measures of signal components only (the
+    findings' family; NaN for a measure of a noise component, which is no finding)."""
+    for contrast in dict.fromkeys(r["contrast"] for r in rows):
+        mine = [r for r in rows if r["contrast"] == contrast and r["signal"]]
+        if mine:
+            q = stats.false_discovery_control([r["p"] for r in mine], method="bh")
+            for r, v in zip(mine, q):
+                r["q"] = float(v)
+        for r in rows:
+            if r["contrast"] == contrast and not r["signal"]:
+                r["q"] = float("nan")
+
+
+def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | None = None) -> dict[str, Any]:
     """The group statistics in ``folder``: ``group_effects.tsv`` (one row per contrast and measure) and
-    ``group_effects.json`` (the design, the subjects per site, how the intervals were made)."""
+    ``group_effects.json`` (the design, the subjects per site, how the intervals were made). A measure of a
+    component below the privacy noise (``signal``) is marked and left out of the FDR's family."""
     folder = Path(folder)
     settings = glm_settings(cfg)
     contrasts = [lab for lab, _, _ in settings.design.contrasts()]
@@ -128,33 +165,41 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder) -> dict[str, Any]:
     for c, contrast in enumerate(contrasts):
         for q, name in enumerate(names):
             rows.append({"contrast": contrast, "measure": name,
-                         **{k: float(np.asarray(glm[k])[c, q]) for k in GROUP_COLUMNS[2:]}})
+                         **{k: float(np.asarray(glm[k])[c, q]) for k in GROUP_COLUMNS[2:-1]},
+                         "signal": measure_signal(name, signal)})
+    _findings_q(rows)
     with open(folder / "group_effects.tsv", "w") as f:
         f.write("\t".join(GROUP_COLUMNS) + "\n")
         for r in rows:
-            f.write("\t".join([r["contrast"], r["measure"], *(f"{r[k]:.6g}" for k in GROUP_COLUMNS[2:])]) + "\n")
+            f.write("\t".join([r["contrast"], r["measure"], *(f"{r[k]:.6g}" for k in GROUP_COLUMNS[2:-1]),
+                               str(r["signal"])]) + "\n")
     counts = {s.name: int(n) for s, n in zip(cfg.sites, np.asarray(glm["counts"]))}
     floored = int(np.asarray(glm.get("floored", 0)))
     write_json(folder / "group_effects.json", {
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
-        "design_directions_shrunk": floored,
+        "design_directions_shrunk": floored, "noise_components": noise_names(signal),
         "description": "Each contrast's effect on every measure from one linear model per measure (the site is a "
                        "covariate), fitted from sufficient statistics each site bounded and released through CAPE. "
                        "Continuous covariates: effect per unit. Intervals: parametric bootstrap over the sampling "
                        "error and the release's public noise; p: Wald test on the bootstrap standard error (t, N - p "
-                       "degrees of freedom); q: Benjamini-Hochberg within each contrast; noise_sd: the part of the "
-                       "estimate's standard deviation the privacy noise adds."})
+                       "degrees of freedom); q: Benjamini-Hochberg within each contrast over the measures of "
+                       "components above the privacy noise (signal: true; a measure of a component in "
+                       "noise_components is no finding, q NaN); noise_sd: the part of the estimate's standard "
+                       "deviation the privacy noise adds."})
     return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"),
             "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p}
 
 
 def read_group_effects(path) -> list[dict[str, Any]]:
-    """The rows of a ``group_effects.tsv``."""
+    """The rows of a ``group_effects.tsv`` (``signal`` as a bool)."""
+    def value(k: str, v: str) -> Any:
+        return v if k in ("contrast", "measure") else v == "True" if k == "signal" else float(v)
+
     with open(path) as f:
         header = f.readline().rstrip("\n").split("\t")
-        return [{k: (v if k in ("contrast", "measure") else float(v)) for k, v in zip(header, line.rstrip("\n")
-                                                                                      .split("\t"))} for line in f]
+        return [{"signal": True, **{k: value(k, v) for k, v in zip(header, line.rstrip("\n").split("\t"))}}
+                for line in f]
 
 
 def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
@@ -166,21 +211,27 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
     rows = read_group_effects(glm["tsv"])
     networks = [r["network_name"] for r in table] if table and table[0]["network"] != "unnamed" else None
     out = []
+    hidden = [not r.get("signal", True) for r in table] if table else None
     for i, contrast in enumerate(dict.fromkeys(r["contrast"] for r in rows)):
-        mine = [r for r in rows if r["contrast"] == contrast]
+        every = [r for r in rows if r["contrast"] == contrast]
+        mine = [r for r in every if r["signal"]]  # a measure of a noise component is no finding
         sig = [r for r in mine if r["q"] < FDR_LEVEL]
         shown = sorted(sig or mine, key=lambda r: r["p"])[:SHOWN if sig else 5]
         summary = (f"{len(sig)} of {len(mine)} measures differ at FDR q < {FDR_LEVEL:g}"
                    + (f"; the {SHOWN} with the smallest p are listed" if len(sig) > SHOWN else "") if sig else
-                   f"no measure of {len(mine)} differs at FDR q < {FDR_LEVEL:g}; the five smallest p are listed")
+                   f"no measure of {len(mine)} differs at FDR q < {FDR_LEVEL:g}"
+                   + ("; the five smallest p are listed" if mine else ""))
+        if len(mine) < len(every):
+            summary += (f". {len(every) - len(mine)} measures of components below the privacy noise are no "
+                        "findings and are left out (group_effects.tsv marks them, signal = False)")
         entry = {"label": contrast, "summary": summary, "rows": shown, "figure": None}
-        edges = [r for r in mine if r["measure"].startswith("fnc ")]
+        edges = [r for r in every if r["measure"].startswith("fnc ")]
         if edges:
             t = np.array([r["estimate"] / r["se"] if r["se"] > 0 else 0.0 for r in edges])
             marks = fnc_matrix(np.array([r["q"] < FDR_LEVEL for r in edges], float)) > 0.5
             entry["figure"] = str(matrix_figure(fnc_matrix(t), networks, figs / f"group_effects_{i + 1}.png",
                                                 label="t (estimate / se)", title=f"FNC: {contrast}", least=3.0,
-                                                marks=marks))
+                                                marks=marks, hidden=hidden))
         out.append(entry)
     n, per_site = sum(glm["subjects"].values()), ", ".join(f"{k} {v}" for k, v in glm["subjects"].items())
     text = (f"Every measure's linear model over {n} subjects ({per_site}), each site a covariate. Each site "
@@ -278,12 +329,17 @@ def fnc_section(fnc: dict | None, table: list[dict], figs: Path) -> dict | None:
         return None
     Z = read_fnc(fnc["tsv"])
     networks = [r["network"] for r in table] if len(table) == len(Z) else None
-    return {"figure": str(fnc_figure(Z, networks, fnc["noise_sd"], figs / "fnc.png")), "noise_sd": fnc["noise_sd"],
-            "n_components": int(len(Z))}
+    hidden = [not r.get("signal", True) for r in table] if len(table) == len(Z) else None
+    return {"figure": str(fnc_figure(Z, networks, fnc["noise_sd"], figs / "fnc.png", hidden=hidden)),
+            "noise_sd": fnc["noise_sd"], "n_components": int(len(Z)),
+            "noise_components": list(fnc.get("noise_components", []))}
 
 
 def component_title(row: dict) -> str:
-    """A component's caption from its components.tsv row: network, hemisphere, a noise flag."""
+    """A component's caption from its components.tsv row: network, hemisphere, a noise flag; a component below
+    the privacy noise is named noise and nothing else."""
+    if not row.get("signal", True):
+        return "noise (below the privacy noise)"
     if row["network"] == "unnamed":
         return ""
     side = "" if row["hemisphere"] == "bilateral" else f", {row['hemisphere']}"
@@ -310,12 +366,15 @@ def consortium_report_parts(cfg: RunConfig, space: dict, components: str, priv: 
         f"IC{k + 1:02d}" for k in range(len(comps))]
     overview = overview_figure(components, space["mask"], titles, figs / "overview.png")
     spectrum_png = None if not spectrum else spectrum_figure(spectrum["eigenvalues"], figs / "spectrum.png",
-                                                             edge=spectrum["edge"], threshold=spectrum["threshold"])
+                                                             edge=spectrum["edge"])
     rounds = int(unmixing["rounds"])
     conv = (convergence_figure({k: np.asarray(v, float) for k, v in unmixing["history"].items()},
                                figs / "convergence.png") if rounds else None)
     top = headline(cfg, priv, n_components=int(np.asarray(unmixing["W"]).shape[0]), n_subjects=n_subjects,
                    warnings=warnings, ica=describe_unmixing(cfg, rounds, str(unmixing["status"])))
+    said = (spectrum or {}).get("sentence")
+    if said and not any(said in w for w in top):  # every component's standing, said once
+        top.insert(2, said)
     metrics = truth["metrics"] if truth else None
     if metrics:
         top.append("Agreement with the ground truth: " + ", ".join(f"{k} = {v:.3f}" for k, v in metrics.items()))
@@ -338,13 +397,28 @@ def write_consortium_report(out: Path, parts: dict[str, Any], priv: dict, *, tim
                         run=run, notes=notes, states=parts["states"], site_maps=site_maps, data=data)
 
 
-def released_spectrum(cfg: RunConfig, eigenvalues, n_samples: dict[str, int], dim: int, priv: dict) -> dict:
-    """The released eigenvalues and the noise the plan put on the released matrix (per-entry std sigma, its
-    bulk's edge 2 sigma sqrt(D) and the detection threshold sigma sqrt(D); None without noise)."""
-    sigma = expected_noise(cfg, n_samples, dim, priv).get("covariance")
+def released_spectrum(cfg: RunConfig, eigenvalues, W, n_samples: dict[str, int], dim: int, priv: dict) -> dict:
+    """The released eigenvalues against the noise the plan put on the released matrix (per-entry std sigma and
+    its edge, :func:`dpneuro.privacy.rmt.noise_edge`; None without noise), which components stand above it (``signal``,
+    :func:`dpneuro.run.expectations.signal_components`) and the sentence every output says it with."""
+    noise = expected_noise(cfg, n_samples, dim, priv)
+    sigma = noise.get("covariance")
+    signal = signal_components(eigenvalues, W, sigma, dim)
+    spec = noise.get("covariance spectral norm")
+    expected = None if spec is None else supported_components(spec, dim, cfg.contribution, cfg.n_components)
     return {"eigenvalues": [float(x) for x in eigenvalues], "dim": dim, "noise_sd": sigma,
-            "edge": wigner_edge(sigma, dim) if sigma else None,
-            "threshold": detection_threshold(sigma, dim) if sigma else None}
+            "edge": signal["edge"], "signal": signal, "expected": expected,
+            "sentence": signal_sentence(signal, expected)}
+
+
+def consortium_signal(cfg: RunConfig, public: dict, ledgers: dict[str, PrivacyLedger],
+                      n_samples: dict[str, int]) -> dict:
+    """Which components stand above the privacy noise (:func:`released_spectrum`'s ``signal``) from the stages'
+    public results and every site's ledger: what the aggregator tells the sites, so that their own
+    components.tsv says what the consortium's does."""
+    V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
+    priv = {"sites": {name: {"ledger": led.to_dict()} for name, led in ledgers.items()}}
+    return released_spectrum(cfg, lam, np.asarray(public["unmix"]["W"]), n_samples, int(V.shape[0]), priv)["signal"]
 
 
 def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers: dict[str, PrivacyLedger],
@@ -362,14 +436,18 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     out.mkdir(parents=True, exist_ok=True)
     V, lam = np.asarray(public["reduce"]["basis"]), np.asarray(public["reduce"]["eigenvalues"])
     W = np.asarray(public["unmix"]["W"])
-    comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz")
     priv = consortium_privacy(cfg, ledgers, n_subjects, assumptions=(*assumptions, *([transport] if transport else []),
                                                                      *influence_notes(public)))
+    spectrum = released_spectrum(cfg, lam, W, n_samples, int(V.shape[0]), priv)
+    signal = spectrum["signal"]
+    comp_path, maps = write_maps(space, V, lam, W, out / "components.nii.gz", signal=signal)
     if transport:
         priv["transport"] = transport
     priv["site_influence"] = {stage: dict(r["influence"]) for stage, r in public.items()
                               if isinstance(r, dict) and r.get("influence")}
     warnings = run_warnings(cfg, n_samples, int(V.shape[0]), priv)
+    if signal["n_signal"] < len(signal["signal"]):
+        warnings.append(f"WARNING: {spectrum['sentence']}")
     problem = template_problem(space["mask"])
     if problem:
         warnings.append(f"WARNING: {problem}")
@@ -381,15 +459,15 @@ def write_consortium_outputs(cfg: RunConfig, space: dict, public: dict, ledgers:
     result: dict[str, Any] = {"components": str(comp_path), "maps": maps,
                               "privacy": str(write_json(out / "privacy.json", priv)), "priv": priv,
                               "warnings": warnings, "template_problem": problem, "states": None,
-                              "spectrum": released_spectrum(cfg, lam, n_samples, int(V.shape[0]), priv)}
+                              "spectrum": spectrum, "signal": signal}
     result["fnc"] = None
     if "fnc" in public.get("fnc", {}):
         fnc = public["fnc"]
         result["fnc"] = write_fnc(fnc["fnc"], float(fnc.get("noise_var", 0.0)), out,
-                                  bound=fnc_settings(cfg).scale(len(fnc["fnc"])))
+                                  bound=fnc_settings(cfg).scale(len(fnc["fnc"])), signal=signal)
     result["glm"] = None
     if "estimate" in public.get("glm", {}):
-        result["glm"] = write_group_effects(cfg, public["glm"], out)
+        result["glm"] = write_group_effects(cfg, public["glm"], out, signal=signal)
     states = public.get("states", {})
     if "vectors" in states:
         result["states"] = write_states(states["vectors"], states["occupancy"], out, method=cfg.states_method)

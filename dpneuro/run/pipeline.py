@@ -20,7 +20,9 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -28,14 +30,19 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 
+from dpneuro._utils.errors import ConfigError, DataValidationError
 from dpneuro._utils.files import private_dir, write_json
 from dpneuro.algorithms.dfnc import matrix_to_vector, taper
 from dpneuro.algorithms.djica import usable_eigenvalues
 from dpneuro.algorithms.metrics import match_components, md_index, qngi
 from dpneuro.config import RunConfig, check_delta, stage_fields
+from dpneuro.data.atlases import is_atlas_name
+from dpneuro.data.cleaning import Cleaning, CleaningError, check_confounds_tables
+from dpneuro.data.discovery import SubjectDiscovery, find_subjects
 from dpneuro.data.images import load_mask, load_space, mask_to_image
 from dpneuro.data.load import describe_site_inputs, load_site, site_data_summary
 from dpneuro.data.parcellation import space_parcels
+from dpneuro.data.participants import CovariateError, check_covariates
 from dpneuro.datasets.states import window_labels
 from dpneuro.datasets.synth import load_manifest
 from dpneuro.privacy import PrivacyLedger
@@ -43,9 +50,9 @@ from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.driver import RunOptions
 from dpneuro.report.figures import render_site_maps, site_timecourse_figure
 from dpneuro.report.timings import label, timed
-from dpneuro.run import stages
+from dpneuro.run import factory, roles, stages
 from dpneuro.run.factory import check_reduction_fits
-from dpneuro.run.features import feature_set
+from dpneuro.run.features import feature_set, features
 from dpneuro.run.outputs import (
     consortium_privacy,
     consortium_report_parts,
@@ -316,9 +323,121 @@ def prepare(cfg: RunConfig, until: str = "report") -> tuple[RunConfig, Any]:
         raise ValueError(f"until must be one of {order}, got {until!r}")
     reached = tuple(s for s in RELEASING_STAGES if order.index(s) <= order.index(until))
     cfg = cfg.resolved().validate()
-
-    check_reduction_fits(cfg)
+    preflight(cfg, until)
     return apply_target(cfg, stages=reached)
+
+
+# -- pre-flight: every check that needs no release, made before the first one --------------------------
+
+def site_discovery(cfg: RunConfig, name: str) -> SubjectDiscovery:
+    """Site ``name``'s subjects and their runs as its load stage will find them (the same discovery: BIDS
+    filters, fMRIPrep's default desc, ``exclude``), from the folder listing alone: no image is read."""
+    site = next(s for s in cfg.sites if s.name == name)
+    try:
+        return find_subjects(site.files or site.path, filters=cfg.bids, subjects_tsv=site.subjects_tsv or None,
+                             exclude=tuple(site.exclude), default_desc=cfg.cleaning().desc)
+    except DataValidationError as exc:
+        raise DataValidationError(f"site {name!r}: {exc}") from None
+
+
+def site_subjects(cfg: RunConfig, name: str) -> list[str]:
+    """The subjects site ``name``'s files name (:func:`site_discovery`)."""
+    return [sid for sid, _ in site_discovery(cfg, name).subjects]
+
+
+def check_site_covariates(cfg: RunConfig, name: str) -> None:
+    """Site ``name``'s participants table gives every subject its files name the design's covariates, with
+    agreed levels and numbers (the group-statistics stage's own check,
+    :func:`dpneuro.data.participants.check_covariates`, on the subjects before they are loaded)."""
+    if not stages.release("glm").active(cfg):
+        return
+    names = [s.name for s in cfg.sites]
+    try:
+        check_covariates(roles.participants_table(cfg, name), site_subjects(cfg, name),
+                         factory.glm_settings(cfg).design, names.index(name), name, cfg.on_bad_subject)
+    except CovariateError as exc:
+        raise CovariateError(f"{exc} (checked before anything was loaded or released)") from None
+
+
+#: Checks of one site's own inputs that need no release, each as (the stage that would otherwise meet the
+#: problem, ``check(cfg, site_name)``). A simulation runs them for every site before it loads or releases anything
+#: (:func:`preflight`); a deployed site for itself at start-up, before its first release
+#: (:func:`dpneuro.deploy.party.run_site_analysis`). A new check of a site's files goes here.
+def check_site_confounds(cfg: RunConfig, name: str) -> Cleaning:
+    """Every run of site ``name`` (:func:`site_discovery`) has a confounds table the run's ``confounds`` can
+    clean, read as its loader will read it (:func:`dpneuro.data.cleaning.check_confounds_tables`); returns the
+    cleaning the site will do (the models its tables' columns allow)."""
+    cleaning = cfg.cleaning()
+    if not cleaning.confounds:
+        return cleaning
+    try:
+        return check_confounds_tables([f for _, files in site_discovery(cfg, name).subjects for f in files],
+                                      cleaning)
+    except CleaningError as exc:
+        raise CleaningError(f"site {name!r}: {exc} (checked before anything was loaded or released)") from None
+
+
+SITE_CHECKS: list[tuple[str, Callable[[RunConfig, str], Any]]] = [
+    ("load", check_site_confounds),
+    ("glm", check_site_covariates),
+]
+
+
+def check_site(cfg: RunConfig, name: str, until: str = "report") -> None:
+    """Every check of :data:`SITE_CHECKS` of site ``name`` whose stage a run up to ``until`` reaches."""
+    order = run_order()
+    for stage, check in SITE_CHECKS:
+        if order.index(stage) <= order.index(until):
+            check(cfg, name)
+
+
+def check_space(cfg: RunConfig) -> None:
+    """The mask and the atlas readable and the atlas onto the mask's grid (what the space stage reads), and a
+    reduction that fits the features they make."""
+    if cfg.reduction == "pdsvd":
+        features(cfg)  # capePCA's fit check reads them itself
+    check_reduction_fits(cfg)
+
+
+def _inside(path, folder) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+
+
+def check_outputs(cfg: RunConfig) -> None:
+    """No input inside the run's working folder ``<out>/work`` (the run removes its Pydra cache there after a
+    failure, ``dpneuro demo`` all of it), and the working and output folders writable."""
+    work = Path(cfg.out) / "work"
+    inputs = [("mask", cfg.mask), ("truth", cfg.truth), ("atlas", "" if is_atlas_name(cfg.atlas) else cfg.atlas)]
+    for i, s in enumerate(cfg.sites):
+        inputs += [(f"sites[{i}] ({s.name})", p) for p in (s.path, *s.files, s.subjects_tsv, s.participants)]
+    for field, path in inputs:
+        if path and _inside(path, work):
+            raise ConfigError(f"config field {field!r}: {path} lies inside the run's working folder {work}, which "
+                              "the run may delete; move it, or choose another 'out'")
+    for folder, what in ((work, "working folder"), (cfg.run_dir, "output folder")):
+        try:
+            if folder == work:
+                private_dir(folder)  # the sites' un-noised data go there: its owner only, from the start
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".dpneuro-write-check."):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"config field 'out': the run's {what} {folder} cannot be written "
+                              f"({exc.strerror or exc}); nothing was loaded or released") from None
+
+
+#: Checks of the whole run that need no release, run by :func:`preflight` after every site's
+#: (:data:`SITE_CHECKS`); a deployed party checks its own folders (:mod:`dpneuro.deploy.sharedfs`).
+RUN_CHECKS: list[Callable[[RunConfig], None]] = [check_space, check_outputs]  # outputs last: they make folders
+
+
+def preflight(cfg: RunConfig, until: str = "report") -> None:
+    """Every check a simulation up to ``until`` can make before it loads any data or releases anything: each
+    site's (:data:`SITE_CHECKS`), then the run's (:data:`RUN_CHECKS`). Raises the first problem found."""
+    for s in cfg.sites:
+        check_site(cfg, s.name, until)
+    for check in RUN_CHECKS:
+        check(cfg)
 
 
 def write_config(cfg: RunConfig) -> str:
@@ -427,7 +546,7 @@ def stage_maps(cfg_json: str, site_jsons: list[str], last_json: str, cache_key: 
     result = {"chain": chain, "components": cons["components"], "privacy": cons["privacy"], "space": chain["space"],
               "n_components": int(public["unmix"]["W"].shape[0]), "truth": None, "warnings": cons["warnings"],
               "template_problem": cons["template_problem"], "states": None, "fnc": cons["fnc"], "glm": cons["glm"],
-              "spectrum": cons["spectrum"],
+              "spectrum": cons["spectrum"], "signal": cons["signal"],
               "fnc_subjects": {site: o["fnc_subjects"] for site, o in site_out.items() if o["fnc_subjects"]},
               "timecourses": {site: o["timecourses"] for site, o in site_out.items()},
               "site_maps": {site: o["site_maps"] for site, o in site_out.items() if o["site_maps"]},
@@ -485,6 +604,17 @@ def run_timings(cfg: RunConfig, sites: list[dict], chain: dict[str, str], maps: 
             if name in per_site:
                 timings[name] = per_site[name]
     return timings
+
+
+def cleaning_record(cfg: RunConfig, sites: list[dict]) -> dict[str, Any]:
+    """The run's cleaning as configured, and each site whose confounds tables made it use other models
+    (:func:`dpneuro.data.cleaning.adapt_to_columns`) with what it used."""
+    rec = {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()}
+    adapted = {s["site"]: s["cleaning"]["description"] for s in sites if (s.get("cleaning") or {}).get("adapted")}
+    if adapted:
+        rec["sites"] = adapted
+        rec["description"] += "".join(f" {site}: {text}." for site, text in adapted.items())
+    return rec
 
 
 def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key: str = "") -> str:
@@ -550,8 +680,9 @@ def stage_report(cfg_json: str, site_jsons: list[str], maps_json: str, cache_key
         # each site's guided ICA of its own voxel maps (simulated here; a deployed site records its own)
         "site_maps_ica": mp.get("site_maps_ica", {}),
         "warnings": list(mp.get("warnings", [])), "metrics": parts["metrics"],
+        "signal": (mp.get("spectrum") or {}).get("sentence"),
         "features": space.get("features", ""),
-        "cleaning": {**cfg.cleaning().to_json(), "description": cfg.cleaning().describe()},
+        "cleaning": cleaning_record(cfg, sites),
         "data": {s["site"]: site_data_summary(s) for s in sites}})
     run = _read_json(record)  # the report shows what the run recorded
     notes = []

@@ -330,9 +330,67 @@ def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES, *,
     if cfg.epsilon is None:
         return cfg, None
     shapes = site_shapes(cfg) if shapes is None else shapes
-    plan = _plan_for_target(replace(cfg, epsilon=None), shapes, features(cfg, dim), cfg.epsilon, pca_share=None,
-                            stages=stages)
+    dim = features(cfg, dim)
+    plan = _plan_for_target(replace(cfg, epsilon=None), shapes, dim, cfg.epsilon, pca_share=None, stages=stages)
+    if not cfg.allow_noise_maps and (why := buys_nothing(plan, stages)):
+        raise ConfigError(why)
     return replace(plan.config, epsilon=cfg.epsilon), plan
+
+
+def buys_nothing(plan: BudgetPlan, stages: tuple[str, ...] = RELEASING_STAGES) -> str | None:
+    """Why ``plan`` would give noise maps only, with what it would take instead; None when it supports a component.
+
+    Its covariance noise's spectral norm above the largest eigenvalue of typical fMRI's released matrix
+    (:func:`dpneuro.run.expectations.reference_spectrum`, fractions of the total) leaves no component above the
+    noise. What it would take: the subjects per site (:func:`subjects_needed`, equal sites of the median
+    subject's volumes) and the total epsilon with these sites (:func:`epsilon_needed`) at which every one of
+    ``n_components`` stands above it.
+    """
+    cfg = plan.config
+    spec = plan.noise().get("covariance spectral norm")
+    top = reference_spectrum(cfg.contribution, cfg.n_components)[0]
+    if spec is None or spec < top or plan.target_epsilon is None:
+        return None
+    eps = plan.target_epsilon
+    lengths = sorted(n for s in plan.shapes for n in s.lengths)
+    volumes = lengths[len(lengths) // 2]
+    base = replace(cfg, epsilon=None)
+    subjects = subjects_needed(base, plan.dim, eps, timepoints=volumes)
+    more = epsilon_needed(base, plan.shapes, plan.dim, stages=stages)
+    ways = [f"about {subjects} subjects per site ({volumes} volumes each) at epsilon = {eps:g}" if subjects else "",
+            f"epsilon = {more:.3g} with these sites" if more else ""]
+    ways = [w for w in ways if w]
+    return (f"this budget buys no component: at epsilon = {eps:g} the covariance noise (spectral norm ~{spec:.3g}) "
+            f"exceeds even the largest eigenvalue of typical fMRI (~{top:.3g} of the total), so every map would be "
+            "noise and nothing is released. "
+            + (f"All {cfg.n_components} components would stand above the noise with " + " or ".join(ways) + ". "
+               if ways else "")
+            + "Fewer parcels (features) or components help too; `dpneuro budget` prints the plan. Set "
+              "allow_noise_maps = true to run anyway.")
+
+
+def epsilon_needed(cfg: RunConfig, shapes: list[SiteShape], dim: int, *, stages: tuple[str, ...] = RELEASING_STAGES,
+                   largest: float = 1e3) -> float | None:
+    """The smallest total epsilon (to 2 %) at which a run of ``cfg`` on sites of ``shapes`` keeps all its
+    ``n_components`` components of typical fMRI above its covariance noise (:func:`components_supported`); None
+    where the reference does not apply or ``largest`` is not enough."""
+    def enough(eps: float) -> bool | None:
+        try:
+            plan = _plan_for_target(cfg, shapes, dim, eps, pca_share=None, stages=stages)
+        except ConfigError:  # a setting cannot express so small a target
+            return False
+        supported = components_supported(plan)
+        return None if supported is None else supported >= cfg.n_components
+
+    if not enough(largest):
+        return None
+    lo, hi = largest / 2**20, largest  # the noise only falls as epsilon grows
+    if enough(lo):
+        return lo
+    while hi / lo > 1.02:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 def planned_settings(cfg: RunConfig) -> dict[str, float]:

@@ -43,7 +43,7 @@ from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
 from dpneuro.config import RunConfig
 from dpneuro.data.matrix import column_blocks, scale_columns, site_matrix
-from dpneuro.data.participants import CovariateError, participants_path, read_covariates
+from dpneuro.data.participants import check_covariates, participants_path
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.privacy.budget import SiteBudget
 from dpneuro.protocol.cape import cape_protocol
@@ -322,21 +322,9 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
     names = [s.name for s in cfg.sites]
     path = participants_table(cfg, name)
     ids = list(site["subject_ids"])
-    values, why = read_covariates(path, ids, [c.name for c in settings.design.covariates])
     at = names.index(name) if name in names else 0
-    rows, clipped = {}, 0
-    for sid, v in zip(ids, values):  # each subject's row; a value the design cannot encode leaves it out by name
-        if v is not None:
-            try:
-                x, cut = settings.design.rows([v], at)
-            except ValueError as exc:
-                why[sid] = str(exc)
-                continue
-            rows[sid], clipped = x[0], clipped + cut
-    if why and cfg.on_bad_subject != "skip":
-        raise CovariateError(f"site {name!r}: {len(why)} subject(s) without usable covariates in {path}: "
-                             + "; ".join(f"{k} ({v})" for k, v in why.items())
-                             + ". Correct the table, or set on_bad_subject = \"skip\" to leave them out of the model")
+    # the pre-flight's own check, on the subjects loaded
+    rows, clipped, why = check_covariates(path, ids, settings.design, at, name, cfg.on_bad_subject)
     lengths = [int(b) - int(a) for a, b in site["boundaries"]]
     dynamics = None
     if "states" in settings.measures:

@@ -41,7 +41,7 @@ FROZEN_CONSORTIUM = {
     "states_method", "states_window", "states_step", "states_metric", "seed", "simulation", "confounds",
     "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
     # added with their features, each to the set its stage's fields belong to
-    "atlas_fill", "fnc", "fnc_epsilon", "design", "covariates", "glm_measures", "glm_epsilon",
+    "atlas_fill", "allow_noise_maps", "fnc", "fnc_epsilon", "design", "covariates", "glm_measures", "glm_epsilon",
 }
 FROZEN_STAGES = {
     "space": {"mask", "space", "parcels", "atlas", "atlas_fill"},

@@ -18,11 +18,13 @@ import deploy_common as dc
 import numpy as np
 import pytest
 
-from dpneuro._utils.errors import UnsafeRelease
+from dpneuro._utils.errors import ConfigError, UnsafeRelease
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import phases
 from dpneuro.protocol.exchange import DirectoryExchange, PartyFailed, Payload
 from dpneuro.protocol.exchange.codec import load_state_file
+from dpneuro.run.naming import read_component_table
+from dpneuro.run.outputs import table_path
 
 TOTAL = 6.0  # every site's configured total epsilon (the trials' setting)
 RUN = "attack"
@@ -45,6 +47,7 @@ class Outcome:
     errors: dict[str, BaseException | None]
     cfg: object
     sites: list[str]
+    results: dict[str, dict] | None = None
 
     def site_errors(self) -> list[BaseException | None]:
         return [self.errors[s] for s in self.sites]
@@ -84,7 +87,8 @@ class Outcome:
 def deploy(tmp_path: Path, man: dict, patches=(), **kw) -> Outcome:
     """The aggregator and every site of ``man`` as threads, each with its own pinned key, a total epsilon of
     :data:`TOTAL` unless ``kw`` says otherwise; ``patches``: (object, attribute, replacement) set for the run."""
-    settings = dict(epsilon=TOTAL, ica="spatial", fnc=False, timeout=20.0)
+    # the trials' tiny consortium buys no component at this total: the guard is what is tried here
+    settings = dict(epsilon=TOTAL, ica="spatial", fnc=False, timeout=20.0, allow_noise_maps=True)
     settings.update(kw)
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), **settings)
     sites = [s.name for s in cfg.sites]
@@ -100,7 +104,7 @@ def deploy(tmp_path: Path, man: dict, patches=(), **kw) -> Outcome:
             t.join(timeout=240)
         assert not any(t.is_alive() for t in threads), "a party did not stop"
     errors = {p: (e if isinstance(e, BaseException) else None) for p, e in out.items()}
-    return Outcome(errors, cfg, sites)
+    return Outcome(errors, cfg, sites, {p: r for p, r in out.items() if isinstance(r, dict)})
 
 
 def assert_within_total(out: Outcome) -> None:
@@ -126,6 +130,11 @@ def refused(out: Outcome, text: str) -> int:
 def test_an_honest_deployment_spends_exactly_its_total_and_states_one_sites_influence(tmp_path, man):
     out = deploy(tmp_path, man)
     assert set(out.errors.values()) == {None}, out.errors
+    # every site names the consortium's components as its report does: the same noise components
+    signal = [r["signal"] for r in read_component_table(out.results["aggregator"]["component_table"])]
+    assert out.results["aggregator"]["signal_components"] == signal and not all(signal)  # a tiny consortium
+    for s in out.sites:
+        assert [r["signal"] for r in read_component_table(table_path(out.results[s]["components"]))] == signal
     assert max(out.epsilon(s) for s in out.sites) == pytest.approx(TOTAL, rel=1e-6)
     assert_within_total(out)
     assert all(len(out.releases(s)) == 1 for s in out.sites)
@@ -207,7 +216,7 @@ def test_a_split_planned_from_lied_counts_never_takes_a_site_past_its_total(tmp_
         return got
 
     cfg = dc.run_config(man, tmp_path / "out", exchange_dir=str(tmp_path / "shared"), epsilon=TOTAL,
-                        ica="spatial", fnc=False)
+                        ica="spatial", fnc=False, allow_noise_maps=True)
     out = deploy(tmp_path, man, [(DirectoryExchange, "receive", receive)])
     assert all(e is None or isinstance(e, UnsafeRelease) or "stopped with an error" in str(e)
                for e in out.site_errors()), out.errors
@@ -342,3 +351,14 @@ def test_the_stated_influence_bounds_what_a_deviating_site_does_undetected(tmp_p
     stated = priv["site_influence"]["reduce"]["A"]
     assert moved and moved[0] <= stated["largest"] <= 2 * moved[0] / 0.3  # the combined limit's 2 (B + t)
     assert any("can move the averaged release 'A'" in a for a in priv["assumptions"])
+
+
+# -- a budget that buys nothing: every party stops before anything is released ----------------------
+
+def test_a_total_that_buys_no_component_stops_every_party_before_any_release(tmp_path, man):
+    out = deploy(tmp_path, man, allow_noise_maps=False)
+    for party, e in out.errors.items():  # each party planned the same split and saw it buys nothing
+        assert isinstance(e, (ConfigError, PartyFailed)), (party, e)
+    assert any(isinstance(e, ConfigError) and "buys no component" in str(e) for e in out.errors.values())
+    for s in out.sites:
+        assert out.releases(s) == [] and out.ledger(s).releases == [], s

@@ -125,7 +125,7 @@ def _counts_parties(cfg: RunConfig, forged: dict, settings: dict, tmp_path: Path
 
 def test_a_site_refuses_a_broadcast_that_changed_its_counts(tmp_path):
     cfg = RunConfig(sites=[SiteEntry(f"site-0{i + 1}", "") for i in range(4)], out="", space="grid30", parcels=60,
-                    n_components=4, epsilon=4.0, seed=1, simulation=True)
+                    n_components=4, epsilon=4.0, seed=1, simulation=True, allow_noise_maps=True)
     counts = {s.name: [40, 40, 40] for s in cfg.sites}
     settings = planned_settings(apply_target(cfg, shapes=site_shapes(cfg, subjects=3, timepoints=40), dim=60)[0])
     honest = _counts_parties(cfg, counts, settings, tmp_path / "honest")
@@ -164,7 +164,7 @@ def test_a_deployed_run_plans_a_total_epsilon_from_the_announced_counts(tmp_path
     man = dc.consortium(tmp_path / "data")
     total = 4.0
     cfg = write_config(tmp_path / "run.toml", man, out=tmp_path / "out", exchange=tmp_path / "shared",
-                       ica=ica, epsilon=total)
+                       ica=ica, epsilon=total, allow_noise_maps=True)  # a small consortium: the split is tested
     _run_all(cfg, man, tmp_path)
     run = tmp_path / "out" / "dpneuro"
     parties = ["aggregator"] + [s["site"] for s in man["sites"]]

@@ -25,6 +25,7 @@ from dpneuro.protocol.driver import run_aggregator, run_site
 from dpneuro.protocol.exchange import DirectoryCheckpoint, Suspend
 from dpneuro.report.figures import read_timecourses
 from dpneuro.run.factory import check_reduction_fits
+from dpneuro.run.naming import read_component_table
 from dpneuro.run.site_maps import site_note
 
 COINSTAC = dc.TEMPLATES / "coinstac"
@@ -433,6 +434,9 @@ def test_coinstac_services_run_the_template_like_the_simulation(tmp_path):
     # the service processes run BLAS with more threads than a simulated site (one), so the second moments
     # can differ in the last bit; everything after the noisy release agrees to rounding
     np.testing.assert_allclose(np.load(out / run.output["basis"]), ref["basis"], rtol=1e-9, atol=1e-12)
+    # COINSTAC's output says which components carry signal, as the remote's components.tsv does
+    table = read_component_table(out / run.output["component_table"])
+    assert run.output["signal_components"] == [r["signal"] for r in table] and run.output["signal"]
     priv = json.loads((out / run.output["privacy"]).read_text())
     for i, cid in enumerate(run.clients):
         assert dc.same_releases(priv["sites"][cid]["ledger"], ref["ledgers"][f"site-{i + 1:02d}"]), cid

@@ -171,7 +171,8 @@ def test_budget_cli_reads_the_run_configuration_and_refuses_what_run_refuses(con
     assert "site-01 6.00" in capsys.readouterr().out
     # a total epsilon in run.toml is planned as `dpneuro run` plans it, not ignored
     with_total = tmp_path / "run_eps.toml"
-    with_total.write_text(toml.read_text().replace("n_components = 4\n", "n_components = 4\nepsilon = 6.0\n"))
+    with_total.write_text(toml.read_text().replace("n_components = 4\n", "n_components = 4\nepsilon = 6.0\n"
+                                                                       "allow_noise_maps = true\n"))
     assert main(["budget", str(with_total), "--json"]) == 0
     from dpneuro.config import RunConfig
     from dpneuro.run.planner import apply_target

@@ -8,12 +8,19 @@ machine mounting the same folder. Layout under ``root``::
     <run_id>/round-000012/<topic>/aggregator.msg     aggregator -> every site
     <run_id>/egress/site-003.jsonl                   site 3's egress log
     <run_id>/alive/site-003                          site 3's heartbeat (mtime)
-    failed/site-003-<hash>.json                      site 3 stopped, and why (signed; shared by every run_id)
+    failed/site-003-<hash>.json                      site 3 stopped, how and why (signed; shared by every run_id)
 
 A message is written to a temporary file in its final directory, fsynced and
 then hard-linked to its name, so readers only ever see complete files and the
 first writer of an address wins; a second, different message for the same
 address is an error. Readers poll.
+
+A party's notice says how it stopped (:data:`NOTICE_KINDS`): with an error
+(every other party stops at once), by its operator (the others wait for it to be
+started again, as for any late message) or because another party stopped. A
+restarted party withdraws its own notice; the notices of an earlier attempt
+that it passes as ``notices_before`` do not stop it (it waits for those parties
+to be started again too).
 
 In a deployed run every message and failure notice is signed over the run's
 ``binding`` (its run id and a digest of its run manifest,
@@ -34,7 +41,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,17 +127,53 @@ def reserve_failure_notice(root, party: str, *, base=None) -> None:
         safefs.write_over(_base(root, base), path, b" " * NOTICE_BYTES)
 
 
-def _notice_body(party: str, error: str, binding: str | None) -> bytes:
-    """What a notice's signature covers: who, why and, in a deployed run, which run (codec.run_binding)."""
+#: how a notice's party stopped: with an error (every other party stops at once), by its operator (the others wait
+#: for it to be started again, up to their message timeout), or because another party's notice stopped it
+FAILED, INTERRUPTED, STOPPED = "failed", "interrupted", "stopped"
+NOTICE_KINDS = (FAILED, INTERRUPTED, STOPPED)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One party's notice as found in the shared folder (unauthenticated: read it as what the notice says)."""
+
+    name: str  # its file's name
+    party: str
+    kind: str  # one of NOTICE_KINDS
+    error: str
+    at: str  # when it was written (UTC), "" if not said
+    raw: bytes  # its bytes, to tell a notice written later from this one
+
+    @property
+    def who(self) -> str:
+        return "the aggregator" if self.party == "aggregator" else f"site {self.party!r}"
+
+    def describe(self) -> str:
+        """The notice in words: who stopped, when, how."""
+        when = f" at {self.at}" if self.at else ""
+        if self.kind == INTERRUPTED:
+            return f"{self.who} was stopped by its operator{when}"
+        if self.kind == STOPPED:
+            return f"{self.who} stopped{when} because {self.error}"
+        return f"{self.who} stopped with an error{when}: {self.error}"
+
+
+def _notice_body(party: str, error: str, binding: str | None, kind: str = FAILED, at: str | None = None) -> bytes:
+    """What a notice's signature covers: who, why, how, when and, in a deployed run, which run (codec.run_binding)."""
     body: dict[str, Any] = {"party": party, "error": error}
     if binding is not None:  # unbound notices keep their old signed bytes
         body["binding"] = binding
+    if kind != FAILED:  # so do failure notices without a time
+        body["kind"] = kind
+    if at is not None:
+        body["at"] = at
     return json.dumps(body, sort_keys=True).encode()
 
 
 def write_failure_notice(root, party: str, error: str, keys=None, *, binding: str | None = None,
-                         base=None) -> None:
-    """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error`` (the other parties' waits end).
+                         base=None, kind: str = FAILED) -> None:
+    """``<root>/failed/<party>-<hash>.json``: ``party`` stopped with ``error``, the way ``kind`` says
+    (:data:`NOTICE_KINDS`; a failure ends the other parties' waits), and when.
 
     Signed with ``party``'s own key when ``keys`` (:class:`~dpneuro.protocol.exchange.keys.PartyKeys`) is given,
     over the run's ``binding`` too (:func:`~dpneuro.protocol.exchange.codec.run_binding`), so that a notice copied
@@ -137,14 +181,19 @@ def write_failure_notice(root, party: str, error: str, keys=None, *, binding: st
     when there is one: overwriting allocated bytes and a rename need no free space, so a party that stops because
     the disk is full can still say so. ``base``: as for :func:`reserve_failure_notice`.
     """
+    if kind not in NOTICE_KINDS:
+        raise ValueError(f"kind must be one of {NOTICE_KINDS}, got {kind!r}")
     base = _base(root, base)
     path = _notice_path(root, party)
     error = str(error)[:600]  # escaped, signed and wrapped, still within NOTICE_BYTES
-    notice: dict[str, Any] = {"party": party, "error": error}
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    notice: dict[str, Any] = {"party": party, "error": error, "at": at}
+    if kind != FAILED:
+        notice["kind"] = kind
     if binding is not None:
         notice["binding"] = binding
     if keys is not None:
-        notice["signature"] = keys.sign_named(_notice_body(party, error, binding)).hex()
+        notice["signature"] = keys.sign_named(_notice_body(party, error, binding, kind, at)).hex()
     blob = json.dumps(notice).encode()
     blob = blob + b" " * max(0, NOTICE_BYTES - len(blob))  # JSON ignores trailing white space
     reserved = _reserve_path(root, party)
@@ -158,34 +207,60 @@ def clear_failure_notice(root, party: str, *, base=None) -> None:
     safefs.unlink(_base(root, base), _notice_path(root, party))
 
 
-def check_failure_notices(root, me: str, keys=None, *, binding: str | None = None, base=None) -> None:
-    """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``.
-
-    With ``keys``, a notice whose signature is not its party's for this run (``binding``) still stops the run
-    (any party may abort it), but is reported as unauthenticated, or as replayed from another run, instead of
-    blaming the party it names. ``base``: as for :func:`reserve_failure_notice`; a notice that is a symlink or
-    not a regular file is refused (:class:`PlantedFile`).
-    """
+def read_notices(root, *, base=None) -> list[Notice]:
+    """Every party's notice under ``root``, by file name (as they say; :func:`check_failure_notices` checks
+    signatures). ``base``: as for :func:`reserve_failure_notice`; a notice that is a symlink or not a regular file
+    is refused (:class:`PlantedFile`)."""
     base = _base(root, base)
     d = Path(root) / "failed"
-    mine = _notice_path(root, me).name
-    for name in safefs.names(base, d):
-        if not name.endswith(".json") or name.startswith(".") or name == mine:
+    out = []
+    for name in sorted(safefs.names(base, d)):
+        if not name.endswith(".json") or name.startswith("."):
             continue
         try:
-            info = json.loads(safefs.read(base, d / name) or b"")
+            raw = safefs.read(base, d / name) or b""
+            info = json.loads(raw)
         except (OSError, ValueError):
             continue  # being replaced: seen on the next poll
         if not isinstance(info, dict):
             continue
-        party, error = str(info.get("party")), str(info.get("error"))
-        who = "the aggregator" if party == "aggregator" else f"site {party!r}"
+        kind = info.get("kind", FAILED)
+        out.append(Notice(name=name, party=str(info.get("party")), kind=kind if kind in NOTICE_KINDS else FAILED,
+                          error=str(info.get("error")), at=str(info.get("at") or ""), raw=raw))
+    return out
+
+
+def check_failure_notices(root, me: str, keys=None, *, binding: str | None = None, base=None,
+                          before: Mapping[str, bytes] | None = None) -> list[Notice]:
+    """Raise :class:`PartyFailed` if another party than ``me`` left a failure notice under ``root``; return the
+    notices of the parties stopped by their operators (the run waits for them).
+
+    With ``keys``, a notice whose signature is not its party's for this run (``binding``) still stops the run
+    (any party may abort it), but is reported as unauthenticated, or as replayed from another run, instead of
+    blaming the party it names. A notice that stops no one (an operator's stop, a party stopped by another) needs
+    no trust. ``before``: notices of an earlier attempt of the run (file name -> bytes), as this party found them
+    when it was started again: they do not stop it, the same file written again does. ``base``: as for
+    :func:`reserve_failure_notice`; a notice that is a symlink or not a regular file is refused (:class:`PlantedFile`).
+    """
+    base = _base(root, base)
+    mine = _notice_path(root, me).name
+    waiting = []
+    for notice in read_notices(root, base=base):
+        if notice.name == mine or (before is not None and before.get(notice.name) == notice.raw):
+            continue
+        if notice.kind == INTERRUPTED:
+            waiting.append(notice)
+        if notice.kind != FAILED:
+            continue
+        info = json.loads(notice.raw)
+        party, error, at = notice.party, notice.error, info.get("at")
+        who = notice.who
         if keys is not None:
             sig, claimed = info.get("signature"), info.get("binding")
 
             def signed(bound) -> bool:
                 try:
-                    return isinstance(sig, str) and keys.verify_named(party, _notice_body(party, error, bound),
+                    return isinstance(sig, str) and keys.verify_named(party, _notice_body(party, error, bound, at=at),
                                                                       bytes.fromhex(sig))
                 except (ValueError, KeyError):
                     return False
@@ -194,11 +269,12 @@ def check_failure_notices(root, me: str, keys=None, *, binding: str | None = Non
                 if claimed != binding and isinstance(claimed, str) and signed(claimed):
                     raise PartyFailed(
                         f"the run was stopped by a failure notice of {who} replayed from another run or manifest "
-                        f"({name}: written for {short_binding(claimed)}, this run is {short_binding(binding)}); "
+                        f"({notice.name}: written for {short_binding(claimed)}, this run is {short_binding(binding)}); "
                         f"it does not say that {who} failed in this run: {error}")
                 raise PartyFailed(f"the run was stopped by a failure notice not signed by {who}, whom it names "
-                                  f"({name}): {error}")
+                                  f"({notice.name}): {error}")
         raise PartyFailed(f"{who} stopped with an error: {error}")
+    return waiting
 
 
 class DirectoryExchange(Exchange):
@@ -232,6 +308,9 @@ class DirectoryExchange(Exchange):
     base : path-like, optional
         The shared folder's root (default ``root``): nothing from it down is read, written or removed through a
         symlink or a non-regular file (:class:`~dpneuro.protocol.exchange.safefs.PlantedFile`).
+    notices_before : mapping, optional
+        The other parties' notices of an earlier attempt of the run, as a restarted party found them (file name ->
+        bytes, :func:`read_notices`): they do not stop this party (see :func:`check_failure_notices`).
 
     Notes
     -----
@@ -250,6 +329,7 @@ class DirectoryExchange(Exchange):
         liveness_timeout: float = 60.0, heartbeat_interval: float = 1.0,
         site_names: Sequence[str] | None = None, notify: Callable[[str], None] | None = None,
         notify_interval: float = 30.0, binding: str | None = None, base: str | os.PathLike[str] | None = None,
+        notices_before: Mapping[str, bytes] | None = None,
     ) -> None:
         if int(n_sites) < 1:
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
@@ -272,6 +352,8 @@ class DirectoryExchange(Exchange):
         self.heartbeat_interval = float(heartbeat_interval)
         self.stats = ExchangeStats()
         self.notify, self.notify_interval = notify, float(notify_interval)
+        self.notices_before = dict(notices_before) if notices_before is not None else None
+        self._told: set[bytes] = set()  # operators' stops already told
         self._key = bytes(key) if isinstance(key, (bytes, bytearray)) else key
         self._closed = threading.Event()
         self._lock = threading.Lock()  # several parties may share one instance (threads)
@@ -298,8 +380,13 @@ class DirectoryExchange(Exchange):
 
     # -- failures ----------------------------------------------------------------
     def _check_failures(self, me: int) -> None:
-        check_failure_notices(self.root, self._party(me), None if isinstance(self._key, bytes) else self._key,
-                              binding=self.binding, base=self.base)
+        waiting = check_failure_notices(self.root, self._party(me), None if isinstance(self._key, bytes) else self._key,
+                                        binding=self.binding, base=self.base, before=self.notices_before)
+        for notice in waiting:
+            if notice.raw not in self._told and self.notify is not None:
+                self.notify(f"{self._party(me)}: {notice.describe()}; waiting for it to be started again with the "
+                            "same run id (it resumes from its checkpoint)")
+            self._told.add(notice.raw)
 
     def message_path(self, sender: int, round: int, topic: str) -> Path:
         """Where the message from ``sender`` (a site id or ``AGGREGATOR``) for ``(round, topic)`` lives."""
