@@ -180,7 +180,7 @@ def signal_sentence(signal: dict, expected: int | None = None) -> str:
     K, m = len(signal["signal"]), signal["n_signal"]
     if signal["edge"] is None:
         return f"All {K} components carry signal: the released matrix carried no privacy noise."
-    plan = f"; the plan expected about {expected} on typical fMRI" if expected is not None else ""
+    plan = f"; the plan expected about {min(expected, K)} on typical fMRI" if expected is not None else ""
     rest = (f" The other {K - m} are marked as noise (components.tsv) and left out of the FNC's and the group "
             "statistics' findings." if m < K else "")
     verb = "eigenvalue stands" if m == 1 else "eigenvalues stand"

@@ -71,3 +71,4 @@ def test_without_noise_every_component_is_signal_and_one_sentence_says_it():
     text = signal_sentence(noisy, expected=2)
     assert text.startswith("1 of 3 components carry signal: 1 released eigenvalue stands above")
     assert "The other 2 are marked as noise" in text and "expected about 2" in text
+    assert "expected about 3 on" in signal_sentence(noisy, expected=40)  # at most the components asked for
