@@ -18,6 +18,19 @@ scikit-learn's. With mu < 1 the new estimate is the decorrelated mix
 are matched to W's (a step may swap two components between rows).
 Convergence means one thing throughout: the plain step F(W) turns no
 component further than ``tol``.
+
+Collapse guard. On a basis that is mostly noise the damped mix can collapse:
+two of its rows collinear to rounding, W W^T singular (measured: condition
+2e15 to inf, where the other mixes stay below 10), and the inverse square root
+of its smallest eigenvalue would overflow into infs and NaNs. The
+decorrelation takes scikit-learn's route, (W W^T)^(-1/2) W by ``eigh``, while
+W W^T's condition number is at most ``COLLAPSE_CONDITION`` (the same numbers
+as scikit-learn's) and the nearest orthogonal matrix by SVD beyond it: always
+finite and orthogonal. A plain step that ill-conditioned is ordinary on
+Gaussian directions (the update nearly vanishes there) and the fit goes on; a
+start or a damped mix that ill-conditioned, or a non-finite update, ends the
+fit with ``collapsed`` set, the last orthogonal estimate and ``converged``
+False. The callers restart such a fit from :func:`restart_seed`'s seeds.
 """
 
 from __future__ import annotations
@@ -28,7 +41,12 @@ import numpy as np
 import scipy.linalg
 from scipy.optimize import linear_sum_assignment
 
-__all__ = ["FastICAFit", "fastica", "random_start"]
+__all__ = ["COLLAPSE_CONDITION", "FastICAFit", "fastica", "random_start", "restart_seed"]
+
+#: W W^T's condition number beyond which the decorrelation takes the SVD route. eigh's rows are orthogonal to about
+#: 1e-16 times it (~1e-3 at the bound, which the next step's decorrelation repairs: plain steps on Gaussian
+#: directions pass 1e12 in 1 fit in 10 and still converge), to nothing near 1e16, and it overflows on a singular W
+COLLAPSE_CONDITION = 1e14
 
 
 @dataclass
@@ -41,6 +59,9 @@ class FastICAFit:
     n_iter: int
     converged: bool
     step: float = 1.0
+    #: the start or a damped step collapsed (two directions into one; module notes): ``W`` is the last orthogonal
+    #: estimate before it, ``converged`` False; start again elsewhere (:func:`restart_seed`)
+    collapsed: bool = False
 
 
 def random_start(random_state: int, K: int) -> np.ndarray:
@@ -50,6 +71,13 @@ def random_start(random_state: int, K: int) -> np.ndarray:
     return np.random.RandomState(int(random_state)).normal(size=(K, K))
 
 
+def restart_seed(seed: int, attempt: int) -> int:
+    """The public seed of restart ``attempt`` (1, 2, ...) of a fit started from ``seed`` that collapsed: the first
+    32-bit word of numpy's ``SeedSequence([seed, attempt])``, a deterministic function of the two (so a run is
+    reproducible from its seeds) that does not fall on the neighbouring starts' seeds ``seed + 1, ...``."""
+    return int(np.random.SeedSequence([int(seed), int(attempt)]).generate_state(1)[0])
+
+
 def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int, step: float = 1.0) -> FastICAFit:
     """Symmetric FastICA with G = log cosh of whitened ``X`` (n x K, identity covariance) from ``w_init``.
 
@@ -57,21 +85,32 @@ def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int, ste
     ``max_k |1 - |<w_k new, w_k old>||``; once the step is damped, after matching the plain step's rows to the
     current ones) and returns that step, or after ``max_iter`` iterations; the step size starts at ``step``
     (1: the plain step; a fit continued from where another stopped goes on at its step size) and follows the
-    reference package's rule (module notes).
+    reference package's rule (module notes). A start or a damped step that collapses ends the fit with
+    ``collapsed`` set (module notes).
     """
     Xt = np.asarray(X, np.float64).T
     n = Xt.shape[1]
-    W = _decorrelate(np.asarray(w_init, np.float64))
-    before = np.zeros_like(W)  # the estimate two steps back, for the cycle test
+    W, cond = _orthogonal(np.asarray(w_init, np.float64))
     mu, stroke, long = float(step), 0.0, max_iter / 2
+    if not cond <= COLLAPSE_CONDITION:  # a singular start: nothing to iterate from
+        return FastICAFit(W, 0, False, mu, collapsed=True)
+    before = np.zeros_like(W)  # the estimate two steps back, for the cycle test
     for it in range(1, int(max_iter) + 1):
         G = np.tanh(W @ Xt)
-        plain = _decorrelate(G @ Xt.T / n - (1.0 - G**2).mean(axis=1)[:, None] * W)
+        update = G @ Xt.T / n - (1.0 - G**2).mean(axis=1)[:, None] * W
+        if not np.isfinite(update).all():  # non-finite data
+            return FastICAFit(W, it, False, mu, collapsed=True)
+        plain, _ = _orthogonal(update)  # ill-conditioned where directions are Gaussian: fine by the SVD route
         if mu < 1.0:
             plain = _aligned(plain, W)
         if _turn(plain, W) < tol:  # the plain step's turn, whatever step is taken: one meaning of converged
             return FastICAFit(plain, it, True, mu)
-        nxt = plain if mu == 1.0 else _decorrelate((1.0 - mu) * W + mu * plain)
+        if mu == 1.0:
+            nxt = plain
+        else:
+            nxt, cond = _orthogonal((1.0 - mu) * W + mu * plain)
+            if not cond <= COLLAPSE_CONDITION:  # the mix of two orthogonal estimates lost a direction
+                return FastICAFit(W, it, False, mu, collapsed=True)
         back = _turn(nxt, before)
         before, W = W, nxt
         if not stroke and back < tol:  # a two-step cycle: one step at half the size
@@ -104,7 +143,36 @@ def _turn(A: np.ndarray, B: np.ndarray) -> float:
 
 
 def _decorrelate(W: np.ndarray) -> np.ndarray:
-    """(W W^T)^(-1/2) W, as scikit-learn's FastICA computes it."""
-    s, u = scipy.linalg.eigh(W @ W.T)
-    s = np.clip(s, np.finfo(W.dtype).tiny, None)
-    return np.linalg.multi_dot([u * (1.0 / np.sqrt(s)), u.T, W])
+    """(W W^T)^(-1/2) W, as scikit-learn's FastICA computes it while W W^T is well conditioned; else the nearest
+    orthogonal matrix by SVD (module notes). Always finite and orthogonal."""
+    return _orthogonal(W)[0]
+
+
+def _orthogonal(W: np.ndarray) -> tuple[np.ndarray, float]:
+    """(W's decorrelation, W W^T's condition number: inf when singular or not finite)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # a huge W's overflow is caught below
+        C = W @ W.T
+    if not np.isfinite(C).all():
+        return _polar(W), np.inf
+    s, u = scipy.linalg.eigh(C)
+    tiny = np.finfo(W.dtype).tiny
+    # Python floats: inf, not a warning, where a singular W overflows it
+    cond = float(s[-1]) / float(s[0]) if s[0] >= tiny else np.inf
+    if cond <= COLLAPSE_CONDITION:  # scikit-learn's route, exactly as before (its clip changes nothing here)
+        s = np.clip(s, tiny, None)
+        return np.linalg.multi_dot([u * (1.0 / np.sqrt(s)), u.T, W]), cond
+    return _polar(W), cond
+
+
+def _polar(W: np.ndarray) -> np.ndarray:
+    """The orthogonal factor U V^T of W = U S V^T (W's finite entries, scaled first so nothing overflows): the
+    nearest orthogonal matrix, defined even where W is singular."""
+    W = np.where(np.isfinite(W), W, 0.0)
+    top = np.abs(W).max()
+    if top > 0:
+        W = W / top
+    try:
+        u, _, vt = np.linalg.svd(W)
+    except np.linalg.LinAlgError:  # gesdd did not converge: the slower, sturdier driver
+        u, _, vt = scipy.linalg.svd(W, lapack_driver="gesvd")
+    return u @ vt

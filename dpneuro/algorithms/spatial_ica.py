@@ -69,6 +69,18 @@ its seeds' spread (benchmarks/stable_ica.py). ``status`` still says
 thread: their matrices (D x R) are small, and spare BLAS threads competing
 with other work (a site's decoding threads, other processes) made them up
 to 10x slower.
+
+Collapses. On a noise-dominated basis a damped FastICA step can collapse two
+directions into one: 38 of 10,000 single fits and 3 of 640 spatial ICA starts
+on pure-noise bases (benchmarks/fastica_noise.py). FastICA stops such a fit
+cleanly (:mod:`dpneuro.algorithms._fastica`) and both ICAs start it again, at
+most ``FASTICA_RESTARTS`` times, from public seeds derived from the collapsed
+start's (``restart_seed``): a spatial start from a new rotation, the guided
+start from the references turned by a small public rotation. Every restart is
+in the result (``restarts``, ``restart_note()``); none of those 41 collapsed
+again. A spatial start that collapses every time is left out of the choice;
+when every start does (or the guided one), :class:`FastICACollapsed` says why
+and what to change.
 """
 
 from __future__ import annotations
@@ -78,12 +90,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpneuro._utils.blas import one_blas_thread
-from dpneuro.algorithms._fastica import FastICAFit, fastica, random_start
+from dpneuro._utils.errors import DpneuroError
+from dpneuro.algorithms._fastica import FastICAFit, fastica, random_start, restart_seed
 from dpneuro.algorithms.djica import check_basis
 from dpneuro.algorithms.metrics import match_components
 
-__all__ = ["GUIDED_ICA_MAX_ITER", "GUIDED_ICA_TOL", "GuidedICAResult", "SPATIAL_ICA_MAX_ITER", "SPATIAL_ICA_POLISH_TOL",
-           "SPATIAL_ICA_RESTARTS", "SPATIAL_ICA_TOL", "SpatialICAResult", "guided_ica", "spatial_ica"]
+__all__ = ["FASTICA_RESTARTS", "FastICACollapsed", "GUIDED_ICA_MAX_ITER", "GUIDED_ICA_TOL", "GuidedICAResult",
+           "SPATIAL_ICA_MAX_ITER", "SPATIAL_ICA_POLISH_TOL", "SPATIAL_ICA_RESTARTS", "SPATIAL_ICA_TOL",
+           "SpatialICAResult", "guided_ica", "spatial_ica"]
 
 #: FastICA starts of the spatial ICA (public seeds init_seed, init_seed + 1, ...); 1 is a single run
 SPATIAL_ICA_RESTARTS = 20
@@ -107,6 +121,30 @@ _GAUSS_LOGCOSH = 0.3745672075
 _TIE = 1e-6
 #: a polished run is kept when each of its maps still matches one of the run's at |r| >= this
 _SAME_MAPS = 0.999
+#: times a collapsed FastICA start is started again (seeds ``restart_seed(seed, 1), ...``): collapses are rare (1 fit
+#: in 260 on pure-noise bases, no restart collapsed again), so five in a row mean the basis, not bad luck
+FASTICA_RESTARTS = 5
+#: a guided restart starts from the references turned by a public random rotation of about this many radians per row
+_GUIDED_TURN = 0.1
+
+
+class FastICACollapsed(DpneuroError, RuntimeError):
+    """FastICA collapsed from every start tried: the basis' directions are too close to Gaussian noise."""
+
+
+def _collapsed_error(what: str, fits: int) -> FastICACollapsed:
+    return FastICACollapsed(
+        f"{what}: FastICA collapsed (two components into one) in all {fits} fits tried, restarts included: the "
+        "basis is dominated by noise, its directions nearly Gaussian. Choose fewer components, or give the run "
+        "more privacy budget or more subjects (less noise in the basis).")
+
+
+def _restart_phrase(start: str, seeds: tuple[int, ...], *, gave_up: bool) -> str:
+    """What a report says about one start's restarts."""
+    tried = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+    if gave_up:
+        return f"{start} collapsed on a noise-dominated basis, again after each restart ({tried}): left out"
+    return f"{start} collapsed on a noise-dominated basis; restarted from {tried}"
 
 
 @dataclass
@@ -130,9 +168,17 @@ class SpatialICAResult:
     scores : ndarray, shape (n_init,)
         Every run's selection score (smaller is better), in start order.
     kept : int
-        Index of the kept run (its start is ``init_seed + kept``).
+        Index of the kept run (its start is ``init_seed + kept``, or the last seed ``restarts`` gives it).
     n_converged : int
         How many of the ``n_init`` runs converged within ``max_iter`` (``status`` is the kept run's).
+    restarts : tuple of (int, int)
+        Every restart of a start that collapsed (module notes), in order: (start index, the public seed it was
+        started again from). Empty when none collapsed; ``restart_note()`` says it in words.
+    left_out : tuple of int
+        Starts that collapsed on all ``FASTICA_RESTARTS`` restarts too: left out of the choice and of
+        ``stability`` (score inf).
+    init_seed : int
+        The first start's seed (start i's is ``init_seed + i``).
     """
 
     W: np.ndarray
@@ -143,6 +189,16 @@ class SpatialICAResult:
     scores: np.ndarray | None = None
     kept: int = 0
     n_converged: int = 1
+    restarts: tuple[tuple[int, int], ...] = ()
+    left_out: tuple[int, ...] = ()
+    init_seed: int = 0
+
+    def restart_note(self) -> str:
+        """The restarts in words, for the run's status and report ("" when no start collapsed)."""
+        starts = dict.fromkeys(i for i, _ in self.restarts)
+        return "; ".join(_restart_phrase(f"FastICA start {i} (seed {self.init_seed + i})",
+                                         tuple(s for j, s in self.restarts if j == i), gave_up=i in self.left_out)
+                         for i in starts)
 
 
 def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol: float = SPATIAL_ICA_TOL,
@@ -166,7 +222,9 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
         component's step is below ``tol`` (a step of at most sqrt(2 tol) rad); see the module notes for how
         the defaults were measured; the kept run then goes on towards ``SPATIAL_ICA_POLISH_TOL``.
     init_seed : int
-        Seed of the first start's rotation; start i uses ``init_seed + i`` (public; see the module notes).
+        Seed of the first start's rotation; start i uses ``init_seed + i`` (public; see the module notes), and if
+        that fit collapses, ``restart_seed(init_seed + i, 1)``, ``restart_seed(init_seed + i, 2)``, ... (at most
+        ``FASTICA_RESTARTS``; reported in ``restarts``).
     n_init : int
         FastICA runs; 1 is the single run from ``init_seed``.
     select : {"sparsity", "contrast"}
@@ -174,6 +232,11 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
         smallest (CanICA's rule), ``"contrast"`` the largest logcosh negentropy sum_k (E G(m_k) - E G(nu))^2
         (FastICA's own objective). Scores within 1e-6 (relative) of the best count as ties and go to the
         earliest start.
+
+    Raises
+    ------
+    FastICACollapsed
+        When every start collapsed on every restart (module notes).
     """
     if int(n_init) != n_init or n_init < 1:
         raise ValueError(f"n_init must be an integer >= 1, got {n_init!r}")
@@ -183,14 +246,19 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
     with one_blas_thread():
         Z, white = _whiten(V)
         runs = [_run(Z, init_seed + i, max_iter, tol) for i in range(int(n_init))]
-        scores = np.array([_score(r.S, select) for r in runs])
+        left_out = tuple(i for i, r in enumerate(runs) if r.fit.collapsed)
+        if len(left_out) == len(runs):
+            raise _collapsed_error(f"spatial ICA of a {V.shape[0]} x {V.shape[1]} basis",
+                                   sum(1 + len(r.restarts) for r in runs))
+        scores = np.array([np.inf if r.fit.collapsed else _score(r.S, select) for r in runs])
+        best = scores.min()
         # ties (one optimum found from several starts, scores equal to rounding) go to the earliest start
-        kept = int(np.flatnonzero(scores <= scores.min() + _TIE * abs(scores.min()))[0])
+        kept = int(np.flatnonzero(scores <= best + _TIE * abs(best))[0])
         run = runs[kept]
         unmix, S, converged, n_iter = run.fit.W, run.S, run.fit.converged, run.fit.n_iter
         if converged and tol > SPATIAL_ICA_POLISH_TOL and n_iter < max_iter:
             unmix, S = _polish(Z, run, max_iter - n_iter)
-    stability = _stability(S, [r.S for r in runs])
+    stability = _stability(S, [r.S for r in runs if not r.fit.collapsed])
     Q = white @ unmix.T  # V Q: the sources, up to a constant per map
     M = V @ Q
     sd = M.std(axis=0)
@@ -204,15 +272,18 @@ def spatial_ica(basis, eigenvalues, *, max_iter: int = SPATIAL_ICA_MAX_ITER, tol
     return SpatialICAResult(W=Qinv[order] * np.sqrt(lam), maps=M[:, order],
                             status="converged" if converged else "not converged", n_iter=n_iter,
                             stability=stability[order], scores=scores, kept=kept,
-                            n_converged=sum(r.fit.converged for r in runs))
+                            n_converged=sum(r.fit.converged for r in runs),
+                            restarts=tuple((i, s) for i, r in enumerate(runs) for s in r.restarts), left_out=left_out,
+                            init_seed=init_seed)
 
 
 @dataclass
 class _Run:
-    """One FastICA run of the spatial ICA and its standardised maps."""
+    """One FastICA run of the spatial ICA, its standardised maps and the seeds it was restarted from."""
 
     fit: FastICAFit
     S: np.ndarray
+    restarts: tuple[int, ...] = ()
 
 
 def _polish(Z: np.ndarray, run: _Run, budget: int) -> tuple[np.ndarray, np.ndarray]:
@@ -227,9 +298,14 @@ def _polish(Z: np.ndarray, run: _Run, budget: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _run(Z: np.ndarray, seed: int, max_iter: int, tol: float) -> _Run:
-    """One FastICA run from the public start ``seed``."""
+    """One FastICA run from the public start ``seed``, started again from ``restart_seed(seed, 1), ...`` while it
+    collapses (at most ``FASTICA_RESTARTS`` times; the last fit is returned, collapsed or not)."""
     fit = fastica(Z, random_start(seed, Z.shape[1]), tol=tol, max_iter=max_iter)
-    return _Run(fit, _standardise(Z @ fit.W.T))
+    restarts: list[int] = []
+    while fit.collapsed and len(restarts) < FASTICA_RESTARTS:
+        restarts.append(restart_seed(seed, len(restarts) + 1))
+        fit = fastica(Z, random_start(restarts[-1], Z.shape[1]), tol=tol, max_iter=max_iter)
+    return _Run(fit, _standardise(Z @ fit.W.T), tuple(restarts))
 
 
 def _standardise(S: np.ndarray) -> np.ndarray:
@@ -278,17 +354,25 @@ class GuidedICAResult:
     status : str
         ``"converged"`` or ``"not converged"`` (FastICA within ``max_iter``).
     n_iter : int
-        FastICA iterations (``max_iter`` when not converged).
+        FastICA iterations (``max_iter`` when not converged; of the last fit when restarted).
+    restarts : tuple of int
+        The public seeds the fit was started again from after it collapsed (module notes), in order; empty when
+        it did not. ``restart_note()`` says it in words.
     """
 
     maps: np.ndarray
     agreement: np.ndarray
     status: str
     n_iter: int
+    restarts: tuple[int, ...] = ()
+
+    def restart_note(self) -> str:
+        """The restarts in words, for the site's record and report ("" when the fit did not collapse)."""
+        return _restart_phrase("the guided FastICA start", self.restarts, gave_up=False) if self.restarts else ""
 
 
 def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
-               tol: float = GUIDED_ICA_TOL) -> GuidedICAResult:
+               tol: float = GUIDED_ICA_TOL, seed: int = 0) -> GuidedICAResult:
     """FastICA (logcosh) of the maps spanned by ``basis``, started from ``references`` and paired with them.
 
     Group-information-guided ICA: the references (the consortium's maps)
@@ -308,6 +392,15 @@ def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
     references : ndarray, shape (D, R)
         One reference map per column, R <= K.
     max_iter, tol : FastICA's iteration limit and tolerance (measured in the module notes).
+    seed : int
+        Public seed of the restarts, used only if the fit collapses: restart a (at most ``FASTICA_RESTARTS``;
+        reported in ``restarts``) starts from the references' start plus
+        ``0.1 / sqrt(K) * random_start(restart_seed(seed, a), K)``, each row turned by about 0.1 rad.
+
+    Raises
+    ------
+    FastICACollapsed
+        When the fit collapsed on every restart too (module notes).
     """
     V = np.asarray(basis, np.float64)
     ref = np.asarray(references, np.float64)
@@ -324,9 +417,17 @@ def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
         # the nearest orthogonal matrix: defined even where two references share a direction
         u, _, vt = np.linalg.svd(np.concatenate([start, rest]) if K > R else start)
         fit = fastica(Z, u @ vt, tol=tol, max_iter=max_iter)
+        restarts: list[int] = []
+        while fit.collapsed and len(restarts) < FASTICA_RESTARTS:
+            restarts.append(restart_seed(seed, len(restarts) + 1))
+            turned = u @ vt + random_start(restarts[-1], K) * (_GUIDED_TURN / np.sqrt(K))  # rows of norm ~0.1
+            fit = fastica(Z, turned, tol=tol, max_iter=max_iter)
+        if fit.collapsed:
+            raise _collapsed_error(f"guided ICA of a {V.shape[0]} x {K} basis", 1 + len(restarts))
         S = Z @ fit.W.T
     perm, corr = match_components(S, ref)
     maps = S[:, perm] * np.where(corr < 0, -1.0, 1.0)
     maps = (maps - maps.mean(axis=0)) / maps.std(axis=0)
     return GuidedICAResult(maps=maps, agreement=np.abs(corr),
-                           status="converged" if fit.converged else "not converged", n_iter=fit.n_iter)
+                           status="converged" if fit.converged else "not converged", n_iter=fit.n_iter,
+                           restarts=tuple(restarts))

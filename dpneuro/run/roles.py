@@ -222,7 +222,8 @@ def _unmix_result(agg: State) -> UnmixResult:
 
 def _spatial_result(basis, eigenvalues) -> UnmixResult:
     r = spatial_ica(basis, eigenvalues)
-    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, r.status)
+    note = r.restart_note()  # collapsed FastICA starts, restarted: in the run's record and the report's headline
+    return UnmixResult(r.W, np.zeros(r.W.shape[0]), {}, 0, f"{r.status}; {note}" if note else r.status)
 
 
 def describe_unmixing(cfg: RunConfig, rounds: int, status: str) -> str:

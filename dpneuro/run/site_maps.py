@@ -195,8 +195,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
         (:func:`dpneuro.data.load.voxel_decoder`: resampled, cleaned, scrubbed); default: read on the mask's grid.
     record : dict, optional
         Given, ``record["site_maps_ica"]`` is set to how the guided ICA ended: ``{"status": "converged" or
-        "not converged", "n_iter", "max_iter"}``, or None when none ran (``"dual_regression"``, or too little
-        data for R directions).
+        "not converged", "n_iter", "max_iter", "restarted_from"}`` (the seeds FastICA restarted from after a
+        collapse, usually none), or None when none ran (``"dual_regression"``, or too little data for R directions).
 
     The products here are small (a subject's voxels x its volumes, by R or 2R) and run beside the decoding
     threads, so they use one BLAS thread: with two, one site of the demo took 1.0-39 s on a shared 2-core
@@ -250,7 +250,8 @@ def site_voxel_maps(runs: Sequence[Sequence[str]], boundaries: Sequence[Sequence
             return regression  # too little data for R directions (or a component silent at the site): nothing to refine
         result = guided_ica(basis, regression)
     if record is not None:
-        record["site_maps_ica"] = {"status": result.status, "n_iter": result.n_iter, "max_iter": GUIDED_ICA_MAX_ITER}
+        record["site_maps_ica"] = {"status": result.status, "n_iter": result.n_iter, "max_iter": GUIDED_ICA_MAX_ITER,
+                                   "restarted_from": list(result.restarts)}  # seeds, if FastICA collapsed
     return result.maps
 
 
