@@ -71,11 +71,12 @@ def random_start(random_state: int, K: int) -> np.ndarray:
     return np.random.RandomState(int(random_state)).normal(size=(K, K))
 
 
-def restart_seed(seed: int, attempt: int) -> int:
-    """The public seed of restart ``attempt`` (1, 2, ...) of a fit started from ``seed`` that collapsed: the first
-    32-bit word of numpy's ``SeedSequence([seed, attempt])``, a deterministic function of the two (so a run is
-    reproducible from its seeds) that does not fall on the neighbouring starts' seeds ``seed + 1, ...``."""
-    return int(np.random.SeedSequence([int(seed), int(attempt)]).generate_state(1)[0])
+def restart_seed(random_state: int, attempt: int) -> int:
+    """The public seed of restart ``attempt`` (1, 2, ...) of a fit started from seed ``random_state`` that
+    collapsed: the first 32-bit word of numpy's ``SeedSequence([random_state, attempt])``, a deterministic function
+    of the two (so a run is reproducible from its seeds) that does not fall on the neighbouring starts' seeds
+    ``random_state + 1, ...``."""
+    return int(np.random.SeedSequence([int(random_state), int(attempt)]).generate_state(1)[0])
 
 
 def fastica(X: np.ndarray, w_init: np.ndarray, *, tol: float, max_iter: int, step: float = 1.0) -> FastICAFit:

@@ -372,7 +372,7 @@ class GuidedICAResult:
 
 
 def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
-               tol: float = GUIDED_ICA_TOL, seed: int = 0) -> GuidedICAResult:
+               tol: float = GUIDED_ICA_TOL, random_state: int = 0) -> GuidedICAResult:
     """FastICA (logcosh) of the maps spanned by ``basis``, started from ``references`` and paired with them.
 
     Group-information-guided ICA: the references (the consortium's maps)
@@ -392,10 +392,10 @@ def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
     references : ndarray, shape (D, R)
         One reference map per column, R <= K.
     max_iter, tol : FastICA's iteration limit and tolerance (measured in the module notes).
-    seed : int
+    random_state : int
         Public seed of the restarts, used only if the fit collapses: restart a (at most ``FASTICA_RESTARTS``;
         reported in ``restarts``) starts from the references' start plus
-        ``0.1 / sqrt(K) * random_start(restart_seed(seed, a), K)``, each row turned by about 0.1 rad.
+        ``0.1 / sqrt(K) * random_start(restart_seed(random_state, a), K)``, each row turned by about 0.1 rad.
 
     Raises
     ------
@@ -419,7 +419,7 @@ def guided_ica(basis, references, *, max_iter: int = GUIDED_ICA_MAX_ITER,
         fit = fastica(Z, u @ vt, tol=tol, max_iter=max_iter)
         restarts: list[int] = []
         while fit.collapsed and len(restarts) < FASTICA_RESTARTS:
-            restarts.append(restart_seed(seed, len(restarts) + 1))
+            restarts.append(restart_seed(random_state, len(restarts) + 1))
             turned = u @ vt + random_start(restarts[-1], K) * (_GUIDED_TURN / np.sqrt(K))  # rows of norm ~0.1
             fit = fastica(Z, turned, tol=tol, max_iter=max_iter)
         if fit.collapsed:

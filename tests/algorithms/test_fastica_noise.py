@@ -252,7 +252,7 @@ def test_guided_ica_restarts_a_collapsed_fit_from_turned_references(monkeypatch)
     ref = A[:, :R] + 0.5 * rng.standard_normal((D, R))
     before = guided_ica(V, ref)
     calls = _collapsing(monkeypatch, spatial_mod, lambda k, w: k == 0)  # the references' start, once
-    g = guided_ica(V, ref, seed=4)
+    g = guided_ica(V, ref, random_state=4)
     assert g.restarts == (restart_seed(4, 1),) and before.restarts == ()
     assert g.restart_note() == f"the guided FastICA start collapsed on a noise-dominated basis; restarted from seed {g.restarts[0]}"
     # the restart's start: the references' start turned by about 0.1 rad per row, not a random rotation
