@@ -276,18 +276,11 @@ def test_the_run_records_a_restart_in_the_unmixings_status(monkeypatch):
 
 
 def test_the_site_maps_record_says_where_the_guided_ica_restarted(monkeypatch):
+    from test_spatial_ica import site_blocks
+
     from dpneuro.run.site_maps import site_voxel_maps
 
-    rng = np.random.default_rng(5)
-    D, R, M, T = 400, 3, 6, 50
-    A = rng.laplace(size=(D, 2 * R)) ** 3
-    blocks, tcs = {}, []
-    for m in range(M):
-        S_m = rng.standard_normal((2 * R, T))
-        blocks[f"sub-{m}.nii.gz"] = A @ S_m + rng.standard_normal((D, T))
-        tcs.append(S_m[:R] + 0.3 * rng.standard_normal((R, T)))
-    runs, S = [[f] for f in blocks], np.concatenate(tcs, axis=1)
-    boundaries, mask = [(T * m, T * (m + 1)) for m in range(M)], np.ones((D, 1, 1), bool)
+    blocks, runs, boundaries, S, mask = site_blocks()
     record: dict = {}
     site_voxel_maps(runs, boundaries, S, mask, decode=blocks.__getitem__, workers=1, record=record)
     assert record["site_maps_ica"]["restarted_from"] == []

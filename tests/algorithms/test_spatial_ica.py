@@ -146,12 +146,10 @@ def test_the_fits_run_on_one_blas_thread(monkeypatch):
     assert after <= {2}  # restored after each
 
 
-def test_site_voxel_maps_record_whether_their_guided_ica_converged():
-    """The run's record of each site's voxel maps (``site_maps_ica``), for run.json and the report."""
-    from dpneuro.run.site_maps import site_voxel_maps
-
+def site_blocks(D: int = 400, R: int = 3, M: int = 6, T: int = 50):
+    """A site of M subjects whose voxels (D, a D x 1 x 1 mask) mix 2R heavy-tailed maps, and its time courses of
+    the first R: (decoded blocks by file, runs, boundaries, S, mask), as site_voxel_maps takes them."""
     rng = np.random.default_rng(5)
-    D, R, M, T = 400, 3, 6, 50
     A = rng.laplace(size=(D, 2 * R)) ** 3
     blocks, tcs = {}, []
     for m in range(M):
@@ -159,8 +157,16 @@ def test_site_voxel_maps_record_whether_their_guided_ica_converged():
         blocks[f"sub-{m}.nii.gz"] = A @ S_m + rng.standard_normal((D, T))
         tcs.append(S_m[:R] + 0.3 * rng.standard_normal((R, T)))
     runs, S = [[f] for f in blocks], np.concatenate(tcs, axis=1)
-    boundaries, mask = [(T * m, T * (m + 1)) for m in range(M)], np.ones((D, 1, 1), bool)
-    record = {}
+    return blocks, runs, [(T * m, T * (m + 1)) for m in range(M)], S, np.ones((D, 1, 1), bool)
+
+
+def test_site_voxel_maps_record_whether_their_guided_ica_converged():
+    """The run's record of each site's voxel maps (``site_maps_ica``), for run.json and the report."""
+    from dpneuro.run.site_maps import site_voxel_maps
+
+    blocks, runs, boundaries, S, mask = site_blocks()
+    D, R = mask.size, S.shape[0]
+    record: dict = {}
     maps = site_voxel_maps(runs, boundaries, S, mask, decode=blocks.__getitem__, workers=1, record=record)
     ica = record["site_maps_ica"]
     assert ica["status"] == "converged" and 0 < ica["n_iter"] < ica["max_iter"] == GUIDED_ICA_MAX_ITER, ica
