@@ -3,33 +3,35 @@
 The consortium asks whether its subjects differ (patients against controls, an
 age slope) on what the run measured per subject: the static FNC edges and each
 component's amplitude. No site shares a subject's numbers. Per subject, at its
-site: a design row x (intercept, the covariates, the site as a covariate of its
-own) and measures y (Q values). The model of measure q is y_q = X beta_q + e.
+site: covariates x (C columns) and measures y (Q values). The model of measure
+q has an intercept per site: y_q = alpha_{q,site} + x' beta_q + e, so every
+effect is a within-site one and a site's offset never enters it.
 
 Privacy (docs/privacy.md, "Group statistics"): each entry of x is in [-1, 1]
-(categorical levels as 0/1 indicators, a continuous covariate mapped from its
-public range; values outside are clipped and counted), so ||x|| <= B_x; each
+(a level of a categorical covariate as +1 at the level and -1 elsewhere, so its
+square is the public count; a continuous covariate mapped from its public
+range; values outside are clipped and counted), so ||x|| <= sqrt(C); each
 family of measures is scaled onto a public L2 bound (:data:`FAMILY_RMS` times
-the square root of its size), so ||y|| <= B_y. A subject contributes
+the square root of its size), so ||y|| <= B_y. A subject contributes five
+blocks (:data:`BLOCKS`): its site's slot of x and of y (the per-site sums the
+site intercepts need), the private entries of x x', x y', and each family's
+||y||^2, each scaled onto a share a_k of a unit norm (:data:`SHARES`), so
+||t|| <= 1 whatever its data, and site s releases the mean of its subjects' t
+(:class:`CapeGLM`): sensitivity 2 / M_s under replacement. The aggregator's
+CAPE-weighted mean times N holds the sums, each with public Gaussian noise.
 
-    t = [ a_1 upper(x x') / B_x^2,  a_2 vec(x y') / (B_x B_y),  a_3 (y * y) / B_y^2 ]
-
-with a_1^2 + a_2^2 + a_3^2 = 1 (:data:`SHARES`), so ||t|| <= 1 whatever its
-data, and site s releases the mean of its subjects' t (:class:`CapeGLM`):
-sensitivity 2 / M_s under replacement. The aggregator's CAPE-weighted mean
-times N holds the pooled X'X, X'Y and the diagonal of Y'Y, each with public
-Gaussian noise.
-
-Inference (:func:`fit_glm`) is post-processing of the release: OLS from the
-noisy statistics, and intervals from a parametric bootstrap over both the
-sampling error and the public noise distribution (Ferrando, Wang and Sheldon
-2022, "Parametric bootstrap for differentially private confidence
-intervals"): the bootstrap statistics are drawn from the fitted model given
-the released design moments, fresh privacy noise of the plan's variance is
-added, and each draw is solved as the release was. The intervals and
-p-values are Wald's on the bootstrap standard error (t with N - p degrees of
-freedom; the bootstrap's percentiles covered less, skewed by the noisy X'X), q-values
-Benjamini-Hochberg within each contrast (``scipy.stats.false_discovery_control``).
+Inference (:func:`fit_glm`) is post-processing of the release. The within-site
+moments (X'X less each site's n_s xbar xbar', X'Y less n_s xbar ybar') are
+unbiased under the noise (a product of two released sums has independent
+noises; a square loses its noise's variance), so the least-squares estimate is
+unbiased to second order in the noise, and a design the budget resolves is
+never shrunk. Its standard error adds the sampling variance (from each family's
+pooled residual variance) and the privacy noise's variance (the delta method on
+the release's public noise, every product of sums in it estimated without
+bias); intervals and p-values are t's with N - S - C degrees of freedom,
+q-values Benjamini-Hochberg within each contrast
+(``scipy.stats.false_discovery_control``). :func:`detectable_effect` gives the
+same standard error before the run, from public quantities only.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import NoisePlan, planned_ledgers, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
 
-__all__ = ["CapeGLM", "Covariate", "Design", "FAMILY_RMS", "GLMSettings", "MEASURES", "SHARES", "fit_glm",
+__all__ = ["BLOCKS", "CapeGLM", "Covariate", "Design", "FAMILY_RMS", "GLMSettings", "MEASURES", "REFERENCE_SD",
+           "SHARES", "WEAK_DESIGN", "bh_power", "contrast_errors", "detectable", "fit_glm",
            "measure_names", "pack_statistics", "parse_design", "subject_measures", "unpack_statistics"]
 
 #: the measures a site computes per subject from its component time courses
@@ -59,23 +62,24 @@ MEASURES = ("fnc", "amplitude", "states")
 #: from the consortium's mean FNC (Fisher z), of its relative log amplitudes and of its brain-state dynamics
 #: (fractions)
 FAMILY_RMS = {"fnc": 0.3, "amplitude": 0.3, "states": 0.3}
-#: shares a_k^2 of a subject's unit norm: X'X, X'Y (what carries the effects), diag(Y'Y) (the residual variance)
-SHARES = (0.1, 0.7, 0.2)
-#: bootstrap draws of the parametric bootstrap
-N_BOOT = 2000
-#: eigenvalues of the released X'X are held at least FLOOR times its noise sd: a design direction the noise drowns
-#: is shrunk rather than inverted. On 4 x 100 subjects (benchmarks/group_stats.py, 60 runs per cell) 3 kept the
-#: intervals at 0.96 coverage with power 0.41 on 0.5 FNC shifts at eps 4; 1 inverted near-singular draws (intervals
-#: 19x OLS's, power 0.01); at eps 1 the floor shrinks non-zero effects by about half (their coverage 0.77)
-FLOOR = 3.0
+#: shares a_k^2 of a subject's unit norm (:data:`BLOCKS`): most to the covariate x measure products, which carry
+#: the effects; the per-site sums (the site intercepts), the covariates' products and the squares (the residual
+#: variance) need little (benchmarks/group_stats.py measures the split)
+SHARES = {"x": 0.1, "y": 0.25, "xx": 0.06, "xy": 0.5, "yy": 0.09}
+#: a direction of the within-site X'X less than WEAK_DESIGN times its noise's spectral norm is held there (its
+#: effects shrunk, and said): a design the budget cannot resolve. With +-1 level codes and site intercepts the
+#: within-site X'X is of the order of N and its noise of a few units, so a consortium of tens of subjects per site
+#: is far above it
+WEAK_DESIGN = 2.0
 
 
 # -- the design ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Covariate:
-    """One term of the design: categorical (``levels``, the first the reference) or continuous (public range
-    ``low``..``high``, mapped onto [-1, 1])."""
+    """One term of the design: categorical (``levels``, the first the reference; a column per other level, +1 at
+    that level and -1 elsewhere, so its square is public) or continuous (public range ``low``..``high``, mapped
+    onto [-1, 1])."""
 
     name: str
     levels: tuple[str, ...] = ()
@@ -94,7 +98,7 @@ class Covariate:
         if self.categorical:
             if value not in self.levels:
                 raise ValueError(f"{self.name} = {value!r} is not one of the agreed levels {list(self.levels)}")
-            return [1.0 if value == lv else 0.0 for lv in self.levels[1:]], False
+            return [1.0 if value == lv else -1.0 for lv in self.levels[1:]], False
         v = float(value)
         if not math.isfinite(v):
             raise ValueError(f"{self.name} = {value!r} is not a number")
@@ -103,8 +107,9 @@ class Covariate:
         return [min(1.0, max(-1.0, u))], abs(u) > 1.0
 
     def per_unit(self) -> float:
-        """Factor from a coefficient of the encoded column to one per unit of the covariate."""
-        return 1.0 if self.categorical else 2.0 / (self.high - self.low)
+        """Factor from a coefficient of the encoded column to one per unit of the covariate (a level's column
+        spans 2 from the reference to the level)."""
+        return 2.0 if self.categorical else 2.0 / (self.high - self.low)
 
 
 def parse_design(design: str, covariates: Mapping[str, Any]) -> tuple[Covariate, ...]:
@@ -139,29 +144,45 @@ def parse_design(design: str, covariates: Mapping[str, Any]) -> tuple[Covariate,
 
 @dataclass(frozen=True)
 class Design:
-    """The consortium's design: an intercept, its covariates, and an indicator of each site but the first."""
+    """The consortium's design: its covariates' columns (each in [-1, 1]) and one intercept per site.
+
+    A design row (:meth:`rows`) is the covariate columns followed by a one-hot of the subject's site. The model
+    of every measure has a free intercept per site, so the covariates' effects are the within-site ones (the
+    site's offset, from scanner or population, never leaks into a group difference), and the model never needs
+    a site's shares of its covariates made public.
+    """
 
     covariates: tuple[Covariate, ...]
     sites: tuple[str, ...]
 
     @property
+    def covariate_columns(self) -> tuple[str, ...]:
+        return tuple(c for cov in self.covariates for c in cov.columns())
+
+    @property
+    def n_covariates(self) -> int:
+        """C: the covariate columns (a level's +-1 code or a continuous covariate)."""
+        return len(self.covariate_columns)
+
+    @property
     def columns(self) -> tuple[str, ...]:
-        return ("intercept", *(c for cov in self.covariates for c in cov.columns()),
-                *(f"site[{s}]" for s in self.sites[1:]))
+        return (*self.covariate_columns, *(f"site[{s}]" for s in self.sites))
 
     @property
     def p(self) -> int:
+        """Coefficients of each measure's model (and the width of a design row): C slopes and S site intercepts."""
         return len(self.columns)
 
     @property
     def norm_bound(self) -> float:
-        """B_x: the intercept, at most one nonzero entry in [-1, 1] per covariate and one site indicator."""
-        return math.sqrt(1 + len(self.covariates) + (len(self.sites) > 1))
+        """B_x: the covariate part of a design row, C entries in [-1, 1]."""
+        return math.sqrt(self.n_covariates)
 
     @property
     def indicators(self) -> list[int]:
-        """The columns of categorical levels (0/1: each equals its own square)."""
-        out, j = [], 1
+        """The covariate columns of categorical levels (+-1: each squares to 1, so their diagonal of X'X is the
+        public subject count)."""
+        out, j = [], 0
         for cov in self.covariates:
             n = len(cov.columns())
             if cov.categorical:
@@ -171,36 +192,19 @@ class Design:
 
     @property
     def private_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """The entries (i <= j) of X'X a site releases: those with a covariate, but for a level's square, which
-        equals its product with the intercept. The rest (the intercept's and the sites' products) are the
-        public subject counts."""
-        i, j = np.triu_indices(self.p)
-        c = self.p - (len(self.sites) - 1)  # intercept and covariate columns; the sites' follow
-        keep = (((i >= 1) & (i < c)) | ((j >= 1) & (j < c))) & ~((i == j) & np.isin(i, self.indicators))
+        """The entries (i <= j) of the covariates' X'X a site releases: all but a level's square (always 1)."""
+        i, j = np.triu_indices(self.n_covariates)
+        keep = ~((i == j) & np.isin(i, self.indicators))
         return i[keep], j[keep]
 
     @property
     def moment_bound(self) -> float:
-        """The L2 bound of a subject's released entries of x x' (:attr:`private_pairs`): with u_k = z_k^2 <= 1
-        for the C covariates (one nonzero column each), sum_{k<l} u_k u_l + sum_continuous u_k^2 + sum_k u_k |w|^2
-        <= C(C-1)/2 + C_continuous + C |w|^2, w the intercept and site indicator (|w|^2 <= 2)."""
-        n_cov, n_pub = len(self.covariates), 1 + (len(self.sites) > 1)
-        n_cont = sum(not c.categorical for c in self.covariates)
-        return math.sqrt(n_cov * (n_cov - 1) / 2 + n_cont + n_cov * n_pub)
-
-    def public_moments(self, counts: Sequence[float]) -> np.ndarray:
-        """X'X's public entries from each site's subject count (the covariates' entries left 0)."""
-        counts = np.asarray(counts, np.float64)
-        c = self.p - (len(self.sites) - 1)
-        A = np.zeros((self.p, self.p))
-        A[0, 0] = counts.sum()
-        for s in range(1, len(self.sites)):
-            A[0, c + s - 1] = A[c + s - 1, 0] = A[c + s - 1, c + s - 1] = counts[s]
-        return A
+        """The L2 bound of a subject's released entries of x x' (:attr:`private_pairs`, each in [-1, 1])."""
+        return math.sqrt(len(self.private_pairs[0]))
 
     def contrasts(self) -> list[tuple[str, int, float]]:
         """What is tested: each covariate's columns, as (label, column, factor to per unit)."""
-        out, j = [], 1
+        out, j = [], 0
         for cov in self.covariates:
             for col in cov.columns():
                 label = (f"{cov.name}: {col[len(cov.name) + 1:-1]} vs {cov.levels[0]}" if cov.categorical
@@ -210,17 +214,20 @@ class Design:
         return out
 
     def rows(self, values: Sequence[Mapping[str, str]], site: int) -> tuple[np.ndarray, int]:
-        """The design rows of a site's subjects (their covariates by name) and how many values were clipped."""
+        """The design rows of a site's subjects (their covariates by name; ``site`` its index in
+        :attr:`sites`) and how many values were clipped."""
+        if not 0 <= site < len(self.sites):
+            raise ValueError(f"site index {site} is not one of the design's {len(self.sites)} sites")
         X = np.zeros((len(values), self.p))
         clipped = 0
         for i, v in enumerate(values):
-            row = [1.0]
+            row = []
             for cov in self.covariates:
                 enc, cut = cov.encode(v[cov.name])
                 row += enc
                 clipped += cut
-            row += [1.0 if site == s else 0.0 for s in range(1, len(self.sites))]
-            X[i] = row
+            X[i, :len(row)] = row
+            X[i, len(row) + site] = 1.0
         return X, clipped
 
 
@@ -295,128 +302,352 @@ def family_bounds(families: Mapping[str, slice]) -> dict[str, float]:
 
 # -- sufficient statistics, packed with a subject's norm at most 1 -------------------------------
 
-def _scales(design: Design, y_bound: float) -> tuple[float, float, float]:
-    bx = design.norm_bound
-    a1, a2, a3 = (math.sqrt(s) for s in SHARES)
-    return a1 / design.moment_bound, a2 / (bx * y_bound), a3 / y_bound**2
+#: the blocks of a subject's contribution, in the order packed: its site's slot of the covariates' and of the
+#: measures' sums, the covariates' private products, the covariate x measure products, each family's sum of
+#: squares
+BLOCKS = ("x", "y", "xx", "xy", "yy")
 
 
-def statistics_length(design: Design, Q: int) -> int:
-    return len(design.private_pairs[0]) + design.p * Q + Q
+def _bounds(design: Design, families: Mapping[str, slice]) -> dict[str, float]:
+    """Each block's L2 bound per subject."""
+    fam = family_bounds(families)
+    bx, by = design.norm_bound, math.sqrt(sum(b**2 for b in fam.values()))
+    return {"x": bx, "y": by, "xx": design.moment_bound, "xy": bx * by,
+            "yy": math.sqrt(sum(b**4 for b in fam.values()))}
+
+
+def _sizes(design: Design, families: Mapping[str, slice]) -> dict[str, int]:
+    S, C = len(design.sites), design.n_covariates
+    Q = sum(sl.stop - sl.start for sl in families.values())
+    return {"x": S * C, "y": S * Q, "xx": len(design.private_pairs[0]), "xy": C * Q, "yy": len(families)}
+
+
+def _scales(design: Design, families: Mapping[str, slice]) -> dict[str, float]:
+    """Each block's factor a_k / B_k: a block's share a_k^2 of a subject's unit norm (:data:`SHARES`, over the
+    blocks the design has) over its bound."""
+    sizes = _sizes(design, families)
+    total = sum(SHARES[k] for k in BLOCKS if sizes[k])
+    return {k: math.sqrt(SHARES[k] / total) / b if sizes[k] else 0.0 for k, b in _bounds(design, families).items()}
+
+
+def statistics_length(design: Design, families: Mapping[str, slice]) -> int:
+    return sum(_sizes(design, families).values())
 
 
 def pack_statistics(X: np.ndarray, Y: np.ndarray, design: Design, families: Mapping[str, slice]
                     ) -> tuple[np.ndarray, int]:
-    """Every subject's contribution t (M x L, each of L2 norm at most 1) and how many subjects' measures were
-    scaled onto their bound."""
+    """Every subject's contribution t (M x L, each of L2 norm at most 1) from its design row (:meth:`Design.rows`)
+    and measures, and how many subjects' measures were scaled onto their bound."""
     bounds = family_bounds(families)
-    Y = np.array(Y, np.float64)
+    X, Y = np.asarray(X, np.float64), np.array(Y, np.float64)
     scaled = np.zeros(len(Y), bool)
     for m, sl in families.items():
         Y[:, sl], cut = clip_subjects(Y[:, sl], bounds[m])
         scaled |= cut
-    c1, c2, c3 = _scales(design, math.sqrt(sum(b**2 for b in bounds.values())))
+    C = design.n_covariates
+    x, h = X[:, :C], X[:, C:]  # covariates; the site's one-hot
+    c = _scales(design, families)
     i, j = design.private_pairs
-    xx = X[:, i] * X[:, j]
-    xy = (X[:, :, None] * Y[:, None, :]).reshape(len(X), -1)
-    return np.concatenate([c1 * xx, c2 * xy, c3 * Y**2], axis=1), int(scaled.sum())
+    blocks = {"x": (h[:, :, None] * x[:, None, :]).reshape(len(X), -1),
+              "y": (h[:, :, None] * Y[:, None, :]).reshape(len(X), -1),
+              "xx": x[:, i] * x[:, j],
+              "xy": (x[:, :, None] * Y[:, None, :]).reshape(len(X), -1),
+              "yy": np.stack([(Y[:, sl] ** 2).sum(axis=1) for sl in families.values()], axis=1)}
+    return np.concatenate([c[k] * blocks[k] for k in BLOCKS], axis=1), int(scaled.sum())
 
 
 def unpack_statistics(mean, counts: Sequence[float], noise_var: float, design: Design,
                       families: Mapping[str, slice]) -> dict[str, Any]:
-    """The pooled X'X (p x p), X'Y (p x Q) and diag(Y'Y) (Q) from the consortium's mean contribution over the
-    sites' subjects (``counts``, public), with each block's noise sd (public: the plan's per-entry variance of
-    the mean)."""
-    p, Q = design.p, sum(sl.stop - sl.start for sl in families.values())
-    n = float(np.sum(counts))
-    bounds = family_bounds(families)
-    c1, c2, c3 = _scales(design, math.sqrt(sum(b**2 for b in bounds.values())))
+    """The consortium's sums from its mean contribution over the sites' subjects (``counts``, public): per site
+    the covariates' and the measures' sums (``Sx`` S x C, ``Sy`` S x Q), the covariates' X'X (``XX``, the
+    levels' diagonal the public count), X'Y (``XY``, C x Q) and each family's sum of squares (``YY``); with each
+    block's noise sd (``sd``, public: from the plan's per-entry variance of the mean)."""
+    S, C = len(design.sites), design.n_covariates
+    Q = sum(sl.stop - sl.start for sl in families.values())
+    counts = np.asarray(counts, np.float64)
+    if counts.shape != (S,):
+        raise ValueError(f"{counts.size} site counts for a design of {S} sites")
+    n = float(counts.sum())
+    c = _scales(design, families)
+    sizes = _sizes(design, families)
     total = np.asarray(mean, np.float64) * n
+    if total.shape != (sum(sizes.values()),):
+        raise ValueError(f"the release has {total.shape} entries, the design and measures need {sum(sizes.values())}")
+    parts, at = {}, 0
+    for k in BLOCKS:
+        parts[k] = total[at:at + sizes[k]] / c[k] if sizes[k] else total[at:at]
+        at += sizes[k]
+    XX = np.zeros((C, C))
     i, j = design.private_pairs
-    k1 = len(i)
-    k2 = k1 + p * Q
-    if total.shape != (k2 + Q,):
-        raise ValueError(f"the release has {total.shape} entries, the design and measures need {k2 + Q}")
-    XtX = design.public_moments(counts)
-    XtX[i, j] = XtX[j, i] = total[:k1] / c1
-    for g in design.indicators:  # a level's square is its sum
-        XtX[g, g] = XtX[0, g]
+    XX[i, j] = XX[j, i] = parts["xx"]
+    for g in design.indicators:
+        XX[g, g] = n
     sd = n * math.sqrt(noise_var)
-    return {"XtX": XtX, "XtY": total[k1:k2].reshape(p, Q) / c2, "YtY": total[k2:] / c3, "n": float(n),
-            "sd": (sd / c1, sd / c2, sd / c3)}
+    return {"Sx": parts["x"].reshape(S, C), "Sy": parts["y"].reshape(S, Q), "XX": XX,
+            "XY": parts["xy"].reshape(C, Q), "YY": parts["yy"], "counts": counts, "n": n,
+            "sd": {k: sd / c[k] if sizes[k] else 0.0 for k in BLOCKS}}
 
 
 # -- inference ----------------------------------------------------------------------------------
 
-def _psd(A: np.ndarray, floor: float) -> np.ndarray:
-    """Symmetric matrices (..., p, p) with eigenvalues raised to at least ``floor``."""
+def _within_site(st: Mapping[str, Any], noise_x: float) -> tuple[np.ndarray, np.ndarray]:
+    """The covariates' within-site moments X~'X~ (C x C) and X~'Y (C x Q) from the sums (arrays may carry a
+    leading batch axis): X'X minus each site's n_s xbar xbar', with the noise's own square (``noise_x``^2 per
+    entry of a site's sums, public) taken out so the estimate is unbiased; X'Y minus n_s xbar ybar', whose two
+    factors' noises are independent."""
+    counts = np.asarray(st["counts"], np.float64)
+    live = counts > 0
+    Sx, Sy = np.asarray(st["Sx"])[..., live, :], np.asarray(st["Sy"])[..., live, :]
+    w = 1.0 / counts[live]
+    C = Sx.shape[-1]
+    A = np.asarray(st["XX"]) - np.einsum("...sc,...sd,s->...cd", Sx, Sx, w) + noise_x**2 * w.sum() * np.eye(C)
+    B = np.asarray(st["XY"]) - np.einsum("...sc,...sq,s->...cq", Sx, Sy, w)
+    return A, B
+
+
+def _residual_variance(st: Mapping[str, Any], beta: np.ndarray, B: np.ndarray, df: float,
+                       families: Mapping[str, slice]) -> np.ndarray:
+    """Each measure's residual variance (Q): its family's, pooled over the family's measures (one released sum of
+    squares per family: its noise is a fraction of what it estimates where a sum per measure would drown).
+
+    The family's residual sum of squares is its sum of squares less the fitted effects and the sites' means.
+    The sites' part (from the noisy per-site sums) is taken out only as far as its noise allows: its unbiased
+    estimate less two of its sd, never below zero. So the variance is never understated by the noise; while the
+    noise leaves the sites' offsets in, it is overstated by their spread, a conservative error in a part of the
+    interval the privacy noise dominates."""
+    counts = np.asarray(st["counts"], np.float64)
+    live = counts > 0
+    sd_y, sd_yy = st["sd"]["y"], st["sd"]["yy"]
+    Sy, n_s = np.asarray(st["Sy"])[live], counts[live][:, None]
+    fitted = np.einsum("cq,cq->q", beta, B)
+    out = np.empty(B.shape[1])
+    for f, sl in enumerate(families.values()):
+        between = float(((Sy[:, sl] ** 2 - sd_y**2) / n_s).sum())
+        sd_between = math.sqrt(float((2 * sd_y**4 / n_s**2 + 4 * sd_y**2 * np.maximum(Sy[:, sl] ** 2 - sd_y**2, 0)
+                                      / n_s**2).sum()))
+        rss = float(np.asarray(st["YY"])[f]) - max(0.0, between - 2 * sd_between) - float(fitted[sl].sum())
+        dof = df * (sl.stop - sl.start)
+        out[sl] = max(rss, sd_yy + 1e-300) / dof  # below its own noise: held at the noise, not at zero
+    return out
+
+
+def _noise_covariance(st: Mapping[str, Any], beta: np.ndarray, design: Design) -> np.ndarray:
+    """The privacy noise's covariance (Q x C x C) of X~'Y - X~'X~ beta for each measure's column, to first order
+    in the noise (the delta method: the estimate's noise is A^-1 times it). Every product of released sums in it is
+    replaced by its unbiased estimate (a square less the noise's variance), so the noise's spread is not judged at
+    a point the noise itself inflated."""
+    counts = np.asarray(st["counts"], np.float64)
+    live = counts > 0
+    sd = st["sd"]
+    tx, ty = sd["x"] ** 2, sd["y"] ** 2
+    Sx, Sy, n = np.asarray(st["Sx"])[live], np.asarray(st["Sy"])[live], counts[live]
+    C, Q = beta.shape
+    eye = np.eye(C)
+    cov = np.broadcast_to(sd["xy"] ** 2 * eye, (Q, C, C)).copy()
+    # the per-site covariate sums' noise, times the measures' sums, and the measures' sums' noise, times theirs
+    xx = np.einsum("sc,sd,s->cd", Sx, Sx, 1 / n**2) - tx * (1 / n**2).sum() * eye
+    cov += ty * xx + tx * ty * (1 / n**2).sum() * eye
+    # e_x enters X~'Y through -e_x Sy' and X~'X~ beta through Sx (e_x . beta) + e_x (Sx . beta): M_s e_x, with
+    # M_s = (Sx . beta - Sy) I + Sx beta'
+    a = np.einsum("sc,cq->sq", Sx, beta) - Sy  # S x Q
+    bb = (beta**2).sum(axis=0)  # Q
+    w = 1 / n**2
+    a2 = np.einsum("sq,s->q", a**2, w) - (tx * bb + ty) * w.sum()
+    aSx = np.einsum("sq,sc,s->qc", a, Sx, w) - tx * w.sum() * beta.T
+    SxSx = np.einsum("sc,sd,s->cd", Sx, Sx, w) - tx * w.sum() * eye
+    MM = (a2[:, None, None] * eye + np.einsum("qc,dq->qcd", aSx, beta) + np.einsum("cq,qd->qcd", beta, aSx)
+          + bb[:, None, None] * SxSx[None])
+    cov += tx * MM
+    # the covariates' own products: each private pair's noise moves both of its rows
+    i, j = design.private_pairs
+    G = np.zeros((len(i), C, Q))
+    G[np.arange(len(i)), i] += beta[j]
+    off = i != j
+    G[np.arange(len(i))[off], j[off]] += beta[i[off]]
+    cov += sd["xx"] ** 2 * np.einsum("pcq,pdq->qcd", G, G)
+    w_, V = np.linalg.eigh(cov)  # the unbiased plug-ins can leave a small negative direction
+    return np.einsum("qij,qj,qkj->qik", V, np.maximum(w_, 0.0), V)
+
+
+def _solve(A: np.ndarray, B: np.ndarray, floor: float) -> np.ndarray:
+    """A^-1 B for symmetric A (..., C, C), each eigenvalue held at least ``floor``."""
     w, V = np.linalg.eigh(A)
-    return (V * np.maximum(w, floor)[..., None, :]) @ np.swapaxes(V, -1, -2)
+    return np.einsum("...ij,...j,...kj,...kq->...iq", V, 1.0 / np.maximum(w, floor), V, B)
+
+
+def fit_glm(stats_: Mapping[str, Any], design: Design, families: Mapping[str, slice] | None = None, *,
+            level: float = 0.95, random_state=None) -> dict[str, np.ndarray]:
+    """Each tested contrast's estimate on every measure, with its interval, p- and q-value.
+
+    ``stats_``: :func:`unpack_statistics` (noise sd 0 for exact statistics: then this is OLS with site
+    intercepts). ``families``: each family's measures (their residual variance is pooled within it); default,
+    one family. The estimate is the within-site least-squares solution of the released statistics, each of its
+    terms unbiased under the noise; the privacy noise's share of its variance is the delta method's
+    (:func:`_noise_covariance`, from the release's public noise), the sampling share OLS's from the residual
+    variance; ``random_state`` seeds the draws that measure the design's noise. Intervals and p-values are t's
+    with N - S - C degrees of freedom, q-values Benjamini-Hochberg within each contrast. Returns arrays C x Q:
+    ``estimate``, ``se``, ``ci_low``, ``ci_high``, ``p``, ``q`` and
+    ``noise_sd`` (the part of the sd the privacy noise adds); ``sigma`` (Q: each measure's residual sd),
+    ``design_snr`` (the smallest eigenvalue of the within-site X'X over its noise's spectral norm; inf without
+    noise) and ``floored`` (its directions below :data:`WEAK_DESIGN` times the noise: held there, their effects
+    shrunk; 0 in a design the budget resolves).
+    """
+    N, C = float(stats_["n"]), design.n_covariates
+    counts = np.asarray(stats_["counts"], np.float64)
+    S = int((counts > 0).sum())
+    Q = np.shape(stats_["XY"])[1]
+    families = families or {"all": slice(0, Q)}
+    df = N - S - C
+    if df < 2:
+        raise ValueError(f"{N:g} subjects cannot fit {S + C} coefficients")
+    sd = stats_["sd"]
+    A, B = _within_site(stats_, sd["x"])
+    floor, spectral = 1e-9 * N, 0.0
+    if sd["x"] > 0 or sd["xx"] > 0:  # the within-site X'X's noise: its typical spectral norm
+        rng = np.random.default_rng(random_state)
+        E = _within_site({"counts": counts, "Sx": stats_["Sx"] + rng.normal(0, sd["x"], (200, *np.shape(stats_["Sx"]))),
+                          "Sy": np.zeros((200, *np.shape(stats_["Sy"]))),
+                          "XX": stats_["XX"] + _moment_noise(rng, 200, design, sd["xx"]), "XY": stats_["XY"]},
+                         sd["x"])[0] - A
+        spectral = float(np.median(np.abs(np.linalg.eigvalsh(E)).max(axis=-1)))
+        floor = max(floor, WEAK_DESIGN * spectral)
+    w = np.linalg.eigvalsh(A)
+    snr = float(w.min() / spectral) if spectral > 0 else math.inf
+    floored = int(np.sum(w < floor))
+    beta = _solve(A, B, floor)
+    A_inv = _solve(A, np.eye(C), floor)
+    sigma2 = _residual_variance(stats_, beta, B, df, families)
+    noise_var = np.einsum("ci,qij,cj->cq", A_inv, _noise_covariance(stats_, beta, design), A_inv)
+    unit = np.array([u for _, _, u in design.contrasts()])[:, None]
+    est = beta * unit
+    se = np.sqrt(np.outer(np.diag(A_inv), sigma2) + noise_var) * unit
+    half = stats.t.ppf(0.5 + level / 2, df=df) * se
+    t = np.divide(est, se, out=np.zeros_like(est), where=se > 0)
+    pval = 2 * stats.t.sf(np.abs(t), df=df)
+    return {"estimate": est, "se": se, "ci_low": est - half, "ci_high": est + half, "p": pval,
+            "q": np.array([stats.false_discovery_control(row, method="bh") for row in pval]),
+            "noise_sd": np.sqrt(noise_var) * unit, "sigma": np.sqrt(sigma2), "design_snr": snr,
+            "floored": floored, "df": df}
 
 
 def _moment_noise(rng, size: int, design: Design, sd: float) -> np.ndarray:
-    """Noise as the release puts it on X'X: on the released entries, symmetric, a level's square its sum's."""
-    E = np.zeros((size, design.p, design.p))
+    """Noise as the release puts it on the covariates' X'X: on the released entries, symmetric."""
+    C = design.n_covariates
+    E = np.zeros((size, C, C))
     i, j = design.private_pairs
     E[:, i, j] = rng.normal(0.0, sd, (size, len(i)))
     E[:, j, i] = E[:, i, j]
-    for g in design.indicators:
-        E[:, g, g] = E[:, 0, g]
     return E
 
 
-def fit_glm(stats_: Mapping[str, Any], design: Design, *, level: float = 0.95, n_boot: int = N_BOOT,
-            random_state=None) -> dict[str, np.ndarray]:
-    """Each tested contrast's estimate on every measure, with its interval, p- and q-value.
+# -- what a design can detect, before the run -------------------------------------------------------
 
-    ``stats_``: :func:`unpack_statistics` (noise sd 0 for exact statistics:
-    then this is OLS with a bootstrap of its sampling error). Returns arrays
-    C x Q: ``estimate``, ``se``, ``ci_low``, ``ci_high``, ``p``, ``q`` and
-    ``noise_sd`` (the part of the sd the privacy noise adds), ``sigma``
-    (Q: each measure's residual sd) and ``floored`` (how many of X'X's
-    eigenvalues the noise held at :data:`FLOOR`: their effects are shrunk
-    toward zero).
-    """
-    N, p = stats_["n"], design.p
-    s_xx, s_xy, s_yy = stats_["sd"]
-    XtY, YtY = np.asarray(stats_["XtY"]), np.asarray(stats_["YtY"])
-    Q = XtY.shape[1]
-    if N - p < 2:
-        raise ValueError(f"{N:g} subjects cannot fit {p} coefficients")
-    floor = max(1e-9 * N, FLOOR * s_xx)  # a design column the noise drowns is held at the noise's size
-    floored = int(np.sum(np.linalg.eigvalsh(np.asarray(stats_["XtX"])) < floor))
-    A = _psd(np.asarray(stats_["XtX"]), floor)
-    beta = np.linalg.solve(A, XtY)
-    rss = YtY - np.einsum("pq,pq->q", beta, XtY)
-    # the residual variance from a noisy Y'Y: never below zero, raised by the noise's sd so the sampling part
-    # of the intervals is not understated when the noise is large
-    sigma2 = (np.maximum(rss, 0.0) + s_yy) / (N - p)
-    rng = np.random.default_rng(random_state)
-    L = np.linalg.cholesky(A)
-    cols = [j for _, j, _ in design.contrasts()]
-    draws, noise_only = np.empty((n_boot, len(cols), Q)), np.empty((n_boot, len(cols), Q))
-    batch = 250
-    for b0 in range(0, n_boot, batch):
-        m = min(batch, n_boot - b0)
-        # the statistics a new sample of the fitted model would give, then the release's noise on them
-        sampled = A @ beta + L @ (rng.standard_normal((m, p, Q)) * np.sqrt(sigma2))
-        E = _moment_noise(rng, m, design, s_xx)
-        noise = rng.normal(0.0, s_xy, (m, p, Q))
-        A_star = _psd(A + E, floor)
-        draws[b0:b0 + m] = np.linalg.solve(A_star, sampled + noise)[:, cols]
-        noise_only[b0:b0 + m] = np.linalg.solve(A_star, A @ beta + noise)[:, cols]
-    unit = np.array([u for _, _, u in design.contrasts()])[:, None]
-    est = beta[cols] * unit
-    dev = (draws - beta[cols][None]) * unit[None]
-    se = dev.std(axis=0, ddof=1)
-    # Wald intervals on the bootstrap's se: they covered better than its percentiles, which the noisy X'X skews
-    half = stats.t.ppf(0.5 + level / 2, df=N - p) * se
-    t = np.divide(est, se, out=np.zeros_like(est), where=se > 0)
-    pval = 2 * stats.t.sf(np.abs(t), df=N - p)
-    return {"estimate": est, "se": se, "ci_low": est - half, "ci_high": est + half, "p": pval,
-            "q": np.array([stats.false_discovery_control(row, method="bh") for row in pval]),
-            "noise_sd": (noise_only - beta[cols][None]).std(axis=0, ddof=1) * unit, "sigma": np.sqrt(sigma2),
-            "floored": floored}
+#: residual sd per family a plan assumes when the consortium gives none: between-subject sd of a measure after its
+#: site's mean and the covariates (Fisher z for FNC edges at about 150 volumes, log amplitude, state fractions)
+REFERENCE_SD = {"fnc": 0.15, "amplitude": 0.12, "states": 0.1}
+
+
+def _expected_covariates(design: Design, fractions: Sequence[Mapping[str, float]] | None, counts
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Each site's expected covariate sums (S x C) and the expected within-site X'X (C x C): the levels in the
+    given fractions per site (default equal), a continuous covariate uniform over its range."""
+    C = design.n_covariates
+    Sx, A = np.zeros((len(counts), C)), np.zeros((C, C))
+    for s, n in enumerate(counts):
+        mean, cov, j = np.zeros(C), np.zeros((C, C)), 0
+        for cov_ in design.covariates:
+            k = len(cov_.columns())
+            if cov_.categorical:
+                given = (fractions[s] if fractions else {}).get(cov_.name)
+                pi = np.full(len(cov_.levels), 1 / len(cov_.levels)) if given is None else np.array(
+                    [float(given.get(lv, 0.0)) if isinstance(given, Mapping) else
+                     (float(given) if i else 1 - float(given)) for i, lv in enumerate(cov_.levels)])
+                p = pi[1:]
+                mean[j:j + k] = 2 * p - 1
+                second = 1 - 2 * (p[:, None] + p[None, :])
+                np.fill_diagonal(second, 1.0)
+                cov[j:j + k, j:j + k] = second - np.outer(mean[j:j + k], mean[j:j + k])
+            else:
+                cov[j, j] = 1 / 3
+            j += k
+        Sx[s], A = n * mean, A + n * cov
+    return Sx, A
+
+
+def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: float,
+                    residual_sd: Mapping[str, float] | None = None,
+                    fractions: Sequence[Mapping[str, Any]] | None = None, effect: float = 0.0,
+                    draws: int = 24) -> np.ndarray:
+    """The standard error the fit will report (median over ``draws`` releases) of every contrast (rows) on a
+    measure of each family (columns, ``families`` order) carrying ``effect`` (per unit of the contrast), from
+    public quantities only: the sites' ``counts``, the release's noise sd per entry of the consortium's sum
+    (``noise_sd``, the plan's), each family's residual sd (default :data:`REFERENCE_SD`) and the levels'
+    fractions per site (``fractions``: one mapping per site, covariate -> fraction of its second level, or
+    covariate -> {level: fraction}; default equal). It runs :func:`fit_glm` itself on the design's expected
+    statistics plus draws of the release's noise, so the prediction is the fit's own."""
+    design, families = settings.design, settings.families
+    residual_sd = {**REFERENCE_SD, **(residual_sd or {})}
+    n = np.asarray(counts, np.float64)
+    N, S, C = float(n.sum()), len(n), design.n_covariates
+    Sx, A = _expected_covariates(design, fractions, n)
+    c = _scales(design, families)
+    sd = {k: noise_sd / c[k] if c[k] else 0.0 for k in BLOCKS}
+    Q = sum(sl.stop - sl.start for sl in families.values())
+    units = [u for _, _, u in design.contrasts()]
+    sizes = _sizes(design, families)
+    rng = np.random.default_rng(0)
+    out = np.zeros((C, len(families)))
+    for j in range(C):
+        beta = np.zeros((C, Q))
+        beta[j] = effect / units[j]
+        XX = A + np.einsum("sc,sd,s->cd", Sx, Sx, 1 / n)
+        XY = A @ beta + np.einsum("sc,s,sq->cq", Sx, 1 / n, np.einsum("sc,cq->sq", Sx, beta))
+        Sy = np.einsum("sc,cq->sq", Sx, beta)
+        fitted = np.einsum("cq,cq->q", beta, A @ beta)
+        YY = np.array([residual_sd[f] ** 2 * (sl.stop - sl.start) * (N - S - C) + fitted[sl].sum()
+                       + (Sy[:, sl] ** 2 / n[:, None]).sum() for f, sl in families.items()])
+        ses = []
+        for _ in range(draws):
+            st = {"counts": n, "n": N, "sd": sd,
+                  "Sx": Sx + rng.normal(0, sd["x"], Sx.shape), "Sy": Sy + rng.normal(0, sd["y"], Sy.shape),
+                  "XX": XX + _moment_noise(rng, 1, design, sd["xx"])[0],
+                  "XY": XY + rng.normal(0, sd["xy"], XY.shape),
+                  "YY": YY + (rng.normal(0, sd["yy"], YY.shape) if sizes["yy"] else 0.0)}
+            ses.append(fit_glm(st, design, families, random_state=rng)["se"][j])
+        se = np.median(ses, axis=0)
+        out[j] = [se[sl.start] for sl in families.values()]
+    return out
+
+
+def bh_power(effect: float, se: float, n_measures: int, *, n_effects: int = 1, alpha: float = 0.05) -> float:
+    """The chance that an effect of this size is found at q < ``alpha`` (Benjamini-Hochberg over ``n_measures``,
+    ``n_effects`` of them carrying an effect of the size; normal approximation). BH rejects below
+    p* = alpha R / Q, R the rejections expected at p*: the fixed point of that equation."""
+    z = abs(effect) / se if se > 0 else math.inf
+
+    def power(p: float) -> float:
+        crit = stats.norm.isf(p / 2)
+        return float(stats.norm.sf(crit - z) + stats.norm.cdf(-crit - z))
+
+    m1 = min(max(n_effects, 1), n_measures)
+    p = alpha * m1 / n_measures
+    for _ in range(100):
+        rejections = m1 * power(p) + (n_measures - m1) * p
+        new = min(alpha, alpha * max(rejections, 1.0) / n_measures)
+        if abs(new - p) < 1e-12:
+            break
+        p = new
+    return power(p)
+
+
+def detectable(se: float, n_measures: int, *, power: float = 0.8, n_effects: int = 1, alpha: float = 0.05
+               ) -> float:
+    """The smallest effect :func:`bh_power` finds with ``power``."""
+    lo, hi = 0.0, se * 20
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if bh_power(mid, se, n_measures, n_effects=n_effects, alpha=alpha) < power else (lo, mid)
+    return hi
 
 
 # -- the CAPE release and the stage's settings ----------------------------------------------------
@@ -443,7 +674,6 @@ class GLMSettings:
     n_states: int = 0
     plan: Any = "cape"
     random_state: int | None = None
-    n_boot: int = N_BOOT
     level: float = 0.95
     families: dict[str, slice] = field(init=False, compare=False)
 
@@ -464,7 +694,7 @@ class GLMSettings:
 
     @property
     def length(self) -> int:
-        return statistics_length(self.design, self.n_measures)
+        return statistics_length(self.design, self.families)
 
     def algorithm(self, *, n_sites: int) -> CapeGLM:
         z = noise_multipliers(self.epsilon, self.delta, {"glm": 1.0}, n_sites=n_sites, plan=self.plan)["glm"]
@@ -481,7 +711,7 @@ class GLMSettings:
         site that is not in the sum): :func:`fit_glm`."""
         st = unpack_statistics(mean, counts, noise_var, self.design, self.families)
         seed = None if self.random_state is None else [self.random_state, 491]
-        return fit_glm(st, self.design, level=self.level, n_boot=self.n_boot, random_state=seed)
+        return fit_glm(st, self.design, self.families, level=self.level, random_state=seed)
 
     def run(self, sites: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
         """Every party in this process (tests, benchmarks): each site's (X, Y); the fit and the ledgers."""

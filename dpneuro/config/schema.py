@@ -44,6 +44,12 @@ from dpneuro.privacy.ledger import UNITS
 from dpneuro.protocol.cape.plans import PLAN_KINDS as PLANS
 from dpneuro.protocol.exchange.codec import check_name
 
+#: what a run can be for (config field ``question``), and the share of mu^2 of a total epsilon each gives a stage
+#: (the other stages share the rest in the ratio of their own settings; "maps": every stage keeps its share).
+#: "group differences": three quarters to the group statistics measured the best trade on the networks generator
+#: (benchmarks/group_findings.py)
+QUESTIONS: dict[str, dict[str, float]] = {"maps": {}, "fnc": {"fnc": 1 / 3}, "group differences": {"glm": 0.75}}
+
 BACKENDS = ("inprocess", "directory")
 #: the run id of a run that names none: its outputs go to <out>/dpneuro/
 DEFAULT_RUN_ID = "dpneuro"
@@ -322,6 +328,13 @@ class RunConfig:
             "of typical fMRI would give noise maps only: it stops before anything is released and says the "
             "subjects per site or the epsilon it would take. true runs it anyway (for tests and teaching; every "
             "output then marks its components as noise).")
+    question: str = setting(
+        "maps", section="privacy", constraint=StrOptions(QUESTIONS), agree=True, flag="question",
+        doc="What the run is for, which decides how a total `epsilon` is split: \"maps\" (the default: each "
+            "stage keeps its share under its own settings, the maps first), \"fnc\" (the consortium's mean FNC "
+            "gets a third of the budget), \"group differences\" (the group statistics get "
+            "three quarters; needs a design). `dpneuro budget` says what each output gets, what the maps lose "
+            "and, with a design, the smallest effect found with 80 % power.")
     pca_epsilon: float = setting(
         6.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),
         agree=True, flag="pca-epsilon",
@@ -743,6 +756,10 @@ class RunConfig:
         if self.brain_states and self.brain_states > self.n_components * (self.n_components - 1) // 2:
             bad("brain_states", f"{self.brain_states} states need more connectivity features: {self.n_components} "
                 f"components give {self.n_components * (self.n_components - 1) // 2} pairs")
+        if self.question == "group differences" and not self.design:
+            bad("question", "\"group differences\" needs a design (e.g. design = \"group + age\") and its covariates")
+        if self.question == "fnc" and not self.fnc:
+            bad("question", "\"fnc\" needs fnc = true")
         if self.design:
             try:
                 parse_design(self.design, self.covariates)

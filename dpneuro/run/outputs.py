@@ -19,7 +19,7 @@ from dpneuro._utils.files import write_json
 from dpneuro.algorithms.dfnc import n_components_of, site_dynamics, state_matrices
 from dpneuro.algorithms.djica import spatial_maps, time_courses
 from dpneuro.algorithms.fnc import site_fnc
-from dpneuro.algorithms.glm import measure_names
+from dpneuro.algorithms.glm import detectable, measure_names
 from dpneuro.config import RunConfig
 from dpneuro.data.images import load_mask
 from dpneuro.data.parcellation import space_parcels
@@ -175,20 +175,27 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
                                str(r["signal"])]) + "\n")
     counts = {s.name: int(n) for s, n in zip(cfg.sites, np.asarray(glm["counts"]))}
     floored = int(np.asarray(glm.get("floored", 0)))
+    # what these intervals can find: the smallest effect found with 80 % power, per contrast and family
+    found_at = {contrast: {fam: detectable(float(np.median(np.asarray(glm["se"])[c, sl])), sl.stop - sl.start)
+                           for fam, sl in settings.families.items()} for c, contrast in enumerate(contrasts)}
     write_json(folder / "group_effects.json", {
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
         "design_directions_shrunk": floored, "noise_components": noise_names(signal),
-        "description": "Each contrast's effect on every measure from one linear model per measure (the site is a "
-                       "covariate), fitted from sufficient statistics each site bounded and released through CAPE. "
-                       "Continuous covariates: effect per unit. Intervals: parametric bootstrap over the sampling "
-                       "error and the release's public noise; p: Wald test on the bootstrap standard error (t, N - p "
-                       "degrees of freedom); q: Benjamini-Hochberg within each contrast over the measures of "
+        "detectable_80": found_at,
+        "design_snr": float(np.asarray(glm.get("design_snr", np.inf))),
+        "description": "Each contrast's effect on every measure from one linear model per measure with an intercept "
+                       "per site (within-site effects), fitted from sufficient statistics each site bounded and "
+                       "released through CAPE, every term unbiased under the noise. Continuous covariates: effect "
+                       "per unit; a level: its difference from the reference. se: the sampling error (each family's "
+                       "pooled residual variance) and the release's public noise (delta method); p: t test (N - S - "
+                       "C degrees of freedom); q: Benjamini-Hochberg within each contrast over the measures of "
                        "components above the privacy noise (signal: true; a measure of a component in "
                        "noise_components is no finding, q NaN); noise_sd: the part of the estimate's standard "
                        "deviation the privacy noise adds."})
     return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"),
-            "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p}
+            "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p,
+            "detectable_80": found_at}
 
 
 def read_group_effects(path) -> list[dict[str, Any]]:
@@ -234,11 +241,15 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
                                                 marks=marks, hidden=hidden))
         out.append(entry)
     n, per_site = sum(glm["subjects"].values()), ", ".join(f"{k} {v}" for k, v in glm["subjects"].items())
-    text = (f"Every measure's linear model over {n} subjects ({per_site}), each site a covariate. Each site "
+    text = (f"Every measure's linear model over {n} subjects ({per_site}), with an intercept per site. Each site "
             "bounded its subjects' contributions and released their sufficient statistics through CAPE; the "
-            f"{glm['level']:.0%} intervals and the p-values include the release's noise (parametric bootstrap), "
+            f"{glm['level']:.0%} intervals and the p-values include the release's noise, "
             "q is the Benjamini-Hochberg FDR within each contrast, and noise sd is what the privacy noise adds to "
             "each estimate's uncertainty. Every effect: group_effects.tsv.")
+    if glm.get("detectable_80"):
+        text += (" With these intervals an effect is found with 80 % power from about: " + "; ".join(
+            f"{contrast}: " + ", ".join(f"{v:.3g} ({fam})" for fam, v in fams.items())
+            for contrast, fams in glm["detectable_80"].items()) + " (one effect among its family's measures).")
     if glm.get("shrunk"):
         text += (f" The noise on the released design moments drowned {glm['shrunk']} of the model's {glm['p']} "
                  "directions: their effects are shrunk toward zero, so a non-zero effect may be understated and its "

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from dpneuro._utils.errors import DataValidationError
+from dpneuro.algorithms.glm import REFERENCE_SD, contrast_errors, detectable
 from dpneuro.config import ConfigError, RunConfig, check_delta
+from dpneuro.config.schema import QUESTIONS
 from dpneuro.data.cleaning import CleaningError
 from dpneuro.data.discovery import subject_lengths
 from dpneuro.privacy import PrivacyLedger, gdp_epsilon, gdp_mu, split_gdp
@@ -36,7 +38,7 @@ from dpneuro.run.expectations import (
     run_warnings,
     supported_components,
 )
-from dpneuro.run.factory import epsilon_field
+from dpneuro.run.factory import epsilon_field, glm_settings
 from dpneuro.run.features import features
 from dpneuro.run.stages import RELEASES, release
 
@@ -140,6 +142,8 @@ class BudgetPlan:
     dim: int
     privacy: dict[str, Any]
     target_epsilon: float | None = None
+    #: the configuration the plan was made from (its own per-stage settings, before the split)
+    base: RunConfig | None = None
 
     @property
     def epsilon(self) -> dict[str, float]:
@@ -207,7 +211,40 @@ class BudgetPlan:
                            f"(eigenvalues above the noise; reference: 33 people, 122 regions); n_components = "
                            f"{cfg.n_components}")
                 out.append(random_matrix_line(noise["covariance"], self.dim, spectrum, cfg.n_components))
+        out += self.question_lines() + self.group_lines()
         return out + self.warnings()
+
+    def question_lines(self) -> list[str]:
+        """What the run's question gives each releasing stage of the total, and what the maps lose by it."""
+        cfg = self.config
+        if self.target_epsilon is None or not QUESTIONS[cfg.question]:
+            return []
+        mu = stage_mu(self)
+        total = sum(v**2 for v in mu.values())
+        parts = ", ".join(f"{st} {v**2 / total:.0%} (eps {gdp_epsilon(cfg.delta, v):.3g} alone)"
+                          for st, v in mu.items() if v > 0)
+        line = f"question \"{cfg.question}\": the budget's shares of mu^2: {parts}"
+        maps = _plan_for_target(replace(self.base or cfg, question="maps", epsilon=None), self.shapes, self.dim,
+                                self.target_epsilon, pca_share=None, stages=RELEASING_STAGES)
+        ours, theirs = components_supported(self), components_supported(maps)
+        if ours is not None and theirs is not None:
+            line += (f"; the maps lose {theirs - ours} of the components the budget supports for maps alone "
+                     f"({ours} instead of {theirs})" if theirs > ours
+                     else f"; the maps keep the {ours} components the budget supports for maps alone")
+        return [line]
+
+    def group_lines(self, effect: float | None = None) -> list[str]:
+        """The smallest effect each contrast finds with 80 % power on a measure of each family (and the
+        subjects per site an ``effect`` needs), from public quantities only (:func:`group_detectable`)."""
+        if not releases_in(self.config, "glm"):
+            return []
+        out = [f"group statistics ({self.config.design}): smallest effect found with 80 % power at q < 0.05 "
+               f"(one effect among a family's measures; residual sd assumed {_sd_text(self.config)}; "
+               "levels equally frequent at every site):"]
+        for row in group_detectable(self.config, [len(s.lengths) for s in self.shapes]):
+            out.append(f"  {row['contrast']}, {row['family']} ({row['measures']} measures): {row['detectable']:.3g} "
+                       f"(se {row['se']:.3g}; pooled data without privacy: {row['pooled']:.3g})")
+        return out
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -303,15 +340,20 @@ def _plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_e
                for s in base.privacy["sites"].values()]
     later = [st for st in active if st != "reduce"]
     share = None  # every stage keeps its part of mu^2 (the PCA alone: all of it)
+    mu2 = {st: max(m[st] for m in site_mu) ** 2 for st in active}
+    part = {st: mu2[st] / sum(mu2.values()) for st in active}
     if pca_share is not None and later:
-        mu2 = {st: max(m[st] for m in site_mu) ** 2 for st in active}
-        part = {st: mu2[st] / sum(mu2.values()) for st in active}
         rest = sum(part[st] for st in later)
-        share = {"reduce": pca_share, **{st: (1 - pca_share) * part[st] / rest for st in later}}
+        part = {"reduce": pca_share, **{st: (1 - pca_share) * part[st] / rest for st in later}}
+        share = part
+    asked = {st: f for st, f in QUESTIONS[cfg.question].items() if st in active}
+    if asked and len(active) > len(asked):  # the question's stages get their share, the others the rest
+        rest = sum(part[st] for st in active if st not in asked)
+        share = {st: asked[st] if st in asked else (1 - sum(asked.values())) * part[st] / rest for st in active}
     z = split_gdp(site_mu, mu_t, {st: budgets[st].noise_multiplier for st in active}, share)
     planned_cfg = _with_multipliers(cfg, z, budgets)
     planned = _spend(planned_cfg.validate(data_sites=()), shapes, dim, stages)
-    planned.target_epsilon = target_epsilon
+    planned.target_epsilon, planned.base = target_epsilon, cfg
     return planned
 
 
@@ -455,3 +497,43 @@ def subjects_needed(cfg: RunConfig, dim: int, target_epsilon: float, *, timepoin
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+def stage_mu(plan: BudgetPlan) -> dict[str, float]:
+    """Each releasing stage's mu (GDP) in ``plan``, the largest over the sites (its ledger names composed)."""
+    cfg = plan.config
+    algorithms = stage_algorithms(cfg, plan.dim)
+    out = {}
+    for st, algs in algorithms.items():
+        names = {n for alg in algs for n in alg.ledger_stages}
+        out[st] = max(math.sqrt(sum(v**2 for k, v in s["by_stage_mu"].items() if k in names))
+                      for s in plan.privacy["sites"].values())
+    return out
+
+
+def _sd_text(cfg: RunConfig) -> str:
+    settings = glm_settings(cfg)
+    return ", ".join(f"{f} {REFERENCE_SD[f]:g}" for f in settings.families)
+
+
+def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.8,
+                     residual_sd: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """For each contrast of ``cfg``'s design and each measure family: the standard error the fit will report
+    (:func:`dpneuro.algorithms.glm.contrast_errors`, at the planned noise) and the smallest effect found with
+    ``power`` at q < 0.05 (:func:`dpneuro.algorithms.glm.detectable`, one effect among the family's measures),
+    beside the same without privacy. ``cfg`` carries the planned ``glm_epsilon``."""
+    settings = glm_settings(cfg)
+    z = settings.algorithm(n_sites=len(counts)).z
+    exact = replace(settings, epsilon=None, plan="none")
+    rows = []
+    for c, (label, _, _) in enumerate(settings.design.contrasts()):
+        for f, (family, sl) in enumerate(settings.families.items()):
+            size = sl.stop - sl.start
+            se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd)[c, f])
+            eff = detectable(se, size, power=power)
+            se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd, effect=eff)[c, f])
+            pooled = float(contrast_errors(exact, counts, noise_sd=0.0, residual_sd=residual_sd, draws=1)[c, f])
+            rows.append({"contrast": label, "family": family, "measures": size, "se": se,
+                         "detectable": detectable(se, size, power=power),
+                         "pooled": detectable(pooled, size, power=power)})
+    return rows

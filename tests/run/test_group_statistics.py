@@ -18,7 +18,7 @@ from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.data.participants import CovariateError
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.run import stages
-from dpneuro.run.planner import SiteShape, plan_for_target, planned_settings
+from dpneuro.run.planner import SiteShape, group_detectable, plan_for_target, planned_settings, stage_mu
 
 R = 4
 COVARIATES = {"group": ["control", "patient"], "age": [20, 70], "sex": ["F", "M"]}
@@ -70,6 +70,31 @@ def test_a_total_epsilon_is_split_over_the_group_statistics_too():
     assert set(planned_settings(plan.config)) == {"pca_epsilon", "glm_epsilon"}
     assert max(plan.epsilon.values()) == pytest.approx(6.0, rel=1e-6)
     assert "group-glm" in next(iter(plan.privacy["sites"].values()))["by_stage_mu"]
+
+
+def test_the_runs_question_decides_the_split_and_the_plan_says_what_it_can_detect():
+    """question "group differences" gives the group statistics three quarters of mu^2 of the same total (the
+    rest in the other stages' own ratio), narrows the detectable effect the plan prints by about the ratio of
+    the noise multipliers, and says what the maps lose; "maps" keeps the split of the stages' own settings."""
+    shapes = [SiteShape(f"s{i}", (150,) * 100) for i in range(4)]
+    plans = {q: plan_for_target(_cfg(epsilon=None, question=q), shapes, 400, 4.0) for q in ("maps", "group differences")}
+    mu = {q: stage_mu(p) for q, p in plans.items()}
+    for q, p in plans.items():
+        assert max(p.epsilon.values()) == pytest.approx(4.0, rel=1e-6)
+    share = {q: m["glm"] ** 2 / sum(v**2 for v in m.values()) for q, m in mu.items()}
+    assert share["group differences"] == pytest.approx(0.75, abs=1e-6)
+    assert share["maps"] < 0.2  # the stages' own settings: glm_epsilon 2 beside pca_epsilon 6
+    rest = {q: mu[q]["fnc"] / mu[q]["reduce"] for q in mu}
+    assert rest["group differences"] == pytest.approx(rest["maps"], rel=1e-6)
+    found = {q: group_detectable(p.config, [100] * 4) for q, p in plans.items()}
+    ratio = found["maps"][0]["detectable"] / found["group differences"][0]["detectable"]
+    z = mu["group differences"]["glm"] / mu["maps"]["glm"]
+    assert 0.8 * z < ratio < 1.2 * z
+    assert all(r["pooled"] < r["detectable"] for r in found["group differences"])
+    text = str(plans["group differences"])
+    assert "question \"group differences\"" in text and "the maps" in text and "80 % power" in text
+    with pytest.raises(ConfigError, match="needs a design"):
+        _cfg(question="group differences", design="").validate(data_sites=())
 
 
 def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
