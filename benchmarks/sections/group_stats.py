@@ -1,41 +1,81 @@
-"""benchmarks/group_stats.py: the private group GLM's intervals, power and false discoveries (measure-level simulation),
-and its false discoveries on real fMRI with random pseudo-groups (``--part real``)."""
+"""benchmarks/group_stats.py: the private group GLM's intervals, power (measured and predicted before the run) and false
+discoveries (measure-level simulation, 4 x 100 and 4 x 250 subjects), its false discoveries on real fMRI with random
+pseudo-groups (``--part real``) and the whole pipeline on synthetic fMRI (``--part fmri``)."""
 
 from sections import one, pick, render, table
 
 TEMPLATE = """\
 ### Group statistics: coverage, power and false discoveries of the private GLM
 
-The group GLM (`dpneuro.algorithms.glm`: one CAPE release per site of its subjects' packed X'X, X'Y and diag(Y'Y),
-OLS and a parametric bootstrap at the aggregator) on a measure-level simulation, no fMRI: {m[n_sites]} sites x
-{m[subjects_per_site]} subjects, patient fractions {fractions}, ages uniform on 20-70, sex 50/50; design
-`{m[design]}`; R = {m[n_components]} components, so {m[n_measures]} measures (FNC edges: site offset
-N(0, {m[noise][site_offset_sd]!p}^2) + subject N(0, {m[noise][fnc_sd]!p}^2), Fisher z; log amplitudes: subject sd
-{m[noise][amplitude_sd]!p}). Scenario "effects": patients' FNC shifted by 0.3 on two edges and 0.5 on three, their
-log amplitude of component 1 by {m[planted][amplitude_1_group]!p}, an age slope of
+The group GLM (`dpneuro.algorithms.glm`: one CAPE release per site of its subjects' packed sufficient statistics,
+the per-site sums of the covariates and the measures, the covariates' products, X'Y and each family's sum of
+squares; at the aggregator the within-site least squares of the released sums, every moment unbiased under the
+noise, the noise's share of the standard error by the delta method, no bootstrap) on a measure-level simulation,
+no fMRI: {m[n_sites]} sites x {m[subjects_per_site]} subjects, patient fractions {fractions}, ages uniform on 20-70,
+sex 50/50; design `{m[design]}`, a level coded +1 at the level and -1 elsewhere, age mapped onto [-1, 1], an
+intercept per site (every effect a within-site one); R = {m[n_components]} components, so {m[n_measures]} measures
+(FNC edges: site offset N(0, {m[noise][site_offset_sd]!p}^2) + subject N(0, {m[noise][fnc_sd]!p}^2), Fisher z;
+log amplitudes: subject sd {m[noise][amplitude_sd]!p}). Scenario "effects": patients' FNC shifted by 0.3 on two
+edges and 0.5 on three, their log amplitude of component 1 by {m[planted][amplitude_1_group]!p}, an age slope of
 {m[planted][amplitude_2_age_per_year]!p} per year on component 2's; every other contrast x measure is 0. Scenario
-"null": nothing planted. {m[reps]} repetitions per method and scenario (data seed [{m[seed]}, rep], the same subjects
-in both scenarios; noise seed rep), eps {epsilons} per site (headline, delta {m[delta]!p}), n_boot {m[n_boot]};
-"no noise" is the same fit with plan "none" (OLS and its bootstrap), "pooled OLS" plain OLS with t intervals on every
-subject's raw data. Coverage of the 95% intervals over the 3 contrasts x {m[n_measures]} measures and over the 7
-planted effects; power at q < 0.05 (Benjamini-Hochberg within each contrast); FDR: false / all discoveries
-(0 without one), averaged, per contrast (the family BH controls; the worst of the three) and over all contrasts
-together; "any false": repetitions with a false discovery (under the null, with any discovery); type-I: p < 0.05
-on the null entries; se / sd: the RMS standard error over the spread of the estimates across repetitions (null
-entries; 1 when calibrated); width: the interval's width over pooled OLS's on the same data; bias: the planted
-effects' mean relative bias; fit ms: median wall time of one fit (the sites' packing, CAPE, the bootstrap).
-Fraction of subjects whose measures the public bound scaled: {m[subjects_scaled_by_bound]!n}.
+"null": nothing planted. {m[reps]} repetitions per method and scenario (data seed [{m[seed]}, rep], the same
+subjects in both scenarios; noise seed rep), eps {epsilons} per site (headline, delta {m[delta]!p}); "no noise" is
+the same fit with plan "none" (in every repetition the same estimates as OLS on the measures as the public bound
+scaled them, to {ols_check}), "pooled OLS" plain OLS of the raw measures on the full design rows (the covariates
+and the sites' one-hot) with t intervals. Coverage of the 95% intervals over the 3 contrasts x {m[n_measures]}
+measures and over the 7 planted effects; FDR: false / all discoveries at q < 0.05 (0 without one), averaged, per
+contrast (the family Benjamini-Hochberg controls; the worst of the three) and over all contrasts together; "any
+false": repetitions with a false discovery (under the null, with any discovery); type-I: p < 0.05 on the null
+entries; se / sd: the RMS standard error over the spread of the estimates across repetitions (null entries; 1 when
+calibrated); width: the interval's width over pooled OLS's on the same data; weak directions: directions of the
+within-site X'X below `glm.WEAK_DESIGN` = {m[glm_constants][WEAK_DESIGN]!p} times its noise, held there (mean
+per fit; 0 when the budget resolves the design); design SNR: the smallest eigenvalue of the within-site X'X over
+its noise's spectral norm (median; inf without noise); fit ms: median wall time of one fit (the sites' packing,
+CAPE, the fit). Fraction of subjects whose measures the public bound scaled: {m[subjects_scaled_by_bound]!n}.
 
 {run}
 
-{table}
+{calibration}
+
+Power (scenario "effects") at q < 0.05 (Benjamini-Hochberg within each contrast), beside the power predicted
+before the run from public quantities only: `glm.contrast_errors` (the sites' counts and patient fractions, the
+plan's noise 2 z per entry of the consortium's sum, a residual sd per family of {residual_sd}, the simulation's
+subject sd combined with its site offset sd), then `glm.bh_power` over the {m[predicted][n_measures]} FNC edges,
+{m[predicted][n_effects]} of them planted. se FNC 0.5: the median reported se on the edges shifted by 0.5, beside
+the predicted one; estimate / truth: the planted effects' mean ratio of estimate to truth (1: unbiased); noise sd:
+the privacy noise's part of the se on the group contrast's FNC edges (median).
+
+{power}
+
+{prediction}
 
 {verdict}
+
+{larger}
 
 {real}
 
 {fmri}
 """
+
+LARGER_TEMPLATE = """#### At {m[n_sites]} x {m[subjects_per_site]} subjects
+
+The same simulation with {m[subjects_per_site]} subjects per site (`--subjects {m[subjects_per_site]}`; the
+predictions at these counts; fraction of subjects the bound scaled {m[subjects_scaled_by_bound]!n}).
+
+{run}
+
+{calibration}
+
+{power}
+
+{prediction}
+"""
+
+PREDICTION = """The prediction from public quantities against the measured power on the planted FNC shifts, over the
+{cells} private cells (eps {epsilons}, shifts 0.5 and 0.3): the measured power is below the prediction in {below} of
+them, by at most {gap!n} (at {gap_where}: measured {gap_measured!n}, predicted {gap_predicted!n}); at eps 4 the
+reported se on the edges shifted by 0.5 is {se_ratio!n} times the predicted one (eps 8 {se_ratio8!n})."""
 
 REAL_TEMPLATE = """#### On real fMRI: random pseudo-groups, every null hypothesis true
 
@@ -78,12 +118,14 @@ effects): {verdicts[coverage]}; the FDR stays at most 0.05 up to the Monte Carlo
 {fdr[effects]!n} with the planted effects, the worst contrast, against 0.05 plus two Monte Carlo se, {fdr_tol!n}; pooled
 OLS, exact by construction, scores {ols_null[fdr per contrast (worst)]!n} and {ols[fdr per contrast (worst)]!n} on
 the same data, the worst of three estimates being biased up): {verdicts[fdr]}. Power at eps 4 against
-pooled OLS on the same data: FNC 0.5 {pw[power fnc 0.5]!n} (OLS {ols[power fnc 0.5]!n}), FNC 0.3
-{pw[power fnc 0.3]!n} ({ols[power fnc 0.3]!n}), amplitude group {pw[power amplitude group]!n}
-({ols[power amplitude group]!n}), age slope {pw[power amplitude age]!n} ({ols[power amplitude age]!n}), with
-intervals {pw[width ratio to OLS]!n} times as wide. Over the three contrasts together BH per contrast is not an
-FDR guarantee: under the null even pooled OLS makes a discovery in {ols_null[any false discovery]!n} of the
-repetitions (about 1 - 0.95^3).
+pooled OLS on the same data: FNC 0.5 {pw[power fnc 0.5]!n} (predicted {pw[predicted power fnc 0.5]!n}; OLS
+{ols[power fnc 0.5]!n}), FNC 0.3 {pw[power fnc 0.3]!n} (predicted {pw[predicted power fnc 0.3]!n}; OLS
+{ols[power fnc 0.3]!n}), amplitude group {pw[power amplitude group]!n} ({ols[power amplitude group]!n}), age slope
+{pw[power amplitude age]!n} ({ols[power amplitude age]!n}), with intervals {pw[width ratio to OLS]!n} times as wide
+and the planted effects estimated at {pw[planted estimate / truth]!n} times their truth on average (eps 1
+{e1[planted estimate / truth]!n}, where the budget leaves {e1[floored]!n} of the 3 within-site directions weak). Over
+the three contrasts together BH per contrast is not an FDR guarantee: under the null even pooled OLS makes a
+discovery in {ols_null[any false discovery]!n} of the repetitions (about 1 - 0.95^3).
 """
 
 #: the done-when's thresholds
@@ -98,8 +140,8 @@ GLANCE = {"group stats": (
     """Private group GLM ({m[n_sites]} x {m[subjects_per_site]} subjects, eps 4): 95% intervals cover the truth
     >= 0.855, FDR <= 0.05 (up to two Monte Carlo se)""",
     """coverage {cov[all]!n} (planted effects {cov[planted]!n}); FDR of the worst contrast {fdr[null]!n} under the
-    null, {fdr[effects]!n} with effects; power on an FNC shift of 0.5 {pw[power fnc 0.5]!n} against
-    {ols[power fnc 0.5]!n} for pooled OLS""",
+    null, {fdr[effects]!n} with effects; power on an FNC shift of 0.5 {pw[power fnc 0.5]!n} (predicted
+    {pw[predicted power fnc 0.5]!n}) against {ols[power fnc 0.5]!n} for pooled OLS""",
     {"met": "met", "coverage": "not met: the intervals undercover", "fdr": "not met: too many false discoveries",
      "both": "not met: the intervals undercover and the FDR is above 0.05"}),
     "group stats real": (
@@ -109,19 +151,50 @@ GLANCE = {"group stats": (
         {ols[any discovery (worst contrast)]!n}); per-test type-I at most {t1!n} (tolerance {tol!n})""",
         {"met": "met", "not met": "not met: more false discoveries than the nominal rate"})}
 
-COLUMNS = ["scenario", "method", "coverage all", "coverage planted", "power fnc 0.3", "power fnc 0.5",
-           "power amplitude group", "power amplitude age", "fdr per contrast (worst)", "fdr all contrasts",
-           "any false discovery", "type-I per test", "se / sd of estimates", "width ratio to OLS", "planted bias",
-           "fit ms"]
-HEADER = ["scenario", "method", "coverage", "coverage planted", "power FNC 0.3", "power FNC 0.5",
-          "power amplitude group", "power age slope", "FDR (worst contrast)", "FDR (all contrasts)", "any false",
-          "type-I", "se / sd", "width / OLS", "bias planted", "fit ms"]
+#: the calibration table (both scenarios) and the power table (scenario "effects")
+CAL_COLUMNS = ["scenario", "method", "coverage all", "coverage planted", "fdr per contrast (worst)", "fdr all contrasts",
+               "any false discovery", "type-I per test", "se / sd of estimates", "width ratio to OLS", "floored",
+               "design snr", "fit ms"]
+CAL_HEADER = ["scenario", "method", "coverage", "coverage planted", "FDR (worst contrast)", "FDR (all contrasts)",
+              "any false", "type-I", "se / sd", "width / OLS", "weak directions", "design SNR", "fit ms"]
+POWER_COLUMNS = ["method", "power fnc 0.5", "predicted power fnc 0.5", "power fnc 0.3", "predicted power fnc 0.3",
+                 "se fnc 0.5", "predicted se fnc 0.5", "power amplitude group", "power amplitude age",
+                 "planted estimate / truth", "width ratio to OLS", "noise sd group fnc"]
+POWER_HEADER = ["method", "power FNC 0.5", "predicted", "power FNC 0.3", "predicted", "se FNC 0.5", "predicted se",
+                "power amplitude group", "power age slope", "estimate / truth (planted)", "width / OLS", "noise sd"]
 
 
 def _method(r) -> str:
     if r["method"] == "cape":
         return f"eps {r['epsilon']:g}"
-    return "no noise (bootstrap)" if r["method"] == "none" else r["method"]
+    return "no noise" if r["method"] == "none" else r["method"]
+
+
+def _tables(rows) -> dict[str, str]:
+    """The calibration table (both scenarios) and the power table (scenario "effects") of one run's rows."""
+    cal = [[_method(r) if k == "method" else r[k] for k in CAL_COLUMNS]
+           for s in ("effects", "null") for r in pick(rows, scenario=s)]
+    power = [[_method(r) if k == "method" else r[k] for k in POWER_COLUMNS] for r in pick(rows, scenario="effects")]
+    return {"calibration": table(CAL_HEADER, cal), "power": table(POWER_HEADER, power)}
+
+
+def _prediction(rows, meta) -> str:
+    """The predicted against the measured power over the private cells, or "" without the predictions."""
+    priv = [r for r in pick(rows, scenario="effects", method="cape") if r.get("predicted power fnc 0.5") != ""]
+    if not priv:
+        return ""
+    cells = [(r["power fnc " + s] - r["predicted power fnc " + s], r, s) for r in priv for s in ("0.5", "0.3")]
+    gap, worst, size = max(cells, key=lambda c: abs(c[0]))
+    e4, e8 = one(priv, epsilon=EPS), one(priv, epsilon=8.0)
+
+    def ratio(r):
+        return r["se fnc 0.5"] / r["predicted se fnc 0.5"] if r else None
+
+    return render(PREDICTION, {
+        "cells": len(cells), "epsilons": ", ".join(f"{r['epsilon']:g}" for r in priv),
+        "below": sum(g < 0 for g, _, _ in cells), "gap": abs(gap), "gap_where": f"eps {worst['epsilon']:g}, shift {size}",
+        "gap_measured": worst["power fnc " + size], "gap_predicted": worst["predicted power fnc " + size],
+        "se_ratio": ratio(e4), "se_ratio8": ratio(e8)})
 
 
 def _cells(R):
@@ -137,6 +210,7 @@ def _cells(R):
     se = (FDR_MAX * (1 - FDR_MAX) / eff["reps"]) ** 0.5
     ok = {"coverage": min(cov.values()) >= COVERAGE_MIN, "fdr": max(fdr.values()) <= FDR_MAX + MC_SE * se}
     return {"m": meta, "cov": cov, "fdr": fdr, "pw": eff, "ols": ols, "ols_null": ols_null, "ok": ok,
+            "e1": one(rows, scenario="effects", method="cape", epsilon=1.0) or {},
             "fdr_se": se, "fdr_tol": FDR_MAX + MC_SE * se}
 
 
@@ -231,6 +305,34 @@ def fmri_section(R) -> str:
         "table": table(FMRI_HEADER, [[r[k] for k in FMRI_COLUMNS] for r in rows])})
 
 
+#: the simulation's other sizes (subjects per site), each in group_stats_<M>.{csv,json} when run
+LARGER_SIZES = (250,)
+
+
+def _residual_sd(meta) -> str:
+    sd = meta.get("predicted", {}).get("residual_sd", {})
+    return ", ".join(f"{f} {v:.3f}" for f, v in sd.items())
+
+
+def _ols_check(meta) -> str:
+    diff = meta.get("ols_check", {}).get("estimate_vs_ols_scaled")
+    return "1e-8" if diff is None else f"{max(diff, 1e-16):.0e} at most"
+
+
+def larger_section(R) -> str:
+    out = []
+    for M in LARGER_SIZES:
+        rows = R.csv(f"group_stats_{M}.csv")
+        if not rows:
+            continue
+        meta = R.json(f"group_stats_{M}.json")
+        out.append(render(LARGER_TEMPLATE, {
+            "m": meta, **_tables(rows), "prediction": _prediction(rows, meta),
+            "run": R.run(meta.get("command", f"python benchmarks/group_stats.py --subjects {M}"),
+                         [f"group_stats_{M}.csv", f"group_stats_{M}.json"], meta.get("runtime_s"))}))
+    return "\n\n".join(out)
+
+
 def fields(R):
     rows = R.csv("group_stats.csv")
     if not rows:
@@ -241,12 +343,12 @@ def fields(R):
     if c is not None:
         verdict = render(VERDICT, {**c, "verdicts": {k: VERDICTS[k][v] for k, v in c["ok"].items()}})
     return {"m": meta, "fractions": ", ".join(f"{f:g}" for f in meta["patient_fractions"]),
-            "epsilons": ", ".join(f"{e:g}" for e in meta["epsilons"]),
+            "epsilons": ", ".join(f"{e:g}" for e in meta["epsilons"]), "residual_sd": _residual_sd(meta),
+            "ols_check": _ols_check(meta),
             "run": R.run(meta.get("command", "python benchmarks/group_stats.py"),
                          ["group_stats.csv", "group_stats.json"], meta.get("runtime_s")),
-            "table": table(HEADER, [[_method(r) if k == "method" else r[k] for k in COLUMNS]
-                                    for s in ("effects", "null") for r in pick(rows, scenario=s)]),
-            "verdict": verdict, "real": real_section(R), "fmri": fmri_section(R)}
+            **_tables(rows), "prediction": _prediction(rows, meta),
+            "verdict": verdict, "larger": larger_section(R), "real": real_section(R), "fmri": fmri_section(R)}
 
 
 def glance(R):

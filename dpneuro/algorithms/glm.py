@@ -48,20 +48,22 @@ from dpneuro import privacy
 from dpneuro.algorithms.dfnc import noise_multipliers
 from dpneuro.algorithms.fnc import subject_fnc
 from dpneuro.algorithms.subject_mean import CapeSubjectMean, clip_subjects
+from dpneuro.data.networks import REGIONS
 from dpneuro.privacy import PrivacyLedger
 from dpneuro.protocol.cape import NoisePlan, planned_ledgers, run_cape
 from dpneuro.protocol.cape import ledgers as cape_ledgers
 
 __all__ = ["BLOCKS", "CapeGLM", "Covariate", "Design", "FAMILY_RMS", "GLMSettings", "MEASURES", "REFERENCE_SD",
-           "SHARES", "WEAK_DESIGN", "bh_power", "contrast_errors", "detectable", "fit_glm",
-           "measure_names", "pack_statistics", "parse_design", "subject_measures", "unpack_statistics"]
+           "SHARES", "WEAK_DESIGN", "bh_power", "contrast_errors", "detectable", "fit_glm", "kind", "measure_names",
+           "network_pairs", "normal_hypothesis", "pack_statistics", "parse_design", "subject_measures",
+           "unpack_statistics"]
 
 #: the measures a site computes per subject from its component time courses
-MEASURES = ("fnc", "amplitude", "states")
+MEASURES = ("fnc", "amplitude", "states", "networks")
 #: each family's public L2 bound is FAMILY_RMS sqrt(its size): an RMS of 0.3 per entry of the subject's deviation
 #: from the consortium's mean FNC (Fisher z), of its relative log amplitudes and of its brain-state dynamics
 #: (fractions)
-FAMILY_RMS = {"fnc": 0.3, "amplitude": 0.3, "states": 0.3}
+FAMILY_RMS = {"fnc": 0.3, "amplitude": 0.3, "states": 0.3, "networks": 0.3}
 #: shares a_k^2 of a subject's unit norm (:data:`BLOCKS`): most to the covariate x measure products, which carry
 #: the effects; the per-site sums (the site intercepts), the covariates' products and the squares (the residual
 #: variance) need little (benchmarks/group_stats.py measures the split)
@@ -233,52 +235,92 @@ class Design:
 
 # -- the measures -------------------------------------------------------------------------------
 
-def measure_names(measures: Sequence[str], n_components: int, n_states: int = 0) -> list[str]:
+def network_pairs(networks: Sequence[str] | None) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The network-level FNC measures of components labelled ``networks`` (one atlas network per component,
+    :func:`dpneuro.run.naming.component_networks`): for every two networks (in the atlas's order) the component
+    pairs between them, and for a network of two or more components the pairs within it; components labelled
+    noise, unnamed or outside grey matter ("Other") are in none. Each as ("networks A-B", pairs i < j)."""
+    if networks is None:
+        return []
+    order = {n: k for k, n in enumerate(REGIONS)}
+    members: dict[str, list[int]] = {}
+    for i, net in enumerate(networks):
+        if net in order and net != "Other":
+            members.setdefault(net, []).append(i)
+    nets = sorted(members, key=order.__getitem__)
+    out = []
+    for x, a in enumerate(nets):
+        for b in nets[x:]:
+            pairs = sorted((min(i, j), max(i, j)) for i in members[a] for j in members[b] if i != j)
+            pairs = sorted(set(pairs))
+            if pairs:
+                out.append((f"networks {a}-{b}", pairs))
+    return out
+
+
+def measure_names(measures: Sequence[str], n_components: int, n_states: int = 0,
+                  networks: Sequence[str] | None = None) -> list[str]:
     """Each measure's name, in the order of :func:`subject_measures`: "fnc IC01-IC02", "amplitude IC03",
-    "occupancy S1", "dwell S1", "transitions"."""
+    "occupancy S1", "dwell S1", "transitions", "networks Default-Default" (:func:`network_pairs`)."""
     iu = np.triu_indices(n_components, 1)
     names = {"fnc": [f"fnc IC{i + 1:02d}-IC{j + 1:02d}" for i, j in zip(*iu)],
              "amplitude": [f"amplitude IC{i + 1:02d}" for i in range(n_components)],
              "states": [*(f"occupancy S{k + 1}" for k in range(n_states)),
-                        *(f"dwell S{k + 1}" for k in range(n_states)), "transitions"]}
+                        *(f"dwell S{k + 1}" for k in range(n_states)), "transitions"],
+             "networks": [name for name, _ in network_pairs(networks)]}
     return [n for m in measures for n in names[m]]
 
 
-def family_sizes(measures: Sequence[str], n_components: int, n_states: int = 0) -> dict[str, slice]:
+def family_sizes(measures: Sequence[str], n_components: int, n_states: int = 0,
+                 networks: Sequence[str] | None = None) -> dict[str, slice]:
     """Each family's columns among the measures."""
     out, at = {}, 0
     for m in measures:
         if m not in MEASURES:
             raise ValueError(f"unknown measure {m!r}; measures: {list(MEASURES)}")
         size = {"fnc": n_components * (n_components - 1) // 2, "amplitude": n_components,
-                "states": 2 * n_states + 1}[m]
+                "states": 2 * n_states + 1, "networks": len(network_pairs(networks))}[m]
         out[m] = slice(at, at + size)
         at += size
     return out
 
 
+def kind(name: str) -> str:
+    """The family a measure or a hypothesis belongs to ("fnc IC01-IC02" -> "fnc"; "occupancy S1" -> "states")."""
+    first = name.split()[0]
+    return "states" if first in ("occupancy", "dwell", "transitions") else first
+
+
 def subject_measures(S, lengths: Sequence[int], measures: Sequence[str], fnc_centre=None,
-                     dynamics: Mapping[str, np.ndarray] | None = None
+                     dynamics: Mapping[str, np.ndarray] | None = None, networks: Sequence[str] | None = None
                      ) -> tuple[np.ndarray, list[str], dict[str, slice]]:
     """Every subject's measures (M x Q) from a site's component time courses S (R x N, subjects in order): the
     FNC edges (Fisher z, minus the consortium's public mean ``fnc_centre`` when known), each component's
-    relative log amplitude (log of its time course's sd over the RMS of the subject's components' sds) and, from
+    relative log amplitude (log of its time course's sd over the RMS of the subject's components' sds), from
     its brain-state ``dynamics`` (:func:`dpneuro.algorithms.dfnc.site_dynamics` with ``n_windows``, each
-    subject's window count), each state's fraction of time less 1/K, its mean dwell as a fraction of the
-    subject's windows, and the transitions per window. Returns the matrix, each measure's name
-    (:func:`measure_names`) and each family's columns."""
+    subject's window count) each state's fraction of time less 1/K, its mean dwell as a fraction of the
+    subject's windows, and the transitions per window, and the network-level FNC (the mean of the centred edges
+    between two networks, :func:`network_pairs` of the components' ``networks``). Returns the matrix, each
+    measure's name (:func:`measure_names`) and each family's columns."""
     S = np.asarray(S, np.float64)
     R = S.shape[0]
     bounds = np.cumsum([0, *[int(n) for n in lengths]])
     if bounds[-1] != S.shape[1]:
         raise ValueError(f"the subjects' lengths sum to {bounds[-1]}, the time courses have {S.shape[1]} columns")
     K = 0 if dynamics is None else int(np.shape(dynamics["occupancy"])[1])
-    families = family_sizes(measures, R, K)
+    families = family_sizes(measures, R, K, networks)
+    edges = None
+    if {"fnc", "networks"} & set(measures):
+        F = np.array([subject_fnc(S[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]).reshape(len(lengths), -1)
+        edges = F if fnc_centre is None else F - np.asarray(fnc_centre, np.float64)[None, :]
     blocks = []
     for m in measures:
         if m == "fnc":
-            F = np.array([subject_fnc(S[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])])
-            block = F if fnc_centre is None else F - np.asarray(fnc_centre, np.float64)[None, :]
+            block = edges
+        elif m == "networks":
+            index = {(int(i), int(j)): k for k, (i, j) in enumerate(zip(*np.triu_indices(R, 1)))}
+            block = np.zeros((len(lengths), 0)) if not network_pairs(networks) else np.stack(
+                [edges[:, [index[p] for p in pairs]].mean(axis=1) for _, pairs in network_pairs(networks)], axis=1)
         elif m == "amplitude":
             # relative to the subject's own RMS over components: the time courses' scale follows the public
             # whitening, and a subject's overall gain (scanner, head size) is not a component's amplitude
@@ -292,12 +334,50 @@ def subject_measures(S, lengths: Sequence[int], measures: Sequence[str], fnc_cen
                                np.asarray(dynamics["dwell_windows"]) / n,
                                np.asarray(dynamics["transitions"], np.float64)[:, None] / np.maximum(n - 1, 1)])
         blocks.append(block)
-    return np.concatenate(blocks, axis=1), measure_names(measures, R, K), families
+    return np.concatenate(blocks, axis=1), measure_names(measures, R, K, networks), families
+
+
+def normal_hypothesis(name: str, n_components: int | None = None) -> str:
+    """A hypothesis's measure name in :func:`measure_names`'s spelling ("fnc IC03-IC01" -> "fnc IC01-IC03",
+    "networks Default-Vis" -> "networks Vis-Default", the atlas's order), or ValueError naming what is wrong."""
+    parts = str(name).split()
+    example = ('e.g. "networks Vis-Default" (atlas networks: ' + ", ".join(REGIONS[:-1])
+               + '), "fnc IC01-IC02" or "amplitude IC03"')
+    if not parts or kind(parts[0]) not in MEASURES or (parts[0] != "transitions" and len(parts) != 2):
+        raise ValueError(f"{name!r} is not a measure; {example}")
+    if parts[0] == "transitions":
+        return "transitions"
+    what, which = parts
+
+    def component(text: str) -> int:
+        if not (text.startswith("IC") and text[2:].isdigit() and int(text[2:]) >= 1
+                and (n_components is None or int(text[2:]) <= n_components)):
+            raise ValueError(f"{name!r}: {text!r} is not a component IC01..IC{n_components or 'R':02}")
+        return int(text[2:])
+
+    if what == "networks":
+        a, _, b = which.partition("-")
+        order = {n: k for k, n in enumerate(REGIONS[:-1])}
+        if a not in order or b not in order:
+            raise ValueError(f"{name!r}: networks are named by the atlas's abbreviations; {example}")
+        a, b = sorted((a, b), key=order.__getitem__)
+        return f"networks {a}-{b}"
+    if what == "fnc":
+        a, _, b = which.partition("-")
+        i, j = sorted((component(a), component(b)))
+        if i == j:
+            raise ValueError(f"{name!r}: an edge joins two different components")
+        return f"fnc IC{i:02d}-IC{j:02d}"
+    if what == "amplitude":
+        return f"amplitude IC{component(which):02d}"
+    if not (which.startswith("S") and which[1:].isdigit() and int(which[1:]) >= 1):
+        raise ValueError(f"{name!r}: {which!r} is not a brain state S1, S2, ...")
+    return f"{what} {which}"
 
 
 def family_bounds(families: Mapping[str, slice]) -> dict[str, float]:
-    """Each family's public L2 bound per subject."""
-    return {m: FAMILY_RMS[m] * math.sqrt(sl.stop - sl.start) for m, sl in families.items()}
+    """Each family's public L2 bound per subject (a hypothesis is a family of its own: its kind's RMS)."""
+    return {m: FAMILY_RMS[kind(m)] * math.sqrt(sl.stop - sl.start) for m, sl in families.items()}
 
 
 # -- sufficient statistics, packed with a subject's norm at most 1 -------------------------------
@@ -544,7 +624,7 @@ def _moment_noise(rng, size: int, design: Design, sd: float) -> np.ndarray:
 
 #: residual sd per family a plan assumes when the consortium gives none: between-subject sd of a measure after its
 #: site's mean and the covariates (Fisher z for FNC edges at about 150 volumes, log amplitude, state fractions)
-REFERENCE_SD = {"fnc": 0.15, "amplitude": 0.12, "states": 0.1}
+REFERENCE_SD = {"fnc": 0.15, "amplitude": 0.12, "states": 0.1, "networks": 0.1}
 
 
 def _expected_covariates(design: Design, fractions: Sequence[Mapping[str, float]] | None, counts
@@ -604,8 +684,8 @@ def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: f
         XY = A @ beta + np.einsum("sc,s,sq->cq", Sx, 1 / n, np.einsum("sc,cq->sq", Sx, beta))
         Sy = np.einsum("sc,cq->sq", Sx, beta)
         fitted = np.einsum("cq,cq->q", beta, A @ beta)
-        YY = np.array([residual_sd[f] ** 2 * (sl.stop - sl.start) * (N - S - C) + fitted[sl].sum()
-                       + (Sy[:, sl] ** 2 / n[:, None]).sum() for f, sl in families.items()])
+        YY = np.array([residual_sd.get(f, residual_sd[kind(f)]) ** 2 * (sl.stop - sl.start) * (N - S - C)
+                       + fitted[sl].sum() + (Sy[:, sl] ** 2 / n[:, None]).sum() for f, sl in families.items()])
         ses = []
         for _ in range(draws):
             st = {"counts": n, "n": N, "sd": sd,
@@ -615,7 +695,7 @@ def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: f
                   "YY": YY + (rng.normal(0, sd["yy"], YY.shape) if sizes["yy"] else 0.0)}
             ses.append(fit_glm(st, design, families, random_state=rng)["se"][j])
         se = np.median(ses, axis=0)
-        out[j] = [se[sl.start] for sl in families.values()]
+        out[j] = [se[sl.start] if sl.stop > sl.start else np.nan for sl in families.values()]
     return out
 
 
@@ -675,10 +755,42 @@ class GLMSettings:
     plan: Any = "cape"
     random_state: int | None = None
     level: float = 0.95
+    #: each component's atlas network (the "networks" measures need them; every party computes the same)
+    networks: tuple[str, ...] | None = None
+    #: the measures the consortium tests, by name (:func:`measure_names`; "networks Vis-Default" by network):
+    #: only these are released, each a family of its own with its own bound. Empty: every measure of ``measures``
+    hypotheses: tuple[str, ...] = ()
     families: dict[str, slice] = field(init=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "families", family_sizes(self.measures, self.n_components, self.n_states))
+        families = ({h: slice(k, k + 1) for k, h in enumerate(self.hypotheses)} if self.hypotheses
+                    else family_sizes(self.measures, self.n_components, self.n_states, self.networks))
+        object.__setattr__(self, "families", families)
+
+    @property
+    def computed(self) -> tuple[str, ...]:
+        """The measure families a site computes: those of the hypotheses, else ``measures``."""
+        return tuple(dict.fromkeys(kind(h) for h in self.hypotheses)) if self.hypotheses else tuple(self.measures)
+
+    @property
+    def names(self) -> list[str]:
+        """The released measures' names, in the release's order."""
+        return list(self.hypotheses) if self.hypotheses else measure_names(self.measures, self.n_components,
+                                                                           self.n_states, self.networks)
+
+    def select(self, Y: np.ndarray, names: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+        """The released measures' columns of a site's measures Y (columns ``names``, :func:`subject_measures` of
+        :attr:`computed`), and the hypotheses the run did not measure (a network pair without components): their
+        column is 0 for every subject, no information."""
+        at = {n: k for k, n in enumerate(names)}
+        out = np.zeros((len(Y), len(self.names)))
+        absent = []
+        for k, n in enumerate(self.names):
+            if n in at:
+                out[:, k] = Y[:, at[n]]
+            else:
+                absent.append(n)
+        return out, absent
 
     @property
     def budget(self) -> privacy.GaussianBudget:

@@ -20,7 +20,7 @@ from dpneuro.algorithms.cumulant_ica import CapeCumulantICA, release_bytes
 from dpneuro.algorithms.dfnc import StateSettings
 from dpneuro.algorithms.djica import OPTIMIZERS, CapeDJICA
 from dpneuro.algorithms.fnc import FNCSettings
-from dpneuro.algorithms.glm import Design, GLMSettings, parse_design
+from dpneuro.algorithms.glm import Design, GLMSettings, kind, normal_hypothesis, parse_design
 from dpneuro.algorithms.pca import CapePCA, covariance_bytes, covariance_release_bytes
 from dpneuro.algorithms.pdsvd import PDSVD
 from dpneuro.config import ConfigError, RunConfig
@@ -182,16 +182,20 @@ def glm_measures(cfg: RunConfig) -> tuple[str, ...]:
     return (cfg.glm_measures,) if isinstance(cfg.glm_measures, str) else tuple(cfg.glm_measures)
 
 
-def glm_settings(cfg: RunConfig) -> GLMSettings:
+def glm_settings(cfg: RunConfig, networks: tuple[str, ...] | None = None) -> GLMSettings:
     """The group-statistics stage's public settings: the design (its covariates and every site as one), the
-    measures, one release calibrated to (``glm_epsilon``, delta / 2) per site against the headline adversary."""
+    measures (or the hypotheses), one release calibrated to (``glm_epsilon``, delta / 2) per site against the
+    headline adversary. ``networks``: each component's atlas network, which the "networks" measures need
+    (:func:`dpneuro.run.naming.component_networks`; the planner needs none)."""
     if not cfg.design:
         raise ConfigError("config field 'design': empty, the run has no group-statistics stage")
     design = Design(parse_design(cfg.design, cfg.covariates), tuple(s.name for s in cfg.sites))
     measures = glm_measures(cfg)
+    hypotheses = tuple(normal_hypothesis(h) for h in cfg.glm_hypotheses)
+    computed = tuple(dict.fromkeys(kind(h) for h in hypotheses)) if hypotheses else measures
     return GLMSettings(design, measures, cfg.n_components, cfg.glm_epsilon if cfg.plan != "none" else None,
-                       cfg.pca_delta, cfg.brain_states if "states" in measures else 0, plan=noise_plan(cfg),
-                       random_state=stage_seed(cfg, 5))
+                       cfg.pca_delta, cfg.brain_states if "states" in computed else 0, plan=noise_plan(cfg),
+                       random_state=stage_seed(cfg, 5), networks=networks, hypotheses=hypotheses)
 
 
 # -- what each releasing stage spends -------------------------------------------------------

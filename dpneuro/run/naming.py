@@ -20,9 +20,11 @@ import numpy as np
 from dpneuro.algorithms.djica import spatial_maps
 from dpneuro.config import RunConfig, stage_fields
 from dpneuro.data.networks import REGIONS, ComponentLabel, component_variances, name_components, network_order
+from dpneuro.report.figures import zscore_columns
 from dpneuro.run.features import reducer
 
-__all__ = ["NOISE_NAME", "component_labels", "ordered_unmixing", "read_component_table", "write_component_table"]
+__all__ = ["NOISE_NAME", "component_labels", "component_networks", "ordered_unmixing", "painted",
+           "read_component_table", "write_component_table"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -42,8 +44,20 @@ def _voxel_maps(cfg: RunConfig, basis, eigenvalues, W) -> tuple[np.ndarray, np.n
     D = np.shape(basis)[0]
     if D != (red.n_parcels if red is not None else int(mask.sum())):
         return None
-    A = spatial_maps(basis, eigenvalues, W)
-    return (red.expand(A) if red is not None else A), mask, affine
+    return painted(red, spatial_maps(basis, eigenvalues, W)), mask, affine
+
+
+def painted(parcels, A: np.ndarray) -> np.ndarray:
+    """z-scored maps in voxels (voxels x R) from feature values ``A``: parcels painted back (``parcels`` None:
+    voxels as they are), an atlas's voxels in no region left 0, outside the z-scoring. The maps the run names,
+    orders and writes (components.nii.gz and its table) are these."""
+    maps = parcels.expand(A) if parcels is not None else A
+    covered = getattr(parcels, "covered", None)
+    if covered is None or np.all(covered):
+        return zscore_columns(maps)
+    out = np.zeros(maps.shape)
+    out[covered] = zscore_columns(maps[covered])
+    return out
 
 
 def component_labels(maps, mask, affine, eigenvalues, W) -> list[ComponentLabel]:
@@ -63,6 +77,17 @@ def ordered_unmixing(cfg: RunConfig, basis, eigenvalues, W, b) -> tuple[np.ndarr
     order = network_order(labels)
     signs = np.array([labels[k].sign for k in order], np.float64)
     return W[order] * signs[:, None], b[order] * signs
+
+
+def component_networks(cfg: RunConfig, basis, eigenvalues, W) -> tuple[str, ...] | None:
+    """Each component's atlas network (:data:`dpneuro.data.networks.REGIONS`), :data:`NOISE_NAME` for one whose
+    map lies mostly outside grey matter; None when the basis is not over the run's features. Every party computes
+    it from the same public results (the released basis and the unmixing), so the sites and the aggregator agree
+    on it without a message."""
+    on_grid = _voxel_maps(cfg, basis, eigenvalues, W)
+    if on_grid is None:
+        return None
+    return tuple(NOISE_NAME if lab.noise else lab.network for lab in component_labels(*on_grid, eigenvalues, W))
 
 
 #: the columns of components.tsv, in order (one row per component, components.nii.gz's order)

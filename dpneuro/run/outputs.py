@@ -36,7 +36,6 @@ from dpneuro.report.figures import (
     write_components,
     write_dynamics,
     write_timecourses,
-    zscore_columns,
 )
 from dpneuro.report.html import report_headline, write_report
 from dpneuro.report.timings import label
@@ -48,7 +47,7 @@ from dpneuro.run.expectations import (
     supported_components,
 )
 from dpneuro.run.factory import fnc_settings, glm_settings
-from dpneuro.run.naming import component_labels, read_component_table, write_component_table
+from dpneuro.run.naming import component_labels, painted, read_component_table, write_component_table
 from dpneuro.run.roles import contribution_note, describe_unmixing, site_windows, unmixing_input
 from dpneuro.run.site_maps import made, write_site_maps
 
@@ -58,15 +57,7 @@ __all__ = ["component_maps", "consortium_privacy", "headline", "states_section",
 
 def component_maps(space: dict, basis, eigenvalues, W) -> np.ndarray:
     """z-scored spatial maps in voxels (voxels x R): the ICA mixing in the released basis, parcels painted back."""
-    maps = to_voxels(space, spatial_maps(basis, eigenvalues, W))
-    parcels = space_parcels(space)
-    covered = None if parcels is None else parcels.covered
-    if covered is None or np.all(covered):
-        return zscore_columns(maps)
-    # an atlas's voxels in no region stay 0, outside the z-scoring
-    out = np.zeros(maps.shape)
-    out[covered] = zscore_columns(maps[covered])
-    return out
+    return painted(space_parcels(space), spatial_maps(basis, eigenvalues, W))
 
 
 def to_voxels(space: dict, A: np.ndarray) -> np.ndarray:
@@ -158,15 +149,18 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
     ``group_effects.json`` (the design, the subjects per site, how the intervals were made). A measure of a
     component below the privacy noise (``signal``) is marked and left out of the FDR's family."""
     folder = Path(folder)
-    settings = glm_settings(cfg)
+    settings = glm_settings(cfg, None if glm.get("networks") is None else tuple(glm["networks"]))
     contrasts = [lab for lab, _, _ in settings.design.contrasts()]
-    names = measure_names(settings.measures, cfg.n_components, settings.n_states)
+    names = list(glm.get("measures") or settings.names)
+    # a hypothesis of a network pair the run has no components for: measured as 0 everywhere, no finding
+    present = set(measure_names(("networks",), cfg.n_components, 0, settings.networks))
+    absent = [n for n in names if n.startswith("networks ") and n not in present]
     rows = []
     for c, contrast in enumerate(contrasts):
         for q, name in enumerate(names):
             rows.append({"contrast": contrast, "measure": name,
                          **{k: float(np.asarray(glm[k])[c, q]) for k in GROUP_COLUMNS[2:-1]},
-                         "signal": measure_signal(name, signal)})
+                         "signal": measure_signal(name, signal) and name not in absent})
     _findings_q(rows)
     with open(folder / "group_effects.tsv", "w") as f:
         f.write("\t".join(GROUP_COLUMNS) + "\n")
@@ -182,7 +176,7 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
         "design_directions_shrunk": floored, "noise_components": noise_names(signal),
-        "detectable_80": found_at,
+        "detectable_80": found_at, "not_measured": absent,
         "design_snr": float(np.asarray(glm.get("design_snr", np.inf))),
         "description": "Each contrast's effect on every measure from one linear model per measure with an intercept "
                        "per site (within-site effects), fitted from sufficient statistics each site bounded and "

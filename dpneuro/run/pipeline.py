@@ -41,6 +41,7 @@ from dpneuro.data.cleaning import Cleaning, CleaningError, check_confounds_table
 from dpneuro.data.discovery import SubjectDiscovery, find_subjects
 from dpneuro.data.images import load_mask, load_space, mask_to_image
 from dpneuro.data.load import describe_site_inputs, load_site, site_data_summary
+from dpneuro.data.networks import MIN_COVERAGE, voxel_regions
 from dpneuro.data.parcellation import space_parcels
 from dpneuro.data.participants import CovariateError, check_covariates
 from dpneuro.datasets.states import window_labels
@@ -428,7 +429,20 @@ def check_outputs(cfg: RunConfig) -> None:
 
 #: Checks of the whole run that need no release, run by :func:`preflight` after every site's
 #: (:data:`SITE_CHECKS`); a deployed party checks its own folders (:mod:`dpneuro.deploy.sharedfs`).
-RUN_CHECKS: list[Callable[[RunConfig], None]] = [check_space, check_outputs]  # outputs last: they make folders
+def check_networks(cfg: RunConfig) -> None:
+    """Group statistics on network-level measures need components named with atlas networks: a grid the atlas
+    covers (a standard MNI space), which the run knows before anything is released."""
+    if not cfg.design or "networks" not in factory.glm_settings(cfg).computed:
+        return
+    mask, affine = cfg.grid()
+    if voxel_regions(mask, affine)[1] < MIN_COVERAGE:
+        raise ConfigError("group statistics: the \"networks\" measures compare atlas networks, but the atlas "
+                          f"covers less than {MIN_COVERAGE:.0%} of this run's mask (not a standard MNI space), so no "
+                          "component would be named; use glm_measures = [\"fnc\"] or a standard space")
+
+
+#: the run's checks before anything is loaded (outputs last: they make folders)
+RUN_CHECKS: list[Callable[[RunConfig], None]] = [check_space, check_networks, check_outputs]
 
 
 def preflight(cfg: RunConfig, until: str = "report") -> None:

@@ -347,14 +347,38 @@ def _plan_for_target(cfg: RunConfig, shapes: list[SiteShape], dim: int, target_e
         part = {"reduce": pca_share, **{st: (1 - pca_share) * part[st] / rest for st in later}}
         share = part
     asked = {st: f for st, f in QUESTIONS[cfg.question].items() if st in active}
-    if asked and len(active) > len(asked):  # the question's stages get their share, the others the rest
-        rest = sum(part[st] for st in active if st not in asked)
-        share = {st: asked[st] if st in asked else (1 - sum(asked.values())) * part[st] / rest for st in active}
-    z = split_gdp(site_mu, mu_t, {st: budgets[st].noise_multiplier for st in active}, share)
-    planned_cfg = _with_multipliers(cfg, z, budgets)
-    planned = _spend(planned_cfg.validate(data_sites=()), shapes, dim, stages)
-    planned.target_epsilon, planned.base = target_epsilon, cfg
-    return planned
+
+    def split(given: dict[str, float] | None) -> BudgetPlan:
+        mixed = share
+        if given:  # the question's stages get their share, the others the rest in their own ratio
+            rest = sum(part[st] for st in active if st not in given)
+            mixed = {st: given[st] if st in given else (1 - sum(given.values())) * part[st] / rest for st in active}
+        z = split_gdp(site_mu, mu_t, {st: budgets[st].noise_multiplier for st in active}, mixed)
+        planned = _spend(_with_multipliers(cfg, z, budgets).validate(data_sites=()), shapes, dim, stages)
+        planned.target_epsilon, planned.base = target_epsilon, cfg
+        return planned
+
+    if not asked or len(active) == len(asked):
+        return split(None)
+    # the question's stages take their share, but the maps keep at least half of the components they would
+    # support without it (on maps the reference does not describe: at least one above the noise), since a
+    # measure of a noise component finds nothing: the largest share up to the question's that keeps them
+    plain = split(None)
+    supported = components_supported(plain)
+    keep = None if supported is None else max(1, math.ceil(min(supported, cfg.n_components) / 2))
+
+    def enough(plan: BudgetPlan) -> bool:
+        return (components_supported(plan) or 0) >= keep if keep is not None else buys_nothing(plan) is None
+
+    full = split(asked)
+    if enough(full) or not enough(plain):
+        return full if enough(full) else plain
+    lo, hi = 0.0, 1.0  # fractions of the way from the stages' own shares to the question's
+    own = {st: part[st] for st in asked}
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if enough(split({st: own[st] + mid * (asked[st] - own[st]) for st in asked})) else (lo, mid)
+    return split({st: own[st] + lo * (asked[st] - own[st]) for st in asked})
 
 
 def apply_target(cfg: RunConfig, stages: tuple[str, ...] = RELEASING_STAGES, *,

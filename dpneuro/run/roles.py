@@ -38,7 +38,7 @@ from dpneuro.algorithms.dfnc import WindowSet, site_dynamics
 from dpneuro.algorithms.dfnc import site_windows as windows_of
 from dpneuro.algorithms.djica import reported_unmixing, whitening_matrix
 from dpneuro.algorithms.fnc import site_fnc
-from dpneuro.algorithms.glm import pack_statistics, subject_measures
+from dpneuro.algorithms.glm import network_pairs, pack_statistics, subject_measures
 from dpneuro.algorithms.pca import SiteSource, as_source
 from dpneuro.algorithms.spatial_ica import spatial_ica
 from dpneuro.config import RunConfig
@@ -59,7 +59,7 @@ from dpneuro.run.factory import (
     reduce_plan,
     states_settings,
 )
-from dpneuro.run.naming import ordered_unmixing
+from dpneuro.run.naming import component_networks, ordered_unmixing
 
 __all__ = [
     "ReduceResult",
@@ -318,7 +318,7 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
     A subject without them stops the site, naming it, or with ``on_bad_subject = "skip"`` is left out of the
     model (named on the site's console); continuous values outside the agreed range are clipped and counted.
     """
-    settings = glm_settings(cfg)
+    settings = glm_settings(cfg, run_networks(cfg, public))
     name = site.get("site", "this site")
     names = [s.name for s in cfg.sites]
     path = participants_table(cfg, name)
@@ -332,11 +332,15 @@ def glm_input(cfg: RunConfig, site: Mapping[str, Any], S, public: Mapping[str, M
         ws = site_windows(cfg, S, lengths, tr=site.get("tr"), where=f"site {name}")
         dynamics = {**site_dynamics(ws, np.asarray(public["states"]["vectors"]), cfg.states_metric),
                     "n_windows": np.asarray(ws.lengths)}
-    Y, _, families = subject_measures(S, lengths, settings.measures, public.get("fnc", {}).get("fnc"), dynamics)
+    Y, names, _ = subject_measures(S, lengths, settings.computed, public.get("fnc", {}).get("fnc"), dynamics,
+                                   settings.networks)
+    Y, absent = settings.select(Y, names)
     keep = [i for i, sid in enumerate(ids) if sid in rows]
     X = np.array([rows[ids[i]] for i in keep]).reshape(len(keep), settings.design.p)
-    T, scaled = pack_statistics(X, Y[keep], settings.design, families)
+    T, scaled = pack_statistics(X, Y[keep], settings.design, settings.families)
     notes = [f"{len(keep)} of {len(ids)} subjects in the model"]
+    if absent:
+        notes.append("not measured in this run (no components): " + ", ".join(absent))
     if why:
         notes.append("left out: " + "; ".join(f"{k} ({v})" for k, v in why.items()))
     if clipped:
@@ -367,7 +371,26 @@ def glm_aggregator(cfg: RunConfig, step: str, exchange: Exchange, *, n_sites: in
     """The consortium's group effects (each contrast x measure: estimate, interval, p, q, noise sd) fitted from
     the release (post-processing), and the subjects each site put in the model (public)."""
     st = run_aggregator(_glm_protocol(cfg, n_sites), exchange, checkpoint=checkpoint, options=options)
-    return {**glm_settings(cfg).fit(st["glm"], st["counts"], st["noise_var"]), "counts": np.asarray(st["counts"])}
+    settings = glm_settings(cfg, run_networks(cfg, public or {}))
+    return {**settings.fit(st["glm"], st["counts"], st["noise_var"]), "counts": np.asarray(st["counts"]),
+            "measures": settings.names,
+            "networks": None if settings.networks is None else list(settings.networks)}
+
+
+def run_networks(cfg: RunConfig, public: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...] | None:
+    """Each component's atlas network when the group statistics need them ("networks" measures or
+    hypotheses), from the released basis and the unmixing (:func:`dpneuro.run.naming.component_networks`: the
+    same at every party); None when they need none. Refuses a run whose components cannot be named."""
+    settings = glm_settings(cfg)
+    if "networks" not in settings.computed:
+        return None
+    nets = component_networks(cfg, public["reduce"]["basis"], public["reduce"]["eigenvalues"],
+                              public["unmix"]["W"])
+    if nets is None or (not settings.hypotheses and not network_pairs(nets)):
+        found = "" if nets is None else f" (this run's components: {', '.join(sorted(set(nets)))})"
+        raise ConfigError("the \"networks\" measures need two or more components named with an atlas network on "
+                          f"the run's grid (a standard MNI space){found}; use \"fnc\" instead")
+    return nets
 
 
 # -- states: dFNC brain states -----------------------------------------------------------

@@ -8,13 +8,18 @@ import pytest
 from scipy import stats
 
 from dpneuro.algorithms.glm import (
+    FAMILY_RMS,
     CapeGLM,
     Design,
     GLMSettings,
     bh_power,
     contrast_errors,
+    family_bounds,
     fit_glm,
+    kind,
     measure_names,
+    network_pairs,
+    normal_hypothesis,
     pack_statistics,
     parse_design,
     subject_measures,
@@ -257,3 +262,36 @@ def test_the_states_measures_are_fractions_of_each_subjects_windows():
     assert families == {"states": slice(0, 5)}
     with pytest.raises(ValueError, match="dynamics"):
         subject_measures(S, [100, 100], ("states",))
+
+
+def test_network_measures_average_the_centred_edges_between_named_networks_and_hypotheses_select_them():
+    """The "networks" family: per pair of atlas networks the mean of the subject's centred edges between their
+    components (within a network of two or more; noise and "Other" components in none), named in the atlas's
+    order; a hypothesis list releases exactly its measures, a pair without components as 0 and said."""
+    rng = np.random.default_rng(3)
+    R, lengths = 5, [60, 70]
+    S = rng.standard_normal((R, sum(lengths)))
+    nets = ("Default", "Vis", "Default", "noise", "Other")
+    pairs = network_pairs(nets)
+    assert [name for name, _ in pairs] == ["networks Vis-Default", "networks Default-Default"]
+    assert pairs[0][1] == [(0, 1), (1, 2)] and pairs[1][1] == [(0, 2)]
+    centre = rng.normal(0, 0.1, R * (R - 1) // 2)
+    Y, names, fam = subject_measures(S, lengths, ("fnc", "networks"), centre, networks=nets)
+    edges = Y[:, fam["fnc"]]
+    iu = {(int(i), int(j)): k for k, (i, j) in enumerate(zip(*np.triu_indices(R, 1)))}
+    np.testing.assert_allclose(Y[:, fam["networks"]][:, 0], edges[:, [iu[0, 1], iu[1, 2]]].mean(axis=1))
+    np.testing.assert_allclose(Y[:, fam["networks"]][:, 1], edges[:, iu[0, 2]])
+    assert names[fam["networks"].start:] == ["networks Vis-Default", "networks Default-Default"]
+    settings = GLMSettings(DESIGN, ("fnc",), R, 2.0, networks=nets,
+                           hypotheses=(normal_hypothesis("networks Default-Vis"),
+                                       normal_hypothesis("networks Limbic-Cont"), "fnc IC01-IC03"))
+    assert settings.computed == ("networks", "fnc") and settings.n_measures == 3
+    assert list(settings.families) == ["networks Vis-Default", "networks Limbic-Cont", "fnc IC01-IC03"]
+    Y2, names2, _ = subject_measures(S, lengths, settings.computed, centre, networks=nets)
+    sel, absent = settings.select(Y2, names2)
+    assert absent == ["networks Limbic-Cont"] and np.all(sel[:, 1] == 0)
+    np.testing.assert_allclose(sel[:, 0], Y[:, fam["networks"]][:, 0])
+    np.testing.assert_allclose(sel[:, 2], edges[:, iu[0, 2]])
+    # each hypothesis is a family of its own: its own bound, the single measure's
+    bounds = family_bounds(settings.families)
+    assert all(b == pytest.approx(FAMILY_RMS[kind(n)]) for n, b in bounds.items())

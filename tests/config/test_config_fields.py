@@ -42,7 +42,7 @@ FROZEN_CONSORTIUM = {
     "confounds_options", "detrend", "high_pass", "low_pass", "smoothing_fwhm",
     # added with their features, each to the set its stage's fields belong to
     "atlas_fill", "allow_noise_maps", "fnc", "fnc_epsilon", "design", "covariates", "glm_measures", "glm_epsilon",
-    "question",
+    "question", "glm_hypotheses",
 }
 FROZEN_STAGES = {
     "space": {"mask", "space", "parcels", "atlas", "atlas_fill"},
@@ -55,7 +55,7 @@ FROZEN_STAGES = {
     "fnc": {"fnc", "fnc_epsilon", "plan", "n_colluding", "delta", "seed"},
     "states": {"brain_states", "states_epsilon", "states_method", "states_window", "states_step", "states_metric",
                "plan", "n_colluding", "delta", "seed"},
-    "glm": {"design", "covariates", "glm_measures", "glm_epsilon", "plan", "n_colluding", "delta", "seed"},
+    "glm": {"design", "covariates", "glm_measures", "glm_hypotheses", "glm_epsilon", "plan", "n_colluding", "delta", "seed"},
     "maps": {"delta", "truth", "plan", "n_colluding", "seed", "site_voxel_maps", "site_maps_method"},
 }
 

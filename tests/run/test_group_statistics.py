@@ -13,8 +13,9 @@ import pytest
 from cape_toys import check_attack_separation
 
 import dpneuro
-from dpneuro.algorithms.glm import CapeGLM, Design, GLMSettings, pack_statistics, parse_design
+from dpneuro.algorithms.glm import CapeGLM, Design, GLMSettings, network_pairs, pack_statistics, parse_design
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
+from dpneuro.data.networks import NOISE_FLAG
 from dpneuro.data.participants import CovariateError
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.run import stages
@@ -226,3 +227,39 @@ def test_the_brain_states_dynamics_are_measures_too(planted, tmp_path):
     occ = {r["measure"]: r["estimate"] for r in ica.group_effects_ if r["contrast"].startswith("group")}
     assert np.isfinite(list(occ.values())).all()
     assert occ["occupancy S1"] == pytest.approx(-occ["occupancy S2"], abs=0.35)
+
+
+def test_network_measures_and_hypotheses_run_on_named_components_and_are_refused_where_none_can_be(planted,
+                                                                                                    tmp_path):
+    """On a standard space the components are named, every party derives the same networks, and the group
+    model tests the network pairs (glm_measures = ["networks"]) or only the listed hypotheses, each with its own
+    bound; a hypothesis of networks the run has no components for is reported as not measured and is no finding.
+    On a toy grid the atlas names nothing: the run refuses before any release."""
+    man = make_consortium(tmp_path / "data", n_sites=3, subjects_per_site=[14, 10, 16], n_components=6,
+                          n_timepoints=100, space="mni6mm", model="networks", random_state=5,
+                          effects={"patients": [0.3, 0.5, 0.6]})
+    sites = {s["site"]: s["path"] for s in man["sites"]}
+    kw = dict(n_components=6, mask=man["mask"], random_state=1, design="group",
+              covariates={"group": ["control", "patient"]}, glm_epsilon=1000.0, pca_epsilon=20.0)
+    ica = dpneuro.DecentralizedICA(out=tmp_path / "all", glm_measures=["networks"], **kw).fit(sites)
+    table = [line.split("\t") for line in (Path(ica.output_dir_) / "components.tsv").read_text().splitlines()]
+    head = table[0]
+    nets = tuple("noise" if float(row[head.index("noise_fraction")]) > NOISE_FLAG else row[head.index("network")]
+                 for row in table[1:])  # the atlas's names; a map mostly outside grey matter in no network
+    expected = [name for name, _ in network_pairs(nets)]
+    assert expected and [r["measure"] for r in ica.group_effects_] == expected
+    present = expected[0]
+    ica2 = dpneuro.DecentralizedICA(out=tmp_path / "hyp", glm_hypotheses=[present, "networks Limbic-Cerebellum"],
+                                    **kw).fit(sites)
+    rows = {r["measure"]: r for r in ica2.group_effects_}
+    assert list(rows) == [present, "networks Limbic-Cerebellum"]
+    record = json.loads((Path(ica2.output_dir_) / "group_effects.json").read_text())
+    if "Limbic" in nets and "Cerebellum" in nets:
+        pytest.skip("the run named both networks")  # the generator's seed decides; 5 names neither
+    assert record["not_measured"] == ["networks Limbic-Cerebellum"]
+    assert not rows["networks Limbic-Cerebellum"]["signal"] and np.isnan(rows["networks Limbic-Cerebellum"]["q"])
+    assert rows[present]["signal"] and rows[present]["q"] == pytest.approx(rows[present]["p"])  # a family of one
+    root, grid = planted
+    with pytest.raises(ConfigError, match="atlas covers"):
+        _fit(grid, tmp_path / "grid", glm_measures=["networks"])
+    assert not (tmp_path / "grid" / "work").exists() or not any((tmp_path / "grid").rglob("*.npy"))
