@@ -4,7 +4,7 @@ The whole pipeline (``dpneuro.DecentralizedICA`` with ``design = "group + age"``
 the FNC, the group GLM) on the synthetic "networks" fMRI generator with planted group differences
 (``make_consortium(model="networks", effects=...)``): 4 sites x M subjects (M = 100; ``--subjects``), patient
 fractions 0.3, 0.45, 0.55, 0.7, ages uniform on 20-70, R = 8 sources and components, 150 volumes, the
-``mni6mm`` space at the region level (the default ``parcels``). Patients' population correlation between sources 0 and 1 is raised
+``grid30`` space, voxels (``parcels=0``). Patients' population correlation between sources 0 and 1 is raised
 by 0.45 and between sources 2 and 3 lowered by 0.4; nothing else differs. Each (seed, M) consortium is
 generated once and every method fits the same data.
 
@@ -85,7 +85,7 @@ N_SITES = 4
 SUBJECTS = 100
 N_COMPONENTS = 8
 N_TIMEPOINTS = 150
-SPACE = "mni6mm"
+SPACE = "grid30"
 MODEL = "networks"
 EFFECTS = {"patients": [0.3, 0.45, 0.55, 0.7], "fnc_shift": [[0, 1, 0.45], [2, 3, -0.4]]}
 DESIGN = "group + age"
@@ -275,7 +275,7 @@ def fit(man: dict, seed: int, out: Path, kw: dict):
     """One DecentralizedICA fit; its seconds and the fraction of subjects the sites scaled onto the bound."""
     import dpneuro
 
-    ica = dpneuro.DecentralizedICA(n_components=N_COMPONENTS, mask=man["mask"], random_state=seed,
+    ica = dpneuro.DecentralizedICA(n_components=N_COMPONENTS, mask=man["mask"], random_state=seed, parcels=0,
                                    out=out, design=DESIGN, covariates=COVARIATES, **kw)
     err = io.StringIO()
     t = time.perf_counter()

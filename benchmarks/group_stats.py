@@ -81,11 +81,11 @@ subjects, patient fractions 0.3-0.6, patients' correlation between sources 0-1 a
 age slope on source 4's amplitude), without noise and privately (the defaults and glm_epsilon 4), 3 seeds:
 which planted effects are found (sources paired with components by their maps).
 
-    python benchmarks/group_stats.py                  # full simulation, 4 x 100: 500 repetitions (~2.5 min on 2 cores)
-    python benchmarks/group_stats.py --subjects 250   # the same at 4 x 250 (group_stats_250.*; ~3 min)
-    python benchmarks/group_stats.py --part real      # full real part: 500 repetitions (~1.5 min)
+    python benchmarks/group_stats.py                  # full simulation, 4 x 100: 500 repetitions (~4 min on 2 cores)
+    python benchmarks/group_stats.py --subjects 250   # the same at 4 x 250 (group_stats_250.*; ~4.5 min)
+    python benchmarks/group_stats.py --part real      # full real part: 500 repetitions (~1.5-2 min)
     python benchmarks/group_stats.py --part fmri      # the whole pipeline, 3 seeds (~1 min)
-    python benchmarks/group_stats.py --quick          # smoke run of every part: 10 repetitions (~25 s; writes
+    python benchmarks/group_stats.py --quick          # smoke run of every part: 10 repetitions (~30-45 s; writes
                                                       # *_quick.*); --part sim, real or fmri for one of them
 
 Writes benchmarks/results/group_stats.{csv,json} (simulation; group_stats_<M>.* at M subjects per site other

@@ -37,7 +37,15 @@ from dpneuro.protocol.exchange.keys import generate_key
 from dpneuro.report.timings import lines as timing_lines
 from dpneuro.run.features import features
 from dpneuro.run.pipeline import Interrupted, prepare, progress
-from dpneuro.run.planner import MAPS_OVERLAP, buys_nothing, plan_for_target, site_shapes, spend, subjects_needed
+from dpneuro.run.planner import (
+    MAPS_OVERLAP,
+    buys_nothing,
+    group_detectable,
+    plan_for_target,
+    site_shapes,
+    spend,
+    subjects_needed,
+)
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -263,6 +271,13 @@ def _cmd_budget(args: argparse.Namespace) -> int:
             print(f"Subjects per site for maps that agree with the non-private ones at about 0.8 (component "
                   f"{cfg.n_components}'s eigenvector at squared overlap >= {MAPS_OVERLAP:g}; calibrated on real "
                   f"fMRI): {for_maps}")
+    if args.effect is not None:
+        if not cfg.design:
+            raise ConfigError("--effect needs a design (design and covariates in the configuration)")
+        for row in group_detectable(plan.config, [len(s.lengths) for s in shapes], effect=args.effect):
+            n = row["subjects_for_effect"]
+            print(f"Subjects per site to find {args.effect:g} with 80 % power, {row['contrast']}, {row['family']}: "
+                  + (f"about {n}" if n else "more than 100 times these sites") + " (this split of the budget)")
     return EXIT_OK
 
 
@@ -444,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --target-epsilon: share of mu^2 (GDP) given to the reduction (default: the split of "
                         "the configuration's settings, the tuned one unless changed)")
     _add_overrides(s.add_argument_group("overrides of configuration fields (default: the configuration's value)"))
+    s.add_argument("--effect", type=float, default=None,
+                   help="with a design: the effect (per unit of each contrast, e.g. 0.3 Fisher z for a group's FNC "
+                        "difference) the study must find with 80 %% power; prints the subjects per site it needs")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_budget)
 

@@ -87,12 +87,14 @@ product's own pipeline without noise (PCA and spatial ICA of the pooled regions)
 amplitudes). The components only need to be realistic: what is tested is the GLM. {m[reps]} draws of pseudo-groups
 independent of the data (a random half of each site's people "patients", ages uniform on 20-70, sex 50/50; labels
 seed [{m[seed]}, 1, draw], noise seed the draw), design `{m[design]}`, eps {epsilons} per site (headline, delta
-{m[delta]!p}), n_boot {m[n_boot]}. Per method: the fraction of draws with any discovery at q < 0.05 in each
-contrast (BH's family: under this null its FDR) and in any of the three, the per-test type-I error (p < 0.05, nominal
-0.05), the 95% intervals' coverage of 0 (Wald intervals: 1 - the type-I error), the RMS se over the spread of the
-estimates across draws, the width over pooled OLS's, how many of the released X'X's {n_cols} eigenvalues the fit
-held at its floor (`glm.FLOOR` times the noise's sd), and the median time per fit. Fraction of people whose measures
-the public bound scaled: {m[subjects_scaled_by_bound]!n}.
+{m[delta]!p}). Per method: the fraction of draws with any discovery at q < 0.05 in each contrast (BH's family: under
+this null its FDR) and in any of the three, the per-test type-I error (p < 0.05, nominal 0.05), the 95% intervals'
+coverage of 0 (t intervals: 1 - the type-I error), the mean count of discoveries in a contrast that has any (above 1
+when false discoveries come together), the RMS se over the spread of the estimates across draws, the width over
+pooled OLS's, the weak design directions (of the 3 within-site directions of X'X, those below `glm.WEAK_DESIGN`
+times its noise, held there; mean per fit) and the design's signal to noise (median; below 0 when the noise leaves
+the released X'X with a negative eigenvalue), and the median time per fit. Fraction of people whose measures the
+public bound scaled: {m[subjects_scaled_by_bound]!n}.
 
 {run}
 
@@ -101,14 +103,16 @@ the public bound scaled: {m[subjects_scaled_by_bound]!n}.
 {verdict}
 """
 
-REAL_VERDICT = """Nothing significant beyond the nominal rate: the worst contrast's fraction of draws with a discovery is at most
-{worst!n} over the private fits ({none[any discovery (worst contrast)]!n} without noise, {ols[any discovery (worst contrast)]!n}
-pooled OLS) and the per-test type-I error at most {t1!n} ({none[type-I per test]!n}, {ols[type-I per test]!n}), against
-0.05 plus twice the Monte Carlo se of a rate of 0.05 over {reps} draws, {tol!n} (for the per-test rate, an average of
-correlated tests, a loose tolerance): {verdict}. With {sizes} people per site the noise on X'X holds
-{e4[floored eigenvalues]!n} of its {n_cols} eigenvalues at the floor at eps 4 ({e8[floored eigenvalues]!n} at eps 8), so
-the private fits are conservative (type-I {e4[type-I per test]!n} at eps 4) with intervals {e4[width ratio to OLS]!n} times
-as wide as pooled OLS's: at this size they can find little, false or true.
+REAL_VERDICT = """{headline}: the worst contrast's fraction of draws with a discovery is at most {worst!n} over the private
+fits ({none[any discovery (worst contrast)]!n} without noise, {ols[any discovery (worst contrast)]!n} pooled OLS) and
+the per-test type-I error at most {t1!n} ({none[type-I per test]!n}, {ols[type-I per test]!n}), against 0.05 plus
+twice the Monte Carlo se of a rate of 0.05 over {reps} draws, {tol!n} (for the per-test rate, an average of
+correlated tests, a loose tolerance): {verdict}. With {sizes} people per site the budget leaves {e4[floored]!n} of the
+3 within-site directions weak at eps 4 ({e8[floored]!n} at eps 8; design SNR {e4[design snr]!n} and
+{e8[design snr]!n}): each test alone is conservative (type-I {e4[type-I per test]!n} at eps 4, intervals
+{e4[width ratio to OLS]!n} times as wide as pooled OLS's), but the false discoveries come together: a contrast that
+has one has {e4[discoveries per discovering contrast]!n} on average ({ols[discoveries per discovering contrast]!n} for
+pooled OLS), as an error shared by every measure's estimate makes them (the noise on the design's moments is one).
 """
 
 VERDICT = """\
@@ -180,7 +184,9 @@ def _tables(rows) -> dict[str, str]:
 
 def _prediction(rows, meta) -> str:
     """The predicted against the measured power over the private cells, or "" without the predictions."""
-    priv = [r for r in pick(rows, scenario="effects", method="cape") if r.get("predicted power fnc 0.5") != ""]
+    priv = [r for r in pick(rows, scenario="effects", method="cape")
+            if all(isinstance(r.get(f"{k} fnc {s}"), (int, float)) for k in ("power", "predicted power")
+                   for s in ("0.5", "0.3"))]
     if not priv:
         return ""
     cells = [(r["power fnc " + s] - r["predicted power fnc " + s], r, s) for r in priv for s in ("0.5", "0.3")]
@@ -216,9 +222,11 @@ def _cells(R):
 
 REAL_COLUMNS = ["method", "any discovery group", "any discovery age", "any discovery sex",
                 "any discovery (worst contrast)", "any discovery (all contrasts)", "type-I per test", "coverage of 0",
-                "se / sd of estimates", "width ratio to OLS", "floored eigenvalues", "fit ms"]
+                "discoveries per discovering contrast", "se / sd of estimates", "width ratio to OLS", "floored",
+                "design snr", "fit ms"]
 REAL_HEADER = ["method", "any discovery: group", "age", "sex", "worst contrast", "any of the three", "type-I",
-               "coverage of 0", "se / sd", "width / OLS", "floored eigenvalues", "fit ms"]
+               "coverage of 0", "discoveries when any", "se / sd", "width / OLS", "weak directions", "design SNR",
+               "fit ms"]
 
 
 def _real(R):
@@ -235,9 +243,10 @@ def _real(R):
     # the GLM's fits (private and without noise); pooled OLS is the reference
     ok = all(r["any discovery (worst contrast)"] <= tol and r["type-I per test"] <= tol for r in [*priv, none])
     return {"m": meta, "rows": rows, "none": none, "ols": ols, "e4": e4, "e8": e8, "reps": reps, "tol": tol, "ok": ok,
+            "headline": "Nothing significant beyond the nominal rate" if ok else "More discoveries than the nominal rate",
             "worst": max(r["any discovery (worst contrast)"] for r in priv),
             "t1": max(r["type-I per test"] for r in priv), "verdict": REAL_VERDICTS[ok],
-            "sizes": "/".join(str(n) for n in meta["people_per_site"]), "n_cols": len(meta["columns"]),
+            "sizes": "/".join(str(n) for n in meta["people_per_site"]),
             "epsilons": ", ".join(f"{e:g}" for e in meta["epsilons"])}
 
 
@@ -368,12 +377,21 @@ README = {"group_stats": (
     "effects). The false discovery rate of the q-values (BH, per contrast) is {fdr_null} under the null and {fdr_eff} "
     "with planted effects (the worst of the three contrasts; pooled OLS on the raw data {ols_fdr_null} and "
     "{ols_fdr_eff}, Monte Carlo se about {fdr_se}). The privacy costs power: patients' FNC shifts of 0.5 and 0.3 "
-    "(Fisher z) are found in {p5} and {p3} of the tests, against {o5} and {o3} for pooled OLS, with intervals {w} "
-    "times as wide. On real fMRI with random pseudo-groups (the {r[people]} people of ds000140 at {r[n_sites]} "
-    "pseudo-sites of {sizes}, {r[reps]} draws independent of the data) the private fits at eps {epsilons} make a "
-    "discovery in at most {worst} of the draws in any contrast (per-test type-I at most {t1}), against {none} "
-    "without noise and {ols} for pooled OLS at a nominal 0.05: with so few people per site they are conservative, "
-    "their intervals {rw} times as wide as pooled OLS's at eps 4.{fmri}")}
+    "(Fisher z) are found in {p5} and {p3} of the tests (predicted before the run from public quantities: {pp5} and "
+    "{pp3}), against {o5} and {o3} for pooled OLS, with intervals {w} times as wide.{larger} On real fMRI with random "
+    "pseudo-groups (the {r[people]} people of ds000140 at {r[n_sites]} pseudo-sites of {sizes}, {r[reps]} draws "
+    "independent of the data) the private fits at eps {epsilons} make a discovery in at most {worst} of the draws in "
+    "any contrast (per-test type-I at most {t1}), against {none} without noise and {ols} for pooled OLS at a nominal "
+    "0.05: {real_tail}{fmri}")}
+#: the README's clause on the larger simulation, when it was run
+README_LARGER = (" At {n_sites} x {subjects} subjects the same shifts are found in {p5} and {p3} of the tests at eps 2 "
+                 "({w} times the width of pooled OLS's intervals).")
+#: the README's close of the real part, as its verdict reads
+README_REAL = {True: "with so few people per site the private fits are conservative, their intervals {rw} times as "
+                     "wide as pooled OLS's at eps 4.",
+               False: "with so few people per site the noise leaves the design weak ({k} of its 3 within-site "
+                      "directions at eps 4) and each test conservative (intervals {rw} times as wide as pooled OLS's), "
+                      "but the false discoveries come together ({n} per discovering contrast at eps 4)."}
 #: the README passage's last sentence, from the fMRI part when it was run
 README_FMRI = (" End to end on the synthetic fMRI generator ({total} subjects at 4 unequal sites, `--part fmri`), the "
                "private run (glm_epsilon 4, total eps {eps}) finds {found} of {planted} planted FNC shifts over {n} "
@@ -401,12 +419,25 @@ def readme(R):
                                 found=sum(x["planted fnc found"] for x in priv), planted=2 * len(priv), n=len(priv),
                                 clean=sum(x["other group discoveries"] == 0 for x in priv),
                                 found_none=sum(x["planted fnc found"] for x in rows if x["method"] == "no noise"))
+    larger = ""
+    for M in LARGER_SIZES:
+        e2 = one(R.csv(f"group_stats_{M}.csv"), scenario="effects", method="cape", epsilon=2.0)
+        if e2:
+            larger += README_LARGER.format(n_sites=R.json(f"group_stats_{M}.json")["n_sites"], subjects=M,
+                                           p5=f2(e2["power fnc 0.5"]), p3=f2(e2["power fnc 0.3"]),
+                                           w=f"{e2['width ratio to OLS']:.1f}")
+    e4 = r["e4"]
+    real_tail = README_REAL[r["ok"]].format(rw=f"{e4['width ratio to OLS']:.1f}", k=f"{e4['floored']:.1f}",
+                                            n=f"{e4['discoveries per discovering contrast']:.1f}")
     return {"group_stats": {
-        "fmri": fm, "m": c["m"], "cov": f3(c["cov"]["all"]), "covp": f3(c["cov"]["planted"]), "fdr_null": f3(c["fdr"]["null"]),
+        "fmri": fm, "larger": larger, "real_tail": real_tail, "m": c["m"], "cov": f3(c["cov"]["all"]),
+        "covp": f3(c["cov"]["planted"]), "fdr_null": f3(c["fdr"]["null"]),
         "fdr_eff": f3(c["fdr"]["effects"]), "ols_fdr_null": f3(c["ols_null"]["fdr per contrast (worst)"]),
         "ols_fdr_eff": f3(ols_eff["fdr per contrast (worst)"]), "fdr_se": f3(c["fdr_se"]),
-        "p5": f2(c["pw"]["power fnc 0.5"]), "p3": f2(c["pw"]["power fnc 0.3"]), "o5": f2(ols_eff["power fnc 0.5"]),
-        "o3": f2(ols_eff["power fnc 0.3"]), "w": f"{c['pw']['width ratio to OLS']:.1f}",
+        "p5": f2(c["pw"]["power fnc 0.5"]), "p3": f2(c["pw"]["power fnc 0.3"]),
+        "pp5": f2(c["pw"]["predicted power fnc 0.5"]), "pp3": f2(c["pw"]["predicted power fnc 0.3"]),
+        "o5": f2(ols_eff["power fnc 0.5"]), "o3": f2(ols_eff["power fnc 0.3"]),
+        "w": f"{c['pw']['width ratio to OLS']:.1f}",
         "r": r["m"], "sizes": r["sizes"], "epsilons": "1-8" if r["epsilons"] == "1, 2, 4, 8" else r["epsilons"],
         "worst": f3(r["worst"]), "t1": f3(r["t1"]), "none": f3(r["none"]["any discovery (worst contrast)"]),
-        "ols": f3(r["ols"]["any discovery (worst contrast)"]), "rw": f"{r['e4']['width ratio to OLS']:.1f}"}}
+        "ols": f3(r["ols"]["any discovery (worst contrast)"])}}

@@ -170,8 +170,10 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
     counts = {s.name: int(n) for s, n in zip(cfg.sites, np.asarray(glm["counts"]))}
     floored = int(np.asarray(glm.get("floored", 0)))
     # what these intervals can find: the smallest effect found with 80 % power, per contrast and family
-    found_at = {contrast: {fam: detectable(float(np.median(np.asarray(glm["se"])[c, sl])), sl.stop - sl.start)
-                           for fam, sl in settings.families.items()} for c, contrast in enumerate(contrasts)}
+    tested = max(1, sum(measure_signal(n, signal) for n in names))  # the FDR's family: a contrast's signal measures
+    found_at = {contrast: {fam: detectable(float(np.median(np.asarray(glm["se"])[c, sl])), tested)
+                           for fam, sl in settings.families.items() if sl.stop > sl.start}
+                for c, contrast in enumerate(contrasts)}
     write_json(folder / "group_effects.json", {
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
@@ -243,7 +245,7 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
     if glm.get("detectable_80"):
         text += (" With these intervals an effect is found with 80 % power from about: " + "; ".join(
             f"{contrast}: " + ", ".join(f"{v:.3g} ({fam})" for fam, v in fams.items())
-            for contrast, fams in glm["detectable_80"].items()) + " (one effect among its family's measures).")
+            for contrast, fams in glm["detectable_80"].items()) + " (one effect among the contrast's measures).")
     if glm.get("shrunk"):
         text += (f" The noise on the released design moments drowned {glm['shrunk']} of the model's {glm['p']} "
                  "directions: their effects are shrunk toward zero, so a non-zero effect may be understated and its "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dpneuro._utils.errors import DataValidationError
-from dpneuro.algorithms.glm import REFERENCE_SD, contrast_errors, detectable
+from dpneuro.algorithms.glm import REFERENCE_SD, contrast_errors, detectable, kind
 from dpneuro.config import ConfigError, RunConfig, check_delta
 from dpneuro.config.schema import QUESTIONS
 from dpneuro.data.cleaning import CleaningError
@@ -239,11 +239,17 @@ class BudgetPlan:
         if not releases_in(self.config, "glm"):
             return []
         out = [f"group statistics ({self.config.design}): smallest effect found with 80 % power at q < 0.05 "
-               f"(one effect among a family's measures; residual sd assumed {_sd_text(self.config)}; "
+               f"(one effect among the contrast's {glm_settings(self.config).n_measures} measures; residual sd "
+               f"assumed {_sd_text(self.config)}; "
                "levels equally frequent at every site):"]
-        for row in group_detectable(self.config, [len(s.lengths) for s in self.shapes]):
+        rows = group_detectable(self.config, [len(s.lengths) for s in self.shapes])
+        for row in rows:
             out.append(f"  {row['contrast']}, {row['family']} ({row['measures']} measures): {row['detectable']:.3g} "
                        f"(se {row['se']:.3g}; pooled data without privacy: {row['pooled']:.3g})")
+        if sum(row["measures"] for row in rows[:len(glm_settings(self.config).families)]) > 12:
+            out.append("  every measure shares the release's bound: glm_measures = [\"networks\"] (the FNC between "
+                       "atlas networks) or glm_hypotheses (the measures named before the run, each bounded alone) "
+                       "narrow the intervals")
         return out
 
     def __str__(self) -> str:
@@ -537,15 +543,19 @@ def stage_mu(plan: BudgetPlan) -> dict[str, float]:
 
 def _sd_text(cfg: RunConfig) -> str:
     settings = glm_settings(cfg)
-    return ", ".join(f"{f} {REFERENCE_SD[f]:g}" for f in settings.families)
+    return ", ".join(f"{k} {REFERENCE_SD[k]:g}" for k in dict.fromkeys(kind(f) for f in settings.families))
 
 
 def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.8,
-                     residual_sd: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                     residual_sd: dict[str, float] | None = None, effect: float | None = None
+                     ) -> list[dict[str, Any]]:
     """For each contrast of ``cfg``'s design and each measure family: the standard error the fit will report
     (:func:`dpneuro.algorithms.glm.contrast_errors`, at the planned noise) and the smallest effect found with
     ``power`` at q < 0.05 (:func:`dpneuro.algorithms.glm.detectable`, one effect among the family's measures),
-    beside the same without privacy. ``cfg`` carries the planned ``glm_epsilon``."""
+    beside the same without privacy. ``cfg`` carries the planned ``glm_epsilon``. With ``effect``: the subjects
+    per site (every site scaled alike) at which it is found with ``power``, from the standard error's two parts
+    (sampling variance falls as 1/N, the noise's as 1/N^2 at a fixed epsilon); None beyond 100 times these
+    sites."""
     settings = glm_settings(cfg)
     z = settings.algorithm(n_sites=len(counts)).z
     exact = replace(settings, epsilon=None, plan="none")
@@ -553,11 +563,30 @@ def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.
     for c, (label, _, _) in enumerate(settings.design.contrasts()):
         for f, (family, sl) in enumerate(settings.families.items()):
             size = sl.stop - sl.start
+            if size == 0:  # the "networks" measures: named from the maps, counted in the run
+                continue
+            tested = settings.n_measures  # the FDR runs over every measure of the contrast
             se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd)[c, f])
-            eff = detectable(se, size, power=power)
+            eff = detectable(se, tested, power=power)
             se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd, effect=eff)[c, f])
             pooled = float(contrast_errors(exact, counts, noise_sd=0.0, residual_sd=residual_sd, draws=1)[c, f])
-            rows.append({"contrast": label, "family": family, "measures": size, "se": se,
-                         "detectable": detectable(se, size, power=power),
-                         "pooled": detectable(pooled, size, power=power)})
+            row = {"contrast": label, "family": family, "measures": size, "se": se,
+                   "detectable": detectable(se, tested, power=power),
+                   "pooled": detectable(pooled, tested, power=power)}
+            if effect is not None:
+                noise2 = max(se**2 - pooled**2, 0.0)
+
+                def found(k: float) -> bool:
+                    s_k = math.sqrt(pooled**2 / k + noise2 / k**2)
+                    return detectable(s_k, tested, power=power) <= abs(effect)
+
+                lo, hi = 1e-3, 100.0
+                if not found(hi):
+                    row["subjects_for_effect"] = None
+                else:
+                    for _ in range(40):
+                        mid = math.sqrt(lo * hi)
+                        lo, hi = (lo, mid) if found(mid) else (mid, hi)
+                    row["subjects_for_effect"] = max(1, math.ceil(hi * max(counts)))
+            rows.append(row)
     return rows
