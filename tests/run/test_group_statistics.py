@@ -19,7 +19,14 @@ from dpneuro.data.networks import NOISE_FLAG
 from dpneuro.data.participants import CovariateError
 from dpneuro.datasets.synth import make_consortium
 from dpneuro.run import stages
-from dpneuro.run.planner import SiteShape, group_detectable, plan_for_target, planned_settings, stage_mu
+from dpneuro.run.planner import (
+    SiteShape,
+    components_supported,
+    group_detectable,
+    plan_for_target,
+    planned_settings,
+    stage_mu,
+)
 
 R = 4
 COVARIATES = {"group": ["control", "patient"], "age": [20, 70], "sex": ["F", "M"]}
@@ -75,8 +82,9 @@ def test_a_total_epsilon_is_split_over_the_group_statistics_too():
 
 def test_the_runs_question_decides_the_split_and_the_plan_says_what_it_can_detect():
     """question "group differences" gives the group statistics three quarters of mu^2 of the same total (the
-    rest in the other stages' own ratio), narrows the detectable effect the plan prints by about the ratio of
-    the noise multipliers, and says what the maps lose; "maps" keeps the split of the stages' own settings."""
+    rest in the other stages' own ratio; the maps keep half their components here), narrows the standard error
+    the plan predicts by up to the ratio of the noise multipliers (less the sampling part), and says what the
+    maps lose; "maps" keeps the split of the stages' own settings."""
     shapes = [SiteShape(f"s{i}", (150,) * 100) for i in range(4)]
     plans = {q: plan_for_target(_cfg(epsilon=None, question=q), shapes, 400, 4.0) for q in ("maps", "group differences")}
     mu = {q: stage_mu(p) for q, p in plans.items()}
@@ -88,14 +96,25 @@ def test_the_runs_question_decides_the_split_and_the_plan_says_what_it_can_detec
     rest = {q: mu[q]["fnc"] / mu[q]["reduce"] for q in mu}
     assert rest["group differences"] == pytest.approx(rest["maps"], rel=1e-6)
     found = {q: group_detectable(p.config, [100] * 4) for q, p in plans.items()}
-    ratio = found["maps"][0]["detectable"] / found["group differences"][0]["detectable"]
+    # the noise's part of the standard error scales with the noise multiplier, 1 / mu; the sampling part stays
+    ratio = found["maps"][0]["se"] / found["group differences"][0]["se"]
     z = mu["group differences"]["glm"] / mu["maps"]["glm"]
-    assert 0.8 * z < ratio < 1.2 * z
+    assert 0.6 * z < ratio < 1.05 * z
+    assert found["group differences"][0]["detectable"] < 0.6 * found["maps"][0]["detectable"]
     assert all(r["pooled"] < r["detectable"] for r in found["group differences"])
     text = str(plans["group differences"])
     assert "question \"group differences\"" in text and "the maps" in text and "80 % power" in text
     with pytest.raises(ConfigError, match="needs a design"):
         _cfg(question="group differences", design="").validate(data_sites=())
+    # where three quarters would leave the maps less than half the components they support alone, the share is
+    # the largest that keeps half (8 components at eps 2: the maps alone support 4, the question keeps 2)
+    tight = {q: plan_for_target(_cfg(epsilon=None, question=q, n_components=8), shapes, 400, 2.0)
+             for q in ("maps", "group differences")}
+    alone = components_supported(tight["maps"])
+    m = stage_mu(tight["group differences"])
+    assert m["glm"] ** 2 / sum(v**2 for v in m.values()) < 0.7
+    assert components_supported(tight["group differences"]) >= math.ceil(min(alone, 8) / 2)
+    assert m["glm"] > stage_mu(tight["maps"])["glm"] * 1.5
 
 
 def test_distinguishing_attack_separates_neighbours_by_at_most_the_ledgers_mu():
