@@ -13,7 +13,15 @@ import pytest
 from cape_toys import check_attack_separation
 
 import dpneuro
-from dpneuro.algorithms.glm import CapeGLM, Design, GLMSettings, network_pairs, pack_statistics, parse_design
+from dpneuro.algorithms.glm import (
+    CapeGLM,
+    Design,
+    GLMSettings,
+    detectable,
+    network_pairs,
+    pack_statistics,
+    parse_design,
+)
 from dpneuro.config import ConfigError, RunConfig, SiteEntry
 from dpneuro.data.networks import NOISE_FLAG
 from dpneuro.data.participants import CovariateError
@@ -191,6 +199,13 @@ def test_a_run_with_a_design_writes_the_group_effects_and_the_report_section(pla
     assert (out / "group_effects.tsv").exists() and (out / "group_effects.json").exists()
     html = (out / "report.html").read_text()
     assert "Group statistics" in html and "group: patient vs control" in html
+    # what these intervals can find, next to what they found: detectable() of the run's own standard errors
+    record = json.loads((out / "group_effects.json").read_text())
+    found_at = record["detectable_80"]["group: patient vs control"]["fnc"]
+    se = np.median([r["se"] for r in group_fnc])
+    tested = sum(r["signal"] for r in rows if r["contrast"].startswith("group"))
+    assert found_at == pytest.approx(detectable(se, tested), rel=1e-6) and "80 % power" in html
+    assert record["design_directions_shrunk"] == 0 and record["design_snr"] > 2
     for led in ica.privacy_.ledgers.values():
         assert "group-glm" in led.by_stage()
 
