@@ -73,6 +73,10 @@ SHARES = {"x": 0.1, "y": 0.25, "xx": 0.06, "xy": 0.5, "yy": 0.09}
 #: within-site X'X is of the order of N and its noise of a few units, so a consortium of tens of subjects per site
 #: is far above it
 WEAK_DESIGN = 2.0
+#: a contrast whose column puts more than this share of its weight on a held direction is unresolved: its q is
+#: NaN (no finding). On 4 pseudo-sites of 8-9 real people every direction is held and the shared design noise
+#: made a discovery in 0.11 of null draws per contrast where q was kept (benchmarks/group_stats.py, part real)
+UNRESOLVED_LOADING = 0.1
 
 
 # -- the design ---------------------------------------------------------------------------------
@@ -591,9 +595,12 @@ def fit_glm(stats_: Mapping[str, Any], design: Design, families: Mapping[str, sl
                          sd["x"])[0] - A
         spectral = float(np.median(np.abs(np.linalg.eigvalsh(E)).max(axis=-1)))
         floor = max(floor, WEAK_DESIGN * spectral)
-    w = np.linalg.eigvalsh(A)
+    w, V = np.linalg.eigh(A)
     snr = float(w.min() / spectral) if spectral > 0 else math.inf
     floored = int(np.sum(w < floor))
+    # a contrast that loads on a direction the noise drowns is no finding: its errors are shared by every measure
+    # (the design's noise moves them together), which no per-test interval can hold to the FDR
+    unresolved = (V[:, w < floor] ** 2).sum(axis=1) > UNRESOLVED_LOADING
     beta = _solve(A, B, floor)
     A_inv = _solve(A, np.eye(C), floor)
     sigma2 = _residual_variance(stats_, beta, B, df, families)
@@ -604,10 +611,11 @@ def fit_glm(stats_: Mapping[str, Any], design: Design, families: Mapping[str, sl
     half = stats.t.ppf(0.5 + level / 2, df=df) * se
     t = np.divide(est, se, out=np.zeros_like(est), where=se > 0)
     pval = 2 * stats.t.sf(np.abs(t), df=df)
-    return {"estimate": est, "se": se, "ci_low": est - half, "ci_high": est + half, "p": pval,
-            "q": np.array([stats.false_discovery_control(row, method="bh") for row in pval]),
+    q = np.array([stats.false_discovery_control(row, method="bh") for row in pval])
+    q[unresolved] = np.nan
+    return {"estimate": est, "se": se, "ci_low": est - half, "ci_high": est + half, "p": pval, "q": q,
             "noise_sd": np.sqrt(noise_var) * unit, "sigma": np.sqrt(sigma2), "design_snr": snr,
-            "floored": floored, "df": df}
+            "floored": floored, "unresolved": unresolved, "df": df}
 
 
 def _moment_noise(rng, size: int, design: Design, sd: float) -> np.ndarray:
@@ -625,6 +633,9 @@ def _moment_noise(rng, size: int, design: Design, sd: float) -> np.ndarray:
 #: residual sd per family a plan assumes when the consortium gives none: between-subject sd of a measure after its
 #: site's mean and the covariates (Fisher z for FNC edges at about 150 volumes, log amplitude, state fractions)
 REFERENCE_SD = {"fnc": 0.15, "amplitude": 0.12, "states": 0.1, "networks": 0.1}
+#: the sd of a site's mean offset per measure a plan assumes (scanner and population: the sites' intercepts absorb
+#: it, but its size reaches the standard error through the noise on the sites' covariate sums)
+REFERENCE_SITE_SD = 0.1
 
 
 def _expected_covariates(design: Design, fractions: Sequence[Mapping[str, float]] | None, counts
@@ -657,14 +668,15 @@ def _expected_covariates(design: Design, fractions: Sequence[Mapping[str, float]
 def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: float,
                     residual_sd: Mapping[str, float] | None = None,
                     fractions: Sequence[Mapping[str, Any]] | None = None, effect: float = 0.0,
-                    draws: int = 24) -> np.ndarray:
+                    site_sd: float = REFERENCE_SITE_SD, draws: int = 24) -> np.ndarray:
     """The standard error the fit will report (median over ``draws`` releases) of every contrast (rows) on a
     measure of each family (columns, ``families`` order) carrying ``effect`` (per unit of the contrast), from
     public quantities only: the sites' ``counts``, the release's noise sd per entry of the consortium's sum
-    (``noise_sd``, the plan's), each family's residual sd (default :data:`REFERENCE_SD`) and the levels'
-    fractions per site (``fractions``: one mapping per site, covariate -> fraction of its second level, or
-    covariate -> {level: fraction}; default equal). It runs :func:`fit_glm` itself on the design's expected
-    statistics plus draws of the release's noise, so the prediction is the fit's own."""
+    (``noise_sd``, the plan's), each family's residual sd (default :data:`REFERENCE_SD`), the sd of the sites'
+    offsets (``site_sd``) and the levels' fractions per site (``fractions``: one mapping per site, covariate ->
+    fraction of its second level, or covariate -> {level: fraction}; default equal). It runs :func:`fit_glm`
+    itself on the design's expected statistics plus draws of the release's noise, so the prediction is the fit's
+    own."""
     design, families = settings.design, settings.families
     residual_sd = {**REFERENCE_SD, **(residual_sd or {})}
     n = np.asarray(counts, np.float64)
@@ -677,17 +689,21 @@ def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: f
     sizes = _sizes(design, families)
     rng = np.random.default_rng(0)
     out = np.zeros((C, len(families)))
+    categorical = [j for cov in design.covariates for j in [cov.categorical] * len(cov.columns())]
+    XX = A + np.einsum("sc,sd,s->cd", Sx, Sx, 1 / n)
     for j in range(C):
         beta = np.zeros((C, Q))
         beta[j] = effect / units[j]
-        XX = A + np.einsum("sc,sd,s->cd", Sx, Sx, 1 / n)
-        XY = A @ beta + np.einsum("sc,s,sq->cq", Sx, 1 / n, np.einsum("sc,cq->sq", Sx, beta))
-        Sy = np.einsum("sc,cq->sq", Sx, beta)
+        # a level's effect raises its members only (the reference stays): half of it is a mean shift, and each
+        # site's measures sit at an offset of their own
+        shift = effect / 2 if categorical[j] else 0.0
         fitted = np.einsum("cq,cq->q", beta, A @ beta)
-        YY = np.array([residual_sd.get(f, residual_sd[kind(f)]) ** 2 * (sl.stop - sl.start) * (N - S - C)
-                       + fitted[sl].sum() + (Sy[:, sl] ** 2 / n[:, None]).sum() for f, sl in families.items()])
         ses = []
         for _ in range(draws):
+            Sy = np.einsum("sc,cq->sq", Sx, beta) + n[:, None] * (shift + rng.normal(0, site_sd, (S, Q)))
+            XY = A @ beta + np.einsum("sc,sq,s->cq", Sx, Sy, 1 / n)
+            YY = np.array([residual_sd.get(f, residual_sd[kind(f)]) ** 2 * (sl.stop - sl.start) * (N - S - C)
+                           + fitted[sl].sum() + (Sy[:, sl] ** 2 / n[:, None]).sum() for f, sl in families.items()])
             st = {"counts": n, "n": N, "sd": sd,
                   "Sx": Sx + rng.normal(0, sd["x"], Sx.shape), "Sy": Sy + rng.normal(0, sd["y"], Sy.shape),
                   "XX": XX + _moment_noise(rng, 1, design, sd["xx"])[0],

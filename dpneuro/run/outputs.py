@@ -162,6 +162,10 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
                          **{k: float(np.asarray(glm[k])[c, q]) for k in GROUP_COLUMNS[2:-1]},
                          "signal": measure_signal(name, signal) and name not in absent})
     _findings_q(rows)
+    unresolved = [c for c, off in zip(contrasts, np.asarray(glm.get("unresolved", [False] * len(contrasts)))) if off]
+    for r in rows:  # a contrast the budget does not resolve: no finding (its errors move every measure together)
+        if r["contrast"] in unresolved:
+            r["q"] = float("nan")
     with open(folder / "group_effects.tsv", "w") as f:
         f.write("\t".join(GROUP_COLUMNS) + "\n")
         for r in rows:
@@ -177,7 +181,8 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
     write_json(folder / "group_effects.json", {
         "design": cfg.design, "covariates": cfg.covariates, "columns": list(settings.design.columns),
         "measures": list(settings.measures), "subjects": counts, "level": settings.level, "fdr_level": FDR_LEVEL,
-        "design_directions_shrunk": floored, "noise_components": noise_names(signal),
+        "design_directions_shrunk": floored, "unresolved_contrasts": unresolved,
+        "noise_components": noise_names(signal),
         "detectable_80": found_at, "not_measured": absent,
         "design_snr": float(np.asarray(glm.get("design_snr", np.inf))),
         "description": "Each contrast's effect on every measure from one linear model per measure with an intercept "
@@ -191,6 +196,7 @@ def write_group_effects(cfg: RunConfig, glm: dict, folder, *, signal: dict | Non
                        "deviation the privacy noise adds."})
     return {"tsv": str(folder / "group_effects.tsv"), "json": str(folder / "group_effects.json"),
             "subjects": counts, "level": settings.level, "shrunk": floored, "p": settings.design.p,
+            "unresolved": unresolved,
             "detectable_80": found_at}
 
 
@@ -247,9 +253,12 @@ def glm_section(glm: dict | None, table: list[dict], figs: Path) -> dict | None:
             f"{contrast}: " + ", ".join(f"{v:.3g} ({fam})" for fam, v in fams.items())
             for contrast, fams in glm["detectable_80"].items()) + " (one effect among the contrast's measures).")
     if glm.get("shrunk"):
-        text += (f" The noise on the released design moments drowned {glm['shrunk']} of the model's {glm['p']} "
-                 "directions: their effects are shrunk toward zero, so a non-zero effect may be understated and its "
-                 "interval miss it; more subjects or a larger glm_epsilon avoid it.")
+        text += (f" The noise on the released design moments drowned {glm['shrunk']} of its directions: their "
+                 "effects are shrunk toward zero"
+                 + (f", and {', '.join(glm.get('unresolved') or [])} report no finding (q NaN): the design's noise "
+                    "would move every measure together" if glm.get("unresolved") else "")
+                 + ". More subjects per site or a larger share of the budget (question = \"group differences\") "
+                   "resolve it.")
     return {"text": text, "contrasts": out, "level": glm["level"]}
 
 

@@ -185,7 +185,8 @@ def test_estimates_are_unbiased_and_the_noise_narrows_with_the_budget_as_its_mul
 
 
 def test_the_power_predicted_from_public_quantities_is_the_power_measured():
-    """At eps 3 (4 x 100 subjects, patient fractions 0.3 to 0.6, residual sd 0.1 per measure) the power
+    """At eps 3 (4 x 100 subjects, patient fractions 0.3 to 0.6, residual sd 0.1 per measure, the sites' offsets
+    given) the power
     :func:`bh_power` predicts from :func:`contrast_errors` (counts, the plan's noise, the stated residual sd and
     fractions) is within 0.12 of the fraction of 3 planted group effects found at q < 0.05 over 40 fits, at three
     effect sizes (120 trials each: a binomial sd of at most 0.046)."""
@@ -194,7 +195,7 @@ def test_the_power_predicted_from_public_quantities_is_the_power_measured():
     fractions = [{"group": 0.3 + 0.1 * s, "sex": 0.5} for s in range(4)]
     for effect in (0.15, 0.25, 0.35):
         se = contrast_errors(settings, [100] * 4, noise_sd=2 * z, residual_sd={"fnc": 0.1, "amplitude": 0.1},
-                             fractions=fractions, effect=effect)[0, 0]
+                             fractions=fractions, effect=effect, site_sd=0.022)[0, 0]  # offsets 0, .02, .04, .06
         predicted = bh_power(effect, se, settings.families["fnc"].stop, n_effects=3)
         rng = np.random.default_rng(int(effect * 100))
         found = []
@@ -295,3 +296,17 @@ def test_network_measures_average_the_centred_edges_between_named_networks_and_h
     # each hypothesis is a family of its own: its own bound, the single measure's
     bounds = family_bounds(settings.families)
     assert all(b == pytest.approx(FAMILY_RMS[kind(n)]) for n, b in bounds.items())
+
+
+def test_a_design_the_budget_cannot_resolve_reports_no_finding():
+    """4 sites of 9 subjects at eps 2: the noise on the within-site X'X exceeds twice its weakest directions, so
+    those are held (shrunk, counted) and every contrast that loads on them has q NaN (no finding), whatever the
+    p-values; 100 subjects per site at eps 8 resolve the same design."""
+    rng = np.random.default_rng(8)
+    small, _ = _consortium(rng, M=(9, 9, 9, 9), group=0.3)
+    out = GLMSettings(DESIGN, ("fnc", "amplitude"), R, 2.0, random_state=1).run(small)
+    assert out["floored"] >= 1 and out["design_snr"] < 2 and out["unresolved"].any()
+    assert np.all(np.isnan(out["q"][out["unresolved"]])) and np.all(np.isfinite(out["p"]))
+    big, _ = _consortium(rng, group=0.3)
+    out = GLMSettings(DESIGN, ("fnc", "amplitude"), R, 8.0, random_state=1).run(big)
+    assert out["floored"] == 0 and not out["unresolved"].any() and np.all(np.isfinite(out["q"]))
