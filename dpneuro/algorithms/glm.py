@@ -669,7 +669,8 @@ def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: f
                     residual_sd: Mapping[str, float] | None = None,
                     fractions: Sequence[Mapping[str, Any]] | None = None, effect: float = 0.0,
                     site_sd: float = REFERENCE_SITE_SD, draws: int = 24) -> np.ndarray:
-    """The standard error the fit will report (median over ``draws`` releases) of every contrast (rows) on a
+    """The standard error the fit will report (median over ``draws`` releases; inf where most draws leave the
+    contrast unresolved, :func:`fit_glm`) of every contrast (rows) on a
     measure of each family (columns, ``families`` order) carrying ``effect`` (per unit of the contrast), from
     public quantities only: the sites' ``counts``, the release's noise sd per entry of the consortium's sum
     (``noise_sd``, the plan's), each family's residual sd (default :data:`REFERENCE_SD`), the sd of the sites'
@@ -709,7 +710,8 @@ def contrast_errors(settings: GLMSettings, counts: Sequence[int], *, noise_sd: f
                   "XX": XX + _moment_noise(rng, 1, design, sd["xx"])[0],
                   "XY": XY + rng.normal(0, sd["xy"], XY.shape),
                   "YY": YY + (rng.normal(0, sd["yy"], YY.shape) if sizes["yy"] else 0.0)}
-            ses.append(fit_glm(st, design, families, random_state=rng)["se"][j])
+            fit = fit_glm(st, design, families, random_state=rng)
+            ses.append(np.full(Q, np.inf) if fit["unresolved"][j] else fit["se"][j])  # no finding there
         se = np.median(ses, axis=0)
         out[j] = [se[sl.start] if sl.stop > sl.start else np.nan for sl in families.values()]
     return out

@@ -244,8 +244,10 @@ class BudgetPlan:
                "levels equally frequent at every site):"]
         rows = group_detectable(self.config, [len(s.lengths) for s in self.shapes])
         for row in rows:
-            out.append(f"  {row['contrast']}, {row['family']} ({row['measures']} measures): {row['detectable']:.3g} "
-                       f"(se {row['se']:.3g}; pooled data without privacy: {row['pooled']:.3g})")
+            found = (f"{row['detectable']:.3g} (se {row['se']:.3g})" if math.isfinite(row["detectable"])
+                     else "none: the budget does not resolve this contrast's design at these sizes")
+            out.append(f"  {row['contrast']}, {row['family']} ({row['measures']} measures): {found}; pooled data "
+                       f"without privacy: {row['pooled']:.3g}")
         if sum(row["measures"] for row in rows[:len(glm_settings(self.config).families)]) > 12:
             out.append("  every measure shares the release's bound: glm_measures = [\"networks\"] (the FNC between "
                        "atlas networks) or glm_hypotheses (the measures named before the run, each bounded alone) "
@@ -568,7 +570,9 @@ def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.
             tested = settings.n_measures  # the FDR runs over every measure of the contrast
             se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd)[c, f])
             eff = detectable(se, tested, power=power)
-            se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd, effect=eff)[c, f])
+            if math.isfinite(eff):  # the standard error at that effect (the design's noise meets it)
+                se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd,
+                                           effect=eff)[c, f])
             pooled = float(contrast_errors(exact, counts, noise_sd=0.0, residual_sd=residual_sd, draws=1)[c, f])
             row = {"contrast": label, "family": family, "measures": size, "se": se,
                    "detectable": detectable(se, tested, power=power),
