@@ -18,7 +18,7 @@ Methods (each ``DecentralizedICA(n_components=8, random_state=seed, design="grou
   within the group contrast. This is the reference;
 - ``no noise``: that run's own group statistics (``group_effects_``: the library's GLM with plan "none", its
   subjects' measures bounded, no noise);
-- ``eps E group``: ``epsilon=E, question="group differences"`` (three quarters of the budget's mu^2 to the GLM),
+- ``eps E group``: ``epsilon=E, question="group differences"`` (up to three quarters of the budget's mu^2 to the GLM),
   E = 2, 4, 8 (total epsilon per site, headline sense, delta 1e-5);
 - ``eps 4 maps``: ``epsilon=4, question="maps"`` (the default split).
 

@@ -24,9 +24,9 @@ import string
 #: the sections in page order
 PAGE = ["pca_utility", "pca_vs_n", "pca_power", "agn_utility", "agn_vs_n", "cape_delta", "secagg_overhead",
         "djica_speed", "djica_utility", "djica_end_to_end", "temporal_levers", "djica_vs_m", "centralized_tools",
-        "coinstac_run", "dfnc_states", "dfnc_real", "states_utility", "fnc_utility", "group_stats", "real_frontier",
-        "strong_privacy", "stable_ica", "fastica_noise", "canica_agreement", "feature_frontier", "noise_ablation", "frontier", "scale",
-        "site_maps", "demo_speed", "site_speed"]
+        "coinstac_run", "dfnc_states", "dfnc_real", "states_utility", "fnc_utility", "group_stats", "group_findings",
+        "real_frontier", "strong_privacy", "stable_ica", "fastica_noise", "canica_agreement", "feature_frontier",
+        "noise_ablation", "frontier", "scale", "site_maps", "demo_speed", "site_speed"]
 
 #: the "At a glance" rows, in order
 GLANCE = ["pca_utility", "pca_vs_n", "pca_power", "agn_utility", "agn_vs_n", "djica_utility", "djica_end_to_end",

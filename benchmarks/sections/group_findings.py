@@ -15,7 +15,8 @@ and every method fits the same data: "pooled OLS" is plain OLS (numpy, t interva
 {n_measures} measures) on every subject's FNC and amplitudes from the run without privacy (plan "none", reduction
 "none"): the reference; "no noise" is that run's own group statistics (the library's GLM: bounded measures, no
 noise); "eps E group" sets the total epsilon E (per site, headline sense, delta {m[delta]!p}) with question "group
-differences" (three quarters of the budget's mu^2 to the GLM), "eps 4 maps" the default split. Components are paired
+differences" (up to three quarters of the budget's mu^2 to the GLM, the maps keeping at least half their
+components), "eps 4 maps" the default split. Components are paired
 with the sources by their maps and the edges named by the sources, signed by the pairs' time courses. On the group
 contrast: found, the planted edges with q < {m[alpha]!p}; ratio, their estimate over pooled OLS's (own OLS: over OLS
 on the same run's un-noised measures, without what the maps' noise changes); width, the median interval width over
