@@ -44,10 +44,10 @@ from dpneuro.privacy.ledger import UNITS
 from dpneuro.protocol.cape.plans import PLAN_KINDS as PLANS
 from dpneuro.protocol.exchange.codec import check_name
 
-#: what a run can be for (config field ``question``), and the share of mu^2 of a total epsilon each gives a stage
-#: (the other stages share the rest in the ratio of their own settings; "maps": every stage keeps its share).
-#: "group differences": three quarters to the group statistics measured the best trade on the networks generator
-#: (benchmarks/group_findings.py)
+#: what a run can be for (config field ``question``), and the largest share of mu^2 of a total epsilon each gives a
+#: stage (the other stages share the rest in the ratio of their own settings; "maps": every stage keeps its share).
+#: The planner lowers a share until the maps keep at least half the components they support alone
+#: (:func:`dpneuro.run.planner.plan_for_target`); benchmarks/group_findings.py measures what it buys
 QUESTIONS: dict[str, dict[str, float]] = {"maps": {}, "fnc": {"fnc": 1 / 3}, "group differences": {"glm": 0.75}}
 
 BACKENDS = ("inprocess", "directory")
@@ -332,8 +332,9 @@ class RunConfig:
         "maps", section="privacy", constraint=StrOptions(QUESTIONS), agree=True, flag="question",
         doc="What the run is for, which decides how a total `epsilon` is split: \"maps\" (the default: each "
             "stage keeps its share under its own settings, the maps first), \"fnc\" (the consortium's mean FNC "
-            "gets a third of the budget), \"group differences\" (the group statistics get "
-            "three quarters; needs a design). `dpneuro budget` says what each output gets, what the maps lose "
+            "gets up to a third of the budget), \"group differences\" (the group statistics get up "
+            "to three quarters; needs a design); a share is lowered until the maps keep at least half the "
+            "components they would support alone. `dpneuro budget` says what each output gets, what the maps lose "
             "and, with a design, the smallest effect found with 80 % power.")
     pca_epsilon: float = setting(
         6.0, section="privacy", constraint=Interval(Real, 0, None, closed="neither"), stages=("reduce",),

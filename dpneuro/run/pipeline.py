@@ -427,8 +427,6 @@ def check_outputs(cfg: RunConfig) -> None:
                               f"({exc.strerror or exc}); nothing was loaded or released") from None
 
 
-#: Checks of the whole run that need no release, run by :func:`preflight` after every site's
-#: (:data:`SITE_CHECKS`); a deployed party checks its own folders (:mod:`dpneuro.deploy.sharedfs`).
 def check_networks(cfg: RunConfig) -> None:
     """Group statistics on network-level measures need components named with atlas networks: a grid the atlas
     covers (a standard MNI space), which the run knows before anything is released."""
@@ -441,7 +439,9 @@ def check_networks(cfg: RunConfig) -> None:
                           "component would be named; use glm_measures = [\"fnc\"] or a standard space")
 
 
-#: the run's checks before anything is loaded (outputs last: they make folders)
+#: Checks of the whole run that need no release, run by :func:`preflight` after every site's
+#: (:data:`SITE_CHECKS`); a deployed party checks its own folders (:mod:`dpneuro.deploy.sharedfs`). Outputs last:
+#: they make folders.
 RUN_CHECKS: list[Callable[[RunConfig], None]] = [check_space, check_networks, check_outputs]
 
 

@@ -233,14 +233,15 @@ class BudgetPlan:
                      else f"; the maps keep the {ours} components the budget supports for maps alone")
         return [line]
 
-    def group_lines(self, effect: float | None = None) -> list[str]:
-        """The smallest effect each contrast finds with 80 % power on a measure of each family (and the
-        subjects per site an ``effect`` needs), from public quantities only (:func:`group_detectable`)."""
+    def group_lines(self) -> list[str]:
+        """The smallest effect each contrast finds with 80 % power on a measure of each family, from public
+        quantities only (:func:`group_detectable`)."""
         if not releases_in(self.config, "glm"):
             return []
+        settings = glm_settings(self.config)
+        assumed = ", ".join(f"{k} {REFERENCE_SD[k]:g}" for k in dict.fromkeys(kind(f) for f in settings.families))
         out = [f"group statistics ({self.config.design}): smallest effect found with 80 % power at q < 0.05 "
-               f"(one effect among the contrast's {glm_settings(self.config).n_measures} measures; residual sd "
-               f"assumed {_sd_text(self.config)}; "
+               f"(one effect among the contrast's {settings.n_measures} measures; residual sd assumed {assumed}; "
                "levels equally frequent at every site):"]
         rows = group_detectable(self.config, [len(s.lengths) for s in self.shapes])
         for row in rows:
@@ -248,7 +249,7 @@ class BudgetPlan:
                      else "none: the budget does not resolve this contrast's design at these sizes")
             out.append(f"  {row['contrast']}, {row['family']} ({row['measures']} measures): {found}; pooled data "
                        f"without privacy: {row['pooled']:.3g}")
-        if sum(row["measures"] for row in rows[:len(glm_settings(self.config).families)]) > 12:
+        if settings.n_measures > 12:
             out.append("  every measure shares the release's bound: glm_measures = [\"networks\"] (the FNC between "
                        "atlas networks) or glm_hypotheses (the measures named before the run, each bounded alone) "
                        "narrow the intervals")
@@ -543,11 +544,6 @@ def stage_mu(plan: BudgetPlan) -> dict[str, float]:
     return out
 
 
-def _sd_text(cfg: RunConfig) -> str:
-    settings = glm_settings(cfg)
-    return ", ".join(f"{k} {REFERENCE_SD[k]:g}" for k in dict.fromkeys(kind(f) for f in settings.families))
-
-
 def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.8,
                      residual_sd: dict[str, float] | None = None, effect: float | None = None
                      ) -> list[dict[str, Any]]:
@@ -561,19 +557,20 @@ def group_detectable(cfg: RunConfig, counts: Sequence[int], *, power: float = 0.
     settings = glm_settings(cfg)
     z = settings.algorithm(n_sites=len(counts)).z
     exact = replace(settings, epsilon=None, plan="none")
+    tested = settings.n_measures  # the FDR runs over every measure of the contrast
+    at_zero = contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd)
+    without = contrast_errors(exact, counts, noise_sd=0.0, residual_sd=residual_sd, draws=1)
     rows = []
     for c, (label, _, _) in enumerate(settings.design.contrasts()):
         for f, (family, sl) in enumerate(settings.families.items()):
             size = sl.stop - sl.start
             if size == 0:  # the "networks" measures: named from the maps, counted in the run
                 continue
-            tested = settings.n_measures  # the FDR runs over every measure of the contrast
-            se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd)[c, f])
+            se, pooled = float(at_zero[c, f]), float(without[c, f])
             eff = detectable(se, tested, power=power)
             if math.isfinite(eff):  # the standard error at that effect (the design's noise meets it)
                 se = float(contrast_errors(settings, counts, noise_sd=2 * z, residual_sd=residual_sd,
                                            effect=eff)[c, f])
-            pooled = float(contrast_errors(exact, counts, noise_sd=0.0, residual_sd=residual_sd, draws=1)[c, f])
             row = {"contrast": label, "family": family, "measures": size, "se": se,
                    "detectable": detectable(se, tested, power=power),
                    "pooled": detectable(pooled, tested, power=power)}
